@@ -1,0 +1,87 @@
+package verbs
+
+// This file is the provider seam: what a device implementation (a
+// "provider", as in rdma-core's providers/) gives to verbs, and what verbs
+// gives back to it. Providers register their devices with RegisterDevice;
+// verbs owns the generic objects (PD, MR, CQ, the QP state machine and work
+// queues) and calls the provider only for what touches the network.
+
+// Driver is implemented by a provider for each device it creates.
+type Driver interface {
+	// Name is the device name, e.g. "rxe_lo".
+	Name() string
+	// Attr returns the device capabilities.
+	Attr() DeviceAttr
+	// QueryPort returns a port's attributes; ports are numbered from 1.
+	QueryPort(port uint8) (PortAttr, error)
+	// GIDTable returns a port's GID table.
+	GIDTable(port uint8) ([]GIDEntry, error)
+	// CreateQP creates the provider side of a QP. rx is how the provider
+	// delivers received datagrams into the QP's receive queue.
+	CreateQP(rx Receiver, init DriverQPInit) (DriverQP, error)
+}
+
+// DriverQPInit is what a provider needs to know about a new QP.
+type DriverQPInit struct {
+	Type        QPType
+	CreateFlags CreateFlags
+}
+
+// DriverQP is the provider side of a QP.
+type DriverQP interface {
+	// QPN is the QP number; it must be unique on the host.
+	QPN() uint32
+	// Modify is called after verbs validated and applied a transition; the
+	// provider keeps what it needs for its receive checks (state, Q_Key, port).
+	Modify(attr *QPAttr, mask QPAttrMask) error
+	// Send transmits one UD datagram. The payload is only valid during the
+	// call. A nil error means the send completed successfully (an oversized
+	// datagram that the provider silently drops also returns nil, as rxe).
+	Send(s *UDSend) error
+	// AttachMcast attaches the QP to a multicast group. verbs has already
+	// checked the QP type, the GID and the LID.
+	AttachMcast(gid GID, lid uint16) error
+	// DetachMcast detaches the QP from a multicast group.
+	DetachMcast(gid GID, lid uint16) error
+	// Destroy releases the QP; it must detach it from every group and stop
+	// calling its Receiver before returning.
+	Destroy() error
+}
+
+// UDSend is one UD datagram handed to a provider.
+type UDSend struct {
+	AH         *AHAttr
+	RemoteQPN  uint32
+	RemoteQKey uint32
+	Imm        uint32 // host order; valid when HasImm
+	HasImm     bool
+	Solicited  bool
+	Payload    []byte
+}
+
+// DeliverResult says what happened to a datagram handed to a Receiver.
+type DeliverResult uint8
+
+// Delivery outcomes.
+const (
+	// Delivered means a receive WR was consumed and a completion queued.
+	Delivered DeliverResult = iota
+	// NoRecvWR means no receive WR was posted; the datagram is dropped.
+	NoRecvWR
+	// TooLong means the next receive WR is smaller than 40 bytes + payload;
+	// the datagram is dropped and the WR is not consumed.
+	TooLong
+	// CQFull means the receive CQ had no room; the datagram is dropped and
+	// the WR is not consumed.
+	CQFull
+	// NotReady means the QP is not in a state that receives (below RTR).
+	NotReady
+)
+
+// Receiver is a QP's receive side as seen by its provider.
+type Receiver interface {
+	// Deliver writes grh (the 40-byte GRH area) and payload into the next
+	// posted receive WR and queues a completion with the given source QPN
+	// and immediate data. It never retains grh or payload.
+	Deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult
+}
