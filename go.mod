@@ -1,11 +1,14 @@
 module github.com/softrdma/softrdma
 
-go 1.26
+go 1.26.0
+
+require (
+	github.com/gopacket/gopacket v1.7.7
+	github.com/vishvananda/netlink v1.3.1
+)
 
 require (
 	github.com/BurntSushi/toml v1.4.1-0.20240526193622-a339e1f7089c // indirect
-	github.com/gopacket/gopacket v1.7.7 // indirect
-	github.com/vishvananda/netlink v1.3.1 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect
 	go.uber.org/goleak v1.3.0 // indirect
 	golang.org/x/exp/typeparams v0.0.0-20231108232855-2478ac86f678 // indirect

@@ -362,13 +362,13 @@ type WCStatus uint8
 
 // Completion statuses used by this module.
 const (
-	WCSuccess       WCStatus = 0
-	WCLocLenErr     WCStatus = 1
-	WCLocQPOpErr    WCStatus = 2
-	WCLocProtErr    WCStatus = 4
-	WCWRFlushErr    WCStatus = 5
-	WCRemInvReqErr  WCStatus = 9
-	WCGeneralErr    WCStatus = 21
+	WCSuccess      WCStatus = 0
+	WCLocLenErr    WCStatus = 1
+	WCLocQPOpErr   WCStatus = 2
+	WCLocProtErr   WCStatus = 4
+	WCWRFlushErr   WCStatus = 5
+	WCRemInvReqErr WCStatus = 9
+	WCGeneralErr   WCStatus = 21
 )
 
 // String returns ibv_wc_status_str's text.
@@ -436,3 +436,6 @@ const (
 	// GRHLen is the size of the GRH area at the start of every UD receive buffer.
 	GRHLen = 40
 )
+
+// ParseGID parses a GID written as an IPv6 address (inet_pton AF_INET6).
+func ParseGID(s string) (GID, error) { return wire.ParseGID(s) }

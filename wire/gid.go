@@ -75,8 +75,8 @@ func RoCEv2MGID(group netip.Addr) GID { return GIDFromAddr(group) }
 
 // IPoIB MGID signatures (bytes 2-3 of an IPoIB-mapped MGID).
 const (
-	SigIPv4IPoIB = 0x401b
-	SigIPv6IPoIB = 0x601b
+	SigIPv4IPoIB  = 0x401b
+	SigIPv6IPoIB  = 0x601b
 	SigSAAssigned = 0xa01b
 	// RDMA CM ids of port space UDP overwrite byte 3 with this value.
 	UDPSignatureByte = 0x01

@@ -1,0 +1,55 @@
+// Command mckey is a port of rdma-core's mckey: it joins an RDMA multicast
+// group through the RDMA CM and sends or receives UD datagrams on it.
+//
+// Flags, output lines and exit statuses follow rdma-core's mckey:
+//
+//	mckey -m 239.1.1.1 -b 127.0.0.1            # receiver (server)
+//	mckey -m 239.1.1.1 -b 127.0.0.1 -s         # sender (client)
+//
+// Options: -m multicast_address, -M unmapped_multicast_address (needs -b),
+// -s sender, -b bind_address, -c connections, -C message_count,
+// -S message_size, -p port_space (0x111 UDP, 0x2 IPoIB), -o join as a
+// send-only full member, -l create the QP with BLOCK_SELF_MCAST_LB.
+//
+// Extensions (not in rdma-core's mckey):
+//
+//	--iface NAME      bind to the first IPv4 address of interface NAME (when -b is absent)
+//	--timeout D       receiver gives up after D without a message (e.g. 5s); exit status -110
+//	--no-imm          send SEND without immediate data (rdma-core always sends SEND_WITH_IMM)
+//	--verify          receiver checks every completion: status, byte_len = 40 + size,
+//	                  the payload pattern softrdma's mckey sends, and imm = sender QPN
+//	--join-pause D    pause after joining instead of 3s
+//
+// Unlike C's stdio, every line is written at once, so a test can wait for
+// the joined line of a receiver before it starts a sender.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+func main() {
+	os.Exit(run(os.Args, lineWriter{os.Stdout}, lineWriter{os.Stderr}) & 0xff)
+}
+
+// lineWriter writes through at once (no buffering).
+type lineWriter struct{ w io.Writer }
+
+func (l lineWriter) Write(p []byte) (int, error) { return l.w.Write(p) }
+
+func usage(out io.Writer, argv0 string) {
+	fmt.Fprintf(out, "usage: %s\n", argv0)
+	fmt.Fprintf(out, "\t-m multicast_address\n")
+	fmt.Fprintf(out, "\t[-M unmapped_multicast_address]\n\t replaces -m and requires -b\n")
+	fmt.Fprintf(out, "\t[-s(ender)]\n")
+	fmt.Fprintf(out, "\t[-b bind_address]\n")
+	fmt.Fprintf(out, "\t[-c connections]\n")
+	fmt.Fprintf(out, "\t[-C message_count]\n")
+	fmt.Fprintf(out, "\t[-S message_size]\n")
+	fmt.Fprintf(out, "\t[-p port_space - %#x for UDP (default), %#x for IPOIB]\n", 0x111, 0x2)
+	fmt.Fprintf(out, "\t[-o join as a send-only full-member]\n")
+	fmt.Fprintf(out, "\t[-l join without multicast loopback]\n")
+	fmt.Fprintf(out, "\textensions: [--iface name] [--timeout duration] [--no-imm] [--verify] [--join-pause duration]\n")
+}

@@ -1,0 +1,260 @@
+package rdmacm
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// EventType is an RDMA CM event type (enum rdma_cm_event_type).
+type EventType int
+
+// Event types, with their C values.
+const (
+	EventAddrResolved     EventType = 0
+	EventAddrError        EventType = 1
+	EventRouteResolved    EventType = 2
+	EventRouteError       EventType = 3
+	EventConnectRequest   EventType = 4
+	EventConnectResponse  EventType = 5
+	EventConnectError     EventType = 6
+	EventUnreachable      EventType = 7
+	EventRejected         EventType = 8
+	EventEstablished      EventType = 9
+	EventDisconnected     EventType = 10
+	EventDeviceRemoval    EventType = 11
+	EventMulticastJoin    EventType = 12
+	EventMulticastError   EventType = 13
+	EventAddrChange       EventType = 14
+	EventTimewaitExit     EventType = 15
+	EventAddrinfoResolved EventType = 16
+	EventAddrinfoError    EventType = 17
+	EventUser             EventType = 18
+	EventInternal         EventType = 19
+)
+
+var eventNames = [...]string{
+	"RDMA_CM_EVENT_ADDR_RESOLVED",
+	"RDMA_CM_EVENT_ADDR_ERROR",
+	"RDMA_CM_EVENT_ROUTE_RESOLVED",
+	"RDMA_CM_EVENT_ROUTE_ERROR",
+	"RDMA_CM_EVENT_CONNECT_REQUEST",
+	"RDMA_CM_EVENT_CONNECT_RESPONSE",
+	"RDMA_CM_EVENT_CONNECT_ERROR",
+	"RDMA_CM_EVENT_UNREACHABLE",
+	"RDMA_CM_EVENT_REJECTED",
+	"RDMA_CM_EVENT_ESTABLISHED",
+	"RDMA_CM_EVENT_DISCONNECTED",
+	"RDMA_CM_EVENT_DEVICE_REMOVAL",
+	"RDMA_CM_EVENT_MULTICAST_JOIN",
+	"RDMA_CM_EVENT_MULTICAST_ERROR",
+	"RDMA_CM_EVENT_ADDR_CHANGE",
+	"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+	"RDMA_CM_EVENT_ADDRINFO_RESOLVED",
+	"RDMA_CM_EVENT_ADDRINFO_ERROR",
+}
+
+// String returns rdma_event_str's text: the C constant name for 0..17,
+// "UNKNOWN EVENT" for anything else (USER and INTERNAL included).
+func (t EventType) String() string {
+	if t >= 0 && int(t) < len(eventNames) {
+		return eventNames[t]
+	}
+	return "UNKNOWN EVENT"
+}
+
+// UDParam is the UD part of an event (struct rdma_ud_param).
+type UDParam struct {
+	// PrivateData is, for MULTICAST_JOIN and MULTICAST_ERROR, the context
+	// given to the join (librdmacm puts the join context pointer there).
+	PrivateData any
+	AHAttr      verbs.AHAttr
+	QPNum       uint32
+	QKey        uint32
+}
+
+// Event is an RDMA CM event (struct rdma_cm_event). Every event returned by
+// GetEvent must be acknowledged exactly once with Ack.
+type Event struct {
+	ID     *ID
+	Event  EventType
+	Status int // 0, a negative errno, or -1 when a local verbs call failed
+	// Err holds the error behind Status -1 (C: errno), e.g. the attach error
+	// of a MULTICAST_JOIN turned into MULTICAST_ERROR.
+	Err   error
+	Param UDParam
+
+	mc       *mcJoin
+	ch       *EventChannel
+	reported bool
+	acked    bool
+}
+
+// EventChannel is an event channel (struct rdma_event_channel).
+type EventChannel struct {
+	mu       sync.Mutex
+	cond     *sync.Cond // signalled on every ack, for leave/destroy waits
+	queue    []*Event
+	ready    chan struct{} // closed and replaced when the queue goes non-empty
+	nonblock bool
+	closed   bool
+	ids      int
+	private  bool // the private channel of a synchronous id
+}
+
+// CreateEventChannel opens an event channel (rdma_create_event_channel).
+func CreateEventChannel() (*EventChannel, error) {
+	ch := &EventChannel{ready: make(chan struct{})}
+	ch.cond = sync.NewCond(&ch.mu)
+	return ch, nil
+}
+
+// Close closes the channel (rdma_destroy_event_channel). Every id on it
+// must be destroyed first: otherwise EBUSY.
+func (ch *EventChannel) Close() error {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.closed {
+		return fmt.Errorf("rdmacm: close channel: %w", syscall.EINVAL)
+	}
+	if ch.ids > 0 {
+		return fmt.Errorf("rdmacm: close channel: %d ids left: %w", ch.ids, syscall.EBUSY)
+	}
+	ch.closed = true
+	close(ch.ready)
+	return nil
+}
+
+// SetNonblocking makes GetEvent return EAGAIN instead of waiting when no
+// event is queued (fcntl O_NONBLOCK on the channel fd).
+func (ch *EventChannel) SetNonblocking(nb bool) {
+	ch.mu.Lock()
+	ch.nonblock = nb
+	ch.mu.Unlock()
+}
+
+// Ready returns a channel that is closed once an event is queued (or the
+// channel is closed), for use in select; call it again after each wake-up.
+func (ch *EventChannel) Ready() <-chan struct{} {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if len(ch.queue) > 0 || ch.closed {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return ch.ready
+}
+
+// GetEvent returns the next event (rdma_get_cm_event). It blocks until an
+// event is queued or ctx is done; on a non-blocking channel it returns
+// EAGAIN at once when the queue is empty.
+func (ch *EventChannel) GetEvent(ctx context.Context) (*Event, error) {
+	for {
+		ch.mu.Lock()
+		if ch.closed {
+			ch.mu.Unlock()
+			return nil, fmt.Errorf("rdmacm: get event: channel closed: %w", syscall.EBADF)
+		}
+		if len(ch.queue) > 0 {
+			ev := ch.queue[0]
+			ch.queue[0] = nil
+			ch.queue = ch.queue[1:]
+			ev.reported = true
+			ev.ID.eventsReported++
+			if ev.mc != nil {
+				ev.mc.eventsReported++
+			}
+			ch.mu.Unlock()
+			ev.ID.processEvent(ev)
+			return ev, nil
+		}
+		if ch.nonblock {
+			ch.mu.Unlock()
+			return nil, fmt.Errorf("rdmacm: get event: %w", syscall.EAGAIN)
+		}
+		ready := ch.ready
+		ch.mu.Unlock()
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// TryGetEvent is GetEvent on a non-blocking channel: EAGAIN when empty.
+func (ch *EventChannel) TryGetEvent() (*Event, error) {
+	ch.mu.Lock()
+	if len(ch.queue) == 0 {
+		ch.mu.Unlock()
+		return nil, fmt.Errorf("rdmacm: get event: %w", syscall.EAGAIN)
+	}
+	ch.mu.Unlock()
+	return ch.GetEvent(context.Background())
+}
+
+// Len returns the number of queued, not yet retrieved events.
+func (ch *EventChannel) Len() int {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return len(ch.queue)
+}
+
+// enqueue appends an event; callers hold no channel lock.
+func (ch *EventChannel) enqueue(ev *Event) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ev.ch = ch
+	ch.queue = append(ch.queue, ev)
+	if len(ch.queue) == 1 {
+		close(ch.ready)
+		ch.ready = make(chan struct{})
+	}
+}
+
+// purge drops queued events that match.
+func (ch *EventChannel) purgeLocked(match func(*Event) bool) {
+	q := ch.queue[:0]
+	for _, ev := range ch.queue {
+		if !match(ev) {
+			q = append(q, ev)
+		}
+	}
+	for i := len(q); i < len(ch.queue); i++ {
+		ch.queue[i] = nil
+	}
+	ch.queue = q
+}
+
+// Ack acknowledges and releases an event (rdma_ack_cm_event). A nil event
+// or a second ack is EINVAL.
+func (ev *Event) Ack() error {
+	if ev == nil || ev.ch == nil {
+		return fmt.Errorf("rdmacm: ack event: %w", syscall.EINVAL)
+	}
+	ch := ev.ch
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ev.acked || !ev.reported {
+		return fmt.Errorf("rdmacm: ack event: %w", syscall.EINVAL)
+	}
+	ev.acked = true
+	ev.ID.eventsCompleted++
+	if ev.mc != nil {
+		ev.mc.eventsCompleted++
+	}
+	ch.cond.Broadcast()
+	return nil
+}
+
+// String describes the event like mckey's messages.
+func (ev *Event) String() string {
+	return fmt.Sprintf("%v, status: %d", ev.Event, ev.Status)
+}

@@ -1,0 +1,564 @@
+package rdmacm
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// state is an id's CM state (enum rdma_cm_state in the kernel).
+type state uint8
+
+const (
+	stateIdle state = iota
+	stateAddrQuery
+	stateAddrResolved
+	stateRouteQuery
+	stateRouteResolved
+	stateConnect
+	stateDisconnect
+	stateAddrBound
+	stateListen
+	stateDeviceRemoval
+	stateDestroying
+)
+
+// ID is an RDMA CM identifier (struct rdma_cm_id).
+type ID struct {
+	ch      *EventChannel
+	sync    bool
+	context any
+	ps      PortSpace
+	qpType  verbs.QPType
+
+	mu       sync.Mutex
+	state    state
+	dev      *cmDevice
+	src, dst sockaddr
+	sgidIdx  uint8
+	qkey     uint32
+	qp       *verbs.QP
+	ownCQs   []*verbs.CQ
+	sendCQ   *verbs.CQ
+	recvCQ   *verbs.CQ
+	mcs      []*mcJoin // newest first, like librdmacm's list head insertion
+	resolveT *time.Timer
+
+	// guarded by ch.mu
+	eventsReported  int
+	eventsCompleted int
+	parked          *Event // the last event of a synchronous id
+}
+
+// CreateID creates an id (rdma_create_id). A nil channel makes a
+// synchronous id: calls that produce an event wait for it and turn a
+// failure status into their error. ctx is returned by Context.
+func CreateID(ch *EventChannel, ctx any, ps PortSpace) (*ID, error) {
+	switch ps {
+	case PS_UDP, PS_IPOIB, PS_TCP, PS_IB:
+	default:
+		return nil, fmt.Errorf("rdmacm: create id: port space %#x: %w", uint16(ps), syscall.EINVAL)
+	}
+	id := &ID{ch: ch, context: ctx, ps: ps, qpType: ps.qpType()}
+	if ch == nil {
+		ch, _ = CreateEventChannel()
+		ch.private = true
+		id.ch, id.sync = ch, true
+	}
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.closed {
+		return nil, fmt.Errorf("rdmacm: create id: %w", syscall.EBADF)
+	}
+	ch.ids++
+	return id, nil
+}
+
+// Context returns the user context given to CreateID.
+func (id *ID) Context() any { return id.context }
+
+// Channel returns the event channel of the id (the private one of a
+// synchronous id).
+func (id *ID) Channel() *EventChannel { return id.ch }
+
+// PortSpace returns the id's port space.
+func (id *ID) PortSpace() PortSpace { return id.ps }
+
+// QPType returns the QP type of the id's port space.
+func (id *ID) QPType() verbs.QPType { return id.qpType }
+
+// Verbs returns the device context the id is bound to, or nil.
+func (id *ID) Verbs() *verbs.Context {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.dev == nil {
+		return nil
+	}
+	return id.dev.ctx
+}
+
+// PD returns the id's default protection domain (id->pd), or nil.
+func (id *ID) PD() *verbs.PD {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.dev == nil {
+		return nil
+	}
+	return id.dev.pd
+}
+
+// PortNum returns the port the id is bound to (0 when unbound).
+func (id *ID) PortNum() uint8 {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.dev == nil {
+		return 0
+	}
+	return 1
+}
+
+// QP returns the id's QP, or nil.
+func (id *ID) QP() *verbs.QP {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.qp
+}
+
+// SendCQ returns the send CQ of the id's QP.
+func (id *ID) SendCQ() *verbs.CQ {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.sendCQ
+}
+
+// RecvCQ returns the receive CQ of the id's QP.
+func (id *ID) RecvCQ() *verbs.CQ {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.recvCQ
+}
+
+// SrcAddr returns the bound source address (rdma_get_local_addr).
+func (id *ID) SrcAddr() net.Addr {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.src.netAddr()
+}
+
+// DstAddr returns the destination address (rdma_get_peer_addr).
+func (id *ID) DstAddr() net.Addr {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.dst.netAddr()
+}
+
+// DeviceName returns the name of the bound device ("" when unbound).
+func (id *ID) DeviceName() string {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.dev == nil {
+		return ""
+	}
+	return id.dev.rxe.Name()
+}
+
+// Event returns the last event of a synchronous id (id->event), or nil.
+func (id *ID) Event() *Event {
+	id.ch.mu.Lock()
+	defer id.ch.mu.Unlock()
+	return id.parked
+}
+
+// boundPorts emulates the CM port spaces of this process.
+var boundPorts struct {
+	sync.Mutex
+	m map[portKey]int
+}
+
+type portKey struct {
+	ps   PortSpace
+	port uint16
+}
+
+func reservePort(ps PortSpace, port uint16) (uint16, error) {
+	boundPorts.Lock()
+	defer boundPorts.Unlock()
+	if boundPorts.m == nil {
+		boundPorts.m = map[portKey]int{}
+	}
+	if port != 0 {
+		if boundPorts.m[portKey{ps, port}] > 0 {
+			return 0, syscall.EADDRINUSE
+		}
+		boundPorts.m[portKey{ps, port}]++
+		return port, nil
+	}
+	for range 1 << 16 {
+		p := uint16(32768 + rand.IntN(28232))
+		if boundPorts.m[portKey{ps, p}] == 0 {
+			boundPorts.m[portKey{ps, p}]++
+			return p, nil
+		}
+	}
+	return 0, syscall.EADDRNOTAVAIL
+}
+
+func releasePort(ps PortSpace, port uint16) {
+	boundPorts.Lock()
+	defer boundPorts.Unlock()
+	if boundPorts.m[portKey{ps, port}]--; boundPorts.m[portKey{ps, port}] <= 0 {
+		delete(boundPorts.m, portKey{ps, port})
+	}
+}
+
+// BindAddr binds the id to a local address (rdma_bind_addr). A specific
+// address binds the id to the device of its interface; the wildcard address
+// binds no device. Port 0 picks a free port of the id's port space.
+func (id *ID) BindAddr(addr net.Addr) error {
+	sa, err := toSockaddr(addr)
+	if err != nil {
+		return fmt.Errorf("rdmacm: bind: %w", err)
+	}
+	if !sa.isIP() {
+		return fmt.Errorf("rdmacm: bind: AF_IB needs an InfiniBand device: %w", syscall.EINVAL)
+	}
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if err := id.bindLocked(sa); err != nil {
+		return fmt.Errorf("rdmacm: bind %v: %w", sa.netAddr(), err)
+	}
+	return nil
+}
+
+func (id *ID) bindLocked(sa sockaddr) error {
+	if id.state != stateIdle {
+		return syscall.EINVAL
+	}
+	var dev *cmDevice
+	var gidx uint8
+	if !sa.ip.IsUnspecified() {
+		d, err := deviceForAddr(sa.ip.WithZone(""))
+		if err != nil {
+			return err
+		}
+		if gidx, err = d.gidIndex(sa.ip); err != nil {
+			return err
+		}
+		dev = d
+	}
+	port, err := reservePort(id.ps, sa.port)
+	if err != nil {
+		return err
+	}
+	sa.port = port
+	id.src, id.dev, id.sgidIdx = sa, dev, gidx
+	id.state = stateAddrBound
+	if dev != nil {
+		dev.attach(id)
+	}
+	return nil
+}
+
+// ResolveAddr resolves the destination address and binds the id to a
+// device (rdma_resolve_addr). With a nil or wildcard src the routing tables
+// pick the interface (so a multicast group usually resolves to the default
+// route's interface: pass src to choose). The result comes as an
+// ADDR_RESOLVED or ADDR_ERROR event; a synchronous id waits for it.
+func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) error {
+	d, err := toSockaddr(dst)
+	if err != nil {
+		return fmt.Errorf("rdmacm: resolve addr: dst: %w", err)
+	}
+	var s sockaddr
+	if src != nil {
+		if s, err = toSockaddr(src); err != nil {
+			return fmt.Errorf("rdmacm: resolve addr: src: %w", err)
+		}
+	}
+	if !d.isIP() || (src != nil && !s.isIP()) {
+		return fmt.Errorf("rdmacm: resolve addr: AF_IB needs an InfiniBand device: %w", syscall.EINVAL)
+	}
+	if src != nil && s.family != d.family {
+		return fmt.Errorf("rdmacm: resolve addr: address families differ: %w", syscall.EINVAL)
+	}
+	id.mu.Lock()
+	if id.state == stateIdle {
+		if src == nil || s.ip.IsUnspecified() {
+			// Bind to the source the route lookup picks.
+			var a netip.Addr
+			if d.ip.IsLoopback() {
+				a = d.ip
+			} else {
+				a, err = routeSource(d.ip.WithZone(""))
+			}
+			if err == nil {
+				if src != nil {
+					s.ip = a
+				} else {
+					s = sockaddr{family: d.family, ip: a}
+				}
+				err = id.bindLocked(s)
+			}
+			if err != nil {
+				// The kernel reports a failed lookup as ADDR_ERROR.
+				id.mu.Unlock()
+				return id.complete(id.queue(&Event{ID: id, Event: EventAddrError, Status: -errnoOf(err)}))
+			}
+		} else if err := id.bindLocked(s); err != nil {
+			id.mu.Unlock()
+			return fmt.Errorf("rdmacm: resolve addr: bind %v: %w", s.netAddr(), err)
+		}
+	}
+	switch id.state {
+	case stateAddrBound, stateAddrResolved:
+	default:
+		id.mu.Unlock()
+		return fmt.Errorf("rdmacm: resolve addr: %w", syscall.EINVAL)
+	}
+	id.dst = d
+	var ev *Event
+	if id.dev == nil {
+		ev = &Event{ID: id, Event: EventAddrError, Status: -int(syscall.ENODEV)}
+	} else {
+		id.state = stateAddrResolved
+		ev = &Event{ID: id, Event: EventAddrResolved}
+	}
+	id.mu.Unlock()
+	return id.complete(id.queue(ev))
+}
+
+// errnoOf extracts an errno from err (EINVAL when none).
+func errnoOf(err error) int {
+	var e syscall.Errno
+	if asErrno(err, &e) {
+		return int(e)
+	}
+	return int(syscall.EINVAL)
+}
+
+// queue enqueues an event of this id and returns it.
+func (id *ID) queue(ev *Event) *Event {
+	id.ch.enqueue(ev)
+	return ev
+}
+
+// complete makes a synchronous id wait for the event just queued
+// (ucma_complete): the previous parked event is acked, the new one parked,
+// and a failure status becomes the error. Asynchronous ids return nil.
+func (id *ID) complete(_ *Event) error {
+	if !id.sync {
+		return nil
+	}
+	id.ch.mu.Lock()
+	prev := id.parked
+	id.parked = nil
+	id.ch.mu.Unlock()
+	if prev != nil {
+		prev.Ack()
+	}
+	ev, err := id.ch.GetEvent(context.Background())
+	if err != nil {
+		return err
+	}
+	id.ch.mu.Lock()
+	id.parked = ev
+	id.ch.mu.Unlock()
+	switch {
+	case ev.Status == 0:
+		return nil
+	case ev.Event == EventRejected:
+		return fmt.Errorf("rdmacm: %v: %w", ev.Event, syscall.ECONNREFUSED)
+	case ev.Status < 0:
+		if ev.Status == -1 && ev.Err != nil {
+			return fmt.Errorf("rdmacm: %v: %w", ev.Event, syscall.EPERM)
+		}
+		return fmt.Errorf("rdmacm: %v: %w", ev.Event, syscall.Errno(-ev.Status))
+	default:
+		return fmt.Errorf("rdmacm: %v: %w", ev.Event, syscall.Errno(ev.Status))
+	}
+}
+
+// CreateQP creates the id's QP (rdma_create_qp / rdma_create_qp_ex) and
+// moves it to RTS with the id's Q_Key. A nil pd means the id's default PD;
+// missing CQs are created (sized by the WR capacities) and belong to the id.
+// attr.CreateFlags may hold verbs.CreateBlockSelfMcastLB.
+func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) error {
+	if attr == nil {
+		return fmt.Errorf("rdmacm: create qp: %w", syscall.EINVAL)
+	}
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.qp != nil || id.dev == nil {
+		return fmt.Errorf("rdmacm: create qp: %w", syscall.EINVAL)
+	}
+	if pd == nil {
+		pd = id.dev.pd
+	}
+	if pd.Context().Device() != id.dev.ctx.Device() {
+		return fmt.Errorf("rdmacm: create qp: pd of another device: %w", syscall.EINVAL)
+	}
+	qkey, err := id.defaultQKey()
+	if err != nil {
+		return fmt.Errorf("rdmacm: create qp: %w", err)
+	}
+	a := *attr
+	a.QPType = id.qpType
+	var own []*verbs.CQ
+	mk := func(n int) (*verbs.CQ, error) {
+		cq, err := pd.Context().CreateCQ(max(n, 1))
+		if err == nil {
+			own = append(own, cq)
+		}
+		return cq, err
+	}
+	if a.SendCQ == nil {
+		if a.SendCQ, err = mk(a.Cap.MaxSendWR); err != nil {
+			return fmt.Errorf("rdmacm: create qp: %w", err)
+		}
+	}
+	if a.RecvCQ == nil {
+		if a.RecvCQ, err = mk(a.Cap.MaxRecvWR); err != nil {
+			destroyCQs(own)
+			return fmt.Errorf("rdmacm: create qp: %w", err)
+		}
+	}
+	qp, err := pd.CreateQP(&a)
+	if err != nil {
+		destroyCQs(own)
+		return fmt.Errorf("rdmacm: create qp: %w", err)
+	}
+	steps := []struct {
+		attr verbs.QPAttr
+		mask verbs.QPAttrMask
+	}{
+		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: qkey}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
+		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
+		{verbs.QPAttr{State: verbs.QPSRTS, SQPSN: 0}, verbs.QPAttrState | verbs.QPAttrSQPSN},
+	}
+	for _, s := range steps {
+		if err := qp.Modify(&s.attr, s.mask); err != nil {
+			qp.Destroy()
+			destroyCQs(own)
+			return fmt.Errorf("rdmacm: create qp: %w", err)
+		}
+	}
+	id.qp, id.ownCQs, id.sendCQ, id.recvCQ = qp, own, a.SendCQ, a.RecvCQ
+	*attr = a
+	attr.Cap = qp.Query().Cap
+	return nil
+}
+
+// CreateQPEx is CreateQP taking the extended attributes (create flags).
+func (id *ID) CreateQPEx(pd *verbs.PD, attr *verbs.QPInitAttr) error { return id.CreateQP(pd, attr) }
+
+func destroyCQs(cqs []*verbs.CQ) {
+	for _, cq := range cqs {
+		cq.Destroy()
+	}
+}
+
+// defaultQKey is cma_set_default_qkey for a RoCE port: RDMA_PS_UDP and
+// RDMA_PS_IB use RDMA_UDP_QKEY. RDMA_PS_IPOIB takes the Q_Key of the IPoIB
+// broadcast group, which a RoCE port does not have (ENODEV, as Linux).
+func (id *ID) defaultQKey() (uint32, error) {
+	if id.qkey != 0 {
+		return id.qkey, nil
+	}
+	switch id.ps {
+	case PS_UDP, PS_IB:
+		id.qkey = UDPQKey
+	case PS_IPOIB:
+		return 0, fmt.Errorf("no IPoIB broadcast group on a RoCE port: %w", syscall.ENODEV)
+	}
+	return id.qkey, nil
+}
+
+// DestroyQP destroys the id's QP (rdma_destroy_qp).
+func (id *ID) DestroyQP() error {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.qp == nil {
+		return fmt.Errorf("rdmacm: destroy qp: %w", syscall.EINVAL)
+	}
+	err := id.qp.Destroy()
+	id.qp = nil
+	return err
+}
+
+// Destroy destroys the id (rdma_destroy_id): it leaves every group, drops
+// the id's undelivered events, and waits until every event already
+// retrieved for it is acked. The QP should be destroyed first; if it still
+// exists it is detached from the id's groups and destroyed.
+func (id *ID) Destroy() error {
+	id.mu.Lock()
+	if id.state == stateDestroying {
+		id.mu.Unlock()
+		return fmt.Errorf("rdmacm: destroy id: %w", syscall.EINVAL)
+	}
+	id.state = stateDestroying
+	mcs := id.mcs
+	id.mcs = nil
+	for _, mc := range mcs {
+		id.leaveLocked(mc)
+	}
+	if id.qp != nil {
+		id.qp.Destroy()
+		id.qp = nil
+	}
+	destroyCQs(id.ownCQs)
+	id.ownCQs = nil
+	dev := id.dev
+	if id.src.isIP() {
+		releasePort(id.ps, id.src.port)
+	}
+	id.mu.Unlock()
+	if dev != nil {
+		dev.detach(id)
+	}
+	ch := id.ch
+	ch.mu.Lock()
+	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id })
+	if p := id.parked; p != nil && !p.acked {
+		p.acked = true
+		id.eventsCompleted++
+	}
+	id.parked = nil
+	for id.eventsCompleted < id.eventsReported {
+		ch.cond.Wait()
+	}
+	ch.ids--
+	ch.mu.Unlock()
+	if id.sync {
+		ch.Close()
+	}
+	return nil
+}
+
+// deviceRemoved reports DEVICE_REMOVAL (the netdev went away).
+func (id *ID) deviceRemoved() {
+	id.mu.Lock()
+	if id.state == stateDestroying || id.state == stateDeviceRemoval {
+		id.mu.Unlock()
+		return
+	}
+	id.state = stateDeviceRemoval
+	id.mu.Unlock()
+	id.queue(&Event{ID: id, Event: EventDeviceRemoval})
+}
+
+// addrRemoved reports ADDR_CHANGE when the bound address disappears.
+func (id *ID) addrRemoved(a netip.Addr) {
+	id.mu.Lock()
+	hit := id.state != stateDestroying && id.state != stateDeviceRemoval && id.src.isIP() && id.src.ip.WithZone("") == a.Unmap()
+	id.mu.Unlock()
+	if hit {
+		id.queue(&Event{ID: id, Event: EventAddrChange})
+	}
+}

@@ -1,0 +1,78 @@
+package rdmacm
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// The helpers of rdma_verbs.h that multicast programs use.
+
+// RegMsgs registers a message buffer on the id's default PD for sends and
+// receives (rdma_reg_msgs).
+func (id *ID) RegMsgs(buf []byte) (*verbs.MR, error) {
+	pd := id.PD()
+	if pd == nil {
+		return nil, fmt.Errorf("rdmacm: reg msgs: unbound id: %w", syscall.EINVAL)
+	}
+	return pd.RegMR(buf, verbs.AccessLocalWrite)
+}
+
+// PostRecv posts one receive of length bytes at offset off of mr
+// (rdma_post_recv). The buffer needs 40 bytes of GRH area before the payload.
+func (id *ID) PostRecv(wrid uint64, mr *verbs.MR, off, length int) error {
+	qp := id.QP()
+	if qp == nil || mr == nil {
+		return fmt.Errorf("rdmacm: post recv: %w", syscall.EINVAL)
+	}
+	return qp.PostRecv(&verbs.RecvWR{WRID: wrid, SGList: []verbs.SGE{mr.SGE(off, length)}})
+}
+
+// PostUDSend posts one UD send of length bytes at offset off of mr to the
+// remote QPN through ah, with the RDMA_UDP_QKEY Q_Key (rdma_post_ud_send).
+func (id *ID) PostUDSend(wrid uint64, mr *verbs.MR, off, length int, flags verbs.SendFlags, ah *verbs.AH, remoteQPN uint32) error {
+	qp := id.QP()
+	if qp == nil || mr == nil || ah == nil {
+		return fmt.Errorf("rdmacm: post ud send: %w", syscall.EINVAL)
+	}
+	wr := verbs.SendWR{
+		WRID:   wrid,
+		SGList: []verbs.SGE{mr.SGE(off, length)},
+		Opcode: verbs.WRSend,
+		Flags:  flags,
+		UD:     verbs.UDWR{AH: ah, RemoteQPN: remoteQPN, RemoteQKey: UDPQKey},
+	}
+	return qp.PostSend(&wr)
+}
+
+// GetRecvComp waits for one receive completion (rdma_get_recv_comp). Like
+// the C helper it does not check the completion's status.
+func (id *ID) GetRecvComp(ctx context.Context) (verbs.WC, error) {
+	return getComp(ctx, id.RecvCQ())
+}
+
+// GetSendComp waits for one send completion (rdma_get_send_comp).
+func (id *ID) GetSendComp(ctx context.Context) (verbs.WC, error) {
+	return getComp(ctx, id.SendCQ())
+}
+
+func getComp(ctx context.Context, cq *verbs.CQ) (verbs.WC, error) {
+	var wc [1]verbs.WC
+	if cq == nil {
+		return wc[0], fmt.Errorf("rdmacm: get comp: no cq: %w", syscall.EINVAL)
+	}
+	for {
+		n, err := cq.Poll(wc[:])
+		if err != nil {
+			return wc[0], err
+		}
+		if n == 1 {
+			return wc[0], nil
+		}
+		if err := cq.Wait(ctx); err != nil {
+			return wc[0], err
+		}
+	}
+}

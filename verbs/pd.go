@@ -1,0 +1,163 @@
+package verbs
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+)
+
+// PD is a protection domain (struct ibv_pd).
+type PD struct {
+	ctx *Context
+
+	mu     sync.Mutex
+	mrs    map[uint32]*MR // by lkey; copied on write into mrView
+	mrView atomic.Pointer[map[uint32]*MR]
+	qps    int
+	ahs    int
+	dead   bool
+}
+
+// AllocPD allocates a protection domain (ibv_alloc_pd).
+func (c *Context) AllocPD() (*PD, error) {
+	if err := c.use(1, 0); err != nil {
+		return nil, fmt.Errorf("verbs: alloc pd: %w", err)
+	}
+	pd := &PD{ctx: c, mrs: map[uint32]*MR{}}
+	pd.mrView.Store(&map[uint32]*MR{})
+	return pd, nil
+}
+
+// Context returns the device context of the PD.
+func (pd *PD) Context() *Context { return pd.ctx }
+
+// Dealloc frees the PD (ibv_dealloc_pd). It fails with EBUSY while memory
+// regions, QPs or address handles of the PD exist.
+func (pd *PD) Dealloc() error {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.dead {
+		return fmt.Errorf("verbs: dealloc pd: %w", syscall.EINVAL)
+	}
+	if len(pd.mrs) > 0 || pd.qps > 0 || pd.ahs > 0 {
+		return fmt.Errorf("verbs: dealloc pd: %w", syscall.EBUSY)
+	}
+	pd.dead = true
+	pd.ctx.release(1, 0)
+	return nil
+}
+
+func (pd *PD) hold(qp, ah int) error {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.dead {
+		return syscall.EINVAL
+	}
+	pd.qps += qp
+	pd.ahs += ah
+	return nil
+}
+
+var nextKey atomic.Uint32
+
+// MR is a registered memory region (struct ibv_mr) over a Go byte slice.
+// The slice must not be resized or reused for other purposes while it is
+// registered; verbs keeps a reference, so it stays at the same address.
+type MR struct {
+	pd     *PD
+	buf    []byte
+	addr   uint64
+	lkey   uint32
+	access Access
+}
+
+// RegMR registers buf (ibv_reg_mr). Receives need AccessLocalWrite.
+func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
+	if len(buf) == 0 {
+		return nil, fmt.Errorf("verbs: reg mr: empty buffer: %w", syscall.EINVAL)
+	}
+	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
+		return nil, fmt.Errorf("verbs: reg mr: remote write needs local write: %w", syscall.EINVAL)
+	}
+	mr := &MR{
+		pd:     pd,
+		buf:    buf,
+		addr:   uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
+		lkey:   nextKey.Add(1)<<8 | 0x5a,
+		access: access,
+	}
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.dead {
+		return nil, fmt.Errorf("verbs: reg mr: %w", syscall.EINVAL)
+	}
+	pd.mrs[mr.lkey] = mr
+	pd.publishMRs()
+	return mr, nil
+}
+
+func (pd *PD) publishMRs() {
+	m := make(map[uint32]*MR, len(pd.mrs))
+	for k, v := range pd.mrs {
+		m[k] = v
+	}
+	pd.mrView.Store(&m)
+}
+
+// Dereg deregisters the region (ibv_dereg_mr). Receive WRs already posted
+// on it keep their reference; do not dereg memory a QP may still write.
+func (mr *MR) Dereg() error {
+	pd := mr.pd
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.mrs[mr.lkey] != mr {
+		return fmt.Errorf("verbs: dereg mr: %w", syscall.EINVAL)
+	}
+	delete(pd.mrs, mr.lkey)
+	pd.publishMRs()
+	return nil
+}
+
+// LKey returns the local key.
+func (mr *MR) LKey() uint32 { return mr.lkey }
+
+// RKey returns the remote key (equal to the local key here).
+func (mr *MR) RKey() uint32 { return mr.lkey }
+
+// Addr returns the address of the first registered byte, for SGEs.
+func (mr *MR) Addr() uint64 { return mr.addr }
+
+// Len returns the length of the region.
+func (mr *MR) Len() int { return len(mr.buf) }
+
+// Buf returns the registered slice.
+func (mr *MR) Buf() []byte { return mr.buf }
+
+// SGE returns a scatter/gather element for length bytes at offset off.
+func (mr *MR) SGE(off, length int) SGE {
+	return SGE{Addr: mr.addr + uint64(off), Length: uint32(length), LKey: mr.lkey}
+}
+
+// seg is an SGE resolved to registered memory.
+type seg struct {
+	mr  *MR
+	off int
+	n   int
+}
+
+// resolve checks an SGE against the PD's regions.
+func (pd *PD) resolve(s SGE, write bool) (seg, error) {
+	mr := (*pd.mrView.Load())[s.LKey]
+	if mr == nil {
+		return seg{}, fmt.Errorf("verbs: sge lkey %#x: %w", s.LKey, syscall.EINVAL)
+	}
+	if write && mr.access&AccessLocalWrite == 0 {
+		return seg{}, fmt.Errorf("verbs: sge lkey %#x lacks local write: %w", s.LKey, syscall.EACCES)
+	}
+	if s.Addr < mr.addr || s.Addr+uint64(s.Length) > mr.addr+uint64(len(mr.buf)) || s.Addr+uint64(s.Length) < s.Addr {
+		return seg{}, fmt.Errorf("verbs: sge [%#x,+%d) outside mr: %w", s.Addr, s.Length, syscall.EINVAL)
+	}
+	return seg{mr: mr, off: int(s.Addr - mr.addr), n: int(s.Length)}, nil
+}

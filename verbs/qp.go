@@ -1,0 +1,468 @@
+package verbs
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+)
+
+// QP is a queue pair (struct ibv_qp). Only UD QPs are supported.
+type QP struct {
+	pd      *PD
+	drv     DriverQP
+	sendCQ  *CQ
+	recvCQ  *CQ
+	cap     QPCap
+	typ     QPType
+	sigAll  bool
+	flags   CreateFlags
+	context any
+	qpn     uint32
+
+	mu      sync.Mutex // state, attributes, attachments
+	state   QPState
+	attr    QPAttr
+	mcast   map[mcKey]struct{}
+	dead    bool
+	port    PortAttr
+	sendBuf []byte
+
+	smu sync.Mutex // send side: serializes PostSend and owns sendBuf
+
+	rmu   sync.Mutex // receive queue
+	rq    []recvWQE
+	rhead int
+	rn    int
+	rdead bool
+}
+
+type mcKey struct {
+	gid GID
+	lid uint16
+}
+
+type recvWQE struct {
+	wrid  uint64
+	segs  []seg
+	total int
+}
+
+// CreateQP creates a queue pair (ibv_create_qp / ibv_create_qp_ex).
+func (pd *PD) CreateQP(init *QPInitAttr) (*QP, error) {
+	if init == nil || init.SendCQ == nil || init.RecvCQ == nil {
+		return nil, fmt.Errorf("verbs: create qp: missing cq: %w", syscall.EINVAL)
+	}
+	if init.SendCQ.ctx != pd.ctx || init.RecvCQ.ctx != pd.ctx {
+		return nil, fmt.Errorf("verbs: create qp: cq of another device: %w", syscall.EINVAL)
+	}
+	if init.QPType != QPTypeUD {
+		return nil, fmt.Errorf("verbs: create qp: %v: %w", init.QPType, syscall.EOPNOTSUPP)
+	}
+	if init.CreateFlags&^CreateBlockSelfMcastLB != 0 {
+		return nil, fmt.Errorf("verbs: create qp: create flags %#x: %w", uint32(init.CreateFlags), syscall.EOPNOTSUPP)
+	}
+	da := pd.ctx.dev.drv.Attr()
+	c := init.Cap
+	if c.MaxSendWR < 0 || c.MaxRecvWR < 0 || c.MaxSendWR > da.MaxQPWR || c.MaxRecvWR > da.MaxQPWR ||
+		c.MaxSendSGE < 0 || c.MaxRecvSGE < 0 || c.MaxSendSGE > da.MaxSGE || c.MaxRecvSGE > da.MaxSGE ||
+		c.MaxInlineData < 0 || c.MaxInlineData > da.MaxInlineData {
+		return nil, fmt.Errorf("verbs: create qp: capabilities %+v: %w", c, syscall.EINVAL)
+	}
+	if c.MaxSendSGE == 0 {
+		c.MaxSendSGE = 1
+	}
+	if c.MaxRecvSGE == 0 {
+		c.MaxRecvSGE = 1
+	}
+	qp := &QP{
+		pd: pd, sendCQ: init.SendCQ, recvCQ: init.RecvCQ, cap: c, typ: init.QPType,
+		sigAll: init.SQSigAll, flags: init.CreateFlags, context: init.Context,
+		mcast: map[mcKey]struct{}{}, rq: make([]recvWQE, max(c.MaxRecvWR, 1)),
+	}
+	drv, err := pd.ctx.dev.drv.CreateQP(receiver{qp}, DriverQPInit{Type: init.QPType, CreateFlags: init.CreateFlags})
+	if err != nil {
+		return nil, fmt.Errorf("verbs: create qp: %w", err)
+	}
+	if err := pd.hold(1, 0); err != nil {
+		drv.Destroy()
+		return nil, fmt.Errorf("verbs: create qp: %w", err)
+	}
+	qp.drv = drv
+	qp.qpn = drv.QPN()
+	init.SendCQ.hold(1)
+	init.RecvCQ.hold(1)
+	return qp, nil
+}
+
+// Num returns the QP number (qp->qp_num).
+func (qp *QP) Num() uint32 { return qp.qpn }
+
+// Type returns the QP type.
+func (qp *QP) Type() QPType { return qp.typ }
+
+// PD returns the protection domain of the QP.
+func (qp *QP) PD() *PD { return qp.pd }
+
+// UserContext returns the Context given at creation (qp->qp_context).
+func (qp *QP) UserContext() any { return qp.context }
+
+// SendCQ returns the send completion queue.
+func (qp *QP) SendCQ() *CQ { return qp.sendCQ }
+
+// RecvCQ returns the receive completion queue.
+func (qp *QP) RecvCQ() *CQ { return qp.recvCQ }
+
+// CreateFlags returns the creation flags.
+func (qp *QP) CreateFlags() CreateFlags { return qp.flags }
+
+// State returns the current QP state.
+func (qp *QP) State() QPState {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.state
+}
+
+// Query returns the QP's attributes (ibv_query_qp).
+func (qp *QP) Query() QPAttr {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	a := qp.attr
+	a.State, a.CurState, a.Cap = qp.state, qp.state, qp.cap
+	return a
+}
+
+// required and optional attribute masks of UD transitions (IBA 11.2.4.2).
+var udTransitions = map[[2]QPState][2]QPAttrMask{
+	{QPSReset, QPSInit}: {QPAttrState | QPAttrPKeyIdx | QPAttrPort | QPAttrQKey, 0},
+	{QPSInit, QPSInit}:  {0, QPAttrPKeyIdx | QPAttrPort | QPAttrQKey},
+	{QPSInit, QPSRTR}:   {QPAttrState, QPAttrPKeyIdx | QPAttrQKey},
+	{QPSRTR, QPSRTS}:    {QPAttrState | QPAttrSQPSN, QPAttrQKey},
+	{QPSRTS, QPSRTS}:    {0, QPAttrQKey},
+	{QPSRTR, QPSRTR}:    {0, QPAttrQKey},
+}
+
+// Modify changes QP attributes and state (ibv_modify_qp). UD QPs walk
+// RESET → INIT (P_Key index, port, Q_Key) → RTR → RTS (SQ PSN); any state
+// may go to RESET or ERR. A wrong transition or mask gives EINVAL.
+func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
+	if attr == nil {
+		return fmt.Errorf("verbs: modify qp: %w", syscall.EINVAL)
+	}
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.dead {
+		return fmt.Errorf("verbs: modify qp: %w", syscall.EINVAL)
+	}
+	cur, next := qp.state, qp.state
+	if mask&QPAttrState != 0 {
+		next = attr.State
+	}
+	if next == QPSReset || next == QPSErr {
+		if mask&QPAttrState == 0 || mask&^QPAttrState != 0 && next == QPSErr {
+			return fmt.Errorf("verbs: modify qp %v→%v: mask %#x: %w", cur, next, uint32(mask), syscall.EINVAL)
+		}
+	} else {
+		t, ok := udTransitions[[2]QPState{cur, next}]
+		if !ok {
+			return fmt.Errorf("verbs: modify qp %v→%v: %w", cur, next, syscall.EINVAL)
+		}
+		if mask&t[0] != t[0] || mask&^(t[0]|t[1]|QPAttrState) != 0 {
+			return fmt.Errorf("verbs: modify qp %v→%v: mask %#x: %w", cur, next, uint32(mask), syscall.EINVAL)
+		}
+	}
+	if mask&QPAttrPort != 0 {
+		pa, err := qp.pd.ctx.QueryPort(attr.PortNum)
+		if err != nil {
+			return fmt.Errorf("verbs: modify qp: %w", err)
+		}
+		qp.port = pa
+	}
+	if mask&QPAttrPKeyIdx != 0 && attr.PKeyIdx != 0 {
+		return fmt.Errorf("verbs: modify qp: pkey index %d: %w", attr.PKeyIdx, syscall.EINVAL)
+	}
+	na := qp.attr
+	if mask&QPAttrPort != 0 {
+		na.PortNum = attr.PortNum
+	}
+	if mask&QPAttrPKeyIdx != 0 {
+		na.PKeyIdx = attr.PKeyIdx
+	}
+	if mask&QPAttrQKey != 0 {
+		na.QKey = attr.QKey
+	}
+	if mask&QPAttrSQPSN != 0 {
+		na.SQPSN = attr.SQPSN & 0xffffff
+	}
+	na.State = next
+	if err := qp.drv.Modify(&na, mask|QPAttrState); err != nil {
+		return fmt.Errorf("verbs: modify qp: %w", err)
+	}
+	qp.attr, qp.state = na, next
+	switch next {
+	case QPSReset:
+		qp.flushRecv(false)
+	case QPSErr:
+		qp.flushRecv(true)
+	}
+	return nil
+}
+
+// flushRecv empties the receive queue, with flush completions when report.
+func (qp *QP) flushRecv(report bool) {
+	qp.rmu.Lock()
+	defer qp.rmu.Unlock()
+	for qp.rn > 0 {
+		w := qp.rq[qp.rhead]
+		qp.rq[qp.rhead] = recvWQE{}
+		qp.rhead = (qp.rhead + 1) % len(qp.rq)
+		qp.rn--
+		if report {
+			qp.recvCQ.pushOrOverrun(&WC{WRID: w.wrid, Status: WCWRFlushErr, Opcode: WCOpRecv, QPNum: qp.qpn})
+		}
+	}
+}
+
+// BadWRError reports the work request a post failed on (C's bad_wr).
+type BadWRError struct {
+	Index int // position in the chain, from 0
+	Err   error
+}
+
+func (e *BadWRError) Error() string { return fmt.Sprintf("verbs: work request %d: %v", e.Index, e.Err) }
+
+// Unwrap returns the errno.
+func (e *BadWRError) Unwrap() error { return e.Err }
+
+// PostRecv posts a chain of receive work requests (ibv_post_recv). Each
+// buffer must hold the 40-byte GRH area plus the payload.
+func (qp *QP) PostRecv(wr *RecvWR) error {
+	qp.mu.Lock()
+	st, dead := qp.state, qp.dead
+	qp.mu.Unlock()
+	for i := 0; wr != nil; i, wr = i+1, wr.Next {
+		if dead || st == QPSReset {
+			return &BadWRError{i, syscall.EINVAL}
+		}
+		if len(wr.SGList) > qp.cap.MaxRecvSGE {
+			return &BadWRError{i, syscall.EINVAL}
+		}
+		w := recvWQE{wrid: wr.WRID, segs: make([]seg, 0, len(wr.SGList))}
+		for _, s := range wr.SGList {
+			sg, err := qp.pd.resolve(s, true)
+			if err != nil {
+				return &BadWRError{i, err}
+			}
+			w.segs = append(w.segs, sg)
+			w.total += sg.n
+		}
+		qp.rmu.Lock()
+		if qp.rn == len(qp.rq) || qp.cap.MaxRecvWR == 0 {
+			qp.rmu.Unlock()
+			return &BadWRError{i, syscall.ENOMEM}
+		}
+		qp.rq[(qp.rhead+qp.rn)%len(qp.rq)] = w
+		qp.rn++
+		qp.rmu.Unlock()
+	}
+	return nil
+}
+
+// PostSend posts a chain of send work requests (ibv_post_send). Sends on a
+// UD QP in RTS go out immediately; a signaled request (or every request
+// with SQSigAll) queues a send completion.
+func (qp *QP) PostSend(wr *SendWR) error {
+	qp.smu.Lock()
+	defer qp.smu.Unlock()
+	qp.mu.Lock()
+	st, dead := qp.state, qp.dead
+	qp.mu.Unlock()
+	for i := 0; wr != nil; i, wr = i+1, wr.Next {
+		if dead || st != QPSRTS {
+			return &BadWRError{i, syscall.EINVAL}
+		}
+		if err := qp.postOne(wr); err != nil {
+			return &BadWRError{i, err}
+		}
+	}
+	return nil
+}
+
+func (qp *QP) postOne(wr *SendWR) error {
+	if wr.Opcode != WRSend && wr.Opcode != WRSendWithImm {
+		return fmt.Errorf("opcode %d on UD: %w", wr.Opcode, syscall.EINVAL)
+	}
+	ah := wr.UD.AH
+	if ah == nil || ah.dead || ah.pd != qp.pd {
+		return fmt.Errorf("bad address handle: %w", syscall.EINVAL)
+	}
+	if len(wr.SGList) > qp.cap.MaxSendSGE {
+		return fmt.Errorf("%d sges: %w", len(wr.SGList), syscall.EINVAL)
+	}
+	n := 0
+	for _, s := range wr.SGList {
+		n += int(s.Length)
+	}
+	if wr.Flags&SendInline != 0 && n > qp.cap.MaxInlineData {
+		return fmt.Errorf("inline %d > %d: %w", n, qp.cap.MaxInlineData, syscall.EINVAL)
+	}
+	signaled := qp.sigAll || wr.Flags&SendSignaled != 0
+	if signaled && !qp.sendCQ.room() {
+		return fmt.Errorf("send cq full: %w", syscall.ENOMEM)
+	}
+	if cap(qp.sendBuf) < n {
+		qp.sendBuf = make([]byte, n)
+	}
+	buf := qp.sendBuf[:0]
+	for _, s := range wr.SGList {
+		sg, err := qp.pd.resolve(s, false)
+		if err != nil {
+			return err
+		}
+		buf = append(buf, sg.mr.buf[sg.off:sg.off+sg.n]...)
+	}
+	us := UDSend{
+		AH: &ah.attr, RemoteQPN: wr.UD.RemoteQPN & 0xffffff, RemoteQKey: wr.UD.RemoteQKey,
+		Imm: wr.ImmData, HasImm: wr.Opcode == WRSendWithImm, Solicited: wr.Flags&SendSolicited != 0,
+		Payload: buf,
+	}
+	err := qp.drv.Send(&us)
+	if signaled {
+		wc := WC{WRID: wr.WRID, Status: WCSuccess, Opcode: WCOpSend, ByteLen: uint32(n), QPNum: qp.qpn}
+		if err != nil {
+			wc.Status = WCGeneralErr
+			var errno syscall.Errno
+			if errors.As(err, &errno) {
+				wc.VendorErr = uint32(errno)
+			}
+		}
+		qp.sendCQ.pushOrOverrun(&wc)
+	}
+	return nil
+}
+
+// AttachMcast attaches the QP to a multicast group (ibv_attach_mcast). The
+// GID must be multicast and, on InfiniBand, the LID a multicast LID.
+func (qp *QP) AttachMcast(gid GID, lid uint16) error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if err := qp.checkMcast(gid, lid); err != nil {
+		return fmt.Errorf("verbs: attach mcast %v: %w", gid, err)
+	}
+	if err := qp.drv.AttachMcast(gid, lid); err != nil {
+		return fmt.Errorf("verbs: attach mcast %v: %w", gid, err)
+	}
+	qp.mcast[mcKey{gid, lid}] = struct{}{}
+	return nil
+}
+
+// DetachMcast detaches the QP from a multicast group (ibv_detach_mcast).
+func (qp *QP) DetachMcast(gid GID, lid uint16) error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if err := qp.checkMcast(gid, lid); err != nil {
+		return fmt.Errorf("verbs: detach mcast %v: %w", gid, err)
+	}
+	if err := qp.drv.DetachMcast(gid, lid); err != nil {
+		return fmt.Errorf("verbs: detach mcast %v: %w", gid, err)
+	}
+	delete(qp.mcast, mcKey{gid, lid})
+	return nil
+}
+
+func (qp *QP) checkMcast(gid GID, lid uint16) error {
+	if qp.dead || qp.typ != QPTypeUD || !gid.IsMulticast() {
+		return syscall.EINVAL
+	}
+	if qp.linkLayer() == LinkLayerInfiniBand && (lid < MulticastLIDBase || lid == 0xffff) {
+		return syscall.EINVAL
+	}
+	return nil
+}
+
+func (qp *QP) linkLayer() LinkLayer {
+	if qp.port.LinkLayer != LinkLayerUnspecified {
+		return qp.port.LinkLayer
+	}
+	pa, err := qp.pd.ctx.QueryPort(1)
+	if err != nil {
+		return LinkLayerUnspecified
+	}
+	return pa.LinkLayer
+}
+
+// Destroy destroys the QP (ibv_destroy_qp); it is detached from every
+// multicast group first, as the kernel does for userspace QPs.
+func (qp *QP) Destroy() error {
+	qp.mu.Lock()
+	if qp.dead {
+		qp.mu.Unlock()
+		return fmt.Errorf("verbs: destroy qp: %w", syscall.EINVAL)
+	}
+	qp.dead = true
+	qp.mu.Unlock()
+	err := qp.drv.Destroy()
+	qp.rmu.Lock()
+	qp.rdead = true
+	qp.rmu.Unlock()
+	qp.sendCQ.hold(-1)
+	qp.recvCQ.hold(-1)
+	qp.pd.hold(-1, 0)
+	if err != nil {
+		return fmt.Errorf("verbs: destroy qp: %w", err)
+	}
+	return nil
+}
+
+// receiver is the QP's Receiver given to its provider.
+type receiver struct{ qp *QP }
+
+// Deliver implements Receiver.
+func (r receiver) Deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult {
+	qp := r.qp
+	qp.rmu.Lock()
+	defer qp.rmu.Unlock()
+	if qp.rdead {
+		return NotReady
+	}
+	if qp.rn == 0 {
+		return NoRecvWR
+	}
+	w := &qp.rq[qp.rhead]
+	need := GRHLen + len(payload)
+	if w.total < need {
+		return TooLong
+	}
+	if !qp.recvCQ.room() {
+		return CQFull
+	}
+	scatter(w.segs, grh[:], payload)
+	wc := WC{
+		WRID: w.wrid, Status: WCSuccess, Opcode: WCOpRecv, ByteLen: uint32(need),
+		QPNum: qp.qpn, SrcQP: srcQP, Flags: WCGRH,
+	}
+	if hasImm {
+		wc.Flags |= WCWithImm
+		wc.ImmData = imm
+	}
+	qp.rq[qp.rhead] = recvWQE{}
+	qp.rhead = (qp.rhead + 1) % len(qp.rq)
+	qp.rn--
+	qp.recvCQ.pushOrOverrun(&wc)
+	return Delivered
+}
+
+// scatter copies a then b across the segments.
+func scatter(segs []seg, a, b []byte) {
+	for _, s := range segs {
+		dst := s.mr.buf[s.off : s.off+s.n]
+		k := copy(dst, a)
+		a = a[k:]
+		dst = dst[k:]
+		k = copy(dst, b)
+		b = b[k:]
+		if len(a) == 0 && len(b) == 0 {
+			return
+		}
+	}
+}
