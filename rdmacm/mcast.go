@@ -94,7 +94,9 @@ func (id *ID) joinLocked(sa sockaddr, flags uint32, ctx any) (*Event, error) {
 		id.defaultQKey()
 	}
 	mc := &mcJoin{id: id, context: ctx, addr: sa, sendOnly: flags == MCJoinFlagSendOnlyFullMember}
-	if !mc.sendOnly {
+	// Linux takes the IP membership for any address (ip_mc_inc_group does
+	// not check the range); a socket can only join real multicast groups.
+	if !mc.sendOnly && group.IsMulticast() {
 		if err := id.dev.rxe.IncGroup(group); err != nil {
 			return nil, err
 		}

@@ -135,7 +135,7 @@ func toSockaddr(a net.Addr) (sockaddr, error) {
 		if v == nil {
 			return sockaddr{}, syscall.EINVAL
 		}
-		return sockaddr{family: syscall.AF_IB, ib: *v}, nil
+		return sockaddr{family: afIB, ib: *v}, nil
 	default:
 		return sockaddr{}, syscall.EINVAL
 	}
@@ -154,7 +154,7 @@ func toSockaddr(a net.Addr) (sockaddr, error) {
 // netAddr turns a sockaddr back into a net.Addr.
 func (s sockaddr) netAddr() net.Addr {
 	switch s.family {
-	case syscall.AF_IB:
+	case afIB:
 		ib := s.ib
 		return &ib
 	case syscall.AF_INET, syscall.AF_INET6:
@@ -167,3 +167,6 @@ func (s sockaddr) isIP() bool { return s.family == syscall.AF_INET || s.family =
 
 // UDPAddr is a convenience for building a join or bind address.
 func UDPAddr(a netip.Addr) *net.UDPAddr { return net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, 0)) }
+
+// afIB is AF_IB (27), the InfiniBand address family.
+const afIB = 27

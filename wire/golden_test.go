@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -28,7 +29,7 @@ type roceFrame struct {
 }
 
 func (f roceFrame) String() string {
-	return f.file + "#" + string(rune('0'+f.index/10)) + string(rune('0'+f.index%10))
+	return fmt.Sprintf("%s#%d", f.file, f.index)
 }
 
 // readRoCEFrames returns every RoCEv2 frame of a capture file and the total

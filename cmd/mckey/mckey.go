@@ -49,13 +49,13 @@ type node struct {
 }
 
 type mckey struct {
-	cfg           config
-	out, errOut   io.Writer
-	channel       *rdmacm.EventChannel
-	nodes         []*node
-	connectsLeft  int
-	dstAddr       net.Addr
-	srcAddr       net.Addr
+	cfg          config
+	out, errOut  io.Writer
+	channel      *rdmacm.EventChannel
+	nodes        []*node
+	connectsLeft int
+	dstAddr      net.Addr
+	srcAddr      net.Addr
 }
 
 // atoi is C's atoi: leading white space, sign and digits; 0 otherwise.

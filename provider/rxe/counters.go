@@ -114,7 +114,7 @@ const (
 type counterSet [numCtr]atomic.Uint64
 
 func (c *counterSet) add(i ctr, n uint64) { c[i].Add(n) }
-func (c *counterSet) get(i ctr) uint64   { return c[i].Load() }
+func (c *counterSet) get(i ctr) uint64    { return c[i].Load() }
 
 func (c *counterSet) snapshot() Counters {
 	s := Counters{

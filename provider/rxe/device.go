@@ -159,7 +159,7 @@ func (d *Device) Attr() verbs.DeviceAttr {
 		HWVer:            0,
 		FWVer:            "0.0.0",
 		PhysPortCnt:      1,
-		MaxQP:            65536,
+		MaxQP:            maxQP,
 		MaxQPWR:          16384,
 		MaxSGE:           32,
 		MaxCQ:            16384,

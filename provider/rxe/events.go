@@ -1,0 +1,195 @@
+package rxe
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// NetEventKind says what happened to the device's interface.
+type NetEventKind int
+
+// Netdev event kinds.
+const (
+	// NetdevRemoved: the interface was deleted.
+	NetdevRemoved NetEventKind = iota + 1
+	// AddrRemoved: an address was removed from the interface.
+	AddrRemoved
+	// AddrAdded: an address was added to the interface.
+	AddrAdded
+)
+
+// String returns the kind's name.
+func (k NetEventKind) String() string {
+	switch k {
+	case NetdevRemoved:
+		return "NetdevRemoved"
+	case AddrRemoved:
+		return "AddrRemoved"
+	case AddrAdded:
+		return "AddrAdded"
+	}
+	return "unknown"
+}
+
+// NetEvent is a change of the device's interface, for the RDMA CM
+// (RDMA_CM_EVENT_ADDR_CHANGE / DEVICE_REMOVAL).
+type NetEvent struct {
+	Kind NetEventKind
+	Addr netip.Addr // the address for AddrAdded / AddrRemoved
+}
+
+// events is the device's netlink watcher and its subscribers.
+type events struct {
+	mu     sync.Mutex
+	subs   map[int]func(NetEvent)
+	nextID int
+	done   chan struct{} // closes the watcher; nil when not running
+	exited chan struct{}
+
+	dispatching atomic.Bool // the watcher is inside a callback
+}
+
+// Subscribe calls fn for every change of the device's interface (removal,
+// address added or removed) until cancel is called. Callbacks run on one
+// watcher goroutine, in order; the netlink subscription runs only while
+// subscribers exist. If netlink is unavailable no event is ever delivered.
+func (d *Device) Subscribe(fn func(NetEvent)) (cancel func()) {
+	e := &d.ev
+	e.mu.Lock()
+	if e.subs == nil {
+		e.subs = map[int]func(NetEvent){}
+	}
+	id := e.nextID
+	e.nextID++
+	e.subs[id] = fn
+	if e.done == nil {
+		d.startWatcherLocked()
+	}
+	e.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			e.mu.Lock()
+			delete(e.subs, id)
+			var done, exited chan struct{}
+			if len(e.subs) == 0 && e.done != nil {
+				done, exited = e.done, e.exited
+				e.done, e.exited = nil, nil
+			}
+			e.mu.Unlock()
+			stopWatcher(e, done, exited)
+		})
+	}
+}
+
+// stopEvents stops the watcher and forgets every subscriber (Close).
+func (d *Device) stopEvents() {
+	e := &d.ev
+	e.mu.Lock()
+	e.subs = nil
+	done, exited := e.done, e.exited
+	e.done, e.exited = nil, nil
+	e.mu.Unlock()
+	stopWatcher(e, done, exited)
+}
+
+// stopWatcher closes done and waits for the watcher to exit, unless the
+// caller may be the watcher itself (a callback cancelling or closing).
+func stopWatcher(e *events, done, exited chan struct{}) {
+	if done == nil {
+		return
+	}
+	close(done)
+	if !e.dispatching.Load() {
+		<-exited
+	}
+}
+
+// startWatcherLocked subscribes to link and address changes.
+func (d *Device) startWatcherLocked() {
+	e := &d.ev
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	linkCh := make(chan netlink.LinkUpdate, 16)
+	addrCh := make(chan netlink.AddrUpdate, 16)
+	quiet := func(error) {}
+	if err := netlink.LinkSubscribeWithOptions(linkCh, done, netlink.LinkSubscribeOptions{ErrorCallback: quiet}); err != nil {
+		linkCh = nil
+	}
+	if err := netlink.AddrSubscribeWithOptions(addrCh, done, netlink.AddrSubscribeOptions{ErrorCallback: quiet}); err != nil {
+		addrCh = nil
+	}
+	e.done, e.exited = done, exited
+	go d.watch(done, exited, linkCh, addrCh)
+}
+
+// watch turns netlink updates of the device's interface into NetEvents
+// until done is closed and the netlink channels are drained.
+func (d *Device) watch(done, exited chan struct{}, linkCh chan netlink.LinkUpdate, addrCh chan netlink.AddrUpdate) {
+	defer close(exited)
+	doneCh := done
+	for linkCh != nil || addrCh != nil || doneCh != nil {
+		select {
+		case <-doneCh:
+			doneCh = nil
+		case u, ok := <-linkCh:
+			if !ok {
+				linkCh = nil
+				continue
+			}
+			if int(u.Index) != d.ifindex {
+				continue
+			}
+			d.refreshInfo()
+			if u.Header.Type == unix.RTM_DELLINK {
+				d.emit(done, NetEvent{Kind: NetdevRemoved})
+			}
+		case u, ok := <-addrCh:
+			if !ok {
+				addrCh = nil
+				continue
+			}
+			if u.LinkIndex != d.ifindex {
+				continue
+			}
+			d.refreshInfo()
+			a, ok := netip.AddrFromSlice(u.LinkAddress.IP)
+			if !ok {
+				continue
+			}
+			k := AddrRemoved
+			if u.NewAddr {
+				k = AddrAdded
+			}
+			d.emit(done, NetEvent{Kind: k, Addr: a.Unmap()})
+		}
+	}
+}
+
+// emit calls the current subscribers, unless the watcher is stopping.
+func (d *Device) emit(done chan struct{}, ev NetEvent) {
+	select {
+	case <-done:
+		return
+	default:
+	}
+	e := &d.ev
+	e.mu.Lock()
+	ids := slices.Sorted(maps.Keys(e.subs))
+	fns := make([]func(NetEvent), len(ids))
+	for i, id := range ids {
+		fns[i] = e.subs[id]
+	}
+	e.mu.Unlock()
+	e.dispatching.Store(true)
+	defer e.dispatching.Store(false)
+	for _, fn := range fns {
+		fn(ev)
+	}
+}

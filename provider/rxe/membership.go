@@ -1,0 +1,206 @@
+package rxe
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"syscall"
+)
+
+// membership is the device's IP multicast membership of one group on its
+// interface. It lives while the RDMA CM holds references (IncGroup) or a
+// verbs group of that MGID has attached QPs.
+type membership struct {
+	addr   netip.Addr
+	cmRefs int                   // IncGroup references (Device.mu)
+	sock   *recvSock             // the socket holding the kernel membership
+	grp    atomic.Pointer[group] // the attached QPs' group, if any
+}
+
+// alive reports whether anything still needs the membership.
+func (m *membership) alive() bool { return m.cmRefs > 0 || m.grp.Load() != nil }
+
+// recvSock is one UDP 4791 receive socket with its receive goroutine.
+type recvSock struct {
+	v6     bool
+	conn   *net.UDPConn
+	mships atomic.Pointer[[]*membership] // immutable; read by the goroutine
+	list   []*membership                 // Device.mu
+	full   bool                          // the kernel refused one more group
+}
+
+// IncGroup takes a reference on the device's membership of the IP
+// multicast group (IPv4 224.0.0.0/4 or IPv6 ff00::/8; IPv4-mapped
+// addresses count as IPv4). The first reference joins the group on the
+// interface, which makes the kernel send an IGMP/MLD report; the device
+// then receives the group's datagrams. The RDMA CM calls it for full-member
+// joins. EINVAL for a non-multicast address, ENODEV on a closed device.
+func (d *Device) IncGroup(group netip.Addr) error {
+	group = group.Unmap().WithZone("")
+	if !group.IsMulticast() {
+		return d.errf(syscall.EINVAL, "join %v: not a multicast address", group)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return d.errf(syscall.ENODEV, "join %v: device closed", group)
+	}
+	m, err := d.membershipLocked(group)
+	if err != nil {
+		return err
+	}
+	m.cmRefs++
+	return nil
+}
+
+// DecGroup drops a reference taken with IncGroup; the last reference (when
+// no QP of the device is attached to the group either) leaves the group,
+// and the kernel sends the leave report. EADDRNOTAVAIL when the device
+// holds no IncGroup reference on the group.
+func (d *Device) DecGroup(group netip.Addr) error {
+	group = group.Unmap().WithZone("")
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := d.mships[group]
+	if m == nil || m.cmRefs == 0 {
+		return d.errf(syscall.EADDRNOTAVAIL, "leave %v: not joined", group)
+	}
+	m.cmRefs--
+	d.releaseMembershipLocked(m)
+	return nil
+}
+
+// Groups returns the IP multicast groups the device is a member of.
+func (d *Device) Groups() []netip.Addr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]netip.Addr, 0, len(d.mships))
+	for a := range d.mships {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return out
+}
+
+// membershipLocked returns the membership of group, joining it on a
+// receive socket when it does not exist yet. The caller takes its
+// reference (cmRefs or grp) before releasing d.mu.
+func (d *Device) membershipLocked(group netip.Addr) (*membership, error) {
+	if m := d.mships[group]; m != nil {
+		return m, nil
+	}
+	m := &membership{addr: group}
+	if err := d.joinLocked(m); err != nil {
+		return nil, err
+	}
+	d.mships[group] = m
+	return m, nil
+}
+
+// releaseMembershipLocked leaves the group when nothing needs it any more.
+func (d *Device) releaseMembershipLocked(m *membership) {
+	if m.alive() || d.mships[m.addr] != m {
+		return
+	}
+	delete(d.mships, m.addr)
+	s := m.sock
+	if s == nil {
+		return
+	}
+	m.sock = nil
+	leaveGroup(s.conn, m.addr, d.ifindex) // errors: the socket closes anyway when empty
+	s.list = slices.DeleteFunc(s.list, func(x *membership) bool { return x == m })
+	s.publish()
+	s.full = false
+	if len(s.list) == 0 {
+		s.conn.Close() // its goroutine exits
+		d.rsocks = slices.DeleteFunc(d.rsocks, func(x *recvSock) bool { return x == s })
+	}
+}
+
+// joinLocked adds the kernel membership of m.addr to a receive socket with
+// room, opening a new socket (and its goroutine) when all are full.
+func (d *Device) joinLocked(m *membership) error {
+	v6 := m.addr.Is6()
+	per := membershipsPerSocket()
+	for _, s := range d.rsocks {
+		if s.v6 != v6 || s.full || len(s.list) >= per {
+			continue
+		}
+		err := joinGroup(s.conn, m.addr, d.ifindex)
+		if err == nil {
+			s.add(m)
+			return nil
+		}
+		if !isNoBufs(err) {
+			return d.errf(errnoOf(err, syscall.EINVAL), "join %v: %v", m.addr, err)
+		}
+		s.full = true
+	}
+	s, err := d.openRecvSockLocked(v6)
+	if err != nil {
+		return d.errf(errnoOf(err, syscall.ENODEV), "join %v: receive socket: %v", m.addr, err)
+	}
+	if err := joinGroup(s.conn, m.addr, d.ifindex); err != nil {
+		s.conn.Close()
+		d.rsocks = slices.DeleteFunc(d.rsocks, func(x *recvSock) bool { return x == s })
+		return d.errf(errnoOf(err, syscall.EINVAL), "join %v: %v", m.addr, err)
+	}
+	s.add(m)
+	return nil
+}
+
+func (s *recvSock) add(m *membership) {
+	m.sock = s
+	s.list = append(s.list, m)
+	s.publish()
+}
+
+func (s *recvSock) publish() {
+	l := slices.Clone(s.list)
+	s.mships.Store(&l)
+}
+
+// lookup finds the membership of group dst among the socket's (lock-free).
+func (s *recvSock) lookup(dst netip.Addr) *membership {
+	for _, m := range *s.mships.Load() {
+		if m.addr == dst {
+			return m
+		}
+	}
+	return nil
+}
+
+// openRecvSockLocked opens a receive socket and starts its goroutine.
+func (d *Device) openRecvSockLocked(v6 bool) (*recvSock, error) {
+	conn, err := openRecvConn(v6)
+	if err != nil {
+		return nil, err
+	}
+	s := &recvSock{v6: v6, conn: conn}
+	s.publish()
+	br, err := newBatchReader(conn)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	rx := newReceiver(d, s, br)
+	d.rsocks = append(d.rsocks, s)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		rx.run()
+	}()
+	return s, nil
+}
+
+// errnoOf returns the errno inside err, or def.
+func errnoOf(err error, def syscall.Errno) syscall.Errno {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return def
+}

@@ -1,0 +1,392 @@
+package rxe
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/wire"
+)
+
+// This file holds every socket option and control message of the package:
+// the UDP 4791 receive sockets, the send sockets and group memberships.
+
+// ipv6FlowInfo is IPV6_FLOWINFO (linux/in6.h): deliver the flow label as a
+// control message.
+const ipv6FlowInfo = 11
+
+// recvBufSize is the receive socket buffer the package asks for.
+const recvBufSize = 4 << 20
+
+// listenUDP opens a UDP socket with network "udp4"/"udp6" bound to addr,
+// running setup on the descriptor before bind.
+func listenUDP(network, addr string, setup func(fd int) error) (*net.UDPConn, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = setup(int(fd)) }); err != nil {
+			return err
+		}
+		return serr
+	}}
+	pc, err := lc.ListenPacket(context.Background(), network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return pc.(*net.UDPConn), nil
+}
+
+// sockopt is one setsockopt call; optional ones may fail (older kernels).
+type sockopt struct {
+	level, name, value int
+	optional           bool
+}
+
+func setOpts(fd int, opts []sockopt) error {
+	for _, o := range opts {
+		if err := unix.SetsockoptInt(fd, o.level, o.name, o.value); err != nil && !o.optional {
+			return fmt.Errorf("setsockopt(%d, %d, %d): %w", o.level, o.name, o.value, err)
+		}
+	}
+	return nil
+}
+
+// openRecvConn opens a receive socket on UDP 4791 of the given family.
+func openRecvConn(v6 bool) (*net.UDPConn, error) {
+	common := []sockopt{
+		{unix.SOL_SOCKET, unix.SO_REUSEADDR, 1, false},
+		{unix.SOL_SOCKET, unix.SO_RCVBUF, recvBufSize, true},
+	}
+	if !v6 {
+		return listenUDP("udp4", "0.0.0.0:"+strconv.Itoa(wire.UDPPort), func(fd int) error {
+			return setOpts(fd, append(common,
+				sockopt{unix.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0, false},
+				sockopt{unix.IPPROTO_IP, unix.IP_PKTINFO, 1, false},
+				sockopt{unix.IPPROTO_IP, unix.IP_RECVTTL, 1, false},
+				sockopt{unix.IPPROTO_IP, unix.IP_RECVTOS, 1, false},
+			))
+		})
+	}
+	return listenUDP("udp6", "[::]:"+strconv.Itoa(wire.UDPPort), func(fd int) error {
+		return setOpts(fd, append(common,
+			sockopt{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1, false},
+			sockopt{unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_ALL, 0, true},
+			sockopt{unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1, false},
+			sockopt{unix.IPPROTO_IPV6, unix.IPV6_RECVHOPLIMIT, 1, false},
+			sockopt{unix.IPPROTO_IPV6, unix.IPV6_RECVTCLASS, 1, false},
+			sockopt{unix.IPPROTO_IPV6, ipv6FlowInfo, 1, true},
+			sockopt{unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_RX, 1, false},
+		))
+	})
+}
+
+// openSendConn opens a send socket of the given family on the wildcard
+// address and an ephemeral port (exclusive on the host, which makes the
+// port a unique QPN prefix), with multicast output on interface ifindex.
+// src4 is the device's first IPv4 address, if any, for IP_MULTICAST_IF.
+func openSendConn(v6 bool, ifindex int, src4 netip.Addr) (*net.UDPConn, uint16, error) {
+	var conn *net.UDPConn
+	var err error
+	if !v6 {
+		conn, err = listenUDP("udp4", "0.0.0.0:0", func(fd int) error {
+			if err := setOpts(fd, []sockopt{
+				{unix.SOL_SOCKET, unix.SO_NO_CHECK, 1, false},
+				{unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO, false},
+				{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP, 1, false},
+				{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, 0, false},
+			}); err != nil {
+				return err
+			}
+			mreq := unix.IPMreqn{Ifindex: int32(ifindex)}
+			if src4.Is4() {
+				mreq.Address = src4.As4()
+			}
+			return unix.SetsockoptIPMreqn(fd, unix.IPPROTO_IP, unix.IP_MULTICAST_IF, &mreq)
+		})
+	} else {
+		conn, err = listenUDP("udp6", "[::]:0", func(fd int) error {
+			return setOpts(fd, []sockopt{
+				{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1, false},
+				{unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_TX, 1, false},
+				{unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO, false},
+				{unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_LOOP, 1, false},
+				{unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_IF, ifindex, false},
+			})
+		})
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	port := uint16(conn.LocalAddr().(*net.UDPAddr).Port)
+	return conn, port, nil
+}
+
+// control runs f on the socket descriptor.
+func control(conn *net.UDPConn, f func(fd int) error) error {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = f(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
+}
+
+// joinGroup adds the membership of group on interface ifindex to conn.
+func joinGroup(conn *net.UDPConn, group netip.Addr, ifindex int) error {
+	return control(conn, func(fd int) error {
+		if group.Is4() {
+			m := unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(ifindex)}
+			return unix.SetsockoptIPMreqn(fd, unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, &m)
+		}
+		m := unix.IPv6Mreq{Multiaddr: group.As16(), Interface: uint32(ifindex)}
+		return unix.SetsockoptIPv6Mreq(fd, unix.IPPROTO_IPV6, unix.IPV6_JOIN_GROUP, &m)
+	})
+}
+
+// leaveGroup drops the membership of group on interface ifindex from conn.
+func leaveGroup(conn *net.UDPConn, group netip.Addr, ifindex int) error {
+	return control(conn, func(fd int) error {
+		if group.Is4() {
+			m := unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(ifindex)}
+			return unix.SetsockoptIPMreqn(fd, unix.IPPROTO_IP, unix.IP_DROP_MEMBERSHIP, &m)
+		}
+		m := unix.IPv6Mreq{Multiaddr: group.As16(), Interface: uint32(ifindex)}
+		return unix.SetsockoptIPv6Mreq(fd, unix.IPPROTO_IPV6, unix.IPV6_LEAVE_GROUP, &m)
+	})
+}
+
+var maxMemberships = sync.OnceValue(func() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/igmp_max_memberships")
+	if err != nil {
+		return 20
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n <= 0 {
+		return 20
+	}
+	return n
+})
+
+// membershipsPerSocket is how many groups one receive socket holds: the
+// kernel's per-socket IGMP limit (net.ipv4.igmp_max_memberships, default
+// 20), used for IPv6 too.
+func membershipsPerSocket() int { return maxMemberships() }
+
+// isNoBufs reports a per-socket membership limit error.
+func isNoBufs(err error) bool { return errors.Is(err, unix.ENOBUFS) }
+
+// putCmsg writes one control message with the given data at b[0:] and
+// returns its space. b must be 8-byte aligned at 0 and long enough.
+func putCmsg(b []byte, level, typ int32, data []byte) int {
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level = level
+	h.Type = typ
+	h.SetLen(unix.CmsgLen(len(data)))
+	off := unix.CmsgLen(0)
+	copy(b[off:], data)
+	sp := unix.CmsgSpace(len(data))
+	clear(b[off+len(data) : sp])
+	return sp
+}
+
+// putCmsgInt writes a control message carrying a C int.
+func putCmsgInt(b []byte, level, typ int32, v int) int {
+	var x [4]byte
+	binary.NativeEndian.PutUint32(x[:], uint32(int32(v)))
+	return putCmsg(b, level, typ, x[:])
+}
+
+// sendOOBLen is the size of the control buffer of a send.
+var sendOOBLen = unix.CmsgSpace(unix.SizeofInet6Pktinfo) + 2*unix.CmsgSpace(4)
+
+// buildOOB4 writes IP_PKTINFO (source address and interface), IP_TTL
+// (unless 0, which IP_TTL cannot express) and IP_TOS into b.
+func buildOOB4(b []byte, ifindex int, src netip.Addr, ttl, tos uint8) []byte {
+	var pi [unix.SizeofInet4Pktinfo]byte
+	binary.NativeEndian.PutUint32(pi[0:4], uint32(ifindex))
+	s := src.As4()
+	copy(pi[4:8], s[:])
+	n := putCmsg(b, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+	if ttl != 0 {
+		n += putCmsgInt(b[n:], unix.IPPROTO_IP, unix.IP_TTL, int(ttl))
+	}
+	n += putCmsgInt(b[n:], unix.IPPROTO_IP, unix.IP_TOS, int(tos))
+	return b[:n]
+}
+
+// buildOOB6 writes IPV6_PKTINFO, IPV6_HOPLIMIT and IPV6_TCLASS into b.
+func buildOOB6(b []byte, ifindex int, src netip.Addr, hop, tclass uint8) []byte {
+	var pi [unix.SizeofInet6Pktinfo]byte
+	s := src.As16()
+	copy(pi[0:16], s[:])
+	binary.NativeEndian.PutUint32(pi[16:20], uint32(ifindex))
+	n := putCmsg(b, unix.IPPROTO_IPV6, unix.IPV6_PKTINFO, pi[:])
+	n += putCmsgInt(b[n:], unix.IPPROTO_IPV6, unix.IPV6_HOPLIMIT, int(hop))
+	n += putCmsgInt(b[n:], unix.IPPROTO_IPV6, unix.IPV6_TCLASS, int(tclass))
+	return b[:n]
+}
+
+// rxMeta is what the receive control messages and address tell about a
+// datagram.
+type rxMeta struct {
+	src     netip.Addr
+	srcPort uint16
+	dst     netip.Addr
+	ifindex int
+	ttl     uint8
+	tos     uint8
+	flow    uint32 // IPv6 flow label
+}
+
+// parseRxMeta fills m from a raw sockaddr and the control messages of a
+// received datagram, without allocating.
+func parseRxMeta(m *rxMeta, name []byte, oob []byte, v6 bool) {
+	*m = rxMeta{}
+	if len(name) >= 8 {
+		m.srcPort = binary.BigEndian.Uint16(name[2:4])
+		if !v6 {
+			m.src = netip.AddrFrom4([4]byte(name[4:8]))
+		} else if len(name) >= 24 {
+			m.src = netip.AddrFrom16([16]byte(name[8:24]))
+		}
+	}
+	for len(oob) > 0 {
+		h, data, rest, err := unix.ParseOneSocketControlMessage(oob)
+		if err != nil {
+			return
+		}
+		oob = rest
+		switch {
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_PKTINFO && len(data) >= unix.SizeofInet4Pktinfo:
+			m.ifindex = int(binary.NativeEndian.Uint32(data[0:4]))
+			m.dst = netip.AddrFrom4([4]byte(data[8:12]))
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TTL && len(data) >= 4:
+			m.ttl = uint8(binary.NativeEndian.Uint32(data))
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TOS && len(data) >= 1:
+			m.tos = data[0]
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
+			m.dst = netip.AddrFrom16([16]byte(data[0:16]))
+			m.ifindex = int(binary.NativeEndian.Uint32(data[16:20]))
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_HOPLIMIT && len(data) >= 4:
+			m.ttl = uint8(binary.NativeEndian.Uint32(data))
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_TCLASS && len(data) >= 4:
+			m.tos = uint8(binary.NativeEndian.Uint32(data))
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == ipv6FlowInfo && len(data) >= 4:
+			m.flow = binary.BigEndian.Uint32(data) & 0xFFFFF
+		}
+	}
+}
+
+// batchReader reads datagrams from a socket with recvmmsg into buffers it
+// allocates once.
+type batchReader struct {
+	raw   syscall.RawConn
+	hs    []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names [][unix.SizeofSockaddrInet6]byte
+	bufs  [][]byte
+	oobs  [][]byte
+
+	n     int
+	errno syscall.Errno
+	fn    func(fd uintptr) bool
+}
+
+const (
+	readBatch  = 8
+	readBufLen = 4096 + 128 // any RoCEv2 UD packet of a 4096-byte MTU
+	readOOBLen = 256
+)
+
+func newBatchReader(conn *net.UDPConn) (*batchReader, error) {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	r := &batchReader{
+		raw:   raw,
+		hs:    make([]unix.Mmsghdr, readBatch),
+		iovs:  make([]unix.Iovec, readBatch),
+		names: make([][unix.SizeofSockaddrInet6]byte, readBatch),
+		bufs:  make([][]byte, readBatch),
+		oobs:  make([][]byte, readBatch),
+	}
+	data := make([]byte, readBatch*readBufLen)
+	oob := make([]byte, readBatch*readOOBLen)
+	for i := range r.hs {
+		r.bufs[i] = data[i*readBufLen : (i+1)*readBufLen : (i+1)*readBufLen]
+		r.oobs[i] = oob[i*readOOBLen : (i+1)*readOOBLen : (i+1)*readOOBLen]
+		r.iovs[i].Base = &r.bufs[i][0]
+		r.iovs[i].SetLen(readBufLen)
+		h := &r.hs[i].Hdr
+		h.Name = &r.names[i][0]
+		h.Iov = &r.iovs[i]
+		h.SetIovlen(1)
+		h.Control = &r.oobs[i][0]
+	}
+	r.fn = r.recvmmsg
+	return r, nil
+}
+
+func (r *batchReader) recvmmsg(fd uintptr) bool {
+	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hs[0])),
+		uintptr(len(r.hs)), unix.MSG_DONTWAIT, 0, 0)
+	if e == unix.EAGAIN {
+		return false
+	}
+	r.n, r.errno = int(n), e
+	if e != 0 {
+		r.n = 0
+	}
+	return true
+}
+
+// read blocks until at least one datagram is read and returns how many; an
+// error means the socket was closed (or failed for good).
+func (r *batchReader) read() (int, error) {
+	for {
+		for i := range r.hs {
+			h := &r.hs[i].Hdr
+			h.Namelen = unix.SizeofSockaddrInet6
+			h.SetControllen(readOOBLen)
+			h.Flags = 0
+			r.hs[i].Len = 0
+		}
+		if err := r.raw.Read(r.fn); err != nil {
+			return 0, err
+		}
+		switch r.errno {
+		case 0:
+			if r.n > 0 {
+				return r.n, nil
+			}
+		case unix.EINTR, unix.ENOMEM, unix.ENOBUFS:
+			// transient
+		default:
+			return 0, r.errno
+		}
+	}
+}
+
+// datagram returns the i-th datagram of the last batch: its bytes, raw
+// source address, control messages and whether it was truncated.
+func (r *batchReader) datagram(i int) (b, name, oob []byte, trunc bool) {
+	h := &r.hs[i].Hdr
+	n := int(r.hs[i].Len)
+	nn := min(int(h.Controllen), readOOBLen)
+	nl := min(int(h.Namelen), unix.SizeofSockaddrInet6)
+	return r.bufs[i][:n], r.names[i][:nl], r.oobs[i][:nn], h.Flags&unix.MSG_TRUNC != 0
+}
