@@ -190,9 +190,8 @@ func (d *demoRun) setup(m *member) bool {
 }
 
 func (d *demoRun) send(m *member) {
-	payload := m.buf[:d.size] // the first receive slot doubles as the send buffer before any receive
 	sendBuf := make([]byte, d.size)
-	copy(sendBuf, payload)
+	copy(sendBuf, m.name)
 	mr, err := m.id.PD().RegMR(sendBuf, verbs.AccessLocalWrite)
 	if err != nil {
 		d.logf("%s: reg mr: %v", m.name, err)
@@ -288,7 +287,7 @@ func (d *demoRun) report() bool {
 		got := fmt.Sprintf("%d / %d / %d", m.recv["receiver"], m.recv["send-only"], m.recv["no-loopback"])
 		exp := fmt.Sprintf("%d / %d / %d", want["receiver"], want["send-only"], want["no-loopback"])
 		mark := "ok"
-		if got != exp || m.sent != d.count || len(m.recv) > len(want) && m.recv[""] > 0 {
+		if got != exp || m.sent != d.count || m.recv[""] > 0 {
 			mark, ok = "MISMATCH", false
 		}
 		d.logf("%-12s %-10s %5d   %-34s %s  %s", m.name, join, m.sent, got, exp, mark)
