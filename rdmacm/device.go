@@ -75,11 +75,16 @@ func (cd *cmDevice) attach(id *ID) {
 
 func (cd *cmDevice) detach(id *ID) {
 	cd.mu.Lock()
-	defer cd.mu.Unlock()
 	delete(cd.ids, id)
-	if len(cd.ids) == 0 && cd.sub != nil {
-		cd.sub()
-		cd.sub = nil
+	var cancel func()
+	if len(cd.ids) == 0 {
+		cancel, cd.sub = cd.sub, nil
+	}
+	cd.mu.Unlock()
+	// Outside cd.mu: cancelling waits for the watcher, which may be
+	// waiting for cd.mu in netEvent.
+	if cancel != nil {
+		cancel()
 	}
 }
 

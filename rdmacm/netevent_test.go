@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/softrdma/softrdma/verbs"
 )
 
 // TestNetdevEvents checks ADDR_CHANGE when the bound address goes away and
@@ -110,5 +112,123 @@ func netdevEventsChild(t *testing.T) {
 	}
 	if err := a.LeaveMulticast(g); err != nil {
 		t.Errorf("leave after device removal: %v", err)
+	}
+}
+
+// TestIPv6Group checks the IPv6 extension: a RoCEv2 join of an IPv6 group
+// (MGID = the address, MLD membership while a full member is joined) and a
+// datagram through it. IPv6 multicast does not work on lo, so it runs in a
+// child process in a network namespace with a veth pair.
+func TestIPv6Group(t *testing.T) {
+	if os.Getenv("SOFTRDMA_NETNS_CHILD") == "ipv6" {
+		ipv6Child(t)
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a network namespace")
+	}
+	ns := fmt.Sprintf("srm-%d-v6%d", os.Getpid(), rand.IntN(1e6))
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Skipf("ip netns add: %v %s", err, out)
+	}
+	defer exec.Command("ip", "netns", "del", ns).Run()
+	for _, c := range [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "v0", "type", "veth", "peer", "name", "v1"},
+		{"addr", "add", "fd00:66::1/64", "dev", "v0", "nodad"},
+		{"link", "set", "v1", "up"},
+		{"link", "set", "v0", "up"},
+	} {
+		if out, err := exec.Command("ip", append([]string{"-n", ns}, c...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v %s", c, err, out)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, os.Args[0], "-test.run=^TestIPv6Group$", "-test.v")
+	cmd.Env = append(os.Environ(), "SOFTRDMA_NETNS_CHILD=ipv6")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestIPv6Group") {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+}
+
+// igmp6Has reports whether /proc/net/igmp6 lists group g on interface ifname.
+func igmp6Has(t *testing.T, ifname string, g netip.Addr) bool {
+	b, err := os.ReadFile("/proc/net/igmp6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hex := fmt.Sprintf("%x", g.AsSlice())
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 && f[1] == ifname && f[2] == hex {
+			return true
+		}
+	}
+	return false
+}
+
+func ipv6Child(t *testing.T) {
+	src := UDPAddr(netip.MustParseAddr("fd00:66::1"))
+	g := netip.MustParseAddr("ff0e::5d:1")
+	ga := UDPAddr(g)
+	ch, rx := func() (*EventChannel, *ID) {
+		ch, _ := CreateEventChannel()
+		id, _ := CreateID(ch, "rx", PS_UDP)
+		if err := id.BindAddr(src); err != nil {
+			t.Fatal(err)
+		}
+		return ch, id
+	}()
+	defer ch.Close()
+	defer rx.Destroy()
+	tx, _ := CreateID(ch, "tx", PS_UDP)
+	defer tx.Destroy()
+	if err := tx.BindAddr(src); err != nil {
+		t.Fatal(err)
+	}
+	rmr := withQP(t, rx, 2, 40+64, 0)
+	tmr := withQP(t, tx, 1, 40+64, 0)
+	ev := join(t, tx, ga, MCJoinFlagSendOnlyFullMember, nil)
+	if igmp6Has(t, "v0", g) {
+		t.Error("a send-only join took an MLD membership")
+	}
+	ah, err := tx.PD().CreateAH(&ev.Param.AHAttr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ah.Destroy()
+	if ev.Param.AHAttr.GRH.DGID != g.As16() {
+		t.Errorf("IPv6 MGID %v, want the group verbatim", ev.Param.AHAttr.GRH.DGID)
+	}
+	ev.Ack()
+	join(t, rx, ga, MCJoinFlagFullMember, nil).Ack()
+	if !igmp6Has(t, "v0", g) {
+		t.Error("a full-member join took no MLD membership")
+	}
+	copy(tmr.Buf(), "over IPv6")
+	if err := tx.PostUDSend(1, tmr, 0, 9, verbs.SendSignaled, ah, MulticastQPN); err != nil {
+		t.Fatal(err)
+	}
+	if wc, err := tx.GetSendComp(ctxT(t)); err != nil || wc.Status != verbs.WCSuccess {
+		t.Fatalf("send: %+v %v", wc, err)
+	}
+	wc, err := rx.GetRecvComp(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := rmr.Buf()[int(wc.WRID)*(40+64):]
+	if wc.ByteLen != 49 || string(b[40:49]) != "over IPv6" || b[0]>>4 != 6 || netip.AddrFrom16([16]byte(b[24:40])) != g {
+		t.Errorf("wc %+v, grh % x", wc, b[:40])
+	}
+	if err := rx.LeaveMulticast(ga); err != nil {
+		t.Fatal(err)
+	}
+	if igmp6Has(t, "v0", g) {
+		t.Error("MLD membership kept after the last full member left")
+	}
+	if err := tx.LeaveMulticast(ga); err != nil {
+		t.Fatal(err)
 	}
 }
