@@ -49,7 +49,6 @@ type ID struct {
 	sendCQ   *verbs.CQ
 	recvCQ   *verbs.CQ
 	mcs      []*mcJoin // newest first, like librdmacm's list head insertion
-	resolveT *time.Timer
 
 	// guarded by ch.mu
 	eventsReported  int

@@ -21,49 +21,81 @@ import (
 // starts from this raw value instead of hashing them).
 const icrcSeed = 0xDEBB20E3
 
-// Masks ORed into the header bytes before hashing (1 bits are forced to 1).
-var (
-	icrcMaskIPv4 = [IPv4HeaderLen]byte{ipv4TOS: 0xFF, ipv4TTL: 0xFF, ipv4Checksum: 0xFF, ipv4Checksum + 1: 0xFF}
-	icrcMaskIPv6 = [IPv6HeaderLen]byte{0: 0x0F, 1: 0xFF, 2: 0xFF, 3: 0xFF, ipv6HopLimit: 0xFF}
-	icrcMaskUDP  = [UDPHeaderLen]byte{udpChecksum: 0xFF, udpChecksum + 1: 0xFF}
-	icrcMaskBTH  = [BTHLen]byte{bthResv8a: 0xFF}
-)
+// crcTab8 holds the slicing-by-8 tables of the reflected IEEE polynomial:
+// crcTab8[0] is crc32.IEEETable, crcTab8[k][i] the register contribution of
+// byte i followed by k zero bytes.
+var crcTab8 = func() (t [8][256]uint32) {
+	t[0] = *crc32.IEEETable
+	for i := range 256 {
+		for k := 1; k < 8; k++ {
+			c := t[k-1][i]
+			t[k][i] = c>>8 ^ t[0][byte(c)]
+		}
+	}
+	return t
+}()
 
-// crcMasked feeds src[i]|mask[i] into the raw (non-inverted) CRC register.
-// It hashes the few header bytes byte by byte, since a masked copy passed
-// to hash/crc32 would escape to the heap.
-func crcMasked(reg uint32, tab *crc32.Table, src, mask []byte) uint32 {
-	src = src[:len(mask)]
-	for i, m := range mask {
-		reg = tab[byte(reg)^(src[i]|m)] ^ reg>>8
+// crcUpdate feeds p into the raw (non-inverted) CRC register, 8 bytes at a
+// time. It hashes the masked headers, which live in a stack buffer that
+// hash/crc32 would make escape to the heap.
+func crcUpdate(reg uint32, p []byte) uint32 {
+	t := &crcTab8
+	for len(p) >= 8 {
+		reg ^= binary.LittleEndian.Uint32(p)
+		reg = t[0][p[7]] ^ t[1][p[6]] ^ t[2][p[5]] ^ t[3][p[4]] ^
+			t[4][reg>>24] ^ t[5][reg>>16&0xFF] ^ t[6][reg>>8&0xFF] ^ t[7][reg&0xFF]
+		p = p[8:]
+	}
+	for _, c := range p {
+		reg = t[0][byte(reg)^c] ^ reg>>8
 	}
 	return reg
 }
 
-// icrcFinish hashes udp and body after the IP header (reg is the raw
-// register) and returns the ICRC.
-func icrcFinish(reg uint32, tab *crc32.Table, udp UDP, body []byte) uint32 {
-	reg = crcMasked(reg, tab, udp, icrcMaskUDP[:])
-	reg = crcMasked(reg, tab, body, icrcMaskBTH[:])
-	return crc32.Update(^reg, crc32.IEEETable, body[BTHLen:])
+// icrcHdrBuf holds the masked headers: IP (up to 40) + UDP + BTH.
+type icrcHdrBuf [IPv6HeaderLen + UDPHeaderLen + BTHLen]byte
+
+// icrcTail hashes the masked UDP header and BTH at h[k:] and the rest of
+// the body, and returns the ICRC. The masked headers live in a stack
+// buffer and go through crcUpdate, since hash/crc32 would make them escape.
+func icrcTail(h *icrcHdrBuf, k int, udp UDP, body []byte) uint32 {
+	copy(h[k:k+UDPHeaderLen], udp[:UDPHeaderLen])
+	h[k+udpChecksum], h[k+udpChecksum+1] = 0xFF, 0xFF
+	k += UDPHeaderLen
+	copy(h[k:k+BTHLen], body[:BTHLen])
+	h[k+bthResv8a] = 0xFF
+	k += BTHLen
+	reg := crcUpdate(icrcSeed, h[:k])
+	// Hash the first len%16 bytes here so that hash/crc32's vector loop
+	// gets a multiple of 16 bytes and no byte-at-a-time tail.
+	rest := body[BTHLen:]
+	if len(rest) >= 64 {
+		head := len(rest) & 15
+		reg = crcUpdate(reg, rest[:head])
+		rest = rest[head:]
+	}
+	return crc32.Update(^reg, crc32.IEEETable, rest)
 }
 
 // ICRCv4 returns the ICRC of a RoCEv2 packet over IPv4. ip is the 20-byte
 // IPv4 header as on the wire, udp the UDP header and body the UDP payload
-// without the ICRC (BTH through pad, at least BTHLen bytes). It does not
-// allocate.
+// without the ICRC (BTH through pad, at least BTHLen bytes). TOS, TTL and
+// the header checksum are masked. It does not allocate.
 func ICRCv4(ip IPv4, udp UDP, body []byte) uint32 {
-	tab := crc32.IEEETable
-	reg := crcMasked(icrcSeed, tab, ip, icrcMaskIPv4[:])
-	return icrcFinish(reg, tab, udp, body)
+	var h icrcHdrBuf
+	copy(h[:IPv4HeaderLen], ip[:IPv4HeaderLen])
+	h[ipv4TOS], h[ipv4TTL], h[ipv4Checksum], h[ipv4Checksum+1] = 0xFF, 0xFF, 0xFF, 0xFF
+	return icrcTail(&h, IPv4HeaderLen, udp, body)
 }
 
-// ICRCv6 returns the ICRC of a RoCEv2 packet over IPv6 (traffic class, flow
-// label and hop limit are masked). Arguments as for ICRCv4.
+// ICRCv6 returns the ICRC of a RoCEv2 packet over IPv6. Arguments as for
+// ICRCv4; traffic class, flow label and hop limit are masked.
 func ICRCv6(ip IPv6, udp UDP, body []byte) uint32 {
-	tab := crc32.IEEETable
-	reg := crcMasked(icrcSeed, tab, ip, icrcMaskIPv6[:])
-	return icrcFinish(reg, tab, udp, body)
+	var h icrcHdrBuf
+	copy(h[:IPv6HeaderLen], ip[:IPv6HeaderLen])
+	h[0] |= 0x0F
+	h[1], h[2], h[3], h[ipv6HopLimit] = 0xFF, 0xFF, 0xFF, 0xFF
+	return icrcTail(&h, IPv6HeaderLen, udp, body)
 }
 
 // PutICRC stores crc in b[0:4] little-endian, as rxe does.
@@ -77,9 +109,9 @@ func GetICRC(b []byte) uint32 { return binary.LittleEndian.Uint32(b) }
 //
 // ip is the IPv4 header as it was on the wire except for the ID and DF,
 // which are ignored (pass them as 0); udp, body and icrc are the UDP header,
-// the UDP payload without the ICRC and the received ICRC. It returns the
-// (id, df) that make the ICRC match, or ok=false when none does (a corrupt
-// packet). The solution is unique: the 17 unknown bits lie within 32
+// the UDP payload without the ICRC (at least BTHLen bytes) and the received
+// ICRC. It returns the (id, df) that make the ICRC match, or ok=false when
+// none does (a corrupt packet). The solution is unique: the 17 unknown bits lie within 32
 // consecutive bits, and CRC-32 maps such patterns injectively.
 //
 // CRC-32 is affine over GF(2): icrc(id, df) = icrc(0, 1) ⊕ rawcrc(Δ) where

@@ -90,11 +90,11 @@ func EncodeUD(b []byte, h *UDHeader, payload []byte) int {
 // Packet is a parsed RoCEv2 UD datagram (a UDP payload). Slices alias the
 // input.
 type Packet struct {
-	BTH     BTH
-	DETH    DETH
-	HasImm  bool
-	Imm     uint32 // host value of ImmDt when HasImm
-	Payload []byte
+	BTH     BTH    // the 12-byte BTH
+	DETH    DETH   // the 8-byte DETH
+	HasImm  bool   // opcode is OpUDSendOnlyImm
+	Imm     uint32 // host value of ImmDt when HasImm, else 0
+	Payload []byte // the payload, without the pad (its capacity ends there too)
 	// Body is everything covered by the ICRC after the UDP header: BTH
 	// through the pad, i.e. b[:len(b)-ICRCLen].
 	Body []byte
