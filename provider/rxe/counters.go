@@ -2,10 +2,11 @@ package rxe
 
 import "sync/atomic"
 
-// Counters is a snapshot of a device's packet counters. Every datagram the
-// device reads is either delivered to one or more QPs or counted in exactly
-// one drop counter per receiving QP (a multicast datagram is checked once
-// per attached QP, like rxe, so per-QP drop counters add up per QP).
+// Counters is a snapshot of a device's packet counters. A datagram the
+// device reads (RcvdPkts) is either dropped before it reaches a QP, counted
+// once in one of MalformedDrops' parts, ICRCErrors, NoGroupDrops or
+// NoQPDrops, or checked once per attached QP (in attach order, like rxe)
+// and counted per QP as Delivered or in one per-QP drop counter.
 type Counters struct {
 	// RcvdPkts and RcvdBytes count the datagrams (and their UDP payload
 	// bytes) read from the device's UDP 4791 sockets, before any check.
@@ -65,7 +66,8 @@ type Counters struct {
 	OversizedSendDrops uint64
 }
 
-// QPCounters is the per-QP subset of Counters.
+// QPCounters is the per-QP subset of Counters; each field counts, for one
+// QP, what the Counters field of the same name counts for the device.
 type QPCounters struct {
 	Delivered          uint64
 	NotReadyDrops      uint64

@@ -19,6 +19,13 @@
 // (send socket port << 8) | index, unique on the host (in the network
 // namespace) while the socket lives.
 //
+// Receiving through a UDP socket hides the IPv4 header: the ICRC check
+// solves for the unknown IP identification and DF bit (wire.SolveIPv4ID),
+// which leaves 15 bits of the ICRC to catch corruption (a random corrupt
+// IPv4 frame passes with probability 2^-15; IPv6 has no unknown and keeps
+// all 32 bits). IPv6 groups (MLD) are supported, as an extension: Linux rxe
+// refuses them.
+//
 // Limits: unicast datagrams (DestQP != 0xFFFFFF) are only received when the
 // kernel hands them to a socket of this device, which is not reliable when
 // several processes share port 4791 (the kernel picks one socket) and

@@ -3,6 +3,7 @@ package rxe
 import (
 	"errors"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"runtime"
@@ -164,7 +165,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func receiveGoroutines() int {
 	buf := make([]byte, 1<<20)
 	n := runtime.Stack(buf, true)
-	return strings.Count(string(buf[:n]), "rxe.(*receiver).run")
+	return strings.Count(string(buf[:n]), "rxe.(*Device).receiveLoop(")
 }
 
 // igmpHas reports whether /proc/net/igmp lists group on interface ifname.
@@ -205,3 +206,15 @@ func hex32(v uint32) string {
 }
 
 func isErrno(err error, e syscall.Errno) bool { return errors.Is(err, e) }
+
+// netInterfaces returns the names of the interfaces that are up.
+func netInterfaces() ([]string, error) {
+	ifs, err := net.Interfaces()
+	var out []string
+	for _, i := range ifs {
+		if i.Flags&net.FlagUp != 0 {
+			out = append(out, i.Name)
+		}
+	}
+	return out, err
+}

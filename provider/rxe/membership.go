@@ -134,7 +134,7 @@ func (d *Device) joinLocked(m *membership) error {
 			s.add(m)
 			return nil
 		}
-		if !isNoBufs(err) {
+		if !isSocketFull(err) {
 			return d.errf(errnoOf(err, syscall.EINVAL), "join %v: %v", m.addr, err)
 		}
 		s.full = true
@@ -189,11 +189,14 @@ func (d *Device) openRecvSockLocked(v6 bool) (*recvSock, error) {
 	rx := newReceiver(d, s, br)
 	d.rsocks = append(d.rsocks, s)
 	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		rx.run()
-	}()
+	go d.receiveLoop(rx)
 	return s, nil
+}
+
+// receiveLoop is the goroutine of one receive socket.
+func (d *Device) receiveLoop(rx *receiver) {
+	defer d.wg.Done()
+	rx.run()
 }
 
 // errnoOf returns the errno inside err, or def.

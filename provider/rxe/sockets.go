@@ -185,8 +185,10 @@ var maxMemberships = sync.OnceValue(func() int {
 // 20), used for IPv6 too.
 func membershipsPerSocket() int { return maxMemberships() }
 
-// isNoBufs reports a per-socket membership limit error.
-func isNoBufs(err error) bool { return errors.Is(err, unix.ENOBUFS) }
+// isSocketFull reports a per-socket membership limit error: ENOBUFS past
+// igmp_max_memberships, ENOMEM when the socket's option memory
+// (net.core.optmem_max) is exhausted, as for IPv6.
+func isSocketFull(err error) bool { return errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM) }
 
 // putCmsg writes one control message with the given data at b[0:] and
 // returns its space. b must be 8-byte aligned at 0 and long enough.

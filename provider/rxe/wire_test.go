@@ -1,0 +1,181 @@
+package rxe
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/wire"
+)
+
+// TestSentFramesOnTheWire captures the device's datagrams with a plain
+// UDP socket joined to the group and checks every field and the ICRC,
+// recomputed over the IPv4 header the kernel sent (ID 0, DF). As root it
+// also reads the real IP/UDP headers from a packet socket on lo.
+func TestSentFramesOnTheWire(t *testing.T) {
+	d := loDev(t)
+	g := randGroup()
+	lo, err := net.InterfaceByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	capConn, err := openRecvConn(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer capConn.Close()
+	if err := joinGroup(capConn, g, lo.Index); err != nil {
+		t.Fatal(err)
+	}
+	var pkt *packetCapture
+	if os.Geteuid() == 0 {
+		if pkt, err = newPacketCapture(lo.Index); err != nil {
+			t.Logf("no packet socket: %v", err)
+		} else {
+			defer pkt.close()
+		}
+	}
+
+	q := newQP(t, d, newFakeRx(), 0, 0x1234)
+	qi := q.(*qp)
+	if err := q.Modify(&verbs.QPAttr{SQPSN: 0xFFFFFE}, verbs.QPAttrSQPSN); err != nil {
+		t.Fatal(err)
+	}
+	sends := []verbs.UDSend{
+		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x80010000, Payload: []byte("abc"), Solicited: true},
+		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x01234567, Payload: bytes.Repeat([]byte{0xA5}, 1024), HasImm: true, Imm: 0x01020304},
+		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0xFFFFFFFF, Payload: nil},
+	}
+	for i, s := range sends {
+		ah := mcastAH(g)
+		ah.GRH.HopLimit = uint8(10 + i)
+		ah.GRH.TrafficClass = uint8(4 * i)
+		s.AH = ah
+		if err := q.Send(&s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, 9000)
+	oob := make([]byte, 512)
+	capConn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for i, s := range sends {
+		var b []byte
+		var m rxMeta
+		for {
+			n, oobn, _, from, err := capConn.ReadMsgUDPAddrPort(buf, oob)
+			if err != nil {
+				t.Fatalf("capture: %v", err)
+			}
+			var name [16]byte
+			name[0] = unix.AF_INET
+			binary.BigEndian.PutUint16(name[2:], from.Port())
+			a := from.Addr().Unmap().As4()
+			copy(name[4:], a[:])
+			parseRxMeta(&m, name[:], oob[:oobn], false)
+			if m.dst == g {
+				b = buf[:n]
+				break
+			}
+		}
+		var p wire.Packet
+		if err := wire.ParseUD(b, &p); err != nil {
+			t.Fatalf("frame %d: %v", i, err)
+		}
+		wantOp := wire.OpUDSendOnly
+		if s.HasImm {
+			wantOp = wire.OpUDSendOnlyImm
+		}
+		psn := (0xFFFFFE + uint32(i)) & 0xFFFFFF
+		if p.BTH.Opcode() != wantOp || p.BTH.Solicited() != s.Solicited || p.BTH.PKey() != 0xFFFF ||
+			p.BTH.DestQP() != wire.MulticastQPN || p.BTH.PSN() != psn || p.BTH.TVer() != 0 || p.BTH.AckReq() ||
+			p.BTH[4] != 0 || p.BTH.PadCount() != -len(s.Payload)&3 || p.BTH.MigReq() {
+			t.Errorf("frame %d BTH % x", i, []byte(p.BTH))
+		}
+		if p.DETH.QKey() != s.RemoteQKey || p.DETH.SrcQP() != q.QPN() || p.DETH[4] != 0 {
+			t.Errorf("frame %d DETH % x", i, []byte(p.DETH))
+		}
+		if !bytes.Equal(p.Payload, s.Payload) || p.HasImm != s.HasImm || p.Imm != s.Imm {
+			t.Errorf("frame %d payload/imm", i)
+		}
+		if m.src != netip.MustParseAddr("127.0.0.1") || m.srcPort != qi.blk.port4 || m.ttl != uint8(10+i) || m.tos != uint8(4*i) {
+			t.Errorf("frame %d meta %+v (send port %d)", i, m, qi.blk.port4)
+		}
+		var iph [20]byte
+		ip := wire.IPv4(iph[:])
+		ip.Encode(wire.IPv4Fields{TOS: m.tos, TotalLength: uint16(28 + len(b)), ID: 0, DF: true, TTL: m.ttl, Protocol: 17, Src: m.src, Dst: m.dst})
+		var udph [8]byte
+		udp := wire.UDP(udph[:])
+		udp.Encode(m.srcPort, wire.UDPPort, uint16(8+len(b)))
+		if got := wire.ICRCv4(ip, udp, p.Body); got != p.ICRC {
+			t.Errorf("frame %d ICRC %#x, recomputed %#x", i, p.ICRC, got)
+		}
+
+		if pkt != nil {
+			raw := pkt.next(t, g)
+			rip := wire.IPv4(raw[:20])
+			rudp := wire.UDP(raw[20:28])
+			if rip.ID() != 0 || !rip.DF() || rip.TTL() != uint8(10+i) || rip.TOS() != uint8(4*i) ||
+				rudp.Checksum() != 0 || rudp.SrcPort() != qi.blk.port4 || rudp.DstPort() != wire.UDPPort ||
+				!bytes.Equal(raw[28:], b) {
+				t.Errorf("frame %d on the wire: % x", i, raw[:28])
+			}
+			if got := wire.ICRCv4(rip, rudp, raw[28:len(raw)-4]); got != wire.GetICRC(raw[len(raw)-4:]) {
+				t.Errorf("frame %d wire ICRC mismatch", i)
+			}
+		}
+	}
+	if pkt != nil {
+		t.Logf("%d frames also checked on a packet socket", len(sends))
+	}
+}
+
+// packetCapture reads IPv4 packets of one interface from an AF_PACKET
+// socket (root only).
+type packetCapture struct{ fd int }
+
+func newPacketCapture(ifindex int) (*packetCapture, error) {
+	proto := int(htons(unix.ETH_P_IP))
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM, proto)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: ifindex}); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	tv := unix.Timeval{Sec: 5}
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	return &packetCapture{fd: fd}, nil
+}
+
+func (c *packetCapture) close() { unix.Close(c.fd) }
+
+// next returns the next UDP 4791 packet to group (IP header onwards).
+func (c *packetCapture) next(t *testing.T, group netip.Addr) []byte {
+	t.Helper()
+	buf := make([]byte, 70000)
+	for {
+		n, _, err := unix.Recvfrom(c.fd, buf, 0)
+		if err != nil {
+			t.Fatalf("packet capture: %v", err)
+		}
+		b := buf[:n]
+		if n < 28 || b[0] != 0x45 || b[9] != 17 {
+			continue
+		}
+		ip := wire.IPv4(b)
+		if ip.Dst() != group || wire.UDP(b[20:]).DstPort() != wire.UDPPort {
+			continue
+		}
+		return append([]byte(nil), b...)
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
