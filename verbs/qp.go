@@ -330,7 +330,7 @@ func (qp *QP) postOne(wr *SendWR) error {
 	if signaled {
 		wc := WC{WRID: wr.WRID, Status: WCSuccess, Opcode: WCOpSend, ByteLen: uint32(n), QPNum: qp.qpn}
 		if err != nil {
-			wc.Status = WCGeneralErr
+			wc.Status = WCLocQPOpErr // as rxe reports a failed transmit
 			var errno syscall.Errno
 			if errors.As(err, &errno) {
 				wc.VendorErr = uint32(errno)
