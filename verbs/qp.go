@@ -28,7 +28,8 @@ type QP struct {
 	port    PortAttr
 	sendBuf []byte
 
-	smu sync.Mutex // send side: serializes PostSend and owns sendBuf
+	smu sync.Mutex // send side: serializes PostSend and owns sendBuf and us
+	us  UDSend
 
 	rmu   sync.Mutex // receive queue
 	rq    []recvWQE
@@ -214,7 +215,7 @@ func (qp *QP) flushRecv(report bool) {
 	defer qp.rmu.Unlock()
 	for qp.rn > 0 {
 		w := qp.rq[qp.rhead]
-		qp.rq[qp.rhead] = recvWQE{}
+		qp.rq[qp.rhead].segs = clearSegs(qp.rq[qp.rhead].segs)
 		qp.rhead = (qp.rhead + 1) % len(qp.rq)
 		qp.rn--
 		if report {
@@ -247,21 +248,34 @@ func (qp *QP) PostRecv(wr *RecvWR) error {
 		if len(wr.SGList) > qp.cap.MaxRecvSGE {
 			return &BadWRError{i, syscall.EINVAL}
 		}
-		w := recvWQE{wrid: wr.WRID, segs: make([]seg, 0, len(wr.SGList))}
-		for _, s := range wr.SGList {
+		var segs [maxInlineSGE]seg
+		total := 0
+		for k, s := range wr.SGList {
 			sg, err := qp.pd.resolve(s, true)
 			if err != nil {
 				return &BadWRError{i, err}
 			}
-			w.segs = append(w.segs, sg)
-			w.total += sg.n
+			if k < len(segs) {
+				segs[k] = sg
+			}
+			total += sg.n
 		}
 		qp.rmu.Lock()
 		if qp.rn == len(qp.rq) || qp.cap.MaxRecvWR == 0 {
 			qp.rmu.Unlock()
 			return &BadWRError{i, syscall.ENOMEM}
 		}
-		qp.rq[(qp.rhead+qp.rn)%len(qp.rq)] = w
+		w := &qp.rq[(qp.rhead+qp.rn)%len(qp.rq)]
+		w.wrid, w.total = wr.WRID, total
+		w.segs = w.segs[:0]
+		if len(wr.SGList) <= len(segs) {
+			w.segs = append(w.segs, segs[:len(wr.SGList)]...)
+		} else {
+			for _, s := range wr.SGList {
+				sg, _ := qp.pd.resolve(s, true)
+				w.segs = append(w.segs, sg)
+			}
+		}
 		qp.rn++
 		qp.rmu.Unlock()
 	}
@@ -321,12 +335,13 @@ func (qp *QP) postOne(wr *SendWR) error {
 		}
 		buf = append(buf, sg.mr.buf[sg.off:sg.off+sg.n]...)
 	}
-	us := UDSend{
+	qp.us = UDSend{
 		AH: &ah.attr, RemoteQPN: wr.UD.RemoteQPN & 0xffffff, RemoteQKey: wr.UD.RemoteQKey,
 		Imm: wr.ImmData, HasImm: wr.Opcode == WRSendWithImm, Solicited: wr.Flags&SendSolicited != 0,
 		Payload: buf,
 	}
-	err := qp.drv.Send(&us)
+	err := qp.drv.Send(&qp.us)
+	qp.us = UDSend{}
 	if signaled {
 		wc := WC{WRID: wr.WRID, Status: WCSuccess, Opcode: WCOpSend, ByteLen: uint32(n), QPNum: qp.qpn}
 		if err != nil {
@@ -445,11 +460,20 @@ func (r receiver) Deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm u
 		wc.Flags |= WCWithImm
 		wc.ImmData = imm
 	}
-	qp.rq[qp.rhead] = recvWQE{}
+	w.segs = clearSegs(w.segs)
 	qp.rhead = (qp.rhead + 1) % len(qp.rq)
 	qp.rn--
 	qp.recvCQ.pushOrOverrun(&wc)
 	return Delivered
+}
+
+// maxInlineSGE is how many SGEs a receive WR resolves without allocating.
+const maxInlineSGE = 4
+
+// clearSegs drops the MR references of a consumed WQE, keeping its capacity.
+func clearSegs(s []seg) []seg {
+	clear(s)
+	return s[:0]
 }
 
 // scatter copies a then b across the segments.
