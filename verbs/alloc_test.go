@@ -3,6 +3,7 @@ package verbs_test
 import (
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -58,6 +59,11 @@ func TestDataPathAllocs(t *testing.T) {
 	for range 50 {
 		round()
 	}
+	start := time.Now()
+	for range 100 {
+		round()
+	}
+	t.Logf("%v per round", time.Since(start)/100)
 	if a := testing.AllocsPerRun(200, round); a > 0 {
 		t.Errorf("%.2f allocations per datagram", a)
 	}
