@@ -23,32 +23,39 @@ func TestNetdevEvents(t *testing.T) {
 		netdevEventsChild(t)
 		return
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace")
-	}
-	ns := fmt.Sprintf("srm-%d-ev%d", os.Getpid(), rand.IntN(1e6))
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Skipf("ip netns add: %v %s", err, out)
-	}
-	defer exec.Command("ip", "netns", "del", ns).Run()
-	for _, c := range [][]string{
+	runInNetns(t, "netdev-events", "^TestNetdevEvents$", [][]string{
 		{"link", "set", "lo", "up"},
 		{"link", "add", "dummy0", "type", "veth", "peer", "name", "dummy1"},
 		{"link", "set", "dummy1", "up"},
 		{"addr", "add", "10.66.0.1/24", "dev", "dummy0"},
 		{"addr", "add", "10.67.0.2/24", "dev", "dummy0"}, // another subnet: not a secondary of the first
 		{"link", "set", "dummy0", "up"},
-	} {
+	})
+}
+
+// runInNetns runs the test named by run again in a child process inside a
+// new network namespace set up with the given `ip` commands; the child
+// sees SOFTRDMA_NETNS_CHILD=mode. It skips unless root.
+func runInNetns(t *testing.T, mode, run string, setup [][]string) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a network namespace")
+	}
+	ns := fmt.Sprintf("srm-%d-%s-%d", os.Getpid(), mode[:2], rand.IntN(1e6))
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Skipf("ip netns add: %v %s", err, out)
+	}
+	defer exec.Command("ip", "netns", "del", ns).Run()
+	for _, c := range setup {
 		if out, err := exec.Command("ip", append([]string{"-n", ns}, c...)...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %v: %v %s", c, err, out)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, os.Args[0], "-test.run=^TestNetdevEvents$", "-test.v")
-	cmd.Env = append(os.Environ(), "SOFTRDMA_NETNS_CHILD=netdev-events")
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, os.Args[0], "-test.run="+run, "-test.v")
+	cmd.Env = append(os.Environ(), "SOFTRDMA_NETNS_CHILD="+mode)
 	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestNetdevEvents") {
+	if err != nil || !strings.Contains(string(out), "--- PASS: ") {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
 }
@@ -124,33 +131,13 @@ func TestIPv6Group(t *testing.T) {
 		ipv6Child(t)
 		return
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace")
-	}
-	ns := fmt.Sprintf("srm-%d-v6%d", os.Getpid(), rand.IntN(1e6))
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Skipf("ip netns add: %v %s", err, out)
-	}
-	defer exec.Command("ip", "netns", "del", ns).Run()
-	for _, c := range [][]string{
+	runInNetns(t, "ipv6", "^TestIPv6Group$", [][]string{
 		{"link", "set", "lo", "up"},
 		{"link", "add", "v0", "type", "veth", "peer", "name", "v1"},
 		{"addr", "add", "fd00:66::1/64", "dev", "v0", "nodad"},
 		{"link", "set", "v1", "up"},
 		{"link", "set", "v0", "up"},
-	} {
-		if out, err := exec.Command("ip", append([]string{"-n", ns}, c...)...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v %s", c, err, out)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, os.Args[0], "-test.run=^TestIPv6Group$", "-test.v")
-	cmd.Env = append(os.Environ(), "SOFTRDMA_NETNS_CHILD=ipv6")
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestIPv6Group") {
-		t.Fatalf("child: %v\n%s", err, out)
-	}
+	})
 }
 
 // igmp6Has reports whether /proc/net/igmp6 lists group g on interface ifname.
