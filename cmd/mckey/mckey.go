@@ -291,9 +291,14 @@ func (t *mckey) run() int {
 		}
 	}
 	ret := t.connectEvents()
+	var ext int // a failure of an extension (--timeout, --verify) survives the leaves
 	if ret == 0 {
 		ret = t.transfer()
+		if ret == -int(syscall.ETIMEDOUT) || ret == -int(syscall.EIO) {
+			ext = ret
+		}
 	}
+	// As rdma-core's mckey: the last leave's result is the return status.
 	for _, n := range t.nodes {
 		if err := n.cm.LeaveMulticast(t.dstAddr); err != nil {
 			fmt.Fprintf(t.errOut, "mckey: failure leaving: %s\n", strerror(err))
@@ -301,6 +306,9 @@ func (t *mckey) run() int {
 		} else {
 			ret = 0
 		}
+	}
+	if ret == 0 && ext != 0 {
+		ret = ext
 	}
 	return ret
 }

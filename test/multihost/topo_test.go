@@ -1,0 +1,221 @@
+package multihost
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Subnet of the three hosts; it exists only inside the test's namespaces.
+const subnet = "10.77.0."
+
+// host is one host namespace with its interface eth0 on the bridge.
+type host struct {
+	idx  int        // 1, 2, 3
+	ns   string     // namespace name
+	addr netip.Addr // 10.77.0.1<idx>
+	port string     // the switch-side veth of this host: p<idx>
+}
+
+func (h *host) String() string { return fmt.Sprintf("h%d(%v)", h.idx, h.addr) }
+
+// topo is a switch namespace with the snooping bridge br0 and three hosts.
+type topo struct {
+	t     *testing.T
+	sw    string
+	hosts []*host
+	caps  map[string]*capture // per switch port, when capturing
+
+	querierAt time.Time // when the bridge's own querier takes effect
+}
+
+// h returns host i (1-based).
+func (tp *topo) h(i int) *host { return tp.hosts[i-1] }
+
+// run runs a command with a timeout and fails the test on error.
+func run(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	out, err := runErr(name, args...)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return out
+}
+
+func runErr(name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// newTopo builds the topology and registers its removal:
+//
+//	switch ns: br0 (mcast_snooping 1, mcast_querier 1, IGMPv3 queries), ports p1 p2 p3
+//	h1 h2 h3:  eth0 10.77.0.11/24 … .13/24, each the peer of p<i>
+func newTopo(t *testing.T) *topo {
+	t.Helper()
+	requireEnv(t)
+	base := fmt.Sprintf("%s%06x-", nsPrefix, rand.Uint32()&0xffffff)
+	tp := &topo{t: t, sw: base + "sw", caps: map[string]*capture{}}
+	for i := 1; i <= 3; i++ {
+		tp.hosts = append(tp.hosts, &host{
+			idx:  i,
+			ns:   fmt.Sprintf("%sh%d", base, i),
+			addr: netip.MustParseAddr(fmt.Sprintf("%s1%d", subnet, i)),
+			port: fmt.Sprintf("p%d", i),
+		})
+	}
+	// Removal runs last (cleanups are LIFO): after processes and captures.
+	t.Cleanup(func() {
+		for _, ns := range append([]string{tp.sw}, tp.hostNames()...) {
+			if err := deleteNamespace(ns); err != nil && !strings.Contains(err.Error(), "No such file") {
+				t.Logf("cleanup: %v", err)
+			}
+		}
+	})
+	run(t, "ip", "netns", "add", tp.sw)
+	for _, h := range tp.hosts {
+		run(t, "ip", "netns", "add", h.ns)
+	}
+	sw := func(args ...string) { t.Helper(); run(t, "ip", append([]string{"-n", tp.sw}, args...)...) }
+	sw("link", "set", "lo", "up")
+	// Intervals are in centiseconds. IGMPv3 queries keep the hosts in
+	// IGMPv3 mode; short startup queries make the bridge the active
+	// querier at once. The querier is switched on last: the kernel then
+	// waits one query response interval (here 0.5 s) for other queriers,
+	// and floods all multicast until that delay has passed.
+	sw("link", "add", "br0", "type", "bridge", "stp_state", "0",
+		"mcast_snooping", "1", "mcast_igmp_version", "3",
+		"mcast_startup_query_count", "2", "mcast_startup_query_interval", "100",
+		"mcast_query_interval", "1000", "mcast_query_response_interval", "50",
+		"mcast_last_member_count", "2", "mcast_last_member_interval", "50")
+	sw("link", "set", "br0", "up")
+	sw("link", "set", "br0", "type", "bridge", "mcast_querier", "1")
+	tp.querierAt = time.Now().Add(500 * time.Millisecond)
+	for _, h := range tp.hosts {
+		run(t, "ip", "-n", h.ns, "link", "set", "lo", "up")
+		sw("link", "add", h.port, "mtu", "1500", "type", "veth", "peer", "name", "eth0", "netns", h.ns)
+		sw("link", "set", h.port, "master", "br0")
+		sw("link", "set", h.port, "up")
+		run(t, "ip", "-n", h.ns, "addr", "add", h.addr.String()+"/24", "dev", "eth0")
+		run(t, "ip", "-n", h.ns, "link", "set", "eth0", "up")
+	}
+	return tp
+}
+
+func (tp *topo) hostNames() []string {
+	var out []string
+	for _, h := range tp.hosts {
+		out = append(out, h.ns)
+	}
+	return out
+}
+
+// captureAll starts a capture on every switch port (p1 p2 p3).
+func (tp *topo) captureAll() {
+	tp.t.Helper()
+	for _, h := range tp.hosts {
+		tp.caps[h.port] = startCapture(tp.t, tp.sw, h.port)
+	}
+}
+
+// waitQuerier waits until the bridge's own querier is in effect, that is
+// until the snooping bridge stops flooding multicast of known groups.
+func (tp *topo) waitQuerier() {
+	// Margin for timer slack on a loaded machine.
+	time.Sleep(time.Until(tp.querierAt.Add(700 * time.Millisecond)))
+}
+
+// mdbEntry is one entry of `bridge -j mdb show`.
+type mdbEntry struct {
+	Dev   string `json:"dev"`
+	Port  string `json:"port"`
+	Group string `json:"grp"`
+	State string `json:"state"`
+}
+
+// mdb returns the bridge's multicast database.
+func (tp *topo) mdb() ([]mdbEntry, error) {
+	out, err := runErr("bridge", "-n", tp.sw, "-j", "mdb", "show", "dev", "br0")
+	if err != nil {
+		return nil, err
+	}
+	var doc []struct {
+		MDB []mdbEntry `json:"mdb"`
+	}
+	if strings.TrimSpace(out) == "" {
+		return nil, nil
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		return nil, fmt.Errorf("bridge mdb json: %v: %q", err, out)
+	}
+	var all []mdbEntry
+	for _, d := range doc {
+		all = append(all, d.MDB...)
+	}
+	return all, nil
+}
+
+// mdbPorts returns the bridge ports with an mdb entry for group.
+func (tp *topo) mdbPorts(group netip.Addr) []string {
+	tp.t.Helper()
+	ents, err := tp.mdb()
+	if err != nil {
+		tp.t.Fatal(err)
+	}
+	var ports []string
+	for _, e := range ents {
+		if g, err := netip.ParseAddr(e.Group); err == nil && g == group {
+			ports = append(ports, e.Port)
+		}
+	}
+	return ports
+}
+
+// waitMDB waits until the bridge has (present) or no longer has an mdb
+// entry for group on port.
+func (tp *topo) waitMDB(group netip.Addr, port string, present bool, timeout time.Duration) {
+	tp.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ports := tp.mdbPorts(group)
+		has := false
+		for _, p := range ports {
+			has = has || p == port
+		}
+		if has == present {
+			return
+		}
+		if time.Now().After(deadline) {
+			ents, _ := tp.mdb()
+			tp.t.Fatalf("bridge mdb: entry for %v on %s present=%v after %v, want present=%v; mdb: %+v", group, port, has, timeout, present, ents)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// randGroups returns n distinct random groups in 239.0.0.0/8 that also
+// differ in the 23 bits that make the Ethernet multicast address.
+func randGroups(n int) []netip.Addr {
+	var out []netip.Addr
+	seen := map[uint32]bool{}
+	for len(out) < n {
+		v := rand.Uint32() & 0x00ffffff
+		if v&0xffff00 == 0 || v&0xff == 0 || v&0xff == 255 || seen[v&0x7fffff] {
+			continue // skip 239.0.0.x, .0 and .255 for readability
+		}
+		seen[v&0x7fffff] = true
+		out = append(out, netip.AddrFrom4([4]byte{239, byte(v >> 16), byte(v >> 8), byte(v)}))
+	}
+	return out
+}
