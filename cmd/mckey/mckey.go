@@ -446,7 +446,13 @@ func (t *mckey) createMessage(n *node) int {
 		fmt.Fprintf(t.out, "failed message allocation\n")
 		return -1
 	}
-	n.mem = make([]byte, t.cfg.messageSize+verbs.GRHLen)
+	slots := 1
+	if t.cfg.verify && !t.cfg.sender {
+		// --verify gives every receive its own slot, so a payload is read
+		// only after its completion and never while the next one lands.
+		slots = t.cfg.messageCount
+	}
+	n.mem = make([]byte, slots*(t.cfg.messageSize+verbs.GRHLen))
 	// softrdma's sender fills the payload with a pattern --verify checks.
 	fillPattern(n.mem[:t.cfg.messageSize])
 	mr, err := n.pd.RegMR(n.mem, verbs.AccessLocalWrite)
@@ -469,8 +475,12 @@ func (t *mckey) postRecvs(n *node) int {
 	if t.cfg.messageCount == 0 {
 		return 0
 	}
-	wr := verbs.RecvWR{WRID: uint64(n.id), SGList: []verbs.SGE{n.mr.SGE(0, t.cfg.messageSize+verbs.GRHLen)}}
+	slot := t.cfg.messageSize + verbs.GRHLen
 	for i := 0; i < t.cfg.messageCount; i++ {
+		wr := verbs.RecvWR{WRID: uint64(n.id), SGList: []verbs.SGE{n.mr.SGE(0, slot)}}
+		if t.cfg.verify {
+			wr.WRID, wr.SGList[0] = uint64(i), n.mr.SGE(i*slot, slot)
+		}
 		if err := n.cm.QP().PostRecv(&wr); err != nil {
 			fmt.Fprintf(t.out, "failed to post receives: %d\n", errnoOf(err))
 			return errnoOf(err)
@@ -616,7 +626,8 @@ func (t *mckey) check(n *node, wc *verbs.WC) string {
 	}
 	want := make([]byte, t.cfg.messageSize)
 	fillPattern(want)
-	got := n.mem[verbs.GRHLen : verbs.GRHLen+t.cfg.messageSize]
+	off := int(wc.WRID) * (verbs.GRHLen + t.cfg.messageSize)
+	got := n.mem[off+verbs.GRHLen : off+verbs.GRHLen+t.cfg.messageSize]
 	if string(got) != string(want) {
 		return "payload differs from the pattern"
 	}
