@@ -387,7 +387,8 @@ func (id *ID) complete(_ *Event) error {
 // CreateQP creates the id's QP (rdma_create_qp / rdma_create_qp_ex) and
 // moves it to RTS with the id's Q_Key. A nil pd means the id's default PD;
 // missing CQs are created (sized by the WR capacities) and belong to the id.
-// attr.CreateFlags may hold verbs.CreateBlockSelfMcastLB.
+// attr.CreateFlags may hold verbs.CreateBlockSelfMcastLB. A zero QPType
+// means the id's (UD); ids of connected port spaces (PS_TCP) get EINVAL.
 func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) error {
 	if attr == nil {
 		return fmt.Errorf("rdmacm: create qp: %w", syscall.EINVAL)
@@ -407,8 +408,15 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) error {
 	if err != nil {
 		return fmt.Errorf("rdmacm: create qp: %w", err)
 	}
+	if id.qpType != verbs.QPTypeUD {
+		// librdmacm would run the connected-QP init path, which this
+		// UD-only stack does not have.
+		return fmt.Errorf("rdmacm: create qp: %v id: %w", id.ps, syscall.EINVAL)
+	}
 	a := *attr
-	a.QPType = id.qpType
+	if a.QPType == 0 {
+		a.QPType = id.qpType
+	}
 	var own []*verbs.CQ
 	mk := func(n int) (*verbs.CQ, error) {
 		cq, err := pd.Context().CreateCQ(max(n, 1))
