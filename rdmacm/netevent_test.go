@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,6 +64,17 @@ func runInNetns(t *testing.T, mode, run string, setup [][]string) {
 func netdevEventsChild(t *testing.T) {
 	ch, _ := CreateEventChannel()
 	defer ch.Close()
+	// No route to the destination: ADDR_ERROR with -ENETUNREACH.
+	u, _ := CreateID(ch, "u", PS_UDP)
+	if err := u.ResolveAddr(nil, UDPAddr(netip.MustParseAddr("192.0.2.99")), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := ch.GetEvent(ctxT(t)); err != nil || ev.Event != EventAddrError || ev.Status != -int(syscall.ENETUNREACH) {
+		t.Fatalf("resolve without a route: %v %v", ev, err)
+	} else {
+		ev.Ack()
+	}
+	u.Destroy()
 	a, _ := CreateID(ch, "a", PS_UDP) // bound to the address that goes away
 	b, _ := CreateID(ch, "b", PS_UDP) // bound to the other one
 	defer a.Destroy()
