@@ -7,26 +7,66 @@
 // Usage:
 //
 //	softrdma [demo] [-group 239.x.y.z] [-bind 127.0.0.1] [-count N] [-size N]
+//	softrdma help
+//
+// Each subcommand lives in a file of its own and registers itself in
+// commands from an init function.
 package main
 
 import (
 	"fmt"
+	"io"
 	"os"
+	"sort"
 )
 
-func main() {
-	args := os.Args[1:]
-	cmd := "demo"
-	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
-		cmd, args = args[0], args[1:]
+// command is one subcommand: run gets the arguments after its name and
+// returns the exit status.
+type command struct {
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) int
+}
+
+// commands holds the subcommands by name.
+var commands = map[string]command{}
+
+func init() {
+	commands["demo"] = command{
+		summary: "join a group on loopback with three ids and check who receives what (the default)",
+		run:     func(args []string, stdout, _ io.Writer) int { return demo(args, stdout) },
 	}
-	switch cmd {
-	case "demo":
-		os.Exit(demo(args, os.Stdout))
-	case "help", "-h", "--help":
-		fmt.Println("usage: softrdma [demo] [flags]   (softrdma demo -h for the flags)")
-	default:
-		fmt.Fprintf(os.Stderr, "softrdma: unknown command %q\n", cmd)
-		os.Exit(2)
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	name := "demo"
+	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
+		name, args = args[0], args[1:]
+	}
+	if name == "help" {
+		usage(stdout)
+		return 0
+	}
+	c, ok := commands[name]
+	if !ok {
+		fmt.Fprintf(stderr, "softrdma: unknown command %q\n", name)
+		usage(stderr)
+		return 2
+	}
+	return c.run(args, stdout, stderr)
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: softrdma [command] [flags]   (softrdma COMMAND -h for its flags)")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
 }
