@@ -85,3 +85,21 @@ type Receiver interface {
 	// and immediate data. It never retains grh or payload.
 	Deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult
 }
+
+// IBRecvInfo is what an InfiniBand provider knows about a received packet
+// beyond what a RoCE provider does: the LRH fields of the completion, and
+// whether a GRH came with it (without one the GRH area is undefined and
+// the completion has no IBV_WC_GRH flag).
+type IBRecvInfo struct {
+	SLID         uint16
+	SL           uint8
+	DLIDPathBits uint8
+	GRH          bool
+}
+
+// IBReceiver is implemented by every Receiver verbs hands out; InfiniBand
+// providers use it to fill the completion's SLID and SL.
+type IBReceiver interface {
+	Receiver
+	DeliverIB(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, info *IBRecvInfo) DeliverResult
+}

@@ -434,6 +434,15 @@ type receiver struct{ qp *QP }
 
 // Deliver implements Receiver.
 func (r receiver) Deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult {
+	return r.deliver(grh, payload, srcQP, imm, hasImm, nil)
+}
+
+// DeliverIB implements IBReceiver.
+func (r receiver) DeliverIB(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, info *IBRecvInfo) DeliverResult {
+	return r.deliver(grh, payload, srcQP, imm, hasImm, info)
+}
+
+func (r receiver) deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, ib *IBRecvInfo) DeliverResult {
 	qp := r.qp
 	qp.rmu.Lock()
 	defer qp.rmu.Unlock()
@@ -459,6 +468,12 @@ func (r receiver) Deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm u
 	if hasImm {
 		wc.Flags |= WCWithImm
 		wc.ImmData = imm
+	}
+	if ib != nil {
+		wc.SLID, wc.SL, wc.DLIDPathBits = ib.SLID, ib.SL, ib.DLIDPathBits
+		if !ib.GRH {
+			wc.Flags &^= WCGRH
+		}
 	}
 	w.segs = clearSegs(w.segs)
 	qp.rhead = (qp.rhead + 1) % len(qp.rq)
