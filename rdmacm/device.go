@@ -7,6 +7,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -15,8 +16,10 @@ import (
 
 // cmDevice is librdmacm's per-device state (struct cma_device): one open
 // context and one default PD per device, shared by every id of the process.
+// Exactly one of rxe (a RoCEv2 port) and ib (an InfiniBand port) is set.
 type cmDevice struct {
 	rxe *rxe.Device
+	ib  *ib.Device
 	ctx *verbs.Context
 	pd  *verbs.PD
 
@@ -27,25 +30,38 @@ type cmDevice struct {
 
 var cmDevices struct {
 	sync.Mutex
-	m map[*rxe.Device]*cmDevice
+	m map[*verbs.Device]*cmDevice
 }
 
-// deviceForAddr returns the device of the interface owning local address a.
+// deviceForAddr returns the device a local address belongs to: the
+// InfiniBand port whose IPoIB address it is (an open one, or one opened on
+// the subnet that SOFTRDMA_SM names), else the RoCEv2 device of the
+// interface that owns it.
 func deviceForAddr(a netip.Addr) (*cmDevice, error) {
+	p := ib.ForAddr(a)
+	if p == nil {
+		var err error
+		if p, err = ib.OpenFromEnv(a); err != nil {
+			return nil, err
+		}
+	}
+	if p != nil {
+		return cmDeviceOf(p.Verbs(), func(cd *cmDevice) { cd.ib = p })
+	}
 	d, err := rxe.ForAddr(a)
 	if err != nil {
 		return nil, err
 	}
-	return cmDeviceOf(d)
+	return cmDeviceOf(d.Verbs(), func(cd *cmDevice) { cd.rxe = d })
 }
 
-func cmDeviceOf(d *rxe.Device) (*cmDevice, error) {
+func cmDeviceOf(vd *verbs.Device, set func(*cmDevice)) (*cmDevice, error) {
 	cmDevices.Lock()
 	defer cmDevices.Unlock()
-	if cd := cmDevices.m[d]; cd != nil {
+	if cd := cmDevices.m[vd]; cd != nil {
 		return cd, nil
 	}
-	ctx, err := d.Verbs().Open()
+	ctx, err := vd.Open()
 	if err != nil {
 		return nil, err
 	}
@@ -54,13 +70,17 @@ func cmDeviceOf(d *rxe.Device) (*cmDevice, error) {
 		ctx.Close()
 		return nil, err
 	}
-	cd := &cmDevice{rxe: d, ctx: ctx, pd: pd, ids: map[*ID]struct{}{}}
+	cd := &cmDevice{ctx: ctx, pd: pd, ids: map[*ID]struct{}{}}
+	set(cd)
 	if cmDevices.m == nil {
-		cmDevices.m = map[*rxe.Device]*cmDevice{}
+		cmDevices.m = map[*verbs.Device]*cmDevice{}
 	}
-	cmDevices.m[d] = cd
+	cmDevices.m[vd] = cd
 	return cd, nil
 }
+
+// name returns the device name.
+func (cd *cmDevice) name() string { return cd.ctx.Device().Name() }
 
 // attach registers an id as bound to the device; netdev events of the
 // device reach the ids attached to it.
@@ -68,7 +88,7 @@ func (cd *cmDevice) attach(id *ID) {
 	cd.mu.Lock()
 	defer cd.mu.Unlock()
 	cd.ids[id] = struct{}{}
-	if cd.sub == nil {
+	if cd.sub == nil && cd.rxe != nil {
 		cd.sub = cd.rxe.Subscribe(cd.netEvent)
 	}
 }
@@ -107,8 +127,12 @@ func (cd *cmDevice) netEvent(ev rxe.NetEvent) {
 	}
 }
 
-// gidIndex returns the GID table index of a local address.
+// gidIndex returns the GID table index of a local address. An IB port's
+// IPoIB address stands for its port GID, index 0.
 func (cd *cmDevice) gidIndex(a netip.Addr) (uint8, error) {
+	if cd.ib != nil {
+		return 0, nil
+	}
 	tbl, err := cd.ctx.QueryGIDTable(1)
 	if err != nil {
 		return 0, err
@@ -119,7 +143,7 @@ func (cd *cmDevice) gidIndex(a netip.Addr) (uint8, error) {
 			return uint8(e.Index), nil
 		}
 	}
-	return 0, fmt.Errorf("rdmacm: %v is not a GID of %s: %w", a, cd.rxe.Name(), syscall.EADDRNOTAVAIL)
+	return 0, fmt.Errorf("rdmacm: %v is not a GID of %s: %w", a, cd.name(), syscall.EADDRNOTAVAIL)
 }
 
 // routeSource picks the interface and source address towards dst through

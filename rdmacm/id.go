@@ -165,7 +165,7 @@ func (id *ID) DeviceName() string {
 	if id.dev == nil {
 		return ""
 	}
-	return id.dev.rxe.Name()
+	return id.dev.name()
 }
 
 // Event returns the last event of a synchronous id (id->event), or nil.

@@ -1,0 +1,135 @@
+// Command softsm runs the subnet manager of an emulated InfiniBand subnet:
+// SM (LIDs, epochs), SA (MCMemberRecord joins and leaves, ClassPortInfo)
+// and switch in one process. softrdma IB devices attach to its fabric
+// address; tools query the SA on its raw SA port.
+//
+// Usage:
+//
+//	softsm [-listen 127.0.0.1:4792] [-sa-listen 127.0.0.1:4793]
+//	       [-port GUID]... [-state FILE] [-no-sendonly-support]
+//	       [-sa-delay D | -sa-timeout D] [-sa-drop] [-subnet-prefix P]
+//	       [-port-timeout D] [-v]
+//
+// When both sockets are bound it prints one line to stdout,
+//
+//	softsm: listening fabric 127.0.0.1:4792 sa 127.0.0.1:4793
+//
+// and serves until SIGTERM or SIGINT, then exits 0. Pre-registered ports
+// (-port, repeatable) get LIDs 2, 3, … in order and GIDs <prefix>:<GUID>,
+// e.g. -port 0x100001 → LID 2, fe80::10:1. With -state FILE the GUID → LID
+// map survives restarts; groups never do (a restarted SM has a new epoch
+// and only the IPoIB broadcast group).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/ib/sm"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// guidList is the repeatable -port flag.
+type guidList []uint64
+
+func (g *guidList) String() string {
+	s := make([]string, len(*g))
+	for i, v := range *g {
+		s[i] = fmt.Sprintf("%#x", v)
+	}
+	return strings.Join(s, ",")
+}
+
+func (g *guidList) Set(v string) error {
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.ParseUint(strings.TrimSpace(f), 0, 64)
+		if err != nil || n == 0 {
+			return fmt.Errorf("bad GUID %q", f)
+		}
+		*g = append(*g, n)
+	}
+	return nil
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("softsm", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		cfg     sm.Config
+		ports   guidList
+		noSend  bool
+		prefix  string
+		verbose bool
+		timeout time.Duration
+	)
+	fs.StringVar(&cfg.Listen, "listen", fabric.DefaultListen, "fabric UDP `address` the ports attach to")
+	fs.StringVar(&cfg.SAListen, "sa-listen", fabric.DefaultSAListen, "raw SA UDP `address` (one datagram = one 256-byte SA MAD); empty disables it")
+	fs.Var(&ports, "port", "pre-register a port `GUID` (repeatable, or comma-separated); LIDs are assigned in order from 2")
+	fs.StringVar(&cfg.StateFile, "state", "", "keep GUID → LID assignments in `file` across restarts")
+	fs.BoolVar(&noSend, "no-sendonly-support", false, "clear ClassPortInfo CapabilityMask2 bit 12 and refuse SendOnlyFullMember joins")
+	fs.DurationVar(&cfg.SADelay, "sa-delay", 0, "answer every SA MAD only after `duration` (tests of slow SAs)")
+	fs.DurationVar(&timeout, "sa-timeout", 0, "same as -sa-delay: how long the SA takes before it answers")
+	fs.BoolVar(&cfg.SADrop, "sa-drop", false, "never answer SA MADs (tests of SA silence)")
+	fs.StringVar(&prefix, "subnet-prefix", "0xfe80000000000000", "subnet `prefix` (64-bit)")
+	fs.DurationVar(&cfg.PortTimeout, "port-timeout", fabric.PortTimeout, "forget a port silent for `duration`")
+	fs.BoolVar(&verbose, "v", false, "log attaches, detaches, SA requests and drops to stderr")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "softsm: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	p, err := strconv.ParseUint(prefix, 0, 64)
+	if err != nil {
+		fmt.Fprintf(stderr, "softsm: bad -subnet-prefix %q\n", prefix)
+		return 2
+	}
+	if timeout > 0 {
+		cfg.SADelay = timeout
+	}
+	cfg.SubnetPrefix = p
+	cfg.Ports = ports
+	cfg.SendOnlySupport = !noSend
+	if verbose {
+		l := log.New(stderr, "softsm: ", log.Lmicroseconds)
+		cfg.Logf = l.Printf
+	}
+	s, err := sm.New(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "softsm: %v\n", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	sa := "off"
+	if a := s.SAAddr(); a.IsValid() {
+		sa = a.String()
+	}
+	fmt.Fprintf(stdout, "softsm: listening fabric %v sa %s\n", s.FabricAddr(), sa)
+	if f, ok := stdout.(*os.File); ok {
+		f.Sync()
+	}
+	if verbose {
+		fmt.Fprintf(stderr, "softsm: epoch %#x, send-only support %v, %d pre-registered ports\n",
+			s.Epoch(), cfg.SendOnlySupport, len(ports))
+	}
+	if err := s.Run(ctx); err != nil {
+		fmt.Fprintf(stderr, "softsm: %v\n", err)
+		return 1
+	}
+	return 0
+}

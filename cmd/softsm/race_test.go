@@ -1,0 +1,6 @@
+//go:build race
+
+package main
+
+// raceEnabled tells TestMain to build the softsm binary with -race too.
+const raceEnabled = true

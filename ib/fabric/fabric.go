@@ -1,0 +1,135 @@
+// Package fabric is the wire protocol between the ports of emulated
+// InfiniBand devices and the subnet manager (cmd/softsm, package ib/sm).
+//
+// Every IB port is a UDP socket of a client process; the SM listens on a
+// fabric UDP address (DefaultListen). A datagram on the fabric is either a
+// CONTROL message or an IB PACKET.
+//
+// A CONTROL message is the 5-byte prefix Magic ("SRSM" + version 0x01), then
+// a JSON object (Control). An IB packet never starts with 'S' (0x53): LRH
+// byte 0 is VL<<4 | LVer and LVer is 0. Types:
+//
+//	attach     port → SM: GUID, NodeDesc; at start and every
+//	           KeepaliveInterval as keepalive
+//	port_info  SM → port, the answer to every attach: LID, SMLID,
+//	           SubnetPrefix, PKeys [0xffff], Epoch (random per SM start),
+//	           MTU 4 (2048), Rate 3 (10 Gb/s), State "active"
+//	detach     port → SM when the port closes
+//
+// A port that sees a new Epoch knows the SM restarted (client reregister).
+// The SM forgets a port silent for PortTimeout; its memberships are removed
+// as by a leave of all bits. LIDs start at FirstLID and stay with a GUID for
+// the SM's lifetime (and across restarts with a state file); the SM and the
+// SA are at SMLID.
+//
+// An IB PACKET is LRH | [GRH when LNH = 3] | BTH | DETH | [ImmDt] | payload
+// | pad | ICRC | VCRC, exactly as on an IB link (see wire.ICRCIB and
+// wire.VCRC). EncodeUD builds one, Parse checks and splits one.
+//
+// SA MADs travel as UD packets to DLID SMLID, BTH DestQP 1, DETH Q_Key
+// 0x80010000, payload one 256-byte MAD; the answer comes from SLID SMLID /
+// source QP 1 to the requester's LID and QP, with a GRH (GIDs swapped) when
+// the request had one.
+package fabric
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/softrdma/softrdma/wire"
+)
+
+// Magic starts every control message: "SRSM" and protocol version 1.
+const Magic = "SRSM\x01"
+
+// Control message types and the port state.
+const (
+	TypeAttach   = "attach"
+	TypePortInfo = "port_info"
+	TypeDetach   = "detach"
+	StateActive  = "active"
+)
+
+// Fabric defaults.
+const (
+	// DefaultListen is the SM's default fabric address.
+	DefaultListen = "127.0.0.1:4792"
+	// DefaultSAListen is the default raw SA port: one datagram = one
+	// 256-byte SA MAD.
+	DefaultSAListen = "127.0.0.1:4793"
+	// SMLID is the LID of the SM and the SA.
+	SMLID = 1
+	// FirstLID is the first LID given to a port.
+	FirstLID = 2
+	// DefaultSubnetPrefix is the subnet prefix fe80::/64.
+	DefaultSubnetPrefix = 0xFE80000000000000
+	// DefaultPKey is the only P_Key of a port.
+	DefaultPKey = 0xFFFF
+	// PortMTU is the active MTU enum the SM reports (4 = 2048).
+	PortMTU = 4
+	// PortRate is the rate enum the SM reports (3 = 10 Gb/s).
+	PortRate = 3
+	// KeepaliveInterval is how often a port sends "attach".
+	KeepaliveInterval = time.Second
+	// PortTimeout is how long the SM keeps a silent port.
+	PortTimeout = 5 * time.Second
+	// SAQPN is the SA's QP (QP1) and SAQKey the GSI Q_Key.
+	SAQPN  = 1
+	SAQKey = 0x80010000
+)
+
+// Control is a control message (after Magic, as JSON).
+type Control struct {
+	Type         string   `json:"type"`
+	GUID         uint64   `json:"guid,omitempty"`
+	NodeDesc     string   `json:"node_desc,omitempty"`
+	LID          uint16   `json:"lid,omitempty"`
+	SMLID        uint16   `json:"sm_lid,omitempty"`
+	SubnetPrefix uint64   `json:"subnet_prefix,omitempty"`
+	PKeys        []uint16 `json:"pkeys,omitempty"`
+	Epoch        uint64   `json:"epoch,omitempty"`
+	MTU          uint8    `json:"mtu,omitempty"` // IB MTU enum
+	Rate         uint8    `json:"rate,omitempty"`
+	State        string   `json:"state,omitempty"` // "active"
+}
+
+// ErrNotControl reports a datagram without the Magic prefix.
+var ErrNotControl = errors.New("fabric: not a control message")
+
+// IsControl reports whether b is a control message (starts with Magic).
+func IsControl(b []byte) bool { return len(b) >= len(Magic) && string(b[:len(Magic)]) == Magic }
+
+// EncodeControl returns Magic followed by the JSON of c.
+func EncodeControl(c *Control) []byte {
+	j, err := json.Marshal(c)
+	if err != nil { // cannot happen: every field has a JSON form
+		panic(err)
+	}
+	return append([]byte(Magic), j...)
+}
+
+// DecodeControl parses a control message.
+func DecodeControl(b []byte) (*Control, error) {
+	if !IsControl(b) {
+		return nil, ErrNotControl
+	}
+	c := new(Control)
+	if err := json.Unmarshal(b[len(Magic):], c); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// PortGID returns the GID of a port: the subnet prefix, then the GUID
+// (e.g. GUID 0x100001 → fe80::10:1).
+func PortGID(prefix, guid uint64) wire.GID {
+	var g wire.GID
+	binary.BigEndian.PutUint64(g[:8], prefix)
+	binary.BigEndian.PutUint64(g[8:], guid)
+	return g
+}
+
+// GUIDOf returns the interface ID (GUID) of a GID.
+func GUIDOf(g wire.GID) uint64 { return binary.BigEndian.Uint64(g[8:]) }

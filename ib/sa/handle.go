@@ -1,0 +1,612 @@
+package sa
+
+import (
+	"encoding/binary"
+
+	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/wire"
+)
+
+// status is an SA MAD status; 0 is success.
+type status uint16
+
+// Handle processes one SA request MAD and returns the response MADs: one
+// MAD for Get/Set/Delete and errors, one or more RMPP segments for a
+// successful GetTable (see package mad). It returns nil when the request
+// is dropped without an answer: shorter than 256 bytes, base version ≠ 1,
+// class ≠ SubnAdm, a response method, or (over the fabric) a requester the
+// SA does not know.
+func (s *SA) Handle(req mad.MAD, from From) []mad.MAD {
+	if len(req) < mad.Len {
+		return nil
+	}
+	req = req[:mad.Len]
+	if req.BaseVersion() != mad.BaseVersion || req.MgmtClass() != mad.ClassSubnAdm || req.IsResponse() {
+		return nil
+	}
+	if req.ClassVersion() != mad.SAClassVersion {
+		return errorReply(req, mad.StatusBadVersion)
+	}
+	switch req.AttrID() {
+	case mad.AttrClassPortInfo:
+		if req.Method() != mad.MethodGet {
+			return errorReply(req, mad.StatusReqInvalid)
+		}
+		return []mad.MAD{s.classPortInfo(req)}
+	case mad.AttrMCMemberRecord:
+		return s.mcmr(req, from)
+	default:
+		return errorReply(req, mad.StatusUnsupportedMethodAttr)
+	}
+}
+
+// errorReply copies the request, sets the status, turns Set into GetResp,
+// GetTable into GetTableResp with AttributeOffset 0, any other method into
+// its response, and zeroes the SM_Key (C15-0.1.5), as OpenSM's
+// osm_sa_send_error. The payload is the request's.
+func errorReply(req mad.MAD, st uint16) []mad.MAD {
+	r := mad.MAD(make([]byte, mad.Len))
+	copy(r, req)
+	r.SetStatus(st)
+	switch req.Method() {
+	case mad.MethodSet:
+		r.SetMethod(mad.MethodGet)
+	case mad.MethodGetTable:
+		r.SetAttrOffset(0)
+	}
+	r.SetMethod(r.Method() | mad.MethodResp)
+	r.SetSMKey(0)
+	return []mad.MAD{r}
+}
+
+// respHeader returns a response MAD carrying the request's header (RMPP
+// header cleared), method turned into its response (Set → GetResp),
+// SM_Key 0 and the given AttributeOffset.
+func respHeader(req mad.MAD, attrOffset uint16) mad.MAD {
+	r := mad.MAD(make([]byte, mad.Len))
+	copy(r[:mad.SAHeaderEnd], req[:mad.SAHeaderEnd])
+	clear(r[mad.HeaderLen : mad.HeaderLen+mad.RMPPHeaderLen])
+	m := req.Method()
+	if m == mad.MethodSet {
+		m = mad.MethodGet
+	}
+	r.SetMethod(m | mad.MethodResp)
+	r.SetStatus(mad.StatusOK)
+	r.SetSMKey(0)
+	r.SetAttrOffset(attrOffset)
+	return r
+}
+
+func (s *SA) classPortInfo(req mad.MAD) mad.MAD {
+	r := respHeader(req, mad.ClassPortInfoLen/8)
+	c := r.ClassPortInfo()
+	c.SetBaseVersion(mad.BaseVersion)
+	c.SetClassVersion(mad.SAClassVersion)
+	c.SetCapabilityMask(mad.CapMaskUDMulticast)
+	var cm2 uint32
+	if s.cfg.SendOnlySupport {
+		cm2 |= mad.CapMask2SendOnlyFullMember
+	}
+	c.SetCapabilityMask2(cm2)
+	c.SetRespTimeValue(s.cfg.RespTimeValue)
+	c.SetRedirectQP(mad.GSIQPN)
+	c.SetRedirectQKey(mad.GSIQKey)
+	c.SetTrapQKey(mad.GSIQKey)
+	return r
+}
+
+func (s *SA) mcmr(req mad.MAD, from From) []mad.MAD {
+	comp := req.CompMask()
+	rec := req.MCMemberRecord().Fields()
+	switch req.Method() {
+	case mad.MethodSet, mad.MethodDelete:
+		if comp&mad.CompJoinRequired != mad.CompJoinRequired {
+			return errorReply(req, mad.StatusInsufComps)
+		}
+	case mad.MethodGet, mad.MethodGetTable:
+	default:
+		return errorReply(req, mad.StatusUnsupportedMethodAttr)
+	}
+	if !mtuRateValid(comp, &rec) {
+		return errorReply(req, mad.StatusReqInvalid)
+	}
+	var (
+		resp mad.MCMemberFields
+		st   status
+		drop bool
+	)
+	switch req.Method() {
+	case mad.MethodSet:
+		resp, st, drop = s.join(comp, rec, from)
+	case mad.MethodDelete:
+		resp, st, drop = s.leave(rec, from)
+	default:
+		return s.query(req, comp, rec, from)
+	}
+	if drop {
+		return nil
+	}
+	if st != 0 {
+		return errorReply(req, uint16(st))
+	}
+	r := respHeader(req, mad.MCMemberRecordWords)
+	resp.MTUSelector, resp.RateSelector, resp.PacketLifeTimeSelector = mad.SelExactly, mad.SelExactly, mad.SelExactly
+	r.MCMemberRecord().Encode(&resp)
+	return []mad.MAD{r}
+}
+
+// mtuRateValid checks comp-masked MTU and Rate (each with its selector)
+// against the enums.
+func mtuRateValid(comp uint64, r *mad.MCMemberFields) bool {
+	if comp&mad.CompMTUSelector != 0 && comp&mad.CompMTU != 0 && !mad.ValidMTU(r.MTU) {
+		return false
+	}
+	if comp&mad.CompRateSelector != 0 && comp&mad.CompRate != 0 && !mad.ValidRate(r.Rate) {
+		return false
+	}
+	return true
+}
+
+// portGUID normalizes the PortGID prefix (fe80:: means the SM's prefix)
+// and returns the GUID, or 0x0500 for a foreign prefix.
+func (s *SA) portGUID(gid wire.GID) (uint64, wire.GID, status) {
+	prefix := binary.BigEndian.Uint64(gid[:8])
+	if prefix == DefaultSubnetPrefix {
+		prefix = s.prefix
+	}
+	if prefix != s.prefix {
+		return 0, gid, mad.StatusInvalidGID
+	}
+	guid := binary.BigEndian.Uint64(gid[8:])
+	return guid, s.PortGID(guid), 0
+}
+
+// requester resolves the requesting port: over the fabric the sender
+// (unknown → drop), from the raw SA port the port of the record's PortGID
+// (nil: anonymous).
+func (s *SA) requester(from From, recGUID uint64) (p *Port, drop bool) {
+	if from.Raw {
+		return s.ports[recGUID], false
+	}
+	p = s.ports[from.GUID]
+	return p, p == nil
+}
+
+// join handles Set(MCMemberRecord).
+func (s *SA) join(comp uint64, rec mad.MCMemberFields, from From) (mad.MCMemberFields, status, bool) {
+	if !s.cfg.SendOnlySupport && rec.JoinState&mad.JoinSendOnlyFullMember != 0 {
+		return rec, mad.StatusReqInvalid, false
+	}
+	guid, _, st := s.portGUID(rec.PortGID)
+	if st != 0 {
+		return rec, st, false
+	}
+	port := s.ports[guid]
+	if port == nil {
+		return rec, mad.StatusReqInvalid, false
+	}
+	reqPort, drop := s.requester(from, guid)
+	if drop {
+		return rec, 0, true
+	}
+	if reqPort == nil {
+		reqPort = port
+	}
+	proxy := reqPort != port
+	if proxy && !sharePKey(port, reqPort) {
+		return rec, mad.StatusReqInvalid, false
+	}
+	if comp&mad.CompPKey != 0 && rec.PKey&0x7FFF == 0 {
+		return rec, mad.StatusReqInvalid, false
+	}
+	js := rec.JoinState
+	g := s.groups[rec.MGID]
+	isNew := false
+	if g == nil {
+		if js&mad.JoinFullTypes == 0 {
+			return rec, mad.StatusReqInvalid, false
+		}
+		if comp&mad.CompCreateRequired != mad.CompCreateRequired {
+			return rec, mad.StatusInsufComps, false
+		}
+		var st status
+		g, st = s.create(comp, rec, port)
+		if st != 0 {
+			return rec, st, false
+		}
+		isNew = true
+	} else if !otherCompFieldsMatch(comp, &rec, &g.rec) {
+		return rec, mad.StatusReqInvalid, false
+	}
+	fail := func() (mad.MCMemberFields, status, bool) {
+		if isNew {
+			s.cleanup(g)
+		}
+		return rec, mad.StatusReqInvalid, false
+	}
+	if !moreCompFieldsMatch(comp, &rec, &g.rec) || !portCapsOK(port, &g.rec) || js == 0 {
+		return fail()
+	}
+	if !hasPKey(port, g.rec.PKey) {
+		return fail()
+	}
+	m := g.members[guid]
+	if !isNew && m != nil && !modifyAllowed(m, g, reqPort) {
+		return rec, mad.StatusReqInvalid, false
+	}
+	if m == nil {
+		m = &Member{GUID: guid, PortGID: s.PortGID(guid), ProxyJoin: proxy}
+		g.members[guid] = m
+	}
+	prev := m.JoinState
+	m.JoinState |= js
+	if js&mad.JoinFullTypes != 0 && prev&mad.JoinFullTypes == 0 {
+		g.full++
+	}
+	if isNew || m.JoinState != prev {
+		s.version++
+	}
+	resp := rec
+	resp.MGID = g.rec.MGID
+	resp.QKey = g.rec.QKey
+	resp.MLID = g.rec.MLID
+	resp.TClass = g.rec.TClass
+	resp.PKey = g.rec.PKey
+	resp.SL, resp.FlowLabel, resp.HopLimit = g.rec.SL, g.rec.FlowLabel, g.rec.HopLimit
+	resp.MTU, resp.Rate, resp.PacketLifeTime = g.rec.MTU, g.rec.Rate, g.rec.PacketLifeTime
+	resp.Scope = g.rec.Scope
+	resp.JoinState = m.JoinState
+	return resp, 0, false
+}
+
+// create makes a new group for a join (OpenSM mcmr_rcv_create_new_mgrp).
+func (s *SA) create(comp uint64, rec mad.MCMemberFields, port *Port) (*group, status) {
+	if rec.MGID.IsZero() {
+		if !s.assignMGID(comp, &rec) {
+			return nil, mad.StatusNoResources
+		}
+	} else if st := s.validateRequestedMGID(comp, &rec); st != 0 {
+		return nil, st
+	}
+	if !realizable(comp, &rec, port) {
+		return nil, mad.StatusReqInvalid
+	}
+	mlid := s.newMLID(rec.MLID)
+	if mlid == 0 {
+		return nil, mad.StatusNoResources
+	}
+	gr := rec
+	gr.MLID = mlid
+	gr.PortGID = wire.GID{}
+	gr.JoinState = 0
+	gr.ProxyJoin = false
+	gr.Scope = gr.MGID[1] & 0x0F
+	gr.MTUSelector, gr.RateSelector, gr.PacketLifeTimeSelector = mad.SelExactly, mad.SelExactly, mad.SelExactly
+	g := &group{rec: gr, members: make(map[uint64]*Member)}
+	s.groups[gr.MGID] = g
+	return g, 0
+}
+
+// assignMGID builds ff1S:a01b:<subnet prefix> with the process-wide
+// counter (host byte order, little-endian as on x86) over bytes 10..13, as
+// OpenSM's build_new_mgid: first ff12:a01b:fe80::, then
+// ff12:a01b:fe80::100:0:0. Scope is link-local unless comp-masked.
+func (s *SA) assignMGID(comp uint64, rec *mad.MCMemberFields) bool {
+	scope := uint8(mad.ScopeLinkLocal)
+	if comp&mad.CompScope != 0 {
+		scope = rec.Scope
+	}
+	m := &rec.MGID
+	m[0], m[1], m[2], m[3] = 0xff, 0x10|scope&0x0F, 0xa0, 0x1b
+	binary.BigEndian.PutUint64(m[4:12], s.prefix)
+	for range 1000 {
+		binary.LittleEndian.PutUint32(m[10:14], s.counter)
+		s.counter++
+		if s.groups[*m] == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// validateRequestedMGID checks a requested non-zero MGID
+// (validate_requested_mgid plus the IPoIB broadcast-group rule).
+func (s *SA) validateRequestedMGID(comp uint64, rec *mad.MCMemberFields) status {
+	m := rec.MGID
+	if m[0] != 0xFF {
+		return mad.StatusReqInvalid
+	}
+	sig := binary.BigEndian.Uint16(m[2:4])
+	if sig == wire.SigIPv4IPoIB || sig == wire.SigIPv6IPoIB {
+		bcast := BroadcastMGID
+		bcast[1] = bcast[1]&0xF0 | m[1]&0x0F
+		bcast[4], bcast[5] = m[4], m[5]
+		if sig != wire.SigIPv4IPoIB || bcast != m {
+			b := s.groups[bcast]
+			if b == nil || !otherCompFieldsMatch(comp, rec, &b.rec) {
+				return mad.StatusReqInvalid
+			}
+		}
+		return 0
+	}
+	if m[1]&0xE0 != 0 {
+		return mad.StatusReqInvalid
+	}
+	if sig == wire.SigSAAssigned && m[1]&0x0F == mad.ScopeLinkLocal {
+		return mad.StatusReqInvalid
+	}
+	return 0
+}
+
+// realizable picks the group's MTU and Rate from the request's selectors
+// and the creating port (mgrp_request_is_realizable).
+func realizable(comp uint64, rec *mad.MCMemberFields, port *Port) bool {
+	if comp&mad.CompMTU == 0 || comp&mad.CompMTUSelector == 0 || rec.MTUSelector == mad.SelLargest {
+		rec.MTU = port.MTU
+	} else {
+		req := rec.MTU
+		mtu := req
+		switch rec.MTUSelector {
+		case mad.SelGreaterThan:
+			if req >= port.MTU {
+				return false
+			}
+			mtu = port.MTU
+		case mad.SelLessThan:
+			if req > port.MTU {
+				mtu = port.MTU
+			} else {
+				mtu--
+			}
+		}
+		if !mad.ValidMTU(mtu) {
+			return false
+		}
+		rec.MTU = mtu
+	}
+	if comp&mad.CompRate == 0 || comp&mad.CompRateSelector == 0 || rec.RateSelector == mad.SelLargest {
+		rec.Rate = port.Rate
+	} else {
+		req := rec.Rate
+		rate := req
+		switch rec.RateSelector {
+		case mad.SelGreaterThan:
+			if compareRates(req, port.Rate) >= 0 {
+				return false
+			}
+			rate = port.Rate
+		case mad.SelLessThan:
+			if compareRates(req, port.Rate) > 0 {
+				rate = port.Rate
+			} else {
+				rate = prevRate(rate)
+			}
+		}
+		if !mad.ValidRate(rate) {
+			return false
+		}
+		rec.Rate = rate
+	}
+	return true
+}
+
+// newMLID honours a requested MLID in [0xC000, MaxMLID] that is free
+// (whether or not the MLID component is set), else returns the lowest
+// free one, or 0 when none is left.
+func (s *SA) newMLID(requested uint16) uint16 {
+	if requested >= wire.MulticastLIDBase && requested <= s.cfg.MaxMLID && !s.mlidInUse(requested) {
+		return requested
+	}
+	for mlid := uint32(wire.MulticastLIDBase); mlid <= uint32(s.cfg.MaxMLID); mlid++ {
+		if !s.mlidInUse(uint16(mlid)) {
+			return uint16(mlid)
+		}
+	}
+	return 0
+}
+
+// otherCompFieldsMatch compares the comp-masked Q_Key, P_Key (same base,
+// one of the two full), TClass, SL, FlowLabel and HopLimit with a group's
+// (validate_other_comp_fields).
+func otherCompFieldsMatch(comp uint64, r, g *mad.MCMemberFields) bool {
+	if comp&mad.CompQKey != 0 && r.QKey != g.QKey {
+		return false
+	}
+	if comp&mad.CompPKey != 0 {
+		if (r.PKey|g.PKey)&0x8000 == 0 || r.PKey&0x7FFF != g.PKey&0x7FFF {
+			return false
+		}
+	}
+	if comp&mad.CompTClass != 0 && r.TClass != g.TClass {
+		return false
+	}
+	if comp&mad.CompSL != 0 && r.SL != g.SL {
+		return false
+	}
+	if comp&mad.CompFlowLabel != 0 && r.FlowLabel != g.FlowLabel {
+		return false
+	}
+	if comp&mad.CompHopLimit != 0 && r.HopLimit != g.HopLimit {
+		return false
+	}
+	return true
+}
+
+// moreCompFieldsMatch checks comp-masked MTU/Rate selectors against the
+// group's values (validate_more_comp_fields; selector 3 always matches).
+func moreCompFieldsMatch(comp uint64, r, g *mad.MCMemberFields) bool {
+	if comp&mad.CompMTUSelector != 0 {
+		switch r.MTUSelector {
+		case mad.SelGreaterThan:
+			if g.MTU <= r.MTU {
+				return false
+			}
+		case mad.SelLessThan:
+			if g.MTU >= r.MTU {
+				return false
+			}
+		case mad.SelExactly:
+			if g.MTU != r.MTU {
+				return false
+			}
+		}
+	}
+	if comp&mad.CompRateSelector != 0 {
+		c := compareRates(g.Rate, r.Rate)
+		switch r.RateSelector {
+		case mad.SelGreaterThan:
+			if c <= 0 {
+				return false
+			}
+		case mad.SelLessThan:
+			if c >= 0 {
+				return false
+			}
+		case mad.SelExactly:
+			if c != 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// portCapsOK checks that the port's MTU and rate reach the group's.
+func portCapsOK(p *Port, g *mad.MCMemberFields) bool {
+	return p.MTU >= g.MTU && compareRates(p.Rate, g.Rate) >= 0
+}
+
+// modifyAllowed is o15-0.2.1: without ProxyJoin only the port itself may
+// modify its membership; with ProxyJoin any requester in the group's
+// partition.
+func modifyAllowed(m *Member, g *group, req *Port) bool {
+	if !m.ProxyJoin {
+		return req != nil && req.GUID == m.GUID
+	}
+	return hasPKey(req, g.rec.PKey)
+}
+
+// leave handles Delete(MCMemberRecord).
+func (s *SA) leave(rec mad.MCMemberFields, from From) (mad.MCMemberFields, status, bool) {
+	guid, _, st := s.portGUID(rec.PortGID)
+	if st != 0 {
+		return rec, st, false
+	}
+	g := s.groups[rec.MGID]
+	if g == nil {
+		return rec, mad.StatusReqInvalid, false
+	}
+	m := g.members[guid]
+	js := rec.JoinState
+	if m == nil || js&m.JoinState == 0 || js&^m.JoinState != 0 {
+		return rec, mad.StatusReqInvalid, false
+	}
+	reqPort, drop := s.requester(from, guid)
+	if drop {
+		return rec, 0, true
+	}
+	if from.Raw && reqPort == nil {
+		// The raw SA port speaks for the record's port even when it is no
+		// longer registered.
+		reqPort = &Port{GUID: guid, PKeys: []uint16{DefaultPKey}}
+	}
+	if !modifyAllowed(m, g, reqPort) {
+		return rec, mad.StatusReqInvalid, false
+	}
+	resp := rec
+	resp.Scope = g.rec.Scope
+	resp.JoinState = s.removeBits(g, m, js)
+	s.version++
+	return resp, 0, false
+}
+
+// query handles Get/GetTable(MCMemberRecord) (mcmr_query_mgrp).
+func (s *SA) query(req mad.MAD, comp uint64, rec mad.MCMemberFields, from From) []mad.MAD {
+	recGUID := binary.BigEndian.Uint64(rec.PortGID[8:])
+	reqPort, drop := s.requester(from, recGUID)
+	if drop {
+		return nil
+	}
+	trusted := req.SMKey() != 0 && req.SMKey() == s.cfg.SMKey
+	var stateMask uint8
+	if comp&mad.CompScope != 0 {
+		stateMask |= 0xF0
+	}
+	if comp&mad.CompJoinState != 0 {
+		stateMask |= 0x0F
+	}
+	reqState := rec.Scope<<4 | rec.JoinState&0x0F
+	var out []mad.MCMemberFields
+	for _, mgid := range s.sortedMGIDs() {
+		g := s.groups[mgid]
+		if comp&mad.CompMGID != 0 && rec.MGID != g.rec.MGID {
+			continue
+		}
+		if comp&mad.CompMLID != 0 && rec.MLID != g.rec.MLID {
+			continue
+		}
+		if !hasPKey(reqPort, g.rec.PKey) || !otherCompFieldsMatch(comp, &rec, &g.rec) {
+			continue
+		}
+		if comp&mad.CompProxyJoin != 0 && rec.ProxyJoin != g.rec.ProxyJoin {
+			continue
+		}
+		if !moreCompFieldsMatch(comp, &rec, &g.rec) {
+			continue
+		}
+		groupState := g.rec.Scope << 4
+		if trusted && comp&mad.CompPortGID == 0 {
+			for _, guid := range sortedGUIDs(g.members) {
+				m := g.members[guid]
+				st := groupState | m.JoinState
+				if stateMask&reqState != stateMask&st {
+					continue
+				}
+				r := g.rec
+				r.PortGID, r.JoinState, r.ProxyJoin = m.PortGID, m.JoinState, m.ProxyJoin
+				out = append(out, r)
+			}
+			continue
+		}
+		r := g.rec
+		st := groupState
+		if comp&mad.CompPortGID != 0 {
+			m := g.members[recGUID]
+			if m == nil {
+				continue
+			}
+			st |= m.JoinState
+			r.PortGID, r.JoinState, r.ProxyJoin = m.PortGID, m.JoinState, m.ProxyJoin
+		}
+		if stateMask&reqState != stateMask&st {
+			continue
+		}
+		out = append(out, r)
+	}
+	if !trusted {
+		for i := range out {
+			out[i].PortGID, out[i].JoinState, out[i].ProxyJoin = wire.GID{}, 0, false
+		}
+	}
+	if req.Method() == mad.MethodGet {
+		switch {
+		case len(out) > 1:
+			return errorReply(req, mad.StatusTooManyRecords)
+		case len(out) == 0:
+			return errorReply(req, mad.StatusNoRecords)
+		}
+		r := respHeader(req, mad.MCMemberRecordWords)
+		r.MCMemberRecord().Encode(&out[0])
+		return []mad.MAD{r}
+	}
+	var off uint16
+	if len(out) > 0 {
+		off = mad.MCMemberRecordWords
+	}
+	hdr := respHeader(req, off)
+	data := make([]byte, len(out)*mad.MCMemberRecordStride)
+	for i := range out {
+		mad.MCMemberRecord(data[i*mad.MCMemberRecordStride:]).Encode(&out[i])
+	}
+	return mad.RMPPSegments(hdr, data)
+}

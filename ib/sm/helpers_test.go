@@ -1,0 +1,286 @@
+package sm
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/wire"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const waitTimeout = 3 * time.Second
+
+// startSM runs an SM on 127.0.0.1 with free ports until the test ends.
+func startSM(t *testing.T, cfg Config) *SM {
+	t.Helper()
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	if cfg.SAListen == "" {
+		cfg.SAListen = "127.0.0.1:0"
+	}
+	cfg.Logf = t.Logf
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return s
+}
+
+// fakePort is an IB port built with the fabric codec on a UDP socket.
+type fakePort struct {
+	t      *testing.T
+	guid   uint64
+	conn   *net.UDPConn
+	sm     netip.AddrPort
+	ctl    chan *fabric.Control
+	pkts   chan []byte
+	mu     sync.Mutex
+	lid    uint16
+	epoch  uint64
+	qpn    uint32
+	psn    uint32
+	closed chan struct{}
+	wg     sync.WaitGroup
+}
+
+func newFakePort(t *testing.T, sm netip.AddrPort, guid uint64) *fakePort {
+	t.Helper()
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &fakePort{t: t, guid: guid, conn: conn, sm: sm, ctl: make(chan *fabric.Control, 16),
+		pkts: make(chan []byte, 256), qpn: 0x100 + uint32(guid&0xFF), closed: make(chan struct{})}
+	p.wg.Add(1)
+	go p.readLoop()
+	t.Cleanup(p.close)
+	p.attach()
+	return p
+}
+
+func (p *fakePort) readLoop() {
+	defer p.wg.Done()
+	buf := make([]byte, 65536)
+	for {
+		n, _, err := p.conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return
+		}
+		b := append([]byte(nil), buf[:n]...)
+		if fabric.IsControl(b) {
+			c, err := fabric.DecodeControl(b)
+			if err != nil {
+				p.t.Errorf("bad control: %v", err)
+				continue
+			}
+			p.ctl <- c
+			continue
+		}
+		select {
+		case p.pkts <- b:
+		default:
+			p.t.Errorf("port %#x: receive queue full", p.guid)
+		}
+	}
+}
+
+func (p *fakePort) close() {
+	select {
+	case <-p.closed:
+		return
+	default:
+	}
+	close(p.closed)
+	p.conn.Close()
+	p.wg.Wait()
+}
+
+func (p *fakePort) gid() wire.GID { return fabric.PortGID(fabric.DefaultSubnetPrefix, p.guid) }
+
+func (p *fakePort) sendControl(c *fabric.Control) {
+	p.t.Helper()
+	if _, err := p.conn.WriteToUDPAddrPort(fabric.EncodeControl(c), p.sm); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// attach sends "attach" and waits for port_info.
+func (p *fakePort) attach() *fabric.Control {
+	p.t.Helper()
+	p.sendControl(&fabric.Control{Type: fabric.TypeAttach, GUID: p.guid, NodeDesc: "test port"})
+	select {
+	case c := <-p.ctl:
+		if c.Type != fabric.TypePortInfo {
+			p.t.Fatalf("got %q, want port_info", c.Type)
+		}
+		p.mu.Lock()
+		p.lid, p.epoch = c.LID, c.Epoch
+		p.mu.Unlock()
+		return c
+	case <-time.After(waitTimeout):
+		p.t.Fatalf("port %#x: no port_info", p.guid)
+		return nil
+	}
+}
+
+func (p *fakePort) LID() uint16 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lid
+}
+
+// send builds and sends one UD packet.
+func (p *fakePort) send(dlid uint16, global bool, dgid wire.GID, destQP, qkey uint32, payload []byte) {
+	p.t.Helper()
+	h := &fabric.UDPacket{DLID: dlid, SLID: p.LID(), Global: global,
+		GRH: wire.IBGRHFields{HopLmt: 0xFF, SGID: p.gid(), DGID: dgid},
+		UD:  wire.UDHeader{PKey: 0xFFFF, DestQP: destQP, PSN: p.psn, QKey: qkey, SrcQP: p.qpn}}
+	p.psn++
+	b := make([]byte, fabric.PacketLen(len(payload), false, global))
+	fabric.EncodeUD(b, h, payload)
+	if _, err := p.conn.WriteToUDPAddrPort(b, p.sm); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// sa sends an SA MAD over the fabric (a GRH when global) and returns the
+// answer packets' MADs (all RMPP segments for a GetTable).
+func (p *fakePort) sa(m mad.MAD, global bool) []mad.MAD {
+	p.t.Helper()
+	p.send(fabric.SMLID, global, fabric.PortGID(fabric.DefaultSubnetPrefix, DefaultSMGUID), fabric.SAQPN, fabric.SAQKey, m)
+	var out []mad.MAD
+	for {
+		b := p.recv(waitTimeout)
+		if b == nil {
+			p.t.Fatalf("port %#x: no SA answer to tid %#x", p.guid, m.TID())
+		}
+		var pkt fabric.Packet
+		if err := fabric.Parse(b, &pkt); err != nil {
+			p.t.Fatalf("SA answer: %v", err)
+		}
+		if pkt.LRH.SLID() != fabric.SMLID || pkt.LRH.DLID() != p.LID() || pkt.UD.DETH.SrcQP() != fabric.SAQPN ||
+			pkt.UD.DETH.QKey() != fabric.SAQKey || pkt.UD.BTH.DestQP() != p.qpn || pkt.Global() != global {
+			p.t.Fatalf("SA answer addressing: slid %d dlid %d srcqp %d qkey %#x destqp %#x global %v",
+				pkt.LRH.SLID(), pkt.LRH.DLID(), pkt.UD.DETH.SrcQP(), pkt.UD.DETH.QKey(), pkt.UD.BTH.DestQP(), pkt.Global())
+		}
+		if global && (pkt.GRH.DGID() != p.gid() || pkt.GRH.SGID() != fabric.PortGID(fabric.DefaultSubnetPrefix, DefaultSMGUID)) {
+			p.t.Fatalf("SA answer GRH: sgid %v dgid %v", pkt.GRH.SGID(), pkt.GRH.DGID())
+		}
+		r := append(mad.MAD(nil), pkt.UD.Payload[:mad.Len]...)
+		if r.TID() != m.TID() {
+			p.t.Fatalf("TID %#x, want %#x", r.TID(), m.TID())
+		}
+		out = append(out, r)
+		if r.RMPPFlags()&mad.RMPPFlagActive == 0 || r.RMPPFlags()&mad.RMPPFlagLast != 0 {
+			return out
+		}
+	}
+}
+
+// recv returns the next IB packet or nil after d.
+func (p *fakePort) recv(d time.Duration) []byte {
+	select {
+	case b := <-p.pkts:
+		return b
+	case <-time.After(d):
+		return nil
+	}
+}
+
+var tidCounter uint64
+
+// mcReq builds an MCMemberRecord request for the port (PS_UDP mask).
+func mcReq(method uint8, comp uint64, mgid wire.GID, guid uint64, js uint8) mad.MAD {
+	tidCounter++
+	m := mad.NewSARequest(method, mad.AttrMCMemberRecord, 0xABCD0000_00000000|tidCounter, comp)
+	f := mad.MCMemberFields{MGID: mgid, PortGID: fabric.PortGID(fabric.DefaultSubnetPrefix, guid),
+		QKey: 0x01234567, PKey: 0xFFFF, JoinState: js}
+	m.MCMemberRecord().Encode(&f)
+	return m
+}
+
+// rawSA sends one MAD to the raw SA port and collects the answer
+// datagrams (until a non-RMPP answer or the Last segment); nil on timeout.
+func rawSA(t *testing.T, addr netip.AddrPort, m []byte, timeout time.Duration) []mad.MAD {
+	t.Helper()
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.WriteToUDPAddrPort(m, addr); err != nil {
+		t.Fatal(err)
+	}
+	var out []mad.MAD
+	buf := make([]byte, 4096)
+	for {
+		conn.SetReadDeadline(time.Now().Add(timeout))
+		n, from, err := conn.ReadFromUDPAddrPort(buf)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if from != addr {
+			t.Fatalf("answer from %v", from)
+		}
+		if n != mad.Len {
+			t.Fatalf("answer of %d bytes", n)
+		}
+		r := append(mad.MAD(nil), buf[:n]...)
+		out = append(out, r)
+		if r.RMPPFlags()&mad.RMPPFlagActive == 0 || r.RMPPFlags()&mad.RMPPFlagLast != 0 {
+			return out
+		}
+	}
+}
+
+func mustStatus(t *testing.T, rs []mad.MAD, st uint16) mad.MAD {
+	t.Helper()
+	if len(rs) != 1 {
+		t.Fatalf("%d answers", len(rs))
+	}
+	if rs[0].Status() != st {
+		t.Fatalf("status %#04x, want %#04x", rs[0].Status(), st)
+	}
+	return rs[0]
+}
+
+func mgid(s string) wire.GID {
+	g, err := wire.ParseGID(s)
+	if err != nil {
+		panic(err)
+	}
+	return g
+}
+
+// payloadOf parses an IB packet and returns its payload.
+func payloadOf(t *testing.T, b []byte) []byte {
+	t.Helper()
+	var pkt fabric.Packet
+	if err := fabric.Parse(b, &pkt); err != nil {
+		t.Fatal(err)
+	}
+	return pkt.UD.Payload
+}

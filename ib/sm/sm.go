@@ -1,0 +1,721 @@
+// Package sm is the subnet manager service of the emulated InfiniBand
+// subnet: one process plays SM (port registry, LIDs, epochs), SA (package
+// ib/sa behind QP1 at LID 1 and behind a raw UDP port) and switch
+// (unicast by DLID, multicast by MLID). The protocol is package ib/fabric.
+//
+// Switch: for each IB packet from a registered port (identified by its UDP
+// source address) the VCRC and the LRH are checked (bad → dropped and
+// counted). DLID = SMLID goes to the SA agent; a multicast DLID
+// (0xC000..0xFFFE) is forwarded unchanged to every other attached port
+// holding FullMember or NonMember in a group with that MLID — never to a
+// port holding only send-only bits, never back to the sender; a unicast
+// DLID goes to the port with that LID; anything else is dropped.
+//
+// Raw SA port: one datagram of exactly 256 bytes is one SA MAD; every
+// response MAD (one, or the RMPP segments of a GetTableResp) goes back to
+// the sender as one datagram. Such a request counts as coming from the port
+// whose GUID is the record's PortGID.
+package sm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/ib/sa"
+	"github.com/softrdma/softrdma/wire"
+)
+
+// DefaultSMGUID is the SM port's GUID; its GID is fe80::1.
+const DefaultSMGUID = 1
+
+// Config configures a subnet manager.
+type Config struct {
+	// Listen is the fabric UDP address (fabric.DefaultListen if empty;
+	// port 0 picks a free port).
+	Listen string
+	// SAListen is the raw SA UDP address; empty disables the raw port.
+	SAListen string
+	// SendOnlySupport advertises ClassPortInfo CapabilityMask2 bit 12 and
+	// accepts SendOnlyFullMember joins.
+	SendOnlySupport bool
+	// Ports are pre-registered port GUIDs: known to the SA from the start,
+	// LIDs assigned in this order (unless the state file has them).
+	Ports []uint64
+	// StateFile, if set, keeps GUID → LID across restarts (JSON).
+	StateFile string
+	// SADelay delays every SA answer (the request is processed when the
+	// delay has passed); ClassPortInfo advertises a matching RespTimeValue.
+	SADelay time.Duration
+	// SADrop makes the SA never answer (nor process) any SA MAD.
+	SADrop bool
+	// SubnetPrefix is the subnet prefix (0 → fe80::).
+	SubnetPrefix uint64
+	// SMGUID is the SM port's GUID (0 → DefaultSMGUID).
+	SMGUID uint64
+	// PortTimeout is how long a silent port is kept (0 → 5 s).
+	PortTimeout time.Duration
+	// MaxMLID caps MLID allocation (0 → 0xFFFE).
+	MaxMLID uint16
+	// Logf, if set, receives one line per event (attach, detach, SA
+	// request, drop reason).
+	Logf func(format string, args ...any)
+}
+
+// PortStats are the counters and state of one port.
+type PortStats struct {
+	GUID     uint64
+	LID      uint16
+	NodeDesc string
+	// Attached is true while a client port is attached; Addr is its socket.
+	Attached bool
+	Addr     netip.AddrPort
+	// PreRegistered ports were given on the command line.
+	PreRegistered bool
+	// RxPackets counts IB packets received from the port.
+	RxPackets uint64
+	// TxPackets counts IB packets delivered to the port (forwarded
+	// multicast and unicast, SA answers).
+	TxPackets uint64
+	// Forwarded counts copies of the port's packets sent to other ports.
+	Forwarded uint64
+	// Drops counts the port's packets that went nowhere: bad VCRC/LRH,
+	// bad SA packets, unknown or absent DLID, multicast with no receiver.
+	Drops uint64
+	// SARequests counts SA MADs the port sent.
+	SARequests uint64
+}
+
+// Stats is a snapshot of the SM's counters.
+type Stats struct {
+	// Ports, sorted by LID.
+	Ports []PortStats
+	// UnknownSource counts IB packets from addresses with no attached port.
+	UnknownSource uint64
+	// RawSARequests counts MADs on the raw SA port; RawSADrops those
+	// dropped (not 256 bytes, or SA silenced).
+	RawSARequests, RawSADrops uint64
+}
+
+type portCounters struct {
+	rx, tx, fwd, drops, sa atomic.Uint64
+}
+
+type port struct {
+	guid     uint64
+	lid      uint16
+	desc     string
+	addr     netip.AddrPort // valid while attached
+	lastSeen time.Time
+	pre      bool
+	c        portCounters
+}
+
+func (p *port) attached() bool { return p.addr.IsValid() }
+
+// SM is a running subnet manager.
+type SM struct {
+	cfg     Config
+	epoch   uint64
+	prefix  uint64
+	fabric  *net.UDPConn
+	rawSA   *net.UDPConn
+	timeout time.Duration
+
+	mu      sync.Mutex
+	sa      *sa.SA
+	lids    map[uint64]uint16 // every GUID ever given a LID
+	byGUID  map[uint64]*port
+	byAddr  map[netip.AddrPort]*port
+	byLID   map[uint16]*port
+	mft     map[uint16][]*port
+	mftVer  uint64
+	mftAddr bool // attachments changed since the MFT was built
+	psn     uint32
+	timers  map[*time.Timer]struct{}
+	closed  bool
+
+	unknownSrc, rawReqs, rawDrops atomic.Uint64
+
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+}
+
+// New binds the sockets, loads the state file and registers the
+// pre-registered ports. Call Run to serve, or Close.
+func New(cfg Config) (*SM, error) {
+	if cfg.Listen == "" {
+		cfg.Listen = fabric.DefaultListen
+	}
+	if cfg.SubnetPrefix == 0 {
+		cfg.SubnetPrefix = fabric.DefaultSubnetPrefix
+	}
+	if cfg.SMGUID == 0 {
+		cfg.SMGUID = DefaultSMGUID
+	}
+	s := &SM{
+		cfg:     cfg,
+		prefix:  cfg.SubnetPrefix,
+		timeout: cfg.PortTimeout,
+		lids:    make(map[uint64]uint16),
+		byGUID:  make(map[uint64]*port),
+		byAddr:  make(map[netip.AddrPort]*port),
+		byLID:   make(map[uint16]*port),
+		timers:  make(map[*time.Timer]struct{}),
+	}
+	if s.timeout == 0 {
+		s.timeout = fabric.PortTimeout
+	}
+	var eb [8]byte
+	for s.epoch == 0 {
+		if _, err := rand.Read(eb[:]); err != nil {
+			return nil, err
+		}
+		s.epoch = binary.LittleEndian.Uint64(eb[:])
+	}
+	s.sa = sa.New(sa.Config{
+		SubnetPrefix:    cfg.SubnetPrefix,
+		SendOnlySupport: cfg.SendOnlySupport,
+		MaxMLID:         cfg.MaxMLID,
+		RespTimeValue:   sa.RespTimeValueFor(cfg.SADelay),
+	})
+	if cfg.StateFile != "" {
+		if err := s.loadState(); err != nil {
+			return nil, err
+		}
+	}
+	for _, guid := range cfg.Ports {
+		if s.byGUID[guid] != nil {
+			continue
+		}
+		p := &port{guid: guid, lid: s.lidFor(guid), pre: true}
+		s.byGUID[guid] = p
+		s.byLID[p.lid] = p
+		s.sa.AddPort(sa.Port{GUID: guid, MTU: fabric.PortMTU, Rate: fabric.PortRate})
+	}
+	if err := s.saveState(); err != nil {
+		return nil, err
+	}
+	var err error
+	if s.fabric, err = listenUDP(cfg.Listen); err != nil {
+		return nil, err
+	}
+	if cfg.SAListen != "" {
+		if s.rawSA, err = listenUDP(cfg.SAListen); err != nil {
+			s.fabric.Close()
+			return nil, err
+		}
+	}
+	s.rebuildMFT()
+	return s, nil
+}
+
+func listenUDP(addr string) (*net.UDPConn, error) {
+	ua, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return net.ListenUDP("udp", ua)
+}
+
+// FabricAddr returns the bound fabric address.
+func (s *SM) FabricAddr() netip.AddrPort { return s.fabric.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// SAAddr returns the bound raw SA address (invalid when disabled).
+func (s *SM) SAAddr() netip.AddrPort {
+	if s.rawSA == nil {
+		return netip.AddrPort{}
+	}
+	return s.rawSA.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// Epoch returns the random epoch of this SM instance.
+func (s *SM) Epoch() uint64 { return s.epoch }
+
+// SMGID returns the GID of the SM port.
+func (s *SM) SMGID() wire.GID { return fabric.PortGID(s.prefix, s.cfg.SMGUID) }
+
+func (s *SM) logf(format string, args ...any) {
+	if s.cfg.Logf != nil {
+		s.cfg.Logf(format, args...)
+	}
+}
+
+// Run serves until ctx is done, then closes the SM and returns nil (or the
+// first socket error that is not due to closing).
+func (s *SM) Run(ctx context.Context) error {
+	errc := make(chan error, 2)
+	s.wg.Add(2)
+	go func() { defer s.wg.Done(); errc <- s.fabricLoop() }()
+	go func() { defer s.wg.Done(); s.expiryLoop(ctx) }()
+	if s.rawSA != nil {
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); errc <- s.rawSALoop() }()
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	s.Close()
+	return err
+}
+
+// Close closes the sockets, cancels delayed SA answers and waits for the
+// serving goroutines. It is safe to call more than once.
+func (s *SM) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		for t := range s.timers {
+			if t.Stop() {
+				s.wg.Done()
+			}
+		}
+		clear(s.timers)
+		s.mu.Unlock()
+		s.fabric.Close()
+		if s.rawSA != nil {
+			s.rawSA.Close()
+		}
+	})
+	s.wg.Wait()
+	return nil
+}
+
+func (s *SM) expiryLoop(ctx context.Context) {
+	t := time.NewTicker(min(s.timeout/5, 500*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			s.mu.Lock()
+			if s.closed {
+				s.mu.Unlock()
+				return
+			}
+			for _, p := range s.sortedPorts() {
+				if p.attached() && now.Sub(p.lastSeen) > s.timeout {
+					s.logf("port %#x (LID %d) silent for %v: forgotten", p.guid, p.lid, s.timeout)
+					s.detachLocked(p)
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+func (s *SM) fabricLoop() error {
+	buf := make([]byte, 65536)
+	for {
+		n, from, err := s.fabric.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		b := buf[:n]
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		if fabric.IsControl(b) {
+			s.handleControl(b, from)
+			continue
+		}
+		s.handlePacket(b, from)
+	}
+}
+
+func (s *SM) handleControl(b []byte, from netip.AddrPort) {
+	c, err := fabric.DecodeControl(b)
+	if err != nil {
+		s.logf("bad control message from %v: %v", from, err)
+		return
+	}
+	switch c.Type {
+	case fabric.TypeAttach:
+		if c.GUID == 0 {
+			s.logf("attach without GUID from %v", from)
+			return
+		}
+		lid := s.attach(c.GUID, c.NodeDesc, from)
+		reply := fabric.EncodeControl(&fabric.Control{
+			Type: fabric.TypePortInfo, GUID: c.GUID, LID: lid, SMLID: fabric.SMLID,
+			SubnetPrefix: s.prefix, PKeys: []uint16{fabric.DefaultPKey}, Epoch: s.epoch,
+			MTU: fabric.PortMTU, Rate: fabric.PortRate, State: fabric.StateActive,
+		})
+		if _, err := s.fabric.WriteToUDPAddrPort(reply, from); err != nil {
+			s.logf("port_info to %v: %v", from, err)
+		}
+	case fabric.TypeDetach:
+		s.mu.Lock()
+		if p := s.byAddr[from]; p != nil && (c.GUID == 0 || c.GUID == p.guid) {
+			s.logf("port %#x (LID %d) detached", p.guid, p.lid)
+			s.detachLocked(p)
+		}
+		s.mu.Unlock()
+	default:
+		s.logf("unknown control message %q from %v", c.Type, from)
+	}
+}
+
+// attach registers or refreshes a port and returns its LID.
+func (s *SM) attach(guid uint64, desc string, from netip.AddrPort) uint16 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.byGUID[guid]
+	if p == nil {
+		p = &port{guid: guid, lid: s.lidFor(guid)}
+		s.byGUID[guid] = p
+		s.byLID[p.lid] = p
+		if err := s.saveState(); err != nil {
+			s.logf("state file: %v", err)
+		}
+	}
+	if other := s.byAddr[from]; other != nil && other != p {
+		s.logf("port %#x replaced by %#x at %v", other.guid, guid, from)
+		s.detachLocked(other)
+	}
+	if p.addr != from {
+		if p.attached() {
+			delete(s.byAddr, p.addr)
+		} else {
+			s.logf("port %#x attached at %v: LID %d %q", guid, from, p.lid, desc)
+		}
+		p.addr = from
+		s.byAddr[from] = p
+		s.mftAddr = true
+	}
+	if !s.sa.HasPort(guid) {
+		s.sa.AddPort(sa.Port{GUID: guid, MTU: fabric.PortMTU, Rate: fabric.PortRate})
+	}
+	p.desc = desc
+	p.lastSeen = time.Now()
+	return p.lid
+}
+
+// detachLocked removes a port's attachment and memberships; ports that
+// were not pre-registered are forgotten (their LID stays reserved).
+func (s *SM) detachLocked(p *port) {
+	if p.attached() {
+		delete(s.byAddr, p.addr)
+		p.addr = netip.AddrPort{}
+	}
+	if p.pre {
+		s.sa.LeaveAll(p.guid)
+	} else {
+		s.sa.RemovePort(p.guid)
+		delete(s.byGUID, p.guid)
+		delete(s.byLID, p.lid)
+	}
+	s.mftAddr = true
+}
+
+// lidFor returns the GUID's LID, assigning the lowest free one.
+func (s *SM) lidFor(guid uint64) uint16 {
+	if lid, ok := s.lids[guid]; ok {
+		return lid
+	}
+	used := make(map[uint16]bool, len(s.lids))
+	for _, l := range s.lids {
+		used[l] = true
+	}
+	lid := uint16(fabric.FirstLID)
+	for used[lid] {
+		lid++
+	}
+	s.lids[guid] = lid
+	return lid
+}
+
+// rebuildMFT recomputes the multicast forwarding table when the SA or the
+// attachments changed. Caller holds mu (or is New).
+func (s *SM) rebuildMFT() {
+	if s.mft != nil && s.mftVer == s.sa.Version() && !s.mftAddr {
+		return
+	}
+	mft := make(map[uint16][]*port)
+	for mlid, guids := range s.sa.MulticastTable() {
+		var ps []*port
+		for _, g := range guids {
+			if p := s.byGUID[g]; p != nil {
+				ps = append(ps, p)
+			}
+		}
+		mft[mlid] = ps
+	}
+	s.mft, s.mftVer, s.mftAddr = mft, s.sa.Version(), false
+}
+
+func (s *SM) handlePacket(b []byte, from netip.AddrPort) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.byAddr[from]
+	if p == nil {
+		s.unknownSrc.Add(1)
+		return
+	}
+	p.c.rx.Add(1)
+	l, err := fabric.CheckLink(b)
+	if err != nil {
+		p.c.drops.Add(1)
+		s.logf("drop from %#x: %v", p.guid, err)
+		return
+	}
+	dlid := l.DLID()
+	switch {
+	case dlid == fabric.SMLID:
+		s.saFromFabric(b, p)
+	case wire.IsMulticastLID(dlid):
+		s.rebuildMFT()
+		sent := false
+		for _, d := range s.mft[dlid] {
+			if d == p || !d.attached() {
+				continue
+			}
+			if _, err := s.fabric.WriteToUDPAddrPort(b, d.addr); err != nil {
+				s.logf("forward to %#x: %v", d.guid, err)
+				continue
+			}
+			d.c.tx.Add(1)
+			p.c.fwd.Add(1)
+			sent = true
+		}
+		if !sent {
+			p.c.drops.Add(1)
+		}
+	default:
+		d := s.byLID[dlid]
+		if d == nil || !d.attached() || dlid >= wire.MulticastLIDBase {
+			p.c.drops.Add(1)
+			return
+		}
+		if _, err := s.fabric.WriteToUDPAddrPort(b, d.addr); err != nil {
+			p.c.drops.Add(1)
+			return
+		}
+		d.c.tx.Add(1)
+		p.c.fwd.Add(1)
+	}
+}
+
+// saFromFabric is the SA agent at QP1: checks the UD packet, answers
+// from SLID 1 / QP1 to the requester's SLID and source QP, with the GIDs
+// swapped when the request had a GRH. Caller holds mu.
+func (s *SM) saFromFabric(b []byte, p *port) {
+	var pkt fabric.Packet
+	if err := fabric.Parse(b, &pkt); err != nil {
+		p.c.drops.Add(1)
+		s.logf("SA packet from %#x: %v", p.guid, err)
+		return
+	}
+	if pkt.UD.BTH.DestQP() != fabric.SAQPN || pkt.UD.DETH.QKey() != fabric.SAQKey || len(pkt.UD.Payload) < mad.Len {
+		p.c.drops.Add(1)
+		s.logf("SA packet from %#x: DestQP %d Q_Key %#x payload %d", p.guid,
+			pkt.UD.BTH.DestQP(), pkt.UD.DETH.QKey(), len(pkt.UD.Payload))
+		return
+	}
+	p.c.sa.Add(1)
+	if s.cfg.SADrop {
+		return
+	}
+	req := append(mad.MAD(nil), pkt.UD.Payload[:mad.Len]...)
+	hdr := fabric.UDPacket{
+		SL: pkt.LRH.SL(), DLID: pkt.LRH.SLID(), SLID: fabric.SMLID,
+		UD: wire.UDHeader{PKey: pkt.UD.BTH.PKey(), DestQP: pkt.UD.DETH.SrcQP(), QKey: fabric.SAQKey, SrcQP: fabric.SAQPN},
+	}
+	if pkt.Global() {
+		hdr.Global = true
+		hdr.GRH = wire.IBGRHFields{TClass: pkt.GRH.TClass(), FlowLabel: pkt.GRH.FlowLabel(),
+			HopLmt: pkt.GRH.HopLmt(), SGID: pkt.GRH.DGID(), DGID: pkt.GRH.SGID()}
+	}
+	guid := p.guid
+	s.saLater(func() {
+		resps := s.sa.Handle(req, sa.From{GUID: guid})
+		if s.cfg.Logf != nil {
+			s.logf("SA %s from %#x → %s", describe(req), guid, describeResp(resps))
+		}
+		d := s.byGUID[guid]
+		if d == nil || !d.attached() {
+			return
+		}
+		for _, r := range resps {
+			h := hdr
+			h.UD.PSN = s.psn & 0xFFFFFF
+			s.psn++
+			out := make([]byte, fabric.PacketLen(len(r), false, h.Global))
+			fabric.EncodeUD(out, &h, r)
+			if _, err := s.fabric.WriteToUDPAddrPort(out, d.addr); err != nil {
+				s.logf("SA answer to %#x: %v", guid, err)
+				continue
+			}
+			d.c.tx.Add(1)
+		}
+	})
+}
+
+// saLater runs f (under mu) now, or after SADelay on a timer. Caller holds mu.
+func (s *SM) saLater(f func()) {
+	if s.cfg.SADelay <= 0 {
+		f()
+		s.rebuildMFT()
+		return
+	}
+	s.wg.Add(1)
+	var t *time.Timer
+	t = time.AfterFunc(s.cfg.SADelay, func() {
+		defer s.wg.Done()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.timers, t)
+		if s.closed {
+			return
+		}
+		f()
+		s.rebuildMFT()
+	})
+	s.timers[t] = struct{}{}
+}
+
+func (s *SM) rawSALoop() error {
+	buf := make([]byte, 65536)
+	for {
+		n, from, err := s.rawSA.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		s.rawReqs.Add(1)
+		if n != mad.Len || s.cfg.SADrop {
+			s.rawDrops.Add(1)
+			continue
+		}
+		req := append(mad.MAD(nil), buf[:n]...)
+		s.mu.Lock()
+		s.saLater(func() {
+			resps := s.sa.Handle(req, sa.From{Raw: true})
+			if s.cfg.Logf != nil {
+				s.logf("SA %s from raw %v → %s", describe(req), from, describeResp(resps))
+			}
+			for _, r := range resps {
+				if _, err := s.rawSA.WriteToUDPAddrPort(r, from); err != nil {
+					s.logf("raw SA answer to %v: %v", from, err)
+				}
+			}
+		})
+		s.mu.Unlock()
+	}
+}
+
+func describe(m mad.MAD) string {
+	s := fmt.Sprintf("method %#02x attr %#04x tid %#x", m.Method(), m.AttrID(), m.TID())
+	if m.AttrID() == mad.AttrMCMemberRecord {
+		r := m.MCMemberRecord()
+		s += fmt.Sprintf(" mgid %v port %v js %#x mask %#x", r.MGID(), r.PortGID(), r.JoinState(), m.CompMask())
+	}
+	return s
+}
+
+func describeResp(rs []mad.MAD) string {
+	switch len(rs) {
+	case 0:
+		return "no answer"
+	case 1:
+		return fmt.Sprintf("status %#04x", rs[0].Status())
+	}
+	return fmt.Sprintf("%d RMPP segments", len(rs))
+}
+
+func (s *SM) sortedPorts() []*port {
+	ps := make([]*port, 0, len(s.byGUID))
+	for _, p := range s.byGUID {
+		ps = append(ps, p)
+	}
+	slices.SortFunc(ps, func(a, b *port) int { return int(a.lid) - int(b.lid) })
+	return ps
+}
+
+// Stats returns a snapshot of the counters.
+func (s *SM) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Stats{UnknownSource: s.unknownSrc.Load(), RawSARequests: s.rawReqs.Load(), RawSADrops: s.rawDrops.Load()}
+	for _, p := range s.sortedPorts() {
+		st.Ports = append(st.Ports, PortStats{
+			GUID: p.guid, LID: p.lid, NodeDesc: p.desc, Attached: p.attached(), Addr: p.addr, PreRegistered: p.pre,
+			RxPackets: p.c.rx.Load(), TxPackets: p.c.tx.Load(), Forwarded: p.c.fwd.Load(),
+			Drops: p.c.drops.Load(), SARequests: p.c.sa.Load(),
+		})
+	}
+	return st
+}
+
+// Groups returns a snapshot of the SA's multicast groups.
+func (s *SM) Groups() []sa.Group {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sa.Groups()
+}
+
+// stateFile is the JSON of Config.StateFile.
+type stateFile struct {
+	Version int               `json:"version"`
+	LIDs    map[string]uint16 `json:"lids"` // "0x100001" → 2
+}
+
+func (s *SM) loadState() error {
+	b, err := os.ReadFile(s.cfg.StateFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var st stateFile
+	if err := json.Unmarshal(b, &st); err != nil {
+		return fmt.Errorf("state file %s: %w", s.cfg.StateFile, err)
+	}
+	for k, lid := range st.LIDs {
+		var guid uint64
+		if _, err := fmt.Sscanf(k, "0x%x", &guid); err != nil || lid < fabric.FirstLID || lid >= wire.MulticastLIDBase {
+			return fmt.Errorf("state file %s: bad entry %q: %d", s.cfg.StateFile, k, lid)
+		}
+		s.lids[guid] = lid
+	}
+	return nil
+}
+
+// saveState writes the GUID → LID map (temporary file, then rename).
+func (s *SM) saveState() error {
+	if s.cfg.StateFile == "" {
+		return nil
+	}
+	st := stateFile{Version: 1, LIDs: make(map[string]uint16, len(s.lids))}
+	for guid, lid := range s.lids {
+		st.LIDs[fmt.Sprintf("%#x", guid)] = lid
+	}
+	b, err := json.MarshalIndent(&st, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := s.cfg.StateFile + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, s.cfg.StateFile)
+}

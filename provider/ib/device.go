@@ -1,0 +1,423 @@
+// Package ib is softrdma's InfiniBand provider: a host channel adapter
+// port attached to an emulated subnet (ib/sm: subnet manager, SA and
+// switch in one process) over UDP. It implements verbs.Driver with the
+// InfiniBand rules (LIDs, multicast LIDs from 0xC000, P_Keys, an SA-backed
+// multicast join engine) and sends real IB packets (LRH/GRH/BTH/DETH/
+// ICRC/VCRC) to the switch.
+//
+// A port is opened with Open (or by the RDMA CM when SOFTRDMA_SM names a
+// subnet manager); the local address of its fabric socket plays the role
+// of the port's IPoIB address: binding an RDMA CM id to it selects the
+// port.
+package ib
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// Config describes a port to attach to a subnet.
+type Config struct {
+	// SM is the subnet manager's fabric address, e.g. "127.0.0.1:4792".
+	SM string
+	// Local is the port's IPoIB address: the fabric socket binds to it and
+	// RDMA CM ids bound to it use this port. Required.
+	Local netip.Addr
+	// GUID is the port GUID; 0 derives one from the process and address.
+	GUID uint64
+	// Name is the device name; "" gives softib<N>.
+	Name string
+	// SATimeout is how long an SA request waits for an answer (default 3 s,
+	// as the kernel's join/leave MADs); SARetries how often it is resent.
+	SATimeout time.Duration
+	SARetries int
+	// ActivateTimeout bounds how long Open waits for the SM (default 5 s).
+	ActivateTimeout time.Duration
+}
+
+// PortEventKind is an asynchronous port event (enum ib_event_type subset).
+type PortEventKind int
+
+// Port events.
+const (
+	// ClientReregister: the SM asks clients to re-register (an SM restart).
+	ClientReregister PortEventKind = iota + 1
+	// LIDChange: the port's LID changed.
+	LIDChange
+	// PortError: the port lost the subnet manager.
+	PortError
+	// PortActive: the port is active again.
+	PortActive
+)
+
+// PortEvent is delivered to subscribers of a device.
+type PortEvent struct{ Kind PortEventKind }
+
+var registry struct {
+	sync.Mutex
+	devs []*Device
+	n    int
+}
+
+// Device is an InfiniBand port of this process on an emulated subnet.
+type Device struct {
+	cfg  Config
+	name string
+	guid uint64
+	vdev *verbs.Device
+	conn *net.UDPConn
+	sm   *net.UDPAddr
+
+	mu       sync.Mutex
+	lid      uint16
+	smLID    uint16
+	prefix   uint64
+	epoch    uint64
+	mtu      uint8
+	rate     uint8
+	active   bool
+	lastSeen time.Time
+	activeCh chan struct{}
+	subs     map[int]func(PortEvent)
+	nextSub  int
+	qpByNum  map[uint32]*qp
+	nextQPN  uint32
+	groups   map[verbs.GID]*mgroup
+	closed   bool
+
+	qps atomic.Pointer[map[uint32]*qp] // read by the receive goroutine
+
+	sa     *saClient
+	events chan PortEvent
+	done   chan struct{}
+	wg   sync.WaitGroup
+	ctr  counters
+}
+
+// Open attaches a new port to the subnet manager at cfg.SM and waits until
+// it is active (the SM gave it a LID).
+func Open(cfg Config) (*Device, error) {
+	if cfg.SM == "" || !cfg.Local.IsValid() {
+		return nil, fmt.Errorf("ib: open: need an SM address and a local address: %w", syscall.EINVAL)
+	}
+	sm, err := net.ResolveUDPAddr("udp", cfg.SM)
+	if err != nil {
+		return nil, fmt.Errorf("ib: open: SM address %q: %v: %w", cfg.SM, err, syscall.EINVAL)
+	}
+	if cfg.SATimeout <= 0 {
+		cfg.SATimeout = 3 * time.Second
+	}
+	if cfg.SARetries <= 0 {
+		cfg.SARetries = 1
+	}
+	if cfg.ActivateTimeout <= 0 {
+		cfg.ActivateTimeout = 5 * time.Second
+	}
+	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(cfg.Local, 0)))
+	if err != nil {
+		return nil, fmt.Errorf("ib: open: %w", err)
+	}
+	d := &Device{
+		cfg: cfg, conn: conn, sm: sm, guid: cfg.GUID,
+		activeCh: make(chan struct{}), subs: map[int]func(PortEvent){},
+		qpByNum: map[uint32]*qp{}, nextQPN: 2, groups: map[verbs.GID]*mgroup{},
+		done: make(chan struct{}), events: make(chan PortEvent, 16),
+	}
+	if d.guid == 0 {
+		h := fnv.New64a()
+		fmt.Fprintf(h, "%d/%s/%d", os.Getpid(), cfg.Local, conn.LocalAddr().(*net.UDPAddr).Port)
+		d.guid = h.Sum64()&0x0000ffffffffffff | 0x0002c90000000000
+	}
+	d.qps.Store(&map[uint32]*qp{})
+	d.sa = newSAClient(d)
+	registry.Lock()
+	d.name = cfg.Name
+	if d.name == "" {
+		d.name = fmt.Sprintf("softib%d", registry.n)
+	}
+	registry.n++
+	registry.Unlock()
+
+	d.wg.Add(3)
+	go d.receiveLoop()
+	go d.keepalive()
+	go d.eventLoop()
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.ActivateTimeout)
+	defer cancel()
+	select {
+	case <-d.activeCh:
+	case <-ctx.Done():
+		d.shutdown()
+		return nil, fmt.Errorf("ib: open %s: no answer from the subnet manager at %s: %w", d.name, cfg.SM, syscall.ETIMEDOUT)
+	}
+	d.sa.refresh()
+	d.vdev = verbs.RegisterDevice(d)
+	registry.Lock()
+	registry.devs = append(registry.devs, d)
+	registry.Unlock()
+	return d, nil
+}
+
+// ForAddr returns the open port whose local address is a, or nil.
+func ForAddr(a netip.Addr) *Device {
+	registry.Lock()
+	defer registry.Unlock()
+	for _, d := range registry.devs {
+		if d.cfg.Local == a.Unmap().WithZone("") {
+			return d
+		}
+	}
+	return nil
+}
+
+// OpenFromEnv returns the port for local address a on the subnet named by
+// the SOFTRDMA_SM environment variable (opening it on first use), or nil
+// when the variable is unset.
+func OpenFromEnv(a netip.Addr) (*Device, error) {
+	sm := os.Getenv("SOFTRDMA_SM")
+	if sm == "" {
+		return nil, nil
+	}
+	envMu.Lock()
+	defer envMu.Unlock()
+	if d := ForAddr(a); d != nil {
+		return d, nil
+	}
+	return Open(Config{SM: sm, Local: a.Unmap().WithZone("")})
+}
+
+var envMu sync.Mutex
+
+// CloseAll closes every port of the process (tests).
+func CloseAll() {
+	registry.Lock()
+	devs := registry.devs
+	registry.devs = nil
+	registry.Unlock()
+	for _, d := range devs {
+		d.Close()
+	}
+}
+
+// Name returns the device name.
+func (d *Device) Name() string { return d.name }
+
+// GUID returns the port GUID.
+func (d *Device) GUID() uint64 { return d.guid }
+
+// Verbs returns the verbs device.
+func (d *Device) Verbs() *verbs.Device { return d.vdev }
+
+// LocalAddr returns the port's IPoIB address.
+func (d *Device) LocalAddr() netip.Addr { return d.cfg.Local }
+
+// LID returns the port's LID (0 while not active).
+func (d *Device) LID() uint16 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lid
+}
+
+// PortGID returns GID 0: the subnet prefix and the port GUID.
+func (d *Device) PortGID() verbs.GID {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.portGIDLocked()
+}
+
+func (d *Device) portGIDLocked() verbs.GID {
+	var g verbs.GID
+	binary.BigEndian.PutUint64(g[0:8], d.prefix)
+	binary.BigEndian.PutUint64(g[8:16], d.guid)
+	return g
+}
+
+// Attr implements verbs.Driver.
+func (d *Device) Attr() verbs.DeviceAttr {
+	return verbs.DeviceAttr{
+		NodeGUID: d.guid, SysImageGUID: d.guid, VendorID: 0x02c9, VendorPartID: 0x1003, FWVer: "softrdma",
+		PhysPortCnt: 1, MaxQP: 65536, MaxQPWR: 16384, MaxSGE: 32, MaxCQ: 65536, MaxCQE: 65536,
+		MaxMR: 1 << 20, MaxPD: 1 << 16, MaxAH: 1 << 20, MaxMcastGrp: 16384, MaxMcastQPAttach: 56,
+		MaxTotalMcastQP: 0x70000, MaxInlineData: 256,
+	}
+}
+
+// QueryPort implements verbs.Driver.
+func (d *Device) QueryPort(port uint8) (verbs.PortAttr, error) {
+	if port != 1 {
+		return verbs.PortAttr{}, fmt.Errorf("ib: port %d: %w", port, syscall.EINVAL)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := verbs.PortDown
+	if d.active {
+		st = verbs.PortActive
+	}
+	return verbs.PortAttr{
+		State: st, MaxMTU: verbs.MTU4096, ActiveMTU: verbs.MTU(d.mtu), GIDTblLen: 1, PKeyTblLen: 1,
+		LID: d.lid, SMLID: d.smLID, LinkLayer: verbs.LinkLayerInfiniBand,
+	}, nil
+}
+
+// GIDTable implements verbs.Driver: one GID, the subnet prefix + GUID.
+func (d *Device) GIDTable(port uint8) ([]verbs.GIDEntry, error) {
+	if port != 1 {
+		return nil, fmt.Errorf("ib: port %d: %w", port, syscall.EINVAL)
+	}
+	return []verbs.GIDEntry{{GID: d.PortGID(), Index: 0, PortNum: 1, Type: verbs.GIDTypeIB}}, nil
+}
+
+// Subscribe calls fn for every port event until cancel is called.
+func (d *Device) Subscribe(fn func(PortEvent)) (cancel func()) {
+	d.mu.Lock()
+	id := d.nextSub
+	d.nextSub++
+	d.subs[id] = fn
+	d.mu.Unlock()
+	return func() {
+		d.mu.Lock()
+		delete(d.subs, id)
+		d.mu.Unlock()
+	}
+}
+
+func (d *Device) emit(ev PortEvent) {
+	d.mu.Lock()
+	fns := make([]func(PortEvent), 0, len(d.subs))
+	for _, f := range d.subs {
+		fns = append(fns, f)
+	}
+	d.mu.Unlock()
+	for _, f := range fns {
+		f(ev)
+	}
+}
+
+// keepalive sends attach every second and notices a silent SM.
+func (d *Device) keepalive() {
+	defer d.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		d.sendControl(&fabric.Control{Type: "attach", GUID: d.guid, NodeDesc: "softrdma " + d.cfg.Local.String()})
+		select {
+		case <-d.done:
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		lost := d.active && time.Since(d.lastSeen) > 5*time.Second
+		if lost {
+			d.active = false
+		}
+		d.mu.Unlock()
+		if lost {
+			select {
+			case d.events <- PortEvent{Kind: PortError}:
+			case <-d.done:
+				return
+			}
+		}
+	}
+}
+
+func (d *Device) sendControl(c *fabric.Control) {
+	d.conn.WriteToUDP(fabric.EncodeControl(c), d.sm)
+}
+
+// portInfo applies the SM's answer; an epoch or LID change is a client
+// reregister / LID change for the multicast engine.
+func (d *Device) portInfo(c *fabric.Control) {
+	d.mu.Lock()
+	first := d.lid == 0 && !d.active && d.epoch == 0
+	wasActive := d.active
+	epochChanged := d.epoch != 0 && c.Epoch != d.epoch
+	lidChanged := d.lid != 0 && c.LID != d.lid
+	d.lid, d.smLID, d.prefix, d.epoch = c.LID, c.SMLID, c.SubnetPrefix, c.Epoch
+	d.mtu, d.rate = c.MTU, c.Rate
+	if d.mtu == 0 {
+		d.mtu = uint8(verbs.MTU2048)
+	}
+	d.active = c.State == "active" || c.State == ""
+	d.lastSeen = time.Now()
+	d.mu.Unlock()
+	var kind PortEventKind
+	switch {
+	case first:
+		close(d.activeCh)
+		return
+	case epochChanged:
+		kind = ClientReregister
+	case lidChanged:
+		kind = LIDChange
+	case !wasActive:
+		kind = PortActive
+	default:
+		return
+	}
+	// Off the receive goroutine: the multicast engine may wait for SA
+	// answers that only the receive goroutine can deliver.
+	d.events <- PortEvent{Kind: kind}
+}
+
+// eventLoop hands port events to the multicast engine and subscribers, in
+// order.
+func (d *Device) eventLoop() {
+	defer d.wg.Done()
+	for {
+		select {
+		case ev := <-d.events:
+			d.sa.portEvent(ev.Kind)
+			d.emit(ev)
+		case <-d.done:
+			return
+		}
+	}
+}
+
+// Close detaches the port from the subnet and unregisters the device.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return fmt.Errorf("ib: close %s: %w", d.name, syscall.EINVAL)
+	}
+	d.closed = true
+	d.mu.Unlock()
+	registry.Lock()
+	for i, x := range registry.devs {
+		if x == d {
+			registry.devs = append(registry.devs[:i:i], registry.devs[i+1:]...)
+			break
+		}
+	}
+	registry.Unlock()
+	if d.vdev != nil {
+		verbs.UnregisterDevice(d.vdev)
+	}
+	d.sendControl(&fabric.Control{Type: "detach", GUID: d.guid})
+	d.shutdown()
+	return nil
+}
+
+func (d *Device) shutdown() {
+	close(d.done)
+	d.conn.Close()
+	d.sa.close()
+	d.wg.Wait()
+}
+
+var errClosed = errors.New("ib: device closed")
