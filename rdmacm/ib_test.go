@@ -342,3 +342,48 @@ func TestIBAttachRules(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestIBSASilence: a join the SA never answers fails with -ETIMEDOUT.
+func TestIBSASilence(t *testing.T) {
+	n := startSM(t, sm.Config{SendOnlySupport: true})
+	openPort(t, n, "127.0.0.9", ib.Config{SATimeout: 200 * time.Millisecond, SARetries: 1})
+	ch, id := ibID(t, "127.0.0.9", PS_UDP)
+	n.sm.SetSADrop(true)
+	g := UDPAddr(netip.MustParseAddr("230.3.3.3"))
+	if err := id.JoinMulticast(g, "silent"); err != nil {
+		t.Fatal(err)
+	}
+	ev := nextEvent(t, ch)
+	ev.Ack()
+	if ev.Event != EventMulticastError || ev.Status != -int(syscall.ETIMEDOUT) || ev.Param.PrivateData != "silent" {
+		t.Fatalf("%v %d", ev.Event, ev.Status)
+	}
+	n.sm.SetSADrop(false)
+	if err := id.LeaveMulticast(g); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestIBPortSpaceIPoIB: a PS_IPOIB id uses the IPoIB signature and the
+// broadcast group's Q_Key.
+func TestIBPortSpaceIPoIB(t *testing.T) {
+	n := startSM(t, sm.Config{SendOnlySupport: true})
+	openPort(t, n, "127.0.0.10", ib.Config{})
+	ch, id := ibID(t, "127.0.0.10", PS_IPOIB)
+	withQP(t, id, 1, 64, 0) // before the join: the Q_Key comes from the broadcast group
+	g := UDPAddr(netip.MustParseAddr("230.1.2.3"))
+	if err := id.JoinMulticast(g, nil); err != nil {
+		t.Fatal(err)
+	}
+	ev := nextEvent(t, ch)
+	ev.Ack()
+	if ev.Event != EventMulticastJoin || ev.Param.AHAttr.GRH.DGID.String() != "ff12:401b:ffff::601:203" || ev.Param.QKey != IPoIBQKey {
+		t.Fatalf("%v %d %v qkey %#x", ev.Event, ev.Status, ev.Param.AHAttr.GRH.DGID, ev.Param.QKey)
+	}
+	if q := id.QP().Query().QKey; q != IPoIBQKey {
+		t.Errorf("QP Q_Key %#x", q)
+	}
+	if err := id.LeaveMulticast(g); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -471,8 +471,8 @@ func destroyCQs(cqs []*verbs.CQ) {
 	}
 }
 
-// defaultQKey is cma_set_default_qkey for a RoCE port: RDMA_PS_UDP and
-// RDMA_PS_IB use RDMA_UDP_QKEY. RDMA_PS_IPOIB takes the Q_Key of the IPoIB
+// defaultQKey is cma_set_default_qkey: RDMA_PS_UDP and RDMA_PS_IB use
+// RDMA_UDP_QKEY. RDMA_PS_IPOIB takes the Q_Key of the port's IPoIB
 // broadcast group, which a RoCE port does not have (ENODEV, as Linux).
 func (id *ID) defaultQKey() (uint32, error) {
 	if id.qkey != 0 {
@@ -482,6 +482,14 @@ func (id *ID) defaultQKey() (uint32, error) {
 	case PS_UDP, PS_IB:
 		id.qkey = UDPQKey
 	case PS_IPOIB:
+		if id.dev != nil && id.dev.ib != nil {
+			bc, ok := id.dev.ib.BroadcastGroup()
+			if !ok {
+				return 0, fmt.Errorf("no IPoIB broadcast group on %s: %w", id.dev.name(), syscall.EADDRNOTAVAIL)
+			}
+			id.qkey = bc.QKey
+			break
+		}
 		return 0, fmt.Errorf("no IPoIB broadcast group on a RoCE port: %w", syscall.ENODEV)
 	}
 	return id.qkey, nil

@@ -148,6 +148,7 @@ type SM struct {
 	closed  bool
 
 	unknownSrc, rawReqs, rawDrops atomic.Uint64
+	saDrop                        atomic.Bool // Config.SADrop, changeable with SetSADrop
 
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -178,6 +179,7 @@ func New(cfg Config) (*SM, error) {
 	if s.timeout == 0 {
 		s.timeout = fabric.PortTimeout
 	}
+	s.saDrop.Store(cfg.SADrop)
 	var eb [8]byte
 	for s.epoch == 0 {
 		if _, err := rand.Read(eb[:]); err != nil {
@@ -229,6 +231,10 @@ func listenUDP(addr string) (*net.UDPConn, error) {
 	}
 	return net.ListenUDP("udp", ua)
 }
+
+// SetSADrop makes the SA stop (true) or resume (false) answering SA MADs,
+// as Config.SADrop does from the start: a silent SA for tests.
+func (s *SM) SetSADrop(drop bool) { s.saDrop.Store(drop) }
 
 // FabricAddr returns the bound fabric address.
 func (s *SM) FabricAddr() netip.AddrPort { return s.fabric.LocalAddr().(*net.UDPAddr).AddrPort() }
@@ -529,7 +535,7 @@ func (s *SM) saFromFabric(b []byte, p *port) {
 		return
 	}
 	p.c.sa.Add(1)
-	if s.cfg.SADrop {
+	if s.saDrop.Load() {
 		return
 	}
 	req := append(mad.MAD(nil), pkt.UD.Payload[:mad.Len]...)
@@ -601,7 +607,7 @@ func (s *SM) rawSALoop() error {
 			return err
 		}
 		s.rawReqs.Add(1)
-		if n != mad.Len || s.cfg.SADrop {
+		if n != mad.Len || s.saDrop.Load() {
 			s.rawDrops.Add(1)
 			continue
 		}
