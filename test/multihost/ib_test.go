@@ -1,0 +1,114 @@
+package multihost
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	softsmOnce sync.Once
+	softsmBin  string
+	softsmErr  error
+)
+
+func buildSoftsm(t *testing.T) string {
+	t.Helper()
+	softsmOnce.Do(func() {
+		softsmBin = filepath.Join(filepath.Dir(mckeyBin), "softsm")
+		out, err := exec.Command(goTool(), "build", "-o", softsmBin, "github.com/softrdma/softrdma/cmd/softsm").CombinedOutput()
+		if err != nil {
+			softsmErr = fmt.Errorf("building softsm: %v\n%s", err, out)
+		}
+	})
+	if softsmErr != nil {
+		t.Fatal(softsmErr)
+	}
+	return softsmBin
+}
+
+// addHost adds host idx (its namespace, a veth into br0, 10.77.0.1<idx>).
+func (tp *topo) addHost(idx int) *host {
+	tp.t.Helper()
+	h := &host{
+		idx:  idx,
+		ns:   strings.TrimSuffix(tp.sw, "sw") + fmt.Sprintf("h%d", idx),
+		addr: netip.MustParseAddr(fmt.Sprintf("%s1%d", subnet, idx)),
+		port: fmt.Sprintf("p%d", idx),
+	}
+	tp.hosts = append(tp.hosts, h)
+	run(tp.t, "ip", "netns", "add", h.ns)
+	run(tp.t, "ip", "-n", h.ns, "link", "set", "lo", "up")
+	run(tp.t, "ip", "-n", tp.sw, "link", "add", h.port, "mtu", "1500", "type", "veth", "peer", "name", "eth0", "netns", h.ns)
+	run(tp.t, "ip", "-n", tp.sw, "link", "set", h.port, "master", "br0")
+	run(tp.t, "ip", "-n", tp.sw, "link", "set", h.port, "up")
+	run(tp.t, "ip", "-n", h.ns, "addr", "add", h.addr.String()+"/24", "dev", "eth0")
+	run(tp.t, "ip", "-n", h.ns, "link", "set", "eth0", "up")
+	return h
+}
+
+// TestIBAcrossHosts runs the emulated InfiniBand subnet across hosts: the
+// subnet manager (softsm: SM, SA and switch) in a fourth host, receivers in
+// h2 and h3, a send-only sender in h1. Everything crosses the bridge as
+// UDP to and from the SM; an IB join sends no IGMP.
+func TestIBAcrossHosts(t *testing.T) {
+	tp := newTopo(t)
+	smHost := tp.addHost(4)
+	tp.captureAll()
+	sm := startProc(t, smHost.ns, buildSoftsm(t), "-listen", smHost.addr.String()+":4792", "-sa-listen", smHost.addr.String()+":4793")
+	sm.waitLine(fmt.Sprintf("softsm: listening fabric %v:4792 sa %v:4793", smHost.addr, smHost.addr), 20*time.Second)
+	env := "SOFTRDMA_SM=" + smHost.addr.String() + ":4792"
+	ib := func(h *host, args ...string) *proc {
+		return startProc(t, h.ns, "/usr/bin/env", append([]string{env, mckeyBin}, args...)...)
+	}
+	const group = "230.11.12.13"
+	joined := "mckey: joined dgid: ff12:4001:ffff::60b:c0d mlid 0xc001 sl 0"
+	var rx []*proc
+	for _, h := range []*host{tp.h(2), tp.h(3)} {
+		p := ib(h, "-m", group, "-b", h.addr.String(), "-C", "20", "-S", "1024", "--join-pause", "1s", "--timeout", "15s", "--verify")
+		p.waitLine(joined, 20*time.Second)
+		rx = append(rx, p)
+	}
+	tx := ib(tp.h(1), "-m", group, "-b", tp.h(1).addr.String(), "-s", "-o", "-C", "20", "-S", "1024", "--join-pause", "1s")
+	for _, p := range append([]*proc{tx}, rx...) {
+		if code := p.wait(60 * time.Second); code != 0 {
+			t.Fatalf("%s: exit %d\n%s", p.name, code, p.output())
+		}
+	}
+	for _, p := range rx {
+		if !hasLine(p.output(), "mckey: verified 20 messages") {
+			t.Errorf("%s:\n%s", p.name, p.output())
+		}
+	}
+	if !hasLine(tx.output(), joined) {
+		t.Errorf("sender:\n%s", tx.output())
+	}
+	// IB joins go to the SA, never to IGMP.
+	for _, h := range []*host{tp.h(1), tp.h(2), tp.h(3)} {
+		if ev := igmpAbout(tp.caps[h.port].snapshot(), h.addr, netip.MustParseAddr(group)); len(ev) > 0 {
+			t.Errorf("%v sent IGMP for an IB group: %v", h, ev)
+		}
+	}
+	// The data went through the SM host's switch: h1 sent to the SM, which
+	// forwarded to h2 and h3 (fabric datagrams are UDP to/from port 4792).
+	fromSM := func(port string) int {
+		n := 0
+		for _, f := range tp.caps[port].snapshot() {
+			if ip, ok := parseIPv4(f); ok && ip.src == smHost.addr && ip.proto == 17 && len(ip.payload) >= 8 && binary.BigEndian.Uint16(ip.payload[0:2]) == 4792 {
+				n++
+			}
+		}
+		return n
+	}
+	for _, port := range []string{"p2", "p3"} {
+		if n := fromSM(port); n < 20 {
+			t.Errorf("only %d fabric datagrams from the SM on %s", n, port)
+		}
+	}
+}
