@@ -1,0 +1,191 @@
+package ib_test
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/ib/sm"
+	"github.com/softrdma/softrdma/provider/ib"
+	"github.com/softrdma/softrdma/verbs"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	ib.CloseAll()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func startSM(t *testing.T) *sm.SM {
+	t.Helper()
+	s, err := sm.New(sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return s
+}
+
+// port is an open IB port with a PD, a CQ and one UD QP in RTS.
+type port struct {
+	dev *ib.Device
+	pd  *verbs.PD
+	cq  *verbs.CQ
+	qp  *verbs.QP
+	mr  *verbs.MR
+}
+
+func openPort(t *testing.T, s *sm.SM, local string) *port {
+	t.Helper()
+	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr(local)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, _ := d.Verbs().Open()
+	pd, _ := ctx.AllocPD()
+	cq, _ := ctx.CreateCQ(64)
+	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTypeUD, Cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []struct {
+		a verbs.QPAttr
+		m verbs.QPAttrMask
+	}{
+		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 0x01234567}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
+		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
+		{verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState | verbs.QPAttrSQPSN},
+	} {
+		if err := qp.Modify(&s.a, s.m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mr, _ := pd.RegMR(make([]byte, 8*(40+64)), verbs.AccessLocalWrite)
+	for i := 0; i < 8; i++ {
+		if err := qp.PostRecv(&verbs.RecvWR{WRID: uint64(i), SGList: []verbs.SGE{mr.SGE(i*(40+64), 40+64)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { qp.Destroy(); mr.Dereg(); cq.Destroy(); pd.Dealloc(); ctx.Close(); d.Close() })
+	return &port{dev: d, pd: pd, cq: cq, qp: qp, mr: mr}
+}
+
+// join joins the port to mgid with a JoinState and waits for the answer.
+func (p *port) join(t *testing.T, mgid verbs.GID, state uint8) (*ib.Member, *ib.GroupRecord) {
+	t.Helper()
+	bc, ok := p.dev.BroadcastGroup()
+	if !ok {
+		t.Fatal("no broadcast group")
+	}
+	req := bc
+	req.MGID, req.PortGID, req.QKey, req.MLID, req.JoinState = mgid, p.dev.PortGID(), 0x01234567, 0, state
+	type res struct {
+		status int
+		rec    *ib.GroupRecord
+	}
+	ch := make(chan res, 1)
+	m, err := p.dev.JoinMulticast(req, mad.CompCreateRequired, func(status int, rec *ib.GroupRecord) {
+		select {
+		case ch <- res{status, rec}:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-ch:
+		if r.status != 0 {
+			t.Fatalf("join state %#x: status %d", state, r.status)
+		}
+		return m, r.rec
+	case <-time.After(5 * time.Second):
+		t.Fatal("no join answer")
+	}
+	return nil, nil
+}
+
+// TestJoinStatesAndForwarding: the switch forwards a group's packets to
+// FullMember and NonMember ports, never to a SendOnlyFullMember port.
+func TestJoinStatesAndForwarding(t *testing.T) {
+	s := startSM(t)
+	full, non, sendOnly, sender := openPort(t, s, "127.0.2.1"), openPort(t, s, "127.0.2.2"), openPort(t, s, "127.0.2.3"), openPort(t, s, "127.0.2.4")
+	mgid, _ := verbs.ParseGID("ff12:4001:ffff::abcd")
+	_, rec := full.join(t, mgid, mad.JoinFullMember)
+	non.join(t, mgid, mad.JoinNonMember)
+	sendOnly.join(t, mgid, mad.JoinSendOnlyFullMember)
+	sender.join(t, mgid, mad.JoinSendOnlyFullMember)
+	if rec.MLID < 0xc001 {
+		t.Fatalf("MLID %#x", rec.MLID)
+	}
+	for _, p := range []*port{full, non, sendOnly} {
+		// A send-only port that attached its QP anyway still gets nothing:
+		// the switch does not forward to it.
+		if err := p.qp.AttachMcast(mgid, rec.MLID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ah, err := sender.pd.CreateAH(&verbs.AHAttr{IsGlobal: true, PortNum: 1, DLID: rec.MLID, GRH: verbs.GlobalRoute{DGID: mgid, HopLimit: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ah.Destroy()
+	wr := verbs.SendWR{Opcode: verbs.WRSend, SGList: []verbs.SGE{sender.mr.SGE(0, 32)}, UD: verbs.UDWR{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x01234567}}
+	for i := 0; i < 3; i++ {
+		if err := sender.qp.PostSend(&wr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, p := range []*port{full, non} {
+		got := 0
+		for got < 3 {
+			if err := p.cq.Wait(ctx); err != nil {
+				t.Fatalf("port %v got %d of 3: %v", p.dev.LID(), got, err)
+			}
+			var wc [4]verbs.WC
+			n, _ := p.cq.Poll(wc[:])
+			for _, c := range wc[:n] {
+				if c.Status != verbs.WCSuccess || c.SrcQP != sender.qp.Num() || c.SLID != sender.dev.LID() || c.ByteLen != 72 {
+					t.Errorf("wc %+v", c)
+				}
+			}
+			got += n
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := sendOnly.cq.Len(); n != 0 {
+		t.Errorf("the send-only port received %d packets", n)
+	}
+	if c := sender.dev.Counters(); c.SentPkts < 3 {
+		t.Errorf("sender counters %+v", c)
+	}
+	// IB attach rules.
+	if err := full.qp.AttachMcast(mgid, 0x1234); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("attach with a unicast LID: %v", err)
+	}
+}
+
+// TestOpenWithoutSM: no SM answering gives ETIMEDOUT, not a hang.
+func TestOpenWithoutSM(t *testing.T) {
+	_, err := ib.Open(ib.Config{SM: "127.0.0.1:1", Local: netip.MustParseAddr("127.0.2.9"), ActivateTimeout: 300 * time.Millisecond})
+	if !errors.Is(err, syscall.ETIMEDOUT) {
+		t.Fatalf("open: %v", err)
+	}
+}
