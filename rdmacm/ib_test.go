@@ -387,3 +387,22 @@ func TestIBPortSpaceIPoIB(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestIBIPv6Group: an IPv6 group maps to an ff1S:6001 MGID (PS_UDP).
+func TestIBIPv6Group(t *testing.T) {
+	n := startSM(t, sm.Config{SendOnlySupport: true})
+	openPort(t, n, "127.0.0.11", ib.Config{})
+	ch, id := ibID(t, "127.0.0.11", PS_UDP)
+	g := UDPAddr(netip.MustParseAddr("ff05::1234"))
+	if err := id.JoinMulticast(g, nil); err != nil {
+		t.Fatal(err)
+	}
+	ev := nextEvent(t, ch)
+	ev.Ack()
+	if ev.Event != EventMulticastJoin || ev.Param.AHAttr.GRH.DGID.String() != "ff12:6001:ffff::1234" {
+		t.Fatalf("%v %d %v", ev.Event, ev.Status, ev.Param.AHAttr.GRH.DGID)
+	}
+	if err := id.LeaveMulticast(g); err != nil {
+		t.Fatal(err)
+	}
+}
