@@ -23,7 +23,7 @@ type mcJoin struct {
 	sendOnly bool
 	mgid     verbs.GID // set when the JOIN event is retrieved
 	mlid     uint16
-	netRef   bool // holds a reference on the IP group membership
+	netRef   bool        // holds a reference on the IP group membership
 	left     atomic.Bool // LeaveMulticast or Destroy removed the join
 	ibm      *ib.Member  // the SA join of an InfiniBand port
 	qkey     uint32      // the id's Q_Key when it joined

@@ -17,7 +17,8 @@ type CQ struct {
 	ring    []WC
 	head    int
 	n       int
-	waitCh  chan struct{}
+	waiters int           // goroutines in Wait
+	bell    chan struct{} // capacity 1: rung for a waiter when something changed
 	qps     int
 	dead    bool
 	overrun bool
@@ -31,7 +32,7 @@ func (c *Context) CreateCQ(cqe int) (*CQ, error) {
 	if err := c.use(0, 1); err != nil {
 		return nil, fmt.Errorf("verbs: create cq: %w", err)
 	}
-	return &CQ{ctx: c, cap: cqe, ring: make([]WC, cqe)}, nil
+	return &CQ{ctx: c, cap: cqe, ring: make([]WC, cqe), bell: make(chan struct{}, 1)}, nil
 }
 
 // Cap returns the number of completions the CQ holds.
@@ -70,41 +71,82 @@ func (cq *CQ) Len() int {
 }
 
 // Wait blocks until at least one completion can be polled, the context is
-// done, or the CQ is destroyed (then EINVAL).
+// done, or the CQ is destroyed (then EINVAL). It does not allocate.
 func (cq *CQ) Wait(ctx context.Context) error {
 	for {
 		cq.mu.Lock()
 		if cq.dead {
+			cq.wakeNext()
 			cq.mu.Unlock()
 			return fmt.Errorf("verbs: wait cq: %w", syscall.EINVAL)
 		}
 		if cq.n > 0 || cq.overrun {
+			cq.wakeNext()
 			cq.mu.Unlock()
 			return nil
 		}
-		if cq.waitCh == nil {
-			cq.waitCh = make(chan struct{})
-		}
-		ch := cq.waitCh
+		cq.waiters++
 		cq.mu.Unlock()
 		select {
-		case <-ch:
+		case <-cq.bell:
+			cq.mu.Lock()
+			cq.waiters--
+			cq.mu.Unlock()
 		case <-ctx.Done():
+			cq.mu.Lock()
+			cq.waiters--
+			cq.mu.Unlock()
 			return ctx.Err()
 		}
 	}
 }
 
-// push queues a completion; it reports false when the CQ is full.
+// wakeNext passes a wake-up on to the next waiter, if any: one ring wakes
+// one waiter, which rings again for the others before it returns.
+func (cq *CQ) wakeNext() {
+	if cq.waiters > 0 {
+		cq.ring1()
+	}
+}
+
+// ring1 rings the bell unless it is already ringing.
+func (cq *CQ) ring1() {
+	select {
+	case cq.bell <- struct{}{}:
+	default:
+	}
+}
+
+// push queues a completion and wakes a waiter; it reports false when the
+// CQ is full.
 func (cq *CQ) push(wc *WC) bool {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
+	if !cq.enqueueLocked(wc) {
+		return false
+	}
+	cq.wake()
+	return true
+}
+
+// pushQuiet queues a completion without waking a waiter (the caller's
+// Burst will); it reports false when the CQ is full.
+func (cq *CQ) pushQuiet(wc *WC) bool {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return cq.enqueueLocked(wc)
+}
+
+func (cq *CQ) enqueueLocked(wc *WC) bool {
 	if cq.dead || cq.n == len(cq.ring) {
 		return false
 	}
-	cq.ring[(cq.head+cq.n)%len(cq.ring)] = *wc
+	i := cq.head + cq.n
+	if i >= len(cq.ring) {
+		i -= len(cq.ring)
+	}
+	cq.ring[i] = *wc
 	cq.n++
-	cq.wake()
 	return true
 }
 
@@ -118,18 +160,18 @@ func (cq *CQ) pushOrOverrun(wc *WC) {
 	}
 }
 
+// wake wakes a goroutine in Wait, if any (cq.mu held).
 func (cq *CQ) wake() {
-	if cq.waitCh != nil {
-		close(cq.waitCh)
-		cq.waitCh = nil
+	if cq.waiters > 0 {
+		cq.ring1()
 	}
 }
 
-// room reports whether the CQ can take one more completion.
-func (cq *CQ) room() bool {
+// roomFor reports whether the CQ can take k more completions.
+func (cq *CQ) roomFor(k int) bool {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
-	return !cq.dead && cq.n < len(cq.ring)
+	return !cq.dead && cq.n+k <= len(cq.ring)
 }
 
 func (cq *CQ) hold(d int) error {

@@ -48,6 +48,20 @@ type DriverQP interface {
 	Destroy() error
 }
 
+// BatchSender is an optional interface of a DriverQP that transmits several
+// UD datagrams at once (e.g. with one sendmmsg). PostSend hands it the
+// datagrams of a chain of send WRs, up to MaxSendBatch at a time.
+type BatchSender interface {
+	// SendBatch transmits s in order. errs has the length of s; SendBatch
+	// sets errs[i] to what Send(&s[i]) would have returned. Payloads are
+	// only valid during the call.
+	SendBatch(s []UDSend, errs []error)
+}
+
+// MaxSendBatch is the largest number of datagrams PostSend hands to a
+// BatchSender in one call.
+const MaxSendBatch = 32
+
 // UDSend is one UD datagram handed to a provider.
 type UDSend struct {
 	AH         *AHAttr
@@ -84,6 +98,47 @@ type Receiver interface {
 	// posted receive WR and queues a completion with the given source QPN
 	// and immediate data. It never retains grh or payload.
 	Deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult
+}
+
+// Burst defers the wake-ups of goroutines blocked in CQ.Wait while a
+// provider hands a batch of datagrams to Receivers: a completion queued
+// through DeliverBurst wakes its CQ's waiter at Flush, once per CQ, instead
+// of at once. The receiving goroutine then runs on instead of waking the
+// consumer (often on another core) for every datagram. A Burst is used by
+// one goroutine at a time; its zero value is ready. The provider must call
+// Flush after each batch.
+type Burst struct {
+	cqs []*CQ
+}
+
+// Flush wakes the waiters of the CQs that got completions since the last
+// Flush.
+func (b *Burst) Flush() {
+	for i, cq := range b.cqs {
+		cq.mu.Lock()
+		cq.wake()
+		cq.mu.Unlock()
+		b.cqs[i] = nil
+	}
+	b.cqs = b.cqs[:0]
+}
+
+// add records that cq got a completion to announce.
+func (b *Burst) add(cq *CQ) {
+	for _, c := range b.cqs {
+		if c == cq {
+			return
+		}
+	}
+	b.cqs = append(b.cqs, cq)
+}
+
+// BurstReceiver is implemented by every Receiver verbs hands out:
+// DeliverBurst is Deliver with the wake-up of the CQ's waiter deferred to
+// b.Flush.
+type BurstReceiver interface {
+	Receiver
+	DeliverBurst(b *Burst, grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult
 }
 
 // IBRecvInfo is what an InfiniBand provider knows about a received packet

@@ -28,8 +28,10 @@ type QP struct {
 	port    PortAttr
 	sendBuf []byte
 
-	smu sync.Mutex // send side: serializes PostSend and owns sendBuf and us
+	smu sync.Mutex // send side: serializes PostSend and owns sendBuf, us and batch
 	us  UDSend
+	bs  BatchSender // the driver's batch send, if it has one
+	sb  *sendBatch  // allocated on the first chain posted to a BatchSender
 
 	rmu   sync.Mutex // receive queue
 	rq    []recvWQE
@@ -90,6 +92,7 @@ func (pd *PD) CreateQP(init *QPInitAttr) (*QP, error) {
 		return nil, fmt.Errorf("verbs: create qp: %w", err)
 	}
 	qp.drv = drv
+	qp.bs, _ = drv.(BatchSender)
 	qp.qpn = drv.QPN()
 	init.SendCQ.hold(1)
 	init.RecvCQ.hold(1)
@@ -284,13 +287,20 @@ func (qp *QP) PostRecv(wr *RecvWR) error {
 
 // PostSend posts a chain of send work requests (ibv_post_send). Sends on a
 // UD QP in RTS go out immediately; a signaled request (or every request
-// with SQSigAll) queues a send completion.
+// with SQSigAll) queues a send completion. When the provider can send
+// several datagrams at once (BatchSender), the datagrams of a chain go to
+// it MaxSendBatch at a time, and their completions are queued after each
+// batch; a request that fails its checks ends the chain with BadWRError
+// after the requests before it were sent.
 func (qp *QP) PostSend(wr *SendWR) error {
 	qp.smu.Lock()
 	defer qp.smu.Unlock()
 	qp.mu.Lock()
 	st, dead := qp.state, qp.dead
 	qp.mu.Unlock()
+	if qp.bs != nil && wr != nil && wr.Next != nil {
+		return qp.postBatch(wr, dead || st != QPSRTS)
+	}
 	for i := 0; wr != nil; i, wr = i+1, wr.Next {
 		if dead || st != QPSRTS {
 			return &BadWRError{i, syscall.EINVAL}
@@ -302,58 +312,160 @@ func (qp *QP) PostSend(wr *SendWR) error {
 	return nil
 }
 
-func (qp *QP) postOne(wr *SendWR) error {
+// checkSend runs the checks of one send WR and returns its length and
+// whether it is signaled; pending is the number of signaled WRs whose
+// completions are not queued yet.
+func (qp *QP) checkSend(wr *SendWR, pending int) (n int, signaled bool, err error) {
 	if wr.Opcode != WRSend && wr.Opcode != WRSendWithImm {
-		return fmt.Errorf("opcode %d on UD: %w", wr.Opcode, syscall.EINVAL)
+		return 0, false, fmt.Errorf("opcode %d on UD: %w", wr.Opcode, syscall.EINVAL)
 	}
 	ah := wr.UD.AH
 	if ah == nil || ah.dead || ah.pd != qp.pd {
-		return fmt.Errorf("bad address handle: %w", syscall.EINVAL)
+		return 0, false, fmt.Errorf("bad address handle: %w", syscall.EINVAL)
 	}
 	if len(wr.SGList) > qp.cap.MaxSendSGE {
-		return fmt.Errorf("%d sges: %w", len(wr.SGList), syscall.EINVAL)
+		return 0, false, fmt.Errorf("%d sges: %w", len(wr.SGList), syscall.EINVAL)
 	}
-	n := 0
 	for _, s := range wr.SGList {
 		n += int(s.Length)
 	}
 	if wr.Flags&SendInline != 0 && n > qp.cap.MaxInlineData {
-		return fmt.Errorf("inline %d > %d: %w", n, qp.cap.MaxInlineData, syscall.EINVAL)
+		return 0, false, fmt.Errorf("inline %d > %d: %w", n, qp.cap.MaxInlineData, syscall.EINVAL)
 	}
-	signaled := qp.sigAll || wr.Flags&SendSignaled != 0
-	if signaled && !qp.sendCQ.room() {
-		return fmt.Errorf("send cq full: %w", syscall.ENOMEM)
+	signaled = qp.sigAll || wr.Flags&SendSignaled != 0
+	if signaled && !qp.sendCQ.roomFor(pending+1) {
+		return 0, false, fmt.Errorf("send cq full: %w", syscall.ENOMEM)
 	}
-	if cap(qp.sendBuf) < n {
-		qp.sendBuf = make([]byte, n)
+	return n, signaled, nil
+}
+
+// payload returns the bytes of a send WR of n bytes: the registered
+// memory itself for one SGE, else a copy gathered into *gather.
+func (qp *QP) payload(wr *SendWR, n int, gather *[]byte) ([]byte, error) {
+	if len(wr.SGList) == 1 {
+		sg, err := qp.pd.resolve(wr.SGList[0], false)
+		if err != nil {
+			return nil, err
+		}
+		return sg.mr.buf[sg.off : sg.off+sg.n : sg.off+sg.n], nil
 	}
-	buf := qp.sendBuf[:0]
+	if cap(*gather) < n {
+		*gather = make([]byte, n)
+	}
+	buf := (*gather)[:0]
 	for _, s := range wr.SGList {
 		sg, err := qp.pd.resolve(s, false)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		buf = append(buf, sg.mr.buf[sg.off:sg.off+sg.n]...)
 	}
-	qp.us = UDSend{
-		AH: &ah.attr, RemoteQPN: wr.UD.RemoteQPN & 0xffffff, RemoteQKey: wr.UD.RemoteQKey,
+	return buf, nil
+}
+
+func udSend(wr *SendWR, payload []byte) UDSend {
+	return UDSend{
+		AH: &wr.UD.AH.attr, RemoteQPN: wr.UD.RemoteQPN & 0xffffff, RemoteQKey: wr.UD.RemoteQKey,
 		Imm: wr.ImmData, HasImm: wr.Opcode == WRSendWithImm, Solicited: wr.Flags&SendSolicited != 0,
-		Payload: buf,
+		Payload: payload,
 	}
-	err := qp.drv.Send(&qp.us)
+}
+
+func (qp *QP) postOne(wr *SendWR) error {
+	n, signaled, err := qp.checkSend(wr, 0)
+	if err != nil {
+		return err
+	}
+	buf, err := qp.payload(wr, n, &qp.sendBuf)
+	if err != nil {
+		return err
+	}
+	qp.us = udSend(wr, buf)
+	err = qp.drv.Send(&qp.us)
 	qp.us = UDSend{}
 	if signaled {
-		wc := WC{WRID: wr.WRID, Status: WCSuccess, Opcode: WCOpSend, ByteLen: uint32(n), QPNum: qp.qpn}
-		if err != nil {
-			wc.Status = WCLocQPOpErr // as rxe reports a failed transmit
-			var errno syscall.Errno
-			if errors.As(err, &errno) {
-				wc.VendorErr = uint32(errno)
-			}
-		}
+		wc := sendWC(wr.WRID, n, qp.qpn, err)
 		qp.sendCQ.pushOrOverrun(&wc)
 	}
 	return nil
+}
+
+// sendWC is the completion of a send: success, or LOC_QP_OP_ERR with the
+// errno as vendor error, as rxe reports a failed transmit.
+func sendWC(wrid uint64, n int, qpn uint32, err error) WC {
+	wc := WC{WRID: wrid, Status: WCSuccess, Opcode: WCOpSend, ByteLen: uint32(n), QPNum: qpn}
+	if err != nil {
+		wc.Status = WCLocQPOpErr
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			wc.VendorErr = uint32(errno)
+		}
+	}
+	return wc
+}
+
+// sendBatch is the datagrams of a chain not yet handed to a BatchSender.
+type sendBatch struct {
+	us     [MaxSendBatch]UDSend
+	errs   [MaxSendBatch]error
+	wrid   [MaxSendBatch]uint64
+	n      [MaxSendBatch]int
+	sig    [MaxSendBatch]bool
+	gather [MaxSendBatch][]byte // copies of multi-SGE payloads
+	k      int                  // datagrams staged
+	nsig   int                  // of which signaled
+}
+
+// postBatch posts a chain through the driver's BatchSender.
+func (qp *QP) postBatch(wr *SendWR, notRTS bool) error {
+	if qp.sb == nil {
+		qp.sb = &sendBatch{}
+	}
+	b := qp.sb
+	for i := 0; wr != nil; i, wr = i+1, wr.Next {
+		if notRTS {
+			qp.flushBatch(b)
+			return &BadWRError{i, syscall.EINVAL}
+		}
+		n, signaled, err := qp.checkSend(wr, b.nsig)
+		var buf []byte
+		if err == nil {
+			buf, err = qp.payload(wr, n, &b.gather[b.k])
+		}
+		if err != nil {
+			qp.flushBatch(b)
+			return &BadWRError{i, err}
+		}
+		k := b.k
+		b.us[k] = udSend(wr, buf)
+		b.wrid[k], b.n[k], b.sig[k] = wr.WRID, n, signaled
+		b.k++
+		if signaled {
+			b.nsig++
+		}
+		if b.k == MaxSendBatch {
+			qp.flushBatch(b)
+		}
+	}
+	qp.flushBatch(b)
+	return nil
+}
+
+// flushBatch sends the staged datagrams and queues their completions.
+func (qp *QP) flushBatch(b *sendBatch) {
+	if b.k == 0 {
+		return
+	}
+	qp.bs.SendBatch(b.us[:b.k], b.errs[:b.k])
+	for j := range b.k {
+		if b.sig[j] {
+			wc := sendWC(b.wrid[j], b.n[j], qp.qpn, b.errs[j])
+			qp.sendCQ.pushOrOverrun(&wc)
+		}
+		b.us[j] = UDSend{}
+		b.errs[j] = nil
+	}
+	b.k, b.nsig = 0, 0
 }
 
 // AttachMcast attaches the QP to a multicast group (ibv_attach_mcast). The
@@ -434,15 +546,22 @@ type receiver struct{ qp *QP }
 
 // Deliver implements Receiver.
 func (r receiver) Deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult {
-	return r.deliver(grh, payload, srcQP, imm, hasImm, nil)
+	return r.deliver(grh, payload, srcQP, imm, hasImm, nil, nil)
+}
+
+// DeliverBurst implements BurstReceiver.
+func (r receiver) DeliverBurst(b *Burst, grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult {
+	return r.deliver(grh, payload, srcQP, imm, hasImm, nil, b)
 }
 
 // DeliverIB implements IBReceiver.
 func (r receiver) DeliverIB(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, info *IBRecvInfo) DeliverResult {
-	return r.deliver(grh, payload, srcQP, imm, hasImm, info)
+	return r.deliver(grh, payload, srcQP, imm, hasImm, info, nil)
 }
 
-func (r receiver) deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, ib *IBRecvInfo) DeliverResult {
+// deliver consumes the next receive WR; with a Burst the CQ's waiter is
+// woken at the Burst's Flush.
+func (r receiver) deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, ib *IBRecvInfo, burst *Burst) DeliverResult {
 	qp := r.qp
 	qp.rmu.Lock()
 	defer qp.rmu.Unlock()
@@ -456,9 +575,6 @@ func (r receiver) deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm u
 	need := GRHLen + len(payload)
 	if w.total < need {
 		return TooLong
-	}
-	if !qp.recvCQ.room() {
-		return CQFull
 	}
 	scatter(w.segs, grh[:], payload)
 	wc := WC{
@@ -475,10 +591,23 @@ func (r receiver) deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm u
 			wc.Flags &^= WCGRH
 		}
 	}
+	// One CQ lock: a full CQ leaves the WR posted (its buffer was written,
+	// which a WR not completed yet allows).
+	if burst == nil {
+		if !qp.recvCQ.push(&wc) {
+			return CQFull
+		}
+	} else {
+		if !qp.recvCQ.pushQuiet(&wc) {
+			return CQFull
+		}
+		burst.add(qp.recvCQ)
+	}
 	w.segs = clearSegs(w.segs)
-	qp.rhead = (qp.rhead + 1) % len(qp.rq)
+	if qp.rhead++; qp.rhead == len(qp.rq) {
+		qp.rhead = 0
+	}
 	qp.rn--
-	qp.recvCQ.pushOrOverrun(&wc)
 	return Delivered
 }
 

@@ -19,6 +19,13 @@
 //	--verify          receiver checks every completion: status, byte_len = 40 + size,
 //	                  the payload pattern softrdma's mckey sends, and imm = sender QPN
 //	--join-pause D    pause after joining instead of 3s
+//	--pcap FILE       write every frame the process's devices send and receive to a pcap
+//	                  file (Ethernet/IP/UDP/RoCEv2 with the real ICRC; tshark decodes port 4791)
+//
+// Environment (extensions): SOFTRDMA_DEBUG_ADDR=unix turns on the
+// introspection endpoint that `softrdma devices|groups|stat|capture -p PID`
+// read; SOFTRDMA_LOG=info sends structured logs to stderr (package
+// introspect).
 //
 // Unlike C's stdio, every line is written at once, so a test can wait for
 // the joined line of a receiver before it starts a sender.
@@ -51,5 +58,5 @@ func usage(out io.Writer, argv0 string) {
 	fmt.Fprintf(out, "\t[-p port_space - %#x for UDP (default), %#x for IPOIB]\n", 0x111, 0x2)
 	fmt.Fprintf(out, "\t[-o join as a send-only full-member]\n")
 	fmt.Fprintf(out, "\t[-l join without multicast loopback]\n")
-	fmt.Fprintf(out, "\textensions: [--iface name] [--timeout duration] [--no-imm] [--verify] [--join-pause duration]\n")
+	fmt.Fprintf(out, "\textensions: [--iface name] [--timeout duration] [--no-imm] [--verify] [--join-pause duration] [--pcap file]\n")
 }

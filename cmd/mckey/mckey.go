@@ -7,11 +7,14 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/softrdma/softrdma/introspect"
+	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -33,6 +36,7 @@ type config struct {
 	noImm     bool
 	verify    bool
 	joinPause time.Duration
+	pcap      string
 }
 
 type node struct {
@@ -104,7 +108,7 @@ func errnoRet(err error) int {
 func run(args []string, out, errOut io.Writer) int {
 	cfg := config{connections: 1, messageSize: 100, messageCount: 10, ps: rdmacm.PS_UDP, loopback: true, joinPause: 3 * time.Second}
 	opts, _, err := getopt(args[1:], "m:M:sb:c:C:S:p:ol",
-		map[string]bool{"iface": true, "timeout": true, "no-imm": false, "verify": false, "join-pause": true})
+		map[string]bool{"iface": true, "timeout": true, "no-imm": false, "verify": false, "join-pause": true, "pcap": true})
 	if err != nil {
 		fmt.Fprintf(errOut, "%s: %v\n", args[0], err)
 		usage(out, args[0])
@@ -143,6 +147,8 @@ func run(args []string, out, errOut io.Writer) int {
 			cfg.verify = true
 		case "join-pause":
 			cfg.joinPause, perr = time.ParseDuration(o.arg)
+		case "pcap":
+			cfg.pcap = o.arg
 		}
 		if perr != nil {
 			fmt.Fprintf(errOut, "%s: --%s: %v\n", args[0], o.name, perr)
@@ -161,6 +167,20 @@ func run(args []string, out, errOut io.Writer) int {
 	if cfg.unmapped && cfg.src == "" {
 		fmt.Fprintf(out, "unmapped multicast address requires binding to source address\n")
 		return 1
+	}
+	// Observability (extensions): SOFTRDMA_DEBUG_ADDR / SOFTRDMA_LOG, --pcap.
+	stopIntrospect, err := introspect.FromEnv()
+	if err != nil {
+		fmt.Fprintf(errOut, "mckey: %v\n", err)
+	}
+	defer stopIntrospect()
+	if cfg.pcap != "" {
+		stopCapture, err := startCapture(cfg.pcap)
+		if err != nil {
+			fmt.Fprintf(errOut, "mckey: --pcap %s: %v\n", cfg.pcap, err)
+			return 1
+		}
+		defer stopCapture()
 	}
 	t := &mckey{cfg: cfg, out: out, errOut: errOut, connectsLeft: cfg.connections}
 	t.channel, err = rdmacm.CreateEventChannel()
@@ -656,4 +676,22 @@ func (t *mckey) destroyNodes() {
 		}
 		n.cm.Destroy()
 	}
+}
+
+// startCapture writes what every device of the process sends and receives
+// to a pcap file (--pcap); the returned function stops and closes it.
+func startCapture(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := rxe.StartCapture(f, rxe.CaptureOptions{})
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		c.Stop()
+		f.Close()
+	}, nil
 }

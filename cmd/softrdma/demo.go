@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/softrdma/softrdma/introspect"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -57,6 +58,12 @@ func demo(args []string, out io.Writer) int {
 		fmt.Fprintf(out, "demo: bad -bind: %v\n", err)
 		return 2
 	}
+	// Opt-in observability: SOFTRDMA_DEBUG_ADDR, SOFTRDMA_LOG.
+	stop, err := introspect.FromEnv()
+	if err != nil {
+		fmt.Fprintf(out, "demo: %v\n", err)
+	}
+	defer stop()
 	d := &demoRun{out: out, group: rdmacm.UDPAddr(g), src: rdmacm.UDPAddr(src), count: *count, size: *size}
 	ok := d.run()
 	if !ok {

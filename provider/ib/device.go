@@ -103,8 +103,8 @@ type Device struct {
 	sa     *saClient
 	events chan PortEvent
 	done   chan struct{}
-	wg   sync.WaitGroup
-	ctr  counters
+	wg     sync.WaitGroup
+	ctr    counters
 }
 
 // Open attaches a new port to the subnet manager at cfg.SM and waits until

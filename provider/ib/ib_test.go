@@ -81,7 +81,14 @@ func openPort(t *testing.T, s *sm.SM, local string) *port {
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() { qp.Destroy(); mr.Dereg(); cq.Destroy(); pd.Dealloc(); ctx.Close(); d.Close() })
+	t.Cleanup(func() {
+		qp.Destroy()
+		mr.Dereg()
+		cq.Destroy()
+		pd.Dealloc()
+		ctx.Close()
+		d.Close()
+	})
 	return &port{dev: d, pd: pd, cq: cq, qp: qp, mr: mr}
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // membership is the device's IP multicast membership of one group on its
@@ -24,11 +25,13 @@ func (m *membership) alive() bool { return m.cmRefs > 0 || m.grp.Load() != nil }
 
 // recvSock is one UDP 4791 receive socket with its receive goroutine.
 type recvSock struct {
-	v6     bool
-	conn   *net.UDPConn
-	mships atomic.Pointer[[]*membership] // immutable; read by the goroutine
-	list   []*membership                 // Device.mu
-	full   bool                          // the kernel refused one more group
+	v6      bool
+	conn    *net.UDPConn
+	mships  atomic.Pointer[[]*membership] // immutable; read by the goroutine
+	list    []*membership                 // Device.mu
+	full    bool                          // the kernel refused one more group
+	idle    *time.Timer                   // closes the socket while it lingers empty (Device.mu)
+	idleGen uint64                        // which idle timer is current (Device.mu)
 }
 
 // IncGroup takes a reference on the device's membership of the IP
@@ -114,10 +117,55 @@ func (d *Device) releaseMembershipLocked(m *membership) {
 	s.list = slices.DeleteFunc(s.list, func(x *membership) bool { return x == m })
 	s.publish()
 	s.full = false
-	if len(s.list) == 0 {
-		s.conn.Close() // its goroutine exits
-		d.rsocks = slices.DeleteFunc(d.rsocks, func(x *recvSock) bool { return x == s })
+	if len(s.list) > 0 {
+		return
 	}
+	if !d.closed && !d.hasSpareLocked(s.v6) {
+		// Keep the socket for a while: a join right after the last leave
+		// (or at the boundary of a socket's membership limit) then does
+		// not pay for a new socket and goroutine.
+		s.idleGen++
+		gen := s.idleGen
+		s.idle = time.AfterFunc(spareLinger, func() { d.closeSpare(s, gen) })
+		return
+	}
+	d.closeRecvSockLocked(s)
+}
+
+// spareLinger is how long a receive socket stays open after its last
+// membership left.
+const spareLinger = time.Second
+
+// hasSpareLocked reports whether an empty receive socket of the family
+// lingers.
+func (d *Device) hasSpareLocked(v6 bool) bool {
+	for _, s := range d.rsocks {
+		if s.v6 == v6 && s.idle != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// closeSpare closes a lingering socket when its time is up, unless it was
+// reused (or closed) since.
+func (d *Device) closeSpare(s *recvSock, gen uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s.idle == nil || s.idleGen != gen || len(s.list) > 0 || !slices.Contains(d.rsocks, s) {
+		return
+	}
+	d.closeRecvSockLocked(s)
+}
+
+// closeRecvSockLocked closes a receive socket (its goroutine exits).
+func (d *Device) closeRecvSockLocked(s *recvSock) {
+	if s.idle != nil {
+		s.idle.Stop()
+		s.idle = nil
+	}
+	s.conn.Close()
+	d.rsocks = slices.DeleteFunc(d.rsocks, func(x *recvSock) bool { return x == s })
 }
 
 // joinLocked adds the kernel membership of m.addr to a receive socket with
@@ -131,6 +179,10 @@ func (d *Device) joinLocked(m *membership) error {
 		}
 		err := joinGroup(s.conn, m.addr, d.ifindex)
 		if err == nil {
+			if s.idle != nil {
+				s.idle.Stop()
+				s.idle = nil
+			}
 			s.add(m)
 			return nil
 		}

@@ -22,8 +22,10 @@ const qpsPerBlock = 255
 // from the IPv4 socket's port.
 type sendBlock struct {
 	conn4 *net.UDPConn
+	raw4  syscall.RawConn
 	port4 uint16
 	conn6 *net.UDPConn // nil when IPv6 is unavailable
+	raw6  syscall.RawConn
 	port6 uint16
 	used  [qpsPerBlock + 1]bool // by index 1..255 (Device.mu)
 	n     int
@@ -67,6 +69,7 @@ type qp struct {
 	dev       *Device
 	qpn       uint32
 	rx        verbs.Receiver
+	brx       verbs.BurstReceiver // rx, when it can defer CQ wake-ups
 	blockSelf bool
 	blk       *sendBlock
 	idx       int
@@ -82,19 +85,11 @@ type qp struct {
 
 	groups []*group // attach order (Device.mu)
 
-	smu  sync.Mutex // send side: below
-	psn  uint32
-	sbuf []byte
-	oob  []byte
-	iph  [wire.IPv6HeaderLen]byte
-	udph [wire.UDPHeaderLen]byte
+	smu sync.Mutex // send side: below
+	psn uint32
 
 	ctr counterSet
 }
-
-// maxUDLen is the largest UDP payload the device sends: a 4096-byte
-// payload with immediate data, pad and ICRC.
-var maxUDLen = wire.UDLen(verbs.MTU4096.Bytes(), true)
 
 // CreateQP creates the provider side of a UD QP (verbs.Driver). Other QP
 // types fail with EOPNOTSUPP, as do create flags other than
@@ -131,15 +126,15 @@ func (d *Device) CreateQP(rx verbs.Receiver, init verbs.DriverQPInit) (verbs.Dri
 		}
 	}
 	idx := blk.alloc()
+	brx, _ := rx.(verbs.BurstReceiver)
 	q := &qp{
 		dev:       d,
 		qpn:       uint32(blk.port4)<<8 | uint32(idx),
 		rx:        rx,
+		brx:       brx,
 		blockSelf: init.CreateFlags&verbs.CreateBlockSelfMcastLB != 0,
 		blk:       blk,
 		idx:       idx,
-		sbuf:      make([]byte, maxUDLen),
-		oob:       make([]byte, sendOOBLen),
 	}
 	q.port.Store(1)
 	d.qps[q.qpn] = q
@@ -155,8 +150,16 @@ func (d *Device) openBlockLocked() (*sendBlock, error) {
 		return nil, d.errf(errnoOf(err, syscall.ENOMEM), "send socket: %v", err)
 	}
 	b := &sendBlock{conn4: c4, port4: p4}
+	if b.raw4, err = c4.SyscallConn(); err != nil {
+		c4.Close()
+		return nil, d.errf(syscall.ENOMEM, "send socket: %v", err)
+	}
 	if c6, p6, err := openSendConn(true, d.ifindex, src4); err == nil {
-		b.conn6, b.port6 = c6, p6
+		if b.raw6, err = c6.SyscallConn(); err == nil {
+			b.conn6, b.port6 = c6, p6
+		} else {
+			c6.Close()
+		}
 	}
 	d.blocks = append(d.blocks, b)
 	d.publishPortsLocked()

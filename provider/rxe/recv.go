@@ -19,6 +19,9 @@ type receiver struct {
 	ip   [wire.IPv6HeaderLen]byte
 	udp  [wire.UDPHeaderLen]byte
 	grh  [verbs.GRHLen]byte
+
+	// burst defers the CQ wake-ups of a batch's deliveries to its end.
+	burst verbs.Burst
 }
 
 func newReceiver(d *Device, s *recvSock, br *batchReader) *receiver {
@@ -36,6 +39,7 @@ func (r *receiver) run() {
 			b, name, oob, trunc := r.br.datagram(i)
 			r.handle(b, name, oob, trunc)
 		}
+		r.burst.Flush()
 	}
 }
 
@@ -43,6 +47,7 @@ func (r *receiver) run() {
 // delivers it. Every drop is counted; nothing here may panic on bad input.
 func (r *receiver) handle(b, name, oob []byte, trunc bool) {
 	d := r.d
+	captureReceived(d, r.s.v6, b, name, oob)
 	d.ctr.add(cRcvdPkts, 1)
 	d.ctr.add(cRcvdBytes, uint64(len(b)))
 	if trunc {
@@ -179,7 +184,13 @@ func (r *receiver) deliver(q *qp, fromUs bool) {
 		d.count(q, cSelfLB)
 		return
 	}
-	switch q.rx.Deliver(&r.grh, p.Payload, srcQP, p.Imm, p.HasImm) {
+	var res verbs.DeliverResult
+	if q.brx != nil && r.br != nil {
+		res = q.brx.DeliverBurst(&r.burst, &r.grh, p.Payload, srcQP, p.Imm, p.HasImm)
+	} else {
+		res = q.rx.Deliver(&r.grh, p.Payload, srcQP, p.Imm, p.HasImm)
+	}
+	switch res {
 	case verbs.Delivered:
 		d.count(q, cDelivered)
 	case verbs.NoRecvWR:

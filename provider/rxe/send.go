@@ -1,12 +1,25 @@
 package rxe
 
 import (
+	"encoding/binary"
+	"hash/crc32"
 	"net/netip"
+	"sync"
 	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
+
+// The send path. A datagram goes out as three pieces gathered by the
+// kernel (one iovec each): the transport headers built here, the payload
+// straight from the caller's memory (no copy) and the pad and ICRC. A
+// batch (verbs.BatchSender) is one sendmmsg per run of datagrams of one
+// address family. The scratch space of a batch comes from a pool, so an
+// idle QP holds none.
 
 // Send transmits one UD datagram (verbs.DriverQP). The AH must be global:
 // its DGID gives the destination IP (IPv4-mapped → IPv4, else IPv6), its
@@ -18,34 +31,125 @@ import (
 // QP's QPN) / [ImmDt] / payload / pad / ICRC, the ICRC computed over the
 // IP header the kernel emits (DF set, ID 0).
 func (q *qp) Send(s *verbs.UDSend) error {
+	var errs [1]error
+	q.sendBatch(unsafe.Slice(s, 1), errs[:])
+	return errs[0]
+}
+
+// SendBatch transmits the datagrams in order (verbs.BatchSender), each as
+// Send would, with one sendmmsg per run of datagrams of one family; errs[i]
+// is what Send(&s[i]) would have returned.
+func (q *qp) SendBatch(s []verbs.UDSend, errs []error) { q.sendBatch(s, errs) }
+
+// sendSlot is one datagram of a batch: its headers, pad and ICRC, the IP
+// header the ICRC covers, destination and control messages.
+type sendSlot struct {
+	hdr    [wire.BTHLen + wire.DETHLen + wire.ImmDtLen + wire.ICRCLen]byte
+	tail   [3 + wire.ICRCLen]byte // pad and ICRC
+	ip     [wire.IPv6HeaderLen]byte
+	udp    [wire.UDPHeaderLen]byte
+	name   [unix.SizeofSockaddrInet6]byte
+	oob    [sendOOBSpace]byte
+	iov    [3]unix.Iovec
+	hlen   int
+	tlen   int
+	ipLen  int
+	oobLen int
+	total  int // UDP payload bytes
+	idx    int // index of the datagram in the caller's batch
+}
+
+// sendScratch is the scratch space of one batch.
+type sendScratch struct {
+	slots [verbs.MaxSendBatch]sendSlot
+	hs    [verbs.MaxSendBatch]unix.Mmsghdr
+
+	cnt, off int // sendmmsg progress over hs[:cnt]
+	errno    syscall.Errno
+	fn       func(fd uintptr) bool
+}
+
+var scratchPool = sync.Pool{New: func() any {
+	sc := &sendScratch{}
+	sc.fn = sc.sendmmsg
+	return sc
+}}
+
+func (sc *sendScratch) sendmmsg(fd uintptr) bool {
+	n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&sc.hs[sc.off])), uintptr(sc.cnt-sc.off), 0, 0, 0)
+	if e == unix.EAGAIN {
+		return false
+	}
+	sc.errno = e
+	if e == 0 {
+		sc.off += int(n)
+	}
+	return true
+}
+
+// zeroPad is the pad the ICRC covers.
+var zeroPad [3]byte
+
+func (q *qp) sendBatch(s []verbs.UDSend, errs []error) {
+	sc := scratchPool.Get().(*sendScratch)
+	defer scratchPool.Put(sc)
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	k, v6 := 0, false
+	for i := range s {
+		errs[i] = nil
+		us := &s[i]
+		if k == len(sc.slots) || k > 0 && us.AH != nil && us.AH.IsGlobal && us.AH.GRH.DGID.Addr().Is4() == v6 {
+			q.transmit(sc, k, v6, s, errs)
+			k = 0
+		}
+		fam6, send, err := q.build(&sc.slots[k], us)
+		if err != nil || !send {
+			errs[i] = err
+			continue
+		}
+		sc.slots[k].idx = i
+		k, v6 = k+1, fam6
+	}
+	if k > 0 {
+		q.transmit(sc, k, v6, s, errs)
+	}
+}
+
+// build checks one datagram and writes it into sl. send is false for a
+// datagram that is counted and not sent (larger than the active MTU).
+// q.smu is held.
+func (q *qp) build(sl *sendSlot, s *verbs.UDSend) (v6, send bool, err error) {
 	d := q.dev
 	ah := s.AH
 	if ah == nil || !ah.IsGlobal {
-		return d.errf(syscall.EINVAL, "send: address handle without GRH")
+		return false, false, d.errf(syscall.EINVAL, "send: address handle without GRH")
 	}
 	info := d.info.Load()
 	sgid, ok := info.gid(int(ah.GRH.SGIDIndex))
 	if !ok {
 		info, _ = d.refreshInfo()
 		if sgid, ok = info.gid(int(ah.GRH.SGIDIndex)); !ok {
-			return d.errf(syscall.EINVAL, "send: no GID at index %d", ah.GRH.SGIDIndex)
+			return false, false, d.errf(syscall.EINVAL, "send: no GID at index %d", ah.GRH.SGIDIndex)
 		}
 	}
 	src := sgid.GID.Addr()
 	dst := ah.GRH.DGID.Addr()
 	if src.Is4() != dst.Is4() || !dst.IsValid() || dst.IsUnspecified() {
-		return d.errf(syscall.EINVAL, "send: source %v, destination %v", src, dst)
+		return false, false, d.errf(syscall.EINVAL, "send: source %v, destination %v", src, dst)
 	}
 	if len(s.Payload) > info.activeMTU().Bytes() {
 		d.count(q, cOversizedSend)
-		return nil
+		return false, false, nil
+	}
+	if q.dead.Load() {
+		return false, false, d.errf(syscall.EINVAL, "send: qp %#x destroyed", q.qpn)
+	}
+	v6 = !dst.Is4()
+	if v6 && q.blk.conn6 == nil {
+		return false, false, d.errf(syscall.EAFNOSUPPORT, "send: no IPv6 socket")
 	}
 
-	q.smu.Lock()
-	defer q.smu.Unlock()
-	if q.dead.Load() {
-		return d.errf(syscall.EINVAL, "send: qp %#x destroyed", q.qpn)
-	}
 	psn := q.psn
 	q.psn = (psn + 1) & 0xFFFFFF
 	h := wire.UDHeader{
@@ -58,50 +162,156 @@ func (q *qp) Send(s *verbs.UDSend) error {
 		HasImm:    s.HasImm,
 		Imm:       s.Imm,
 	}
-	n := wire.EncodeUD(q.sbuf, &h, s.Payload)
-	total := n + wire.ICRCLen
-	udp := wire.UDP(q.udph[:])
+	sl.hlen = wire.EncodeUD(sl.hdr[:], &h, nil)
+	pad := -len(s.Payload) & 3
+	wire.BTH(sl.hdr[:wire.BTHLen]).SetPadCount(pad)
+	sl.total = sl.hlen + len(s.Payload) + pad + wire.ICRCLen
+	sl.tlen = pad + wire.ICRCLen
+	clear(sl.tail[:pad])
+	udp := wire.UDP(sl.udp[:])
 	hop, tc := ah.GRH.HopLimit, ah.GRH.TrafficClass
-	var err error
-	if dst.Is4() {
-		udp.Encode(q.blk.port4, wire.UDPPort, uint16(wire.UDPHeaderLen+total))
-		ip := wire.IPv4(q.iph[:wire.IPv4HeaderLen])
+	var crc uint32
+	var oob []byte
+	if !v6 {
+		udp.Encode(q.blk.port4, wire.UDPPort, uint16(wire.UDPHeaderLen+sl.total))
+		sl.ipLen = wire.IPv4HeaderLen
+		ip := wire.IPv4(sl.ip[:wire.IPv4HeaderLen])
 		ip.Encode(wire.IPv4Fields{
 			TOS:         tc,
-			TotalLength: uint16(wire.IPv4HeaderLen + wire.UDPHeaderLen + total),
+			TotalLength: uint16(wire.IPv4HeaderLen + wire.UDPHeaderLen + sl.total),
 			DF:          true,
 			TTL:         hop,
 			Protocol:    wire.IPProtocolUDP,
 			Src:         src,
 			Dst:         dst,
 		})
-		wire.PutICRC(q.sbuf[n:], wire.ICRCv4(ip, udp, q.sbuf[:n]))
-		oob := buildOOB4(q.oob, d.ifindex, src, hop, tc)
-		_, _, err = q.blk.conn4.WriteMsgUDPAddrPort(q.sbuf[:total], oob, netip.AddrPortFrom(dst, wire.UDPPort))
+		crc = wire.ICRCv4(ip, udp, sl.hdr[:sl.hlen])
+		oob = buildOOB4(sl.oob[:], d.ifindex, src, hop, tc)
+		putSockaddr4(&sl.name, dst)
 	} else {
-		if q.blk.conn6 == nil {
-			return d.errf(syscall.EAFNOSUPPORT, "send: no IPv6 socket")
-		}
-		udp.Encode(q.blk.port6, wire.UDPPort, uint16(wire.UDPHeaderLen+total))
-		ip := wire.IPv6(q.iph[:wire.IPv6HeaderLen])
+		udp.Encode(q.blk.port6, wire.UDPPort, uint16(wire.UDPHeaderLen+sl.total))
+		sl.ipLen = wire.IPv6HeaderLen
+		ip := wire.IPv6(sl.ip[:])
 		ip.Encode(wire.IPv6Fields{
 			TrafficClass:  tc,
-			PayloadLength: uint16(wire.UDPHeaderLen + total),
+			PayloadLength: uint16(wire.UDPHeaderLen + sl.total),
 			NextHeader:    wire.IPProtocolUDP,
 			HopLimit:      hop,
 			Src:           src,
 			Dst:           dst,
 		})
-		wire.PutICRC(q.sbuf[n:], wire.ICRCv6(ip, udp, q.sbuf[:n]))
-		oob := buildOOB6(q.oob, d.ifindex, src, hop, tc)
-		_, _, err = q.blk.conn6.WriteMsgUDPAddrPort(q.sbuf[:total], oob, netip.AddrPortFrom(dst, wire.UDPPort))
+		crc = wire.ICRCv6(ip, udp, sl.hdr[:sl.hlen])
+		oob = buildOOB6(sl.oob[:], d.ifindex, src, hop, tc)
+		putSockaddr6(&sl.name, dst)
 	}
-	if err != nil {
-		d.count(q, cSendErrors)
-		return d.errf(errnoOf(err, syscall.EIO), "send to %v: %v", dst, err)
+	// The ICRC runs on over the payload and the pad (CRC-32 streams).
+	crc = crc32.Update(crc, crc32.IEEETable, s.Payload)
+	crc = crc32.Update(crc, crc32.IEEETable, zeroPad[:pad])
+	wire.PutICRC(sl.tail[pad:], crc)
+	sl.oobLen = len(oob)
+	return v6, true, nil
+}
+
+// transmit sends the k datagrams built in sc.slots (all of one family)
+// with sendmmsg, records their outcome in errs and counts them. q.smu is
+// held.
+func (q *qp) transmit(sc *sendScratch, k int, v6 bool, s []verbs.UDSend, errs []error) {
+	d := q.dev
+	raw, nameLen := q.blk.raw4, uint32(unix.SizeofSockaddrInet4)
+	if v6 {
+		raw, nameLen = q.blk.raw6, unix.SizeofSockaddrInet6
 	}
-	d.count(q, cSentPkts)
-	d.ctr.add(cSentBytes, uint64(total))
-	q.ctr.add(cSentBytes, uint64(total))
-	return nil
+	for j := range k {
+		sl := &sc.slots[j]
+		p := s[sl.idx].Payload
+		sl.iov[0].Base = &sl.hdr[0]
+		sl.iov[0].SetLen(sl.hlen)
+		n := 1
+		if len(p) > 0 {
+			sl.iov[1].Base = &p[0]
+			sl.iov[1].SetLen(len(p))
+			n++
+		}
+		sl.iov[n].Base = &sl.tail[0]
+		sl.iov[n].SetLen(sl.tlen)
+		h := &sc.hs[j].Hdr
+		h.Name = &sl.name[0]
+		h.Namelen = nameLen
+		h.Iov = &sl.iov[0]
+		h.SetIovlen(n + 1)
+		h.Control = &sl.oob[0]
+		h.SetControllen(sl.oobLen)
+		h.Flags = 0
+	}
+	sc.cnt, sc.off = k, 0
+	for sc.off < k {
+		if err := raw.Write(sc.fn); err != nil {
+			for j := sc.off; j < k; j++ {
+				q.sendFailed(&s[sc.slots[j].idx], &errs[sc.slots[j].idx], err)
+			}
+			break
+		}
+		if sc.errno != 0 {
+			j := sc.slots[sc.off].idx
+			q.sendFailed(&s[j], &errs[j], sc.errno)
+			sc.off++
+		}
+	}
+	var pkts, bytes uint64
+	for j := range k {
+		sl := &sc.slots[j]
+		if errs[sl.idx] == nil {
+			pkts++
+			bytes += uint64(sl.total)
+			if capturing() {
+				q.captureSlot(sl, s[sl.idx].Payload)
+			}
+		}
+		sl.iov[1].Base = nil // keep no reference to the caller's memory
+	}
+	if pkts > 0 {
+		d.ctr.add(cSentPkts, pkts)
+		q.ctr.add(cSentPkts, pkts)
+		d.ctr.add(cSentBytes, bytes)
+		q.ctr.add(cSentBytes, bytes)
+	}
+}
+
+// sendFailed records the failure of one datagram.
+func (q *qp) sendFailed(s *verbs.UDSend, errp *error, err error) {
+	d := q.dev
+	d.count(q, cSendErrors)
+	*errp = d.errf(errnoOf(err, syscall.EIO), "send to %v: %v", s.AH.GRH.DGID.Addr(), err)
+}
+
+// capturing reports whether a packet capture runs.
+func capturing() bool { return activeCaptures.Load() != nil }
+
+// captureSlot hands a sent datagram to the capture, assembled in one piece.
+func (q *qp) captureSlot(sl *sendSlot, payload []byte) {
+	roce := make([]byte, 0, sl.total)
+	roce = append(roce, sl.hdr[:sl.hlen]...)
+	roce = append(roce, payload...)
+	roce = append(roce, sl.tail[:sl.tlen]...)
+	captureSent(q.dev, sl.ip[:sl.ipLen], sl.udp[:], roce)
+}
+
+// putSockaddr4 writes a struct sockaddr_in for dst:4791.
+func putSockaddr4(b *[unix.SizeofSockaddrInet6]byte, dst netip.Addr) {
+	binary.NativeEndian.PutUint16(b[0:2], unix.AF_INET)
+	binary.BigEndian.PutUint16(b[2:4], wire.UDPPort)
+	a := dst.As4()
+	copy(b[4:8], a[:])
+	clear(b[8:unix.SizeofSockaddrInet4])
+}
+
+// putSockaddr6 writes a struct sockaddr_in6 for [dst]:4791 (flow info and
+// scope 0: IPV6_PKTINFO names the interface).
+func putSockaddr6(b *[unix.SizeofSockaddrInet6]byte, dst netip.Addr) {
+	binary.NativeEndian.PutUint16(b[0:2], unix.AF_INET6)
+	binary.BigEndian.PutUint16(b[2:4], wire.UDPPort)
+	clear(b[4:8])
+	a := dst.As16()
+	copy(b[8:24], a[:])
+	clear(b[24:28])
 }

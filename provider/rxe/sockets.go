@@ -211,8 +211,9 @@ func putCmsgInt(b []byte, level, typ int32, v int) int {
 	return putCmsg(b, level, typ, x[:])
 }
 
-// sendOOBLen is the size of the control buffer of a send.
-var sendOOBLen = unix.CmsgSpace(unix.SizeofInet6Pktinfo) + 2*unix.CmsgSpace(4)
+// sendOOBSpace is the size of the control buffer of a send: IPV6_PKTINFO
+// (the larger pktinfo) and two ints, as unix.CmsgSpace computes them.
+const sendOOBSpace = (unix.SizeofCmsghdr+unix.SizeofInet6Pktinfo+7)&^7 + 2*((unix.SizeofCmsghdr+4+7)&^7)
 
 // buildOOB4 writes IP_PKTINFO (source address and interface), IP_TTL
 // (unless 0, which IP_TTL cannot express) and IP_TOS into b.
@@ -292,61 +293,80 @@ func parseRxMeta(m *rxMeta, name []byte, oob []byte, v6 bool) {
 	}
 }
 
-// batchReader reads datagrams from a socket with recvmmsg into buffers it
-// allocates once.
+// batchReader reads datagrams from a socket with recvmmsg. Its buffers
+// come from a pool and go back to it whenever the socket has nothing to
+// read, so an idle socket (one of thousands holding memberships) holds
+// none; under load a reader keeps its buffers.
 type batchReader struct {
-	raw   syscall.RawConn
-	hs    []unix.Mmsghdr
-	iovs  []unix.Iovec
-	names [][unix.SizeofSockaddrInet6]byte
-	bufs  [][]byte
-	oobs  [][]byte
+	raw  syscall.RawConn
+	bufs *readBufs // nil while idle
 
 	n     int
 	errno syscall.Errno
 	fn    func(fd uintptr) bool
 }
 
+// RecvBatch is the number of datagrams a receive goroutine reads with one
+// recvmmsg.
+const RecvBatch = 16
+
 const (
-	readBatch  = 8
+	readBatch  = RecvBatch
 	readBufLen = 4096 + 128 // any RoCEv2 UD packet of a 4096-byte MTU
 	readOOBLen = 256
 )
+
+// readBufs are the buffers of one recvmmsg batch.
+type readBufs struct {
+	hs    [readBatch]unix.Mmsghdr
+	iovs  [readBatch]unix.Iovec
+	names [readBatch][unix.SizeofSockaddrInet6]byte
+	oobs  [readBatch][readOOBLen]byte
+	data  [readBatch][readBufLen]byte
+}
+
+var readPool = sync.Pool{New: func() any {
+	b := &readBufs{}
+	for i := range b.hs {
+		b.iovs[i].Base = &b.data[i][0]
+		b.iovs[i].SetLen(readBufLen)
+		h := &b.hs[i].Hdr
+		h.Name = &b.names[i][0]
+		h.Iov = &b.iovs[i]
+		h.SetIovlen(1)
+		h.Control = &b.oobs[i][0]
+	}
+	return b
+}}
 
 func newBatchReader(conn *net.UDPConn) (*batchReader, error) {
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
-	r := &batchReader{
-		raw:   raw,
-		hs:    make([]unix.Mmsghdr, readBatch),
-		iovs:  make([]unix.Iovec, readBatch),
-		names: make([][unix.SizeofSockaddrInet6]byte, readBatch),
-		bufs:  make([][]byte, readBatch),
-		oobs:  make([][]byte, readBatch),
-	}
-	data := make([]byte, readBatch*readBufLen)
-	oob := make([]byte, readBatch*readOOBLen)
-	for i := range r.hs {
-		r.bufs[i] = data[i*readBufLen : (i+1)*readBufLen : (i+1)*readBufLen]
-		r.oobs[i] = oob[i*readOOBLen : (i+1)*readOOBLen : (i+1)*readOOBLen]
-		r.iovs[i].Base = &r.bufs[i][0]
-		r.iovs[i].SetLen(readBufLen)
-		h := &r.hs[i].Hdr
-		h.Name = &r.names[i][0]
-		h.Iov = &r.iovs[i]
-		h.SetIovlen(1)
-		h.Control = &r.oobs[i][0]
-	}
+	r := &batchReader{raw: raw}
 	r.fn = r.recvmmsg
 	return r, nil
 }
 
 func (r *batchReader) recvmmsg(fd uintptr) bool {
-	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hs[0])),
-		uintptr(len(r.hs)), unix.MSG_DONTWAIT, 0, 0)
+	b := r.bufs
+	if b == nil {
+		b = readPool.Get().(*readBufs)
+		r.bufs = b
+	}
+	for i := range b.hs {
+		h := &b.hs[i].Hdr
+		h.Namelen = unix.SizeofSockaddrInet6
+		h.SetControllen(readOOBLen)
+		h.Flags = 0
+		b.hs[i].Len = 0
+	}
+	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hs[0])),
+		uintptr(len(b.hs)), unix.MSG_DONTWAIT, 0, 0)
 	if e == unix.EAGAIN {
+		readPool.Put(b)
+		r.bufs = nil
 		return false
 	}
 	r.n, r.errno = int(n), e
@@ -357,17 +377,12 @@ func (r *batchReader) recvmmsg(fd uintptr) bool {
 }
 
 // read blocks until at least one datagram is read and returns how many; an
-// error means the socket was closed (or failed for good).
+// error means the socket was closed (or failed for good). The datagrams
+// stay valid until the next read.
 func (r *batchReader) read() (int, error) {
 	for {
-		for i := range r.hs {
-			h := &r.hs[i].Hdr
-			h.Namelen = unix.SizeofSockaddrInet6
-			h.SetControllen(readOOBLen)
-			h.Flags = 0
-			r.hs[i].Len = 0
-		}
 		if err := r.raw.Read(r.fn); err != nil {
+			r.release()
 			return 0, err
 		}
 		switch r.errno {
@@ -378,17 +393,27 @@ func (r *batchReader) read() (int, error) {
 		case unix.EINTR, unix.ENOMEM, unix.ENOBUFS:
 			// transient
 		default:
+			r.release()
 			return 0, r.errno
 		}
+	}
+}
+
+// release gives the buffers back to the pool.
+func (r *batchReader) release() {
+	if r.bufs != nil {
+		readPool.Put(r.bufs)
+		r.bufs = nil
 	}
 }
 
 // datagram returns the i-th datagram of the last batch: its bytes, raw
 // source address, control messages and whether it was truncated.
 func (r *batchReader) datagram(i int) (b, name, oob []byte, trunc bool) {
-	h := &r.hs[i].Hdr
-	n := int(r.hs[i].Len)
+	bf := r.bufs
+	h := &bf.hs[i].Hdr
+	n := int(bf.hs[i].Len)
 	nn := min(int(h.Controllen), readOOBLen)
 	nl := min(int(h.Namelen), unix.SizeofSockaddrInet6)
-	return r.bufs[i][:n], r.names[i][:nl], r.oobs[i][:nn], h.Flags&unix.MSG_TRUNC != 0
+	return bf.data[i][:n], bf.names[i][:nl], bf.oobs[i][:nn], h.Flags&unix.MSG_TRUNC != 0
 }

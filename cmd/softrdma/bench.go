@@ -1,0 +1,154 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/softrdma/softrdma/internal/bench"
+)
+
+// rxCommand is the hidden subcommand of a fan-out receiver process: bench
+// re-executes this binary with it.
+const rxCommand = "bench-rx"
+
+func init() {
+	commands["bench"] = command{
+		summary: "measure the data path and the control plane against plain UDP multicast (softrdma bench -h)",
+		run:     benchCmd,
+	}
+	// The receiver process's command is registered only when this process
+	// is one, so that usage never lists it.
+	if len(os.Args) > 1 && os.Args[1] == rxCommand {
+		commands[rxCommand] = command{run: func(_ []string, stdout, stderr io.Writer) int {
+			if err := bench.RunReceiver(os.Stdin, stdout); err != nil {
+				fmt.Fprintln(stderr, err)
+				return 1
+			}
+			return 0
+		}}
+	}
+}
+
+func benchCmd(args []string, stdout, stderr io.Writer) int {
+	cfg := bench.DefaultConfig()
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, `usage: softrdma bench [flags]
+
+Measures, in one run, softrdma against the kernel's own UDP multicast on the
+same machine: fan-out from one sender to N receiver processes (delivered
+messages/s and bytes/s, loss, ratio to plain sendmmsg/recvmmsg sockets), the
+ICRC against hash/crc32, join/leave latency, groups per process and memory
+per group and per QP, allocations per datagram. Prints a table, then one JSON
+object per line per case (-json: only the JSON lines).
+
+`)
+		fs.PrintDefaults()
+	}
+	quick := fs.Bool("quick", false, "a run of a few seconds: one receiver, 64-byte payloads, 200 groups")
+	jsonOnly := fs.Bool("json", false, "print only the JSON lines")
+	bind := fs.String("bind", cfg.Bind.String(), "local address; its interface carries the traffic (loopback by default)")
+	parts := fs.String("parts", strings.Join(cfg.Parts, ","), "parts to run: icrc,allocs,control,fanout")
+	recv := fs.String("n", "", "receiver process counts, comma-separated (default 1,2,4)")
+	sizes := fs.String("sizes", "", "payload sizes in bytes, comma-separated (default 64,256,1024,4096)")
+	dur := fs.Duration("d", 0, "send time per mode and case (default 250ms)")
+	repeats := fs.Int("repeats", 0, "runs per mode and case, interleaved; medians and the spread are printed (default 4)")
+	batch := fs.Int("batch", cfg.Batch, "datagrams per sendmmsg and per chain of send WRs")
+	rate := fs.Int("rate", 0, "limit the sender to this many datagrams/s (0: unlimited)")
+	groups := fs.Int("groups", 0, "groups one process joins at once (default 10000)")
+	rxProcs := fs.Int("rx-gomaxprocs", 1, "GOMAXPROCS of the receiver processes (0: Go's default, the number of cores)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *quick {
+		q := bench.QuickConfig()
+		q.Batch, q.Bind = cfg.Batch, cfg.Bind
+		cfg = q
+	}
+	var err error
+	if cfg.Bind, err = netip.ParseAddr(*bind); err != nil {
+		fmt.Fprintf(stderr, "bench: -bind: %v\n", err)
+		return 2
+	}
+	cfg.Parts = strings.Split(*parts, ",")
+	if *recv != "" {
+		if cfg.Receivers, err = intList(*recv, 1, 64); err != nil {
+			fmt.Fprintf(stderr, "bench: -n: %v\n", err)
+			return 2
+		}
+	}
+	if *sizes != "" {
+		if cfg.Sizes, err = intList(*sizes, 1, 4096); err != nil {
+			fmt.Fprintf(stderr, "bench: -sizes: %v\n", err)
+			return 2
+		}
+	}
+	if *dur > 0 {
+		cfg.Duration = *dur
+	}
+	if *repeats > 0 {
+		cfg.Repeats = *repeats
+	}
+	if *groups > 0 {
+		cfg.Groups = *groups
+	}
+	if *batch < 1 || *batch > 1024 || *rate < 0 {
+		fmt.Fprintln(stderr, "bench: -batch must be 1..1024 and -rate ≥ 0")
+		return 2
+	}
+	cfg.Batch, cfg.Rate = *batch, *rate
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 1
+	}
+	cfg.RxCommand = []string{exe, rxCommand}
+	if *rxProcs > 0 {
+		cfg.RxEnv = append(cfg.RxEnv, fmt.Sprintf("GOMAXPROCS=%d", *rxProcs))
+	}
+	cfg.JSON = stdout
+	if !*jsonOnly {
+		cfg.Table = stdout
+		cfg.JSON = &deferred{}
+	}
+	start := time.Now()
+	_, err = bench.Run(cfg)
+	if d, ok := cfg.JSON.(*deferred); ok {
+		fmt.Fprintf(stdout, "\n%s", d.b.String())
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 1
+	}
+	if !*jsonOnly {
+		fmt.Fprintf(stdout, "bench: done in %.1fs\n", time.Since(start).Seconds())
+	}
+	return 0
+}
+
+// deferred keeps the JSON lines to print them after the table.
+type deferred struct{ b strings.Builder }
+
+func (d *deferred) Write(p []byte) (int, error) { return d.b.Write(p) }
+
+func intList(s string, lo, hi int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, err
+		}
+		if v < lo || v > hi {
+			return nil, fmt.Errorf("%d not in %d..%d", v, lo, hi)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBenchQuick builds the binary and runs `softrdma bench -quick -json`
+// (its receivers are the binary re-executed): every line is a JSON object,
+// every part reports, and every case has a ratio. No timing is asserted.
+func TestBenchQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "softrdma")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "-quick", "-json")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
+	}
+	kinds := map[string]int{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var v map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		kind, _ := v["kind"].(string)
+		kinds[kind]++
+		if _, ok := v["ratio"].(float64); kind != "target" && !ok {
+			t.Errorf("%s line without a ratio: %s", kind, sc.Text())
+		}
+	}
+	for _, k := range []string{"fanout", "icrc", "join", "groups", "qp", "allocs", "target"} {
+		if kinds[k] == 0 {
+			t.Errorf("no %q line in:\n%s", k, out)
+		}
+	}
+}
+
+// TestBenchTable checks the human-readable output of a run of one part,
+// and that the receiver subcommand stays out of the usage.
+func TestBenchTable(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"bench", "-quick", "-parts", "icrc"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"ICRC (per datagram", `{"kind":"icrc"`, "bench: done"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	run([]string{"help"}, &out, &errb)
+	if !strings.Contains(out.String(), "bench") || strings.Contains(out.String(), rxCommand) {
+		t.Errorf("usage:\n%s", out.String())
+	}
+	if code := run([]string{"bench", "-batch", "0"}, &out, &errb); code != 2 {
+		t.Errorf("-batch 0: exit %d", code)
+	}
+	if code := run([]string{"bench", "-sizes", "9000"}, &out, &errb); code != 2 {
+		t.Errorf("-sizes 9000: exit %d", code)
+	}
+}

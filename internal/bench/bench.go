@@ -1,0 +1,357 @@
+// Package bench is the machinery of `softrdma bench`: it measures the
+// software RoCEv2 device against the kernel's own UDP multicast on the same
+// machine, in the same run, and prints a table and one JSON line per case
+// with the ratio to the baseline.
+//
+// Parts:
+//   - fan-out: one sender (this process) to N receiver processes on one
+//     interface (loopback by default), for several payload sizes, as plain
+//     UDP multicast sockets (sendmmsg/recvmmsg, the baseline) and as RoCEv2
+//     through the RDMA CM and verbs (chains of send WRs, receive WRs kept
+//     posted), with the same batch sizes; the two modes alternate;
+//   - icrc: the ICRC and the receive-side check against hash/crc32 over
+//     the same bytes;
+//   - control: join → MULTICAST_JOIN event latency and leave latency (the
+//     kernel's IP_ADD_MEMBERSHIP as the baseline), joins per second, the
+//     number of groups one process holds at once with the Go heap per
+//     group, and the memory of a QP;
+//   - allocs: allocations per datagram in steady state.
+//
+// The receiver processes are started from Config.RxCommand and run
+// RunReceiver.
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/softrdma/softrdma/provider/rxe"
+)
+
+// RecvBatch is the number of datagrams one recvmmsg reads, in the device
+// (rxe.RecvBatch) and so in the baseline.
+const RecvBatch = rxe.RecvBatch
+
+// Parts of a run.
+const (
+	PartFanout  = "fanout"
+	PartICRC    = "icrc"
+	PartControl = "control"
+	PartAllocs  = "allocs"
+)
+
+// Config chooses what a run measures.
+type Config struct {
+	// Bind is the local address: its interface carries the traffic.
+	Bind netip.Addr
+	// Parts to run (PartFanout, PartICRC, PartControl, PartAllocs).
+	Parts []string
+
+	// Receivers are the numbers of receiver processes of the fan-out cases.
+	Receivers []int
+	// Sizes are the payload sizes, in bytes (at most 4096).
+	Sizes []int
+	// Duration is how long one mode of one case sends.
+	Duration time.Duration
+	// Repeats is how many times each case is measured in each mode.
+	Repeats int
+	// Batch is the number of datagrams per sendmmsg and per chain of send
+	// WRs.
+	Batch int
+	// Rate limits the sender to that many datagrams per second (0: as fast
+	// as it can).
+	Rate int
+	// Slots is the number of receive WRs an RDMA receiver keeps posted.
+	Slots int
+	// Drain is how long the receivers keep reading after the sender stops.
+	Drain time.Duration
+	// RxCommand starts a receiver process (argv), with RxEnv added to the
+	// environment.
+	RxCommand []string
+	RxEnv     []string
+
+	// ICRCTime is how long each ICRC measurement runs.
+	ICRCTime time.Duration
+	// JoinSamples is the number of join/leave pairs timed.
+	JoinSamples int
+	// Groups is the number of groups one process joins at once.
+	Groups int
+	// QPs is the number of QPs created to measure their memory.
+	QPs int
+	// AllocRuns is the number of rounds testing.AllocsPerRun averages.
+	AllocRuns int
+
+	// Table, when not nil, gets the human-readable table as the run goes.
+	Table io.Writer
+	// JSON, when not nil, gets one JSON object per line per case.
+	JSON io.Writer
+}
+
+// DefaultConfig is the default run: every part, N = 1, 2, 4 receivers,
+// 64…4096-byte payloads, each case measured 4 times per mode for 250 ms,
+// the modes alternating (under a minute in all).
+func DefaultConfig() Config {
+	return Config{
+		Bind:        netip.MustParseAddr("127.0.0.1"),
+		Parts:       []string{PartICRC, PartAllocs, PartControl, PartFanout},
+		Receivers:   []int{1, 2, 4},
+		Sizes:       []int{64, 256, 1024, 4096},
+		Duration:    250 * time.Millisecond,
+		Repeats:     4,
+		Batch:       32,
+		Slots:       4096,
+		Drain:       50 * time.Millisecond,
+		ICRCTime:    100 * time.Millisecond,
+		JoinSamples: 1000,
+		Groups:      10000,
+		QPs:         1000,
+		AllocRuns:   200,
+	}
+}
+
+// QuickConfig is a run of a few seconds that exercises every part: one
+// receiver, 64-byte payloads, short measurements, 200 groups.
+func QuickConfig() Config {
+	c := DefaultConfig()
+	c.Receivers = []int{1}
+	c.Sizes = []int{64}
+	c.Duration = 100 * time.Millisecond
+	c.Repeats = 2
+	c.ICRCTime = 5 * time.Millisecond
+	c.JoinSamples = 50
+	c.Groups = 200
+	c.QPs = 50
+	c.AllocRuns = 20
+	return c
+}
+
+// Report holds every result of a run.
+type Report struct {
+	Fanout  []FanoutResult
+	ICRC    []ICRCResult
+	Join    *JoinResult
+	Groups  *GroupsResult
+	QP      *QPResult
+	Allocs  []AllocsResult
+	Targets []Target
+}
+
+// Target is one of the performance targets, as measured.
+type Target struct {
+	Kind     string `json:"kind"` // "target"
+	Name     string `json:"name"`
+	Want     string `json:"want"`
+	Measured string `json:"measured"`
+	Met      bool   `json:"met"`
+}
+
+// Run measures what cfg asks for, writing the table and JSON lines as it
+// goes, and returns every result. A part that fails ends the run with its
+// error; the results so far are returned.
+func Run(cfg Config) (*Report, error) {
+	rep := &Report{}
+	w := &writer{cfg: &cfg}
+	w.tablef("softrdma bench: %s, batch %d, recvmmsg batch %d, %v per mode and case\n", cfg.Bind, cfg.Batch, RecvBatch, cfg.Duration)
+	for _, part := range cfg.Parts {
+		var err error
+		switch part {
+		case PartICRC:
+			err = runICRC(&cfg, w, rep)
+		case PartAllocs:
+			err = runAllocs(&cfg, w, rep)
+		case PartControl:
+			err = runControl(&cfg, w, rep)
+		case PartFanout:
+			err = runFanout(&cfg, w, rep)
+		default:
+			err = fmt.Errorf("unknown part %q", part)
+		}
+		if err != nil {
+			return rep, err
+		}
+	}
+	rep.Targets = targets(rep)
+	w.tablef("\ntargets\n")
+	for _, t := range rep.Targets {
+		mark := "MET"
+		if !t.Met {
+			mark = "NOT MET"
+		}
+		w.tablef("  %-40s want %-12s measured %-28s %s\n", t.Name, t.Want, t.Measured, mark)
+		w.json(t)
+	}
+	return rep, nil
+}
+
+// writer prints the table and JSON lines.
+type writer struct{ cfg *Config }
+
+func (w *writer) tablef(format string, a ...any) {
+	if w.cfg.Table != nil {
+		fmt.Fprintf(w.cfg.Table, format, a...)
+	}
+}
+
+func (w *writer) json(v any) {
+	if w.cfg.JSON != nil {
+		b, _ := json.Marshal(v)
+		w.cfg.JSON.Write(append(b, '\n'))
+	}
+}
+
+func runICRC(cfg *Config, w *writer, rep *Report) error {
+	w.tablef("\nICRC (per datagram; ratio = crc32 time / ICRC time)\n")
+	w.tablef("  %6s %7s %10s %10s %10s %7s\n", "size", "hashed", "ICRC ns", "crc32 ns", "solve ns", "ratio")
+	for _, s := range cfg.Sizes {
+		r := measureICRC(s, cfg.ICRCTime)
+		rep.ICRC = append(rep.ICRC, r)
+		w.tablef("  %6d %7d %10.1f %10.1f %10.1f %7.2f\n", r.Size, r.Hashed, r.ICRCNs, r.CRC32Ns, r.SolveNs, r.Ratio)
+		w.json(r)
+	}
+	return nil
+}
+
+func runAllocs(cfg *Config, w *writer, rep *Report) error {
+	w.tablef("\nallocations per datagram, steady state (send chain → receive → completions → repost)\n")
+	for _, b := range slices.Compact([]int{1, cfg.Batch}) {
+		for _, s := range slices.Compact([]int{cfg.Sizes[0], cfg.Sizes[len(cfg.Sizes)-1]}) {
+			r, err := measureAllocs(cfg.Bind, s, b, cfg.AllocRuns)
+			if err != nil {
+				return err
+			}
+			rep.Allocs = append(rep.Allocs, r)
+			w.tablef("  size %4d batch %3d: %.3f allocs/msg\n", r.Size, r.Batch, r.AllocsPerMsg)
+			w.json(r)
+		}
+	}
+	return nil
+}
+
+func runControl(cfg *Config, w *writer, rep *Report) error {
+	j, err := measureJoin(cfg.Bind, cfg.JoinSamples)
+	if err != nil {
+		return fmt.Errorf("join latency: %w", err)
+	}
+	rep.Join = &j
+	w.tablef("\ncontrol plane (%d join/leave pairs, no other group held)\n", j.Samples)
+	w.tablef("  join→JOIN event  p50 %7.1f µs  p99 %7.1f µs   (kernel IP_ADD_MEMBERSHIP p50 %.1f µs, p99 %.1f µs)\n", j.JoinP50us, j.JoinP99us, j.KernP50us, j.KernP99us)
+	w.tablef("  leave            p50 %7.1f µs  p99 %7.1f µs\n", j.LeaveP50us, j.LeaveP99us)
+	w.json(j)
+
+	g, err := measureGroups(cfg.Bind, cfg.Groups)
+	if err != nil {
+		return fmt.Errorf("groups: %w", err)
+	}
+	rep.Groups = &g
+	w.tablef("  %d groups in one process: held %d, %d sockets, %.0f joins/s (p50 %.1f µs, p99 %.1f µs), %.0f leaves/s (p99 %.1f µs)\n",
+		g.Groups, g.Held, g.Sockets, g.JoinsPerS, g.JoinP50us, g.JoinP99us, g.LeavesPerS, g.LeaveP99us)
+	w.tablef("    Go heap %.0f B/group, goroutine stacks %.0f B/group, delivery to first/middle/last group: %v, heap left after leaving all: %d B\n",
+		g.HeapPerGrp, g.StackPerGrp, g.Delivered, g.HeapLeft)
+	w.tablef("    kernel baseline (plain sockets, 20 groups each): %.0f joins/s (p99 %.1f µs), %.0f leaves/s (p99 %.1f µs); ratio (joins/s) %.2f\n",
+		g.KernJoinsPerS, g.KernJoinP99us, g.KernLeavesPerS, g.KernLeaveP99us, g.Ratio)
+	if g.Err != "" {
+		w.tablef("    stopped by: %s\n", g.Err)
+	}
+	w.json(g)
+
+	q, err := measureQPs(cfg.Bind, cfg.QPs)
+	if err != nil {
+		return fmt.Errorf("qps: %w", err)
+	}
+	rep.QP = &q
+	w.tablef("  %d idle UD QPs (16+16 WRs, RTS): Go heap %.0f B/QP, %.3f sockets/QP (a plain Go UDP socket: %.0f B)\n", q.Count, q.HeapPer, q.FDsPer, q.SockHeapPer)
+	w.json(q)
+	return nil
+}
+
+func runFanout(cfg *Config, w *writer, rep *Report) error {
+	if len(cfg.RxCommand) == 0 {
+		return fmt.Errorf("fan-out: no receiver command")
+	}
+	f := &fanout{cfg: cfg}
+	if err := f.start(); err != nil {
+		return err
+	}
+	defer f.stop()
+	w.tablef("\nfan-out: 1 sender → N receiver processes, delivered datagrams summed over receivers (medians of %d runs; ratio = rdma/udp delivered msg/s, [min–max])\n", cfg.Repeats)
+	w.tablef("  CPU µs/msg: the sender's per datagram sent (tx), the receivers' per datagram delivered (rx)\n")
+	w.tablef("  %2s %5s | %11s %11s %6s %9s | %11s %11s %6s %7s %9s | %6s %s\n",
+		"N", "size", "udp sent/s", "udp dlv/s", "loss", "tx/rx µs", "rdma sent/s", "rdma dlv/s", "loss", "MB/s", "tx/rx µs", "ratio", "spread")
+	defer func() {
+		if len(rep.Fanout) > 1 {
+			w.tablef("  geomean over cases: ratio %.2f; CPU per datagram rdma/udp: sender %.2f, receivers %.2f\n",
+				geomean(rep.Fanout, func(r FanoutResult) float64 { return r.Ratio }),
+				geomean(rep.Fanout, func(r FanoutResult) float64 { return r.RDMATxCPUns / r.UDPTxCPUns }),
+				geomean(rep.Fanout, func(r FanoutResult) float64 { return r.RDMARxCPUns / r.UDPRxCPUns }))
+		}
+	}()
+	for _, n := range cfg.Receivers {
+		for _, s := range cfg.Sizes {
+			r, err := f.runCase(n, s)
+			if err != nil {
+				return err
+			}
+			rep.Fanout = append(rep.Fanout, r)
+			w.tablef("  %2d %5d | %11.0f %11.0f %5.1f%% %4.1f/%4.1f | %11.0f %11.0f %5.1f%% %7.1f %4.1f/%4.1f | %6.2f [%.2f–%.2f]\n",
+				n, s, r.UDPSentPerS, r.UDPMsgsPerS, 100*r.UDPLoss, r.UDPTxCPUns/1e3, r.UDPRxCPUns/1e3,
+				r.RDMASentPerS, r.RDMAMsgsPerS, 100*r.RDMALoss, r.RDMABytesPerS/1e6, r.RDMATxCPUns/1e3, r.RDMARxCPUns/1e3, r.Ratio, r.RatioMin, r.RatioMax)
+			w.json(r)
+		}
+	}
+	return nil
+}
+
+// targets checks the results against the issue's targets.
+func targets(rep *Report) []Target {
+	var ts []Target
+	add := func(name, want, measured string, met bool) {
+		ts = append(ts, Target{Kind: "target", Name: name, Want: want, Measured: measured, Met: met})
+	}
+	if len(rep.Fanout) > 0 {
+		lo := rep.Fanout[0]
+		for _, r := range rep.Fanout {
+			if r.Ratio < lo.Ratio {
+				lo = r
+			}
+		}
+		add("fan-out msg/s vs baseline (worst case)", "≥ 0.90×", fmt.Sprintf("%.2f× (N=%d, %d B)", lo.Ratio, lo.Receivers, lo.Size), lo.Ratio >= 0.9)
+		g := geomean(rep.Fanout, func(r FanoutResult) float64 { return r.Ratio })
+		add("fan-out msg/s vs baseline (geomean of cases)", "≥ 0.90×", fmt.Sprintf("%.2f×", g), g >= 0.9)
+	}
+	if len(rep.Allocs) > 0 {
+		worst := 0.0
+		for _, a := range rep.Allocs {
+			worst = max(worst, a.AllocsPerMsg)
+		}
+		add("allocations per datagram", "0", fmt.Sprintf("%.3f", worst), worst == 0)
+	}
+	if rep.Join != nil {
+		add("join→JOIN event p99", "< 200 µs", fmt.Sprintf("%.1f µs", rep.Join.JoinP99us), rep.Join.JoinP99us < 200)
+	}
+	if g := rep.Groups; g != nil {
+		add("groups held by one process", "≥ 10000", fmt.Sprintf("%d (delivery ok: %v)", g.Held, g.Delivered), g.Held >= 10000 && g.Delivered)
+		add("Go heap per idle joined group", "< 2048 B", fmt.Sprintf("%.0f B at %d groups", g.HeapPerGrp, g.Held), g.HeapPerGrp < 2048 && g.Held >= 10000)
+	}
+	return ts
+}
+
+// geomean is the geometric mean of f over the results (positive values
+// only).
+func geomean(rs []FanoutResult, f func(FanoutResult) float64) float64 {
+	sum, n := 0.0, 0
+	for _, r := range rs {
+		if v := f(r); v > 0 && !math.IsInf(v, 0) && !math.IsNaN(v) {
+			sum += math.Log(v)
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return math.Exp(sum / float64(n))
+}

@@ -1,0 +1,233 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/provider/rxe"
+)
+
+// The fan-out receivers are processes of their own (the softrdma binary
+// re-executed as "bench-rx"). The parent drives each one over its standard
+// input and output, one JSON object per line: a request, then one reply.
+
+// rxRequest is a request of the parent to a receiver process.
+type rxRequest struct {
+	// Op is "start" (join Group in Mode and count what arrives, then
+	// reply), "stop" (stop counting, leave, reply with the counts) or
+	// "exit".
+	Op    string `json:"op"`
+	Mode  string `json:"mode,omitempty"` // "udp" or "rdma"
+	Group string `json:"group,omitempty"`
+	Bind  string `json:"bind,omitempty"`
+	Size  int    `json:"size,omitempty"`
+	// Slots is the number of receive WRs an rdma receiver keeps posted.
+	Slots int `json:"slots,omitempty"`
+}
+
+// rxReply is a receiver's answer.
+type rxReply struct {
+	Err   string `json:"err,omitempty"`
+	Msgs  uint64 `json:"msgs"`
+	Bytes uint64 `json:"bytes"`
+	// Drops are the device's receive-side drops during the case (rdma):
+	// no posted receive WR, CQ full, ICRC errors.
+	Drops uint64 `json:"drops,omitempty"`
+	// CPUNs is the CPU time (user + system) the process used during the
+	// case.
+	CPUNs int64 `json:"cpu_ns"`
+}
+
+// rxCase is a receiver's state during one case.
+type rxCase struct {
+	msgs, bytes atomic.Uint64
+	stop        atomic.Bool
+	done        chan struct{}
+	ctx         context.Context
+	cancel      context.CancelFunc
+
+	udp  *mmsgReceiver
+	ep   *endpoint
+	grp  netip.Addr
+	cpu0 int64
+	dev  *rxe.Device
+	ctr0 rxe.Counters
+	err  error
+	mu   sync.Mutex
+}
+
+// RunReceiver is the receiver process of the fan-out benchmark: it serves
+// the parent's requests read from in, one JSON object per line, and writes
+// one JSON reply per request to out, until "exit" or the end of in.
+func RunReceiver(in io.Reader, out io.Writer) error {
+	sc := bufio.NewScanner(in)
+	enc := json.NewEncoder(out)
+	var cur *rxCase
+	for sc.Scan() {
+		var req rxRequest
+		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
+			return fmt.Errorf("bench-rx: %v", err)
+		}
+		var rep rxReply
+		switch req.Op {
+		case "start":
+			if cur != nil {
+				cur.finish()
+			}
+			var err error
+			if cur, err = startRx(&req); err != nil {
+				rep.Err = err.Error()
+			}
+		case "stop":
+			if cur == nil {
+				rep.Err = "not started"
+				break
+			}
+			rep = cur.finish()
+			cur = nil
+		case "exit":
+			if cur != nil {
+				cur.finish()
+			}
+			return enc.Encode(rep)
+		default:
+			rep.Err = fmt.Sprintf("unknown op %q", req.Op)
+		}
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	}
+	if cur != nil {
+		cur.finish()
+	}
+	return sc.Err()
+}
+
+func startRx(req *rxRequest) (*rxCase, error) {
+	group, err := netip.ParseAddr(req.Group)
+	if err != nil {
+		return nil, err
+	}
+	bind, err := netip.ParseAddr(req.Bind)
+	if err != nil {
+		return nil, err
+	}
+	c := &rxCase{done: make(chan struct{}), grp: group, cpu0: cpuTime()}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	started := false
+	defer func() {
+		if !started {
+			c.cancel()
+		}
+	}()
+	switch req.Mode {
+	case "udp":
+		ifindex, err := ifindexOf(bind)
+		if err != nil {
+			return nil, err
+		}
+		if c.udp, err = newMmsgReceiver(group, ifindex, RecvBatch); err != nil {
+			return nil, err
+		}
+		go func() {
+			defer close(c.done)
+			c.udp.run(func(m, b uint64) { c.msgs.Add(m); c.bytes.Add(b) })
+		}()
+	case "rdma":
+		slots := max(req.Slots, 64)
+		slot := 40 + req.Size
+		if c.ep, err = newEndpoint(bind, 1, slots, slots*slot); err != nil {
+			return nil, err
+		}
+		if c.dev, err = rxe.ForAddr(bind); err != nil {
+			c.ep.close()
+			return nil, err
+		}
+		ring, err := newRecvRing(c.ep, slots, slot)
+		if err != nil {
+			c.ep.close()
+			return nil, err
+		}
+		c.ctr0 = c.dev.Counters()
+		if _, _, err := c.ep.join(group, false); err != nil {
+			c.ep.close()
+			return nil, err
+		}
+		go func() {
+			defer close(c.done)
+			c.rdmaLoop(ring)
+		}()
+	default:
+		return nil, fmt.Errorf("unknown mode %q", req.Mode)
+	}
+	started = true
+	return c, nil
+}
+
+// rdmaLoop polls the receive CQ, reposting what it reaps, until stopped.
+func (c *rxCase) rdmaLoop(r *recvRing) {
+	for !c.stop.Load() {
+		m, b, n, err := r.poll()
+		if err != nil {
+			c.setErr(err)
+			return
+		}
+		if n > 0 {
+			c.msgs.Add(m)
+			c.bytes.Add(b)
+			continue
+		}
+		if err := r.cq.Wait(c.ctx); err != nil {
+			if c.ctx.Err() == nil {
+				c.setErr(err)
+			}
+			return
+		}
+	}
+}
+
+func (c *rxCase) setErr(err error) {
+	c.mu.Lock()
+	c.err = err
+	c.mu.Unlock()
+}
+
+// finish stops counting, leaves the group and returns the counts.
+func (c *rxCase) finish() rxReply {
+	c.stop.Store(true)
+	c.cancel()
+	if c.udp != nil {
+		c.udp.close()
+	}
+	<-c.done
+	rep := rxReply{Msgs: c.msgs.Load(), Bytes: c.bytes.Load(), CPUNs: cpuTime() - c.cpu0}
+	if c.ep != nil {
+		if err := c.ep.leave(c.grp); err != nil && c.err == nil {
+			c.err = err
+		}
+		c1 := c.dev.Counters()
+		rep.Drops = (c1.NoRecvWRDrops - c.ctr0.NoRecvWRDrops) + (c1.CQFullDrops - c.ctr0.CQFullDrops) + (c1.ICRCErrors - c.ctr0.ICRCErrors)
+		c.ep.close()
+	}
+	if c.err != nil {
+		rep.Err = c.err.Error()
+	}
+	return rep
+}
+
+// cpuTime returns the CPU time (user + system) of this process so far.
+func cpuTime() int64 {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}

@@ -1,0 +1,29 @@
+// Package introspect is softrdma's observability: an opt-in, per-process
+// introspection endpoint, Prometheus metrics, packet capture streaming and
+// structured logs.
+//
+// softrdma's devices live inside processes, so rdma-core's tools
+// (ibv_devinfo, rdma stat, saquery, tcpdump on an RDMA device) cannot see
+// them. The endpoint gives the same visibility: devices and ports (GIDs,
+// MTU, limits), QPs (state, Q_Key, attached groups), multicast groups
+// (IP membership, reference counts, CM joins and their state), RDMA CM ids
+// and event channels, and every device and QP counter, as JSON (emulated
+// InfiniBand ports of provider/ib appear too, with their attributes,
+// LIDs, GID and port counters, but no QP or group detail); the same
+// state as Prometheus metrics on /metrics; and a pcap stream of what the
+// devices send and receive. The `softrdma devices|groups|stat|capture`
+// subcommands read it.
+//
+// Off by default: nothing listens unless the program calls Start (or
+// Serve), or calls FromEnv with SOFTRDMA_DEBUG_ADDR set. The endpoint
+// listens on a Unix socket (mode 0600; by default
+// $XDG_RUNTIME_DIR/softrdma-<pid>.sock or /tmp/softrdma-<pid>.sock) or on
+// a loopback TCP address, never elsewhere. cmd/mckey calls FromEnv:
+//
+//	SOFTRDMA_DEBUG_ADDR=unix mckey -m 239.1.2.3 -b 127.0.0.1 &
+//	softrdma devices -p $!
+//
+// Logs: EnableLogging (or SOFTRDMA_LOG=info with FromEnv) sends the RDMA
+// CM's joins, leaves and errors, device and netdev events, and
+// rate-limited drop reports to a log/slog logger.
+package introspect

@@ -1,0 +1,67 @@
+package introspect
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	"github.com/softrdma/softrdma/ib/sm"
+	"github.com/softrdma/softrdma/provider/ib"
+)
+
+// TestIBPort: an emulated InfiniBand port (an in-process SM) appears in
+// the snapshot with its LIDs, GID and counters, and in /metrics.
+func TestIBPort(t *testing.T) {
+	s, err := sm.New(sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	p, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr("127.0.0.1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+
+	snap := Collect()
+	var d *Device
+	for i := range snap.Devices {
+		if snap.Devices[i].Name == p.Name() {
+			d = &snap.Devices[i]
+		}
+	}
+	if d == nil {
+		t.Fatalf("no %s in %+v", p.Name(), snap.Devices)
+	}
+	if d.Kind != "ib" || len(d.Ports) != 1 || len(d.CounterNames()) != len(IBCounterNames) {
+		t.Fatalf("device %+v", d)
+	}
+	pt := d.Ports[0]
+	if pt.State != "PORT_ACTIVE" || pt.LinkLayer != "InfiniBand" || pt.LID != p.LID() || pt.LID == 0 || pt.SMLID == 0 ||
+		len(pt.GIDs) != 1 || pt.GIDs[0].GID != p.PortGID().String() {
+		t.Errorf("port %+v (LID %d, GID %v)", pt, p.LID(), p.PortGID())
+	}
+	for _, n := range IBCounterNames {
+		if _, ok := d.Counters[n]; !ok {
+			t.Errorf("counter %s missing", n)
+		}
+	}
+	_, c := startServer(t)
+	b, err := c.Metrics(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fams := parseMetrics(t, b)
+	if v, ok := metricValue(fams, "softrdma_port_state", map[string]string{"device": p.Name()}); !ok || v != 4 {
+		t.Errorf("port state of %s: %v %v", p.Name(), v, ok)
+	}
+	if _, ok := metricValue(fams, "softrdma_dropped_packets_total", map[string]string{"device": p.Name(), "reason": "crc"}); !ok {
+		t.Errorf("no crc drop counter for %s", p.Name())
+	}
+	if _, ok := metricValue(fams, "softrdma_dropped_packets_total", map[string]string{"device": "rxe_lo", "reason": "crc"}); ok {
+		t.Error("rxe device with an IB-only drop reason")
+	}
+}

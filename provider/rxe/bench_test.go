@@ -1,0 +1,103 @@
+package rxe
+
+import (
+	"fmt"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/wire"
+)
+
+var benchSizes = []int{64, 256, 1024, 4096}
+
+// BenchmarkReceivePath hands a crafted multicast datagram to the receive
+// path after recvmmsg (parse, control messages, ICRC/IP ID check, group
+// lookup, per-QP checks, delivery to a counting receiver). One op is one
+// datagram.
+func BenchmarkReceivePath(b *testing.B) {
+	for _, size := range benchSizes {
+		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
+			d := benchDev(b)
+			g := randGroup()
+			crx := &countRx{}
+			q, err := d.CreateQP(crx, verbs.DriverQPInit{Type: verbs.QPTypeUD})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer q.Destroy()
+			for _, st := range []verbs.QPState{verbs.QPSInit, verbs.QPSRTR, verbs.QPSRTS} {
+				mask := verbs.QPAttrState
+				if st == verbs.QPSInit {
+					mask |= verbs.QPAttrQKey | verbs.QPAttrPort
+				}
+				if err := q.Modify(&verbs.QPAttr{State: st, QKey: 9, PortNum: 1}, mask); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := q.AttachMcast(mgid(g), 0); err != nil {
+				b.Fatal(err)
+			}
+			defer q.DetachMcast(mgid(g), 0)
+			in := &injector{port: 40001}
+			frame := in.craft(g, wire.UDHeader{PKey: 0xFFFF, DestQP: wire.MulticastQPN, QKey: 9, SrcQP: 77}, make([]byte, size), nil)
+			d.mu.Lock()
+			s := d.mships[g].sock
+			d.mu.Unlock()
+			r := newReceiver(d, s, nil)
+			name := make([]byte, 16)
+			name[0], name[2], name[3] = unix.AF_INET, 40001>>8, 40001&0xff
+			copy(name[4:], []byte{127, 0, 0, 1})
+			oob := make([]byte, 128)
+			var pi [12]byte
+			copy(pi[8:], g.AsSlice())
+			k := putCmsg(oob, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+			k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
+			k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TOS, 0)
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				r.handle(frame, name, oob[:k], false)
+			}
+			if crx.n == 0 {
+				b.Fatal("nothing delivered")
+			}
+		})
+	}
+}
+
+// BenchmarkSendPath sends single datagrams through the provider (no verbs)
+// to a group nobody joined. One op is one datagram.
+func BenchmarkSendPath(b *testing.B) {
+	for _, size := range benchSizes {
+		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
+			d := benchDev(b)
+			q, err := d.CreateQP(&countRx{}, verbs.DriverQPInit{Type: verbs.QPTypeUD})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer q.Destroy()
+			s := &verbs.UDSend{AH: mcastAH(randGroup()), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 9, Payload: make([]byte, size)}
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				if err := q.Send(s); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// benchDev returns the device of lo, closed at the end of the benchmark.
+func benchDev(b *testing.B) *Device {
+	b.Helper()
+	if d := existing("lo"); d != nil {
+		d.Close()
+	}
+	d, err := ForName("lo")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Close() })
+	return d
+}

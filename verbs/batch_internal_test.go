@@ -1,0 +1,374 @@
+package verbs
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/softrdma/softrdma/wire"
+)
+
+// fakeDrv is a provider whose QPs record what they are asked to send, with
+// (batch) or without (plain) the BatchSender interface.
+type fakeDrv struct {
+	batch bool
+	qps   []*fakeQP
+}
+
+func (f *fakeDrv) Name() string { return "fake0" }
+func (f *fakeDrv) Attr() DeviceAttr {
+	return DeviceAttr{PhysPortCnt: 1, MaxQPWR: 1024, MaxSGE: 4, MaxCQE: 1024, MaxInlineData: 64, MaxMcastGrp: 8, MaxMcastQPAttach: 8, MaxTotalMcastQP: 8}
+}
+func (f *fakeDrv) QueryPort(port uint8) (PortAttr, error) {
+	if port != 1 {
+		return PortAttr{}, syscall.EINVAL
+	}
+	return PortAttr{State: PortActive, MaxMTU: MTU4096, ActiveMTU: MTU4096, LinkLayer: LinkLayerEthernet, GIDTblLen: 1}, nil
+}
+func (f *fakeDrv) GIDTable(uint8) ([]GIDEntry, error) {
+	return []GIDEntry{{GID: wire.GIDFromAddr(netip.MustParseAddr("127.0.0.1")), PortNum: 1, Type: GIDTypeRoCEv2}}, nil
+}
+func (f *fakeDrv) CreateQP(rx Receiver, _ DriverQPInit) (DriverQP, error) {
+	q := &fakeQP{rx: rx}
+	f.qps = append(f.qps, q)
+	if f.batch {
+		return &fakeBatchQP{q}, nil
+	}
+	return q, nil
+}
+
+type fakeQP struct {
+	rx      Receiver
+	mu      sync.Mutex
+	sent    [][]byte // payloads, copied
+	batches []int    // sizes of SendBatch calls
+	fail    map[int]error
+	discard bool // count, but do not keep, payloads
+	nsent   int
+}
+
+func (q *fakeQP) QPN() uint32                      { return 0x100 }
+func (q *fakeQP) Modify(*QPAttr, QPAttrMask) error { return nil }
+func (q *fakeQP) AttachMcast(GID, uint16) error    { return nil }
+func (q *fakeQP) DetachMcast(GID, uint16) error    { return nil }
+func (q *fakeQP) Destroy() error                   { return nil }
+func (q *fakeQP) Send(s *UDSend) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := q.nsent
+	q.nsent++
+	if !q.discard {
+		q.sent = append(q.sent, append([]byte(nil), s.Payload...))
+	}
+	return q.fail[n]
+}
+
+type fakeBatchQP struct{ *fakeQP }
+
+func (q *fakeBatchQP) SendBatch(s []UDSend, errs []error) {
+	q.mu.Lock()
+	q.batches = append(q.batches, len(s))
+	q.mu.Unlock()
+	for i := range s {
+		errs[i] = q.Send(&s[i])
+	}
+}
+
+type fakeEnv struct {
+	drv *fakeDrv
+	dev *Device
+	pd  *PD
+	scq *CQ
+	rcq *CQ
+	qp  *QP
+	ah  *AH
+	mr  *MR
+	buf []byte
+}
+
+func newFakeEnv(t *testing.T, batch bool, sendCQE int) *fakeEnv {
+	t.Helper()
+	e := &fakeEnv{drv: &fakeDrv{batch: batch}}
+	e.dev = RegisterDevice(e.drv)
+	t.Cleanup(func() { UnregisterDevice(e.dev) })
+	ctx, err := e.dev.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.pd, err = ctx.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+	if e.scq, err = ctx.CreateCQ(sendCQE); err != nil {
+		t.Fatal(err)
+	}
+	if e.rcq, err = ctx.CreateCQ(16); err != nil {
+		t.Fatal(err)
+	}
+	e.qp, err = e.pd.CreateQP(&QPInitAttr{SendCQ: e.scq, RecvCQ: e.rcq, QPType: QPTypeUD,
+		Cap: QPCap{MaxSendWR: 256, MaxRecvWR: 4, MaxSendSGE: 2, MaxRecvSGE: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []struct {
+		a QPAttr
+		m QPAttrMask
+	}{
+		{QPAttr{State: QPSInit, PortNum: 1, QKey: 1}, QPAttrState | QPAttrPKeyIdx | QPAttrPort | QPAttrQKey},
+		{QPAttr{State: QPSRTR}, QPAttrState},
+		{QPAttr{State: QPSRTS}, QPAttrState | QPAttrSQPSN},
+	} {
+		if err := e.qp.Modify(&st.a, st.m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e.ah, err = e.pd.CreateAH(&AHAttr{IsGlobal: true, PortNum: 1, GRH: GlobalRoute{DGID: wire.RoCEv2MGID(netip.MustParseAddr("239.1.2.3"))}}); err != nil {
+		t.Fatal(err)
+	}
+	e.buf = make([]byte, 4096)
+	for i := range e.buf {
+		e.buf[i] = byte(i)
+	}
+	if e.mr, err = e.pd.RegMR(e.buf, AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// chain builds n send WRs of 4 bytes each (WR i at offset 4i; every
+// third one in two SGEs of 2 bytes), signaling those for which sig(i).
+func (e *fakeEnv) chain(n int, sig func(int) bool) []SendWR {
+	wrs := make([]SendWR, n)
+	for i := range wrs {
+		sgl := []SGE{e.mr.SGE(4*i, 4)}
+		if i%3 == 2 {
+			sgl = []SGE{e.mr.SGE(4*i, 2), e.mr.SGE(4*i+2, 2)}
+		}
+		wrs[i] = SendWR{WRID: uint64(i), SGList: sgl, Opcode: WRSend, UD: UDWR{AH: e.ah, RemoteQPN: MulticastQPN, RemoteQKey: 1}}
+		if sig(i) {
+			wrs[i].Flags = SendSignaled
+		}
+		if i > 0 {
+			wrs[i-1].Next = &wrs[i]
+		}
+	}
+	return wrs
+}
+
+func (e *fakeEnv) poll(t *testing.T) []WC {
+	t.Helper()
+	var out []WC
+	wc := make([]WC, 16)
+	for {
+		n, err := e.scq.Poll(wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return out
+		}
+		out = append(out, wc[:n]...)
+	}
+}
+
+// TestPostSendBatches posts a chain to a batching provider: it gets the
+// datagrams MaxSendBatch at a time, in order, with the right payloads, and
+// the signaled ones complete in order with the status of their send.
+func TestPostSendBatches(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		e := newFakeEnv(t, batch, 256)
+		q := e.drv.qps[0]
+		q.fail = map[int]error{40: syscall.ENOBUFS}
+		const n = 70
+		wrs := e.chain(n, func(i int) bool { return i%2 == 0 })
+		if err := e.qp.PostSend(&wrs[0]); err != nil {
+			t.Fatalf("batch %v: %v", batch, err)
+		}
+		if len(q.sent) != n {
+			t.Fatalf("batch %v: %d datagrams sent", batch, len(q.sent))
+		}
+		for i, p := range q.sent {
+			if want := e.buf[4*i : 4*i+4]; string(p) != string(want) {
+				t.Fatalf("batch %v: datagram %d payload %v, want %v", batch, i, p, want)
+			}
+		}
+		if batch && (len(q.batches) != 3 || q.batches[0] != MaxSendBatch || q.batches[2] != n-2*MaxSendBatch) {
+			t.Errorf("batches %v", q.batches)
+		}
+		wcs := e.poll(t)
+		if len(wcs) != n/2 {
+			t.Fatalf("batch %v: %d completions", batch, len(wcs))
+		}
+		for k, wc := range wcs {
+			status, vendor := WCSuccess, uint32(0)
+			if wc.WRID == 40 {
+				status, vendor = WCLocQPOpErr, uint32(syscall.ENOBUFS)
+			}
+			if wc.WRID != uint64(2*k) || wc.Status != status || wc.VendorErr != vendor || wc.ByteLen != 4 || wc.Opcode != WCOpSend {
+				t.Errorf("batch %v: completion %d: %+v", batch, k, wc)
+			}
+		}
+	}
+}
+
+// TestPostSendBadWRInChain checks that a bad WR in the middle of a chain
+// fails with its index after the WRs before it were sent and completed.
+func TestPostSendBadWRInChain(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		e := newFakeEnv(t, batch, 256)
+		wrs := e.chain(40, func(int) bool { return true })
+		wrs[35].UD.AH = nil
+		err := e.qp.PostSend(&wrs[0])
+		var bad *BadWRError
+		if !errors.As(err, &bad) || bad.Index != 35 || !errors.Is(err, syscall.EINVAL) {
+			t.Fatalf("batch %v: %v", batch, err)
+		}
+		if n := len(e.drv.qps[0].sent); n != 35 {
+			t.Errorf("batch %v: %d sent", batch, n)
+		}
+		if n := len(e.poll(t)); n != 35 {
+			t.Errorf("batch %v: %d completions", batch, n)
+		}
+	}
+}
+
+// TestPostSendCQRoom checks that a signaled WR finding no room in the send
+// CQ (counting the completions of its batch not yet queued) fails with
+// ENOMEM after the ones before it were sent.
+func TestPostSendCQRoom(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		e := newFakeEnv(t, batch, 4)
+		wrs := e.chain(6, func(int) bool { return true })
+		err := e.qp.PostSend(&wrs[0])
+		var bad *BadWRError
+		if !errors.As(err, &bad) || bad.Index != 4 || !errors.Is(err, syscall.ENOMEM) {
+			t.Fatalf("batch %v: %v", batch, err)
+		}
+		if n := len(e.drv.qps[0].sent); n != 4 {
+			t.Errorf("batch %v: %d sent", batch, n)
+		}
+		if n := len(e.poll(t)); n != 4 {
+			t.Errorf("batch %v: %d completions", batch, n)
+		}
+	}
+}
+
+// TestPostSendAllocs checks that posting a chain to a batching provider
+// allocates nothing in steady state.
+func TestPostSendAllocs(t *testing.T) {
+	e := newFakeEnv(t, true, 256)
+	q := e.drv.qps[0]
+	q.discard = true
+	wrs := e.chain(40, func(i int) bool { return i == 39 })
+	var wc [4]WC
+	post := func() {
+		if err := e.qp.PostSend(&wrs[0]); err != nil {
+			t.Fatal(err)
+		}
+		e.scq.Poll(wc[:])
+		q.batches = q.batches[:0]
+	}
+	post()
+	if a := testing.AllocsPerRun(50, post); a != 0 {
+		t.Errorf("%v allocations per chain of 40", a)
+	}
+}
+
+// TestDeliverBurst checks that a completion delivered in a Burst wakes a
+// waiter at Flush, and that Wait allocates nothing.
+func TestDeliverBurst(t *testing.T) {
+	e := newFakeEnv(t, true, 16)
+	rbuf := make([]byte, 4*128)
+	mr, err := e.pd.RegMR(rbuf, AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if err := e.qp.PostRecv(&RecvWR{WRID: uint64(i), SGList: []SGE{mr.SGE(128*i, 128)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	br := e.drv.qps[0].rx.(BurstReceiver)
+	woke := make(chan error, 1)
+	go func() { woke <- e.rcq.Wait(context.Background()) }()
+	for e.rcq.waitersNow() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	var b Burst
+	var grh [GRHLen]byte
+	if r := br.DeliverBurst(&b, &grh, []byte("one"), 7, 0, false); r != Delivered {
+		t.Fatalf("deliver: %v", r)
+	}
+	if r := br.DeliverBurst(&b, &grh, []byte("two"), 7, 0, false); r != Delivered {
+		t.Fatalf("deliver: %v", r)
+	}
+	select {
+	case <-woke:
+		t.Fatal("waiter woken before Flush")
+	case <-time.After(20 * time.Millisecond):
+	}
+	b.Flush()
+	if err := <-woke; err != nil {
+		t.Fatal(err)
+	}
+	if n := e.rcq.Len(); n != 2 {
+		t.Errorf("%d completions", n)
+	}
+	// Wait with completions queued returns at once, without allocating.
+	if a := testing.AllocsPerRun(100, func() { e.rcq.Wait(context.Background()) }); a != 0 {
+		t.Errorf("Wait: %v allocations", a)
+	}
+}
+
+// TestCQWaiters checks that one completion wakes every waiter, that a
+// cancelled waiter leaves, and that Destroy wakes waiters with EINVAL.
+func TestCQWaiters(t *testing.T) {
+	e := newFakeEnv(t, false, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 8)
+	for range 3 {
+		go func() { errs <- e.scq.Wait(context.Background()) }()
+	}
+	go func() { errs <- e.scq.Wait(ctx) }()
+	for e.scq.waitersNow() < 4 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-errs; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter: %v", err)
+	}
+	wrs := e.chain(1, func(int) bool { return true })
+	if err := e.qp.PostSend(&wrs[0]); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.poll(t)
+	for range 2 {
+		go func() { errs <- e.rcq.Wait(context.Background()) }()
+	}
+	for e.rcq.waitersNow() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	e.qp.Destroy()
+	if err := e.rcq.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-errs; !errors.Is(err, syscall.EINVAL) {
+			t.Fatalf("waiter on a destroyed CQ: %v", err)
+		}
+	}
+}
+
+func (cq *CQ) waitersNow() int {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return cq.waiters
+}
