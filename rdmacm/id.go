@@ -48,7 +48,7 @@ type ID struct {
 	ownCQs   []*verbs.CQ
 	sendCQ   *verbs.CQ
 	recvCQ   *verbs.CQ
-	mcs      []*mcJoin // newest first, like librdmacm's list head insertion
+	mcs      []*mcJoin // oldest first; lookups go newest first, like librdmacm's list
 
 	// guarded by ch.mu
 	eventsReported  int

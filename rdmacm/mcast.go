@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync/atomic"
 	"syscall"
 
@@ -90,7 +91,7 @@ func (id *ID) joinLocked(sa sockaddr, flags uint32, ctx any) (*Event, error) {
 		if err := id.joinIBLocked(mc); err != nil {
 			return nil, err
 		}
-		id.mcs = append([]*mcJoin{mc}, id.mcs...)
+		id.mcs = append(id.mcs, mc)
 		return nil, nil
 	}
 	return id.joinRoCELocked(mc)
@@ -124,7 +125,7 @@ func (id *ID) joinRoCELocked(mc *mcJoin) (*Event, error) {
 		}
 		mc.netRef = true
 	}
-	id.mcs = append([]*mcJoin{mc}, id.mcs...)
+	id.mcs = append(id.mcs, mc)
 	mgid := wire.RoCEv2MGID(group)
 	ev := &Event{ID: id, Event: EventMulticastJoin, mc: mc}
 	ev.Param = UDParam{
@@ -262,10 +263,11 @@ func (id *ID) LeaveMulticast(addr net.Addr) error {
 	}
 	id.mu.Lock()
 	var mc *mcJoin
-	for i, m := range id.mcs {
-		if m.addr == sa {
-			mc = m
-			id.mcs = append(id.mcs[:i:i], id.mcs[i+1:]...)
+	// Newest first, as librdmacm's list (joins are appended).
+	for i := len(id.mcs) - 1; i >= 0; i-- {
+		if id.mcs[i].addr == sa {
+			mc = id.mcs[i]
+			id.mcs = slices.Delete(id.mcs, i, i+1)
 			break
 		}
 	}

@@ -197,6 +197,20 @@ func (d *Device) refreshInfo() (*ifInfo, error) {
 	return info, nil
 }
 
+// currentInfo returns the interface's state: the cached copy while the
+// netlink watcher keeps it up to date (it refreshes it on every link and
+// address change), else a fresh read (two netlink dumps).
+func (d *Device) currentInfo() *ifInfo {
+	d.ev.mu.Lock()
+	watched := d.ev.done != nil && d.ev.live
+	d.ev.mu.Unlock()
+	if watched {
+		return d.info.Load()
+	}
+	info, _ := d.refreshInfo()
+	return info
+}
+
 // QueryPort returns the attributes of port 1 (verbs.Driver): Ethernet link
 // layer, ACTIVE while the interface is up and running, active MTU from the
 // netdev MTU like rxe.
@@ -204,7 +218,7 @@ func (d *Device) QueryPort(port uint8) (verbs.PortAttr, error) {
 	if port != 1 {
 		return verbs.PortAttr{}, fmt.Errorf("rxe: %s: port %d: %w", d.name, port, syscall.EINVAL)
 	}
-	info, _ := d.refreshInfo()
+	info := d.currentInfo()
 	st := verbs.PortDown
 	if info.up {
 		st = verbs.PortActive
@@ -227,7 +241,7 @@ func (d *Device) GIDTable(port uint8) ([]verbs.GIDEntry, error) {
 	if port != 1 {
 		return nil, fmt.Errorf("rxe: %s: port %d: %w", d.name, port, syscall.EINVAL)
 	}
-	info, _ := d.refreshInfo()
+	info := d.currentInfo()
 	return append([]verbs.GIDEntry(nil), info.gids...), nil
 }
 

@@ -50,6 +50,7 @@ type events struct {
 	subs   map[int]func(NetEvent)
 	nextID int
 	done   chan struct{} // closes the watcher; nil when not running
+	live   bool          // the watcher receives link and address changes
 	exited chan struct{}
 
 	dispatching atomic.Bool // the watcher is inside a callback
@@ -126,6 +127,9 @@ func (d *Device) startWatcherLocked() {
 		addrCh = nil
 	}
 	e.done, e.exited = done, exited
+	e.live = linkCh != nil && addrCh != nil
+	// Changes before the subscriptions started are not in the cache yet.
+	d.refreshInfo()
 	go d.watch(done, exited, linkCh, addrCh)
 }
 
