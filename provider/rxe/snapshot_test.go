@@ -3,6 +3,7 @@ package rxe
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -35,8 +36,12 @@ func TestSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	rx.wait(t)
-
+	// The receive goroutine counts a delivery right after handing it over.
 	s := d.Snapshot()
+	for deadline := time.Now().Add(2 * time.Second); s.Counters.Delivered == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		s = d.Snapshot()
+	}
 	if s.Name != "rxe_lo" || s.Ifname != "lo" || !s.Up || s.Port.State != verbs.PortActive || s.Port.ActiveMTU != verbs.MTU4096 {
 		t.Errorf("device: %s %s up=%v port %v mtu %v", s.Name, s.Ifname, s.Up, s.Port.State, s.Port.ActiveMTU)
 	}
