@@ -105,10 +105,12 @@ func BenchmarkLoopback(b *testing.B) {
 				if _, err := s.send(); err != nil {
 					b.Fatal(err)
 				}
-				for got := 0; got < batch; got += r.n {
-					if err := r.raw.Read(r.fn); err != nil {
+				for got := 0; got < batch; {
+					n, err := r.rd.Read()
+					if err != nil {
 						b.Fatal(err)
 					}
+					got += n
 				}
 			}
 		})

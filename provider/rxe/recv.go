@@ -3,6 +3,7 @@ package rxe
 import (
 	"errors"
 
+	"github.com/softrdma/softrdma/internal/mmsg"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -12,7 +13,7 @@ import (
 type receiver struct {
 	d  *Device
 	s  *recvSock
-	br *batchReader
+	br *mmsg.Reader
 
 	meta rxMeta
 	pkt  wire.Packet
@@ -24,19 +25,19 @@ type receiver struct {
 	burst verbs.Burst
 }
 
-func newReceiver(d *Device, s *recvSock, br *batchReader) *receiver {
+func newReceiver(d *Device, s *recvSock, br *mmsg.Reader) *receiver {
 	return &receiver{d: d, s: s, br: br}
 }
 
 // run reads batches until the socket is closed.
 func (r *receiver) run() {
 	for {
-		n, err := r.br.read()
+		n, err := r.br.Read()
 		if err != nil {
 			return
 		}
 		for i := 0; i < n; i++ {
-			b, name, oob, trunc := r.br.datagram(i)
+			b, name, oob, trunc := r.br.Datagram(i)
 			r.handle(b, name, oob, trunc)
 		}
 		r.burst.Flush()

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/mmsg"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -23,7 +24,7 @@ type injector struct {
 
 func newInjector(t *testing.T) *injector {
 	t.Helper()
-	c, err := listenUDP("udp4", "127.0.0.1:0", func(fd int) error {
+	c, err := mmsg.ListenUDP("udp4", "127.0.0.1:0", func(fd int) error {
 		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO); err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/mmsg"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -63,29 +64,14 @@ type sendSlot struct {
 type sendScratch struct {
 	slots [verbs.MaxSendBatch]sendSlot
 	hs    [verbs.MaxSendBatch]unix.Mmsghdr
-
-	cnt, off int // sendmmsg progress over hs[:cnt]
-	errno    syscall.Errno
-	fn       func(fd uintptr) bool
+	snd   mmsg.Sender // sendmmsg of hs
 }
 
 var scratchPool = sync.Pool{New: func() any {
 	sc := &sendScratch{}
-	sc.fn = sc.sendmmsg
+	sc.snd.Init()
 	return sc
 }}
-
-func (sc *sendScratch) sendmmsg(fd uintptr) bool {
-	n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&sc.hs[sc.off])), uintptr(sc.cnt-sc.off), 0, 0, 0)
-	if e == unix.EAGAIN {
-		return false
-	}
-	sc.errno = e
-	if e == 0 {
-		sc.off += int(n)
-	}
-	return true
-}
 
 // zeroPad is the pad the ICRC covers.
 var zeroPad [3]byte
@@ -243,19 +229,20 @@ func (q *qp) transmit(sc *sendScratch, k int, v6 bool, s []verbs.UDSend, errs []
 		h.SetControllen(sl.oobLen)
 		h.Flags = 0
 	}
-	sc.cnt, sc.off = k, 0
-	for sc.off < k {
-		if err := raw.Write(sc.fn); err != nil {
-			for j := sc.off; j < k; j++ {
+	for off := 0; off < k; {
+		n, errno, err := sc.snd.Send(raw, sc.hs[off:k])
+		if err != nil {
+			for j := off; j < k; j++ {
 				q.sendFailed(&s[sc.slots[j].idx], &errs[sc.slots[j].idx], err)
 			}
 			break
 		}
-		if sc.errno != 0 {
-			j := sc.slots[sc.off].idx
-			q.sendFailed(&s[j], &errs[j], sc.errno)
-			sc.off++
+		if errno != 0 {
+			j := sc.slots[off].idx
+			q.sendFailed(&s[j], &errs[j], errno)
+			n = 1
 		}
+		off += n
 	}
 	var pkts, bytes uint64
 	for j := range k {

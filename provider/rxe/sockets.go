@@ -1,7 +1,6 @@
 package rxe
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -11,11 +10,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/mmsg"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -28,23 +27,6 @@ const ipv6FlowInfo = 11
 
 // recvBufSize is the receive socket buffer the package asks for.
 const recvBufSize = 4 << 20
-
-// listenUDP opens a UDP socket with network "udp4"/"udp6" bound to addr,
-// running setup on the descriptor before bind.
-func listenUDP(network, addr string, setup func(fd int) error) (*net.UDPConn, error) {
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) { serr = setup(int(fd)) }); err != nil {
-			return err
-		}
-		return serr
-	}}
-	pc, err := lc.ListenPacket(context.Background(), network, addr)
-	if err != nil {
-		return nil, err
-	}
-	return pc.(*net.UDPConn), nil
-}
 
 // sockopt is one setsockopt call; optional ones may fail (older kernels).
 type sockopt struct {
@@ -68,7 +50,7 @@ func openRecvConn(v6 bool) (*net.UDPConn, error) {
 		{unix.SOL_SOCKET, unix.SO_RCVBUF, recvBufSize, true},
 	}
 	if !v6 {
-		return listenUDP("udp4", "0.0.0.0:"+strconv.Itoa(wire.UDPPort), func(fd int) error {
+		return mmsg.ListenUDP("udp4", "0.0.0.0:"+strconv.Itoa(wire.UDPPort), func(fd int) error {
 			return setOpts(fd, append(common,
 				sockopt{unix.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0, false},
 				sockopt{unix.IPPROTO_IP, unix.IP_PKTINFO, 1, false},
@@ -77,7 +59,7 @@ func openRecvConn(v6 bool) (*net.UDPConn, error) {
 			))
 		})
 	}
-	return listenUDP("udp6", "[::]:"+strconv.Itoa(wire.UDPPort), func(fd int) error {
+	return mmsg.ListenUDP("udp6", "[::]:"+strconv.Itoa(wire.UDPPort), func(fd int) error {
 		return setOpts(fd, append(common,
 			sockopt{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1, false},
 			sockopt{unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_ALL, 0, true},
@@ -98,7 +80,7 @@ func openSendConn(v6 bool, ifindex int, src4 netip.Addr) (*net.UDPConn, uint16, 
 	var conn *net.UDPConn
 	var err error
 	if !v6 {
-		conn, err = listenUDP("udp4", "0.0.0.0:0", func(fd int) error {
+		conn, err = mmsg.ListenUDP("udp4", "0.0.0.0:0", func(fd int) error {
 			if err := setOpts(fd, []sockopt{
 				{unix.SOL_SOCKET, unix.SO_NO_CHECK, 1, false},
 				{unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO, false},
@@ -114,7 +96,7 @@ func openSendConn(v6 bool, ifindex int, src4 netip.Addr) (*net.UDPConn, uint16, 
 			return unix.SetsockoptIPMreqn(fd, unix.IPPROTO_IP, unix.IP_MULTICAST_IF, &mreq)
 		})
 	} else {
-		conn, err = listenUDP("udp6", "[::]:0", func(fd int) error {
+		conn, err = mmsg.ListenUDP("udp6", "[::]:0", func(fd int) error {
 			return setOpts(fd, []sockopt{
 				{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1, false},
 				{unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_TX, 1, false},
@@ -293,19 +275,6 @@ func parseRxMeta(m *rxMeta, name []byte, oob []byte, v6 bool) {
 	}
 }
 
-// batchReader reads datagrams from a socket with recvmmsg. Its buffers
-// come from a pool and go back to it whenever the socket has nothing to
-// read, so an idle socket (one of thousands holding memberships) holds
-// none; under load a reader keeps its buffers.
-type batchReader struct {
-	raw  syscall.RawConn
-	bufs *readBufs // nil while idle
-
-	n     int
-	errno syscall.Errno
-	fn    func(fd uintptr) bool
-}
-
 // RecvBatch is the number of datagrams a receive goroutine reads with one
 // recvmmsg.
 const RecvBatch = 16
@@ -316,104 +285,27 @@ const (
 	readOOBLen = 256
 )
 
-// readBufs are the buffers of one recvmmsg batch.
+// readBufs are the buffers of one recvmmsg batch, in one allocation.
 type readBufs struct {
+	mmsg.Batch
 	hs    [readBatch]unix.Mmsghdr
 	iovs  [readBatch]unix.Iovec
-	names [readBatch][unix.SizeofSockaddrInet6]byte
-	oobs  [readBatch][readOOBLen]byte
-	data  [readBatch][readBufLen]byte
+	names [readBatch * unix.SizeofSockaddrInet6]byte
+	oobs  [readBatch * readOOBLen]byte
+	data  [readBatch * readBufLen]byte
 }
 
-var readPool = sync.Pool{New: func() any {
+// readPool holds the buffers of recvmmsg batches. A receive socket's
+// reader takes one from it and gives it back whenever the socket has
+// nothing to read, so an idle socket (one of thousands holding
+// memberships) holds none; under load a reader keeps its buffers.
+var readPool = mmsg.NewPool(func() *mmsg.Batch {
 	b := &readBufs{}
-	for i := range b.hs {
-		b.iovs[i].Base = &b.data[i][0]
-		b.iovs[i].SetLen(readBufLen)
-		h := &b.hs[i].Hdr
-		h.Name = &b.names[i][0]
-		h.Iov = &b.iovs[i]
-		h.SetIovlen(1)
-		h.Control = &b.oobs[i][0]
-	}
-	return b
-}}
+	b.Init(b.hs[:], b.iovs[:], b.data[:], b.names[:], b.oobs[:])
+	return &b.Batch
+})
 
-func newBatchReader(conn *net.UDPConn) (*batchReader, error) {
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	r := &batchReader{raw: raw}
-	r.fn = r.recvmmsg
-	return r, nil
-}
-
-func (r *batchReader) recvmmsg(fd uintptr) bool {
-	b := r.bufs
-	if b == nil {
-		b = readPool.Get().(*readBufs)
-		r.bufs = b
-	}
-	for i := range b.hs {
-		h := &b.hs[i].Hdr
-		h.Namelen = unix.SizeofSockaddrInet6
-		h.SetControllen(readOOBLen)
-		h.Flags = 0
-		b.hs[i].Len = 0
-	}
-	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hs[0])),
-		uintptr(len(b.hs)), unix.MSG_DONTWAIT, 0, 0)
-	if e == unix.EAGAIN {
-		readPool.Put(b)
-		r.bufs = nil
-		return false
-	}
-	r.n, r.errno = int(n), e
-	if e != 0 {
-		r.n = 0
-	}
-	return true
-}
-
-// read blocks until at least one datagram is read and returns how many; an
-// error means the socket was closed (or failed for good). The datagrams
-// stay valid until the next read.
-func (r *batchReader) read() (int, error) {
-	for {
-		if err := r.raw.Read(r.fn); err != nil {
-			r.release()
-			return 0, err
-		}
-		switch r.errno {
-		case 0:
-			if r.n > 0 {
-				return r.n, nil
-			}
-		case unix.EINTR, unix.ENOMEM, unix.ENOBUFS:
-			// transient
-		default:
-			r.release()
-			return 0, r.errno
-		}
-	}
-}
-
-// release gives the buffers back to the pool.
-func (r *batchReader) release() {
-	if r.bufs != nil {
-		readPool.Put(r.bufs)
-		r.bufs = nil
-	}
-}
-
-// datagram returns the i-th datagram of the last batch: its bytes, raw
-// source address, control messages and whether it was truncated.
-func (r *batchReader) datagram(i int) (b, name, oob []byte, trunc bool) {
-	bf := r.bufs
-	h := &bf.hs[i].Hdr
-	n := int(bf.hs[i].Len)
-	nn := min(int(h.Controllen), readOOBLen)
-	nl := min(int(h.Namelen), unix.SizeofSockaddrInet6)
-	return bf.data[i][:n], bf.names[i][:nl], bf.oobs[i][:nn], h.Flags&unix.MSG_TRUNC != 0
+// newBatchReader returns the recvmmsg reader of a receive socket.
+func newBatchReader(conn *net.UDPConn) (*mmsg.Reader, error) {
+	return mmsg.NewPooledReader(conn, readPool)
 }

@@ -1,0 +1,296 @@
+// Package mmsg does batched datagram I/O on UDP sockets: recvmmsg(2) and
+// sendmmsg(2) called through syscall.RawConn, so that a goroutine waiting
+// for a socket parks in the runtime's netpoller instead of blocking a
+// thread in the kernel.
+//
+// It is the one implementation of batching shared by the rxe provider's
+// sockets and the plain-UDP baseline of the benchmark, so that the two
+// batch alike. The wrappers are thin, in the manner of
+// golang.org/x/net/ipv4's batch I/O and gVisor's rawfile: the caller's
+// buffers, message headers and iovecs are set up once (Batch), and a read
+// or a send allocates nothing per datagram.
+//
+// Linux only.
+package mmsg
+
+import (
+	"context"
+	"net"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// ListenUDP opens a UDP socket of network "udp4" or "udp6" bound to addr,
+// running setup on the descriptor before bind (to set socket options).
+func ListenUDP(network, addr string, setup func(fd int) error) (*net.UDPConn, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = setup(int(fd)) }); err != nil {
+			return err
+		}
+		return serr
+	}}
+	pc, err := lc.ListenPacket(context.Background(), network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return pc.(*net.UDPConn), nil
+}
+
+// Batch is the memory of one recvmmsg or sendmmsg call: N message headers,
+// each with one iovec over its own data buffer and, optionally, its own
+// address (msg_name) and control message (msg_control) buffers. All of it
+// is allocated once, by NewBatch.
+type Batch struct {
+	// Hdrs are the message headers, one per datagram; Hdrs[i] points at
+	// the i-th iovec, name and control buffer.
+	Hdrs []unix.Mmsghdr
+
+	iovs    []unix.Iovec
+	data    []byte
+	names   []byte
+	oobs    []byte
+	bufLen  int
+	nameLen int
+	oobLen  int
+}
+
+// NewBatch allocates a batch of n datagrams of up to bufLen bytes each.
+// nameLen is the size of each address buffer (e.g.
+// unix.SizeofSockaddrInet6) and oobLen of each control buffer; 0 means
+// none (msg_name or msg_control nil).
+func NewBatch(n, bufLen, nameLen, oobLen int) *Batch {
+	b := &Batch{}
+	b.Init(make([]unix.Mmsghdr, n), make([]unix.Iovec, n), make([]byte, n*bufLen),
+		make([]byte, n*nameLen), make([]byte, n*oobLen))
+	return b
+}
+
+// Init lays the batch over memory the caller provides, so that it can be
+// one allocation with the batch (see Pool): len(hs) > 0 datagrams, with one
+// iovec each in iovs, and data, names and oobs split evenly among them
+// (names or oobs may be empty: none). Each control buffer should be a
+// multiple of 8 bytes and oobs 8-byte aligned, as control messages are
+// read through *unix.Cmsghdr.
+func (b *Batch) Init(hs []unix.Mmsghdr, iovs []unix.Iovec, data, names, oobs []byte) {
+	n := len(hs)
+	*b = Batch{Hdrs: hs, iovs: iovs[:n], data: data, names: names, oobs: oobs,
+		bufLen: len(data) / n, nameLen: len(names) / n, oobLen: len(oobs) / n}
+	for i := range hs {
+		h := &hs[i].Hdr
+		*h = unix.Msghdr{}
+		if b.bufLen > 0 {
+			b.iovs[i].Base = &data[i*b.bufLen]
+			b.iovs[i].SetLen(b.bufLen)
+		}
+		h.Iov = &b.iovs[i]
+		h.SetIovlen(1)
+		if b.nameLen > 0 {
+			h.Name = &names[i*b.nameLen]
+			h.Namelen = uint32(b.nameLen)
+		}
+		if b.oobLen > 0 {
+			h.Control = &oobs[i*b.oobLen]
+			h.SetControllen(b.oobLen)
+		}
+	}
+}
+
+// Buf returns the whole data buffer of the i-th datagram (bufLen bytes),
+// to fill before a send.
+func (b *Batch) Buf(i int) []byte { return b.data[i*b.bufLen : (i+1)*b.bufLen] }
+
+// reset readies the headers for a receive: full name and control buffer
+// lengths, no flags, no length.
+func (b *Batch) reset() {
+	for i := range b.Hdrs {
+		h := &b.Hdrs[i].Hdr
+		h.Namelen = uint32(b.nameLen)
+		h.SetControllen(b.oobLen)
+		h.Flags = 0
+		b.Hdrs[i].Len = 0
+	}
+}
+
+// Datagram returns the i-th datagram received into the batch: its bytes,
+// raw source address (a unix.RawSockaddrInet4/6), control messages and
+// whether the kernel truncated it (MSG_TRUNC).
+func (b *Batch) Datagram(i int) (data, name, oob []byte, trunc bool) {
+	h := &b.Hdrs[i].Hdr
+	n := int(b.Hdrs[i].Len)
+	nn := min(int(h.Controllen), b.oobLen)
+	nl := min(int(h.Namelen), b.nameLen)
+	off := i * b.bufLen
+	return b.data[off : off+n], b.names[i*b.nameLen : i*b.nameLen+nl],
+		b.oobs[i*b.oobLen : i*b.oobLen+nn], h.Flags&unix.MSG_TRUNC != 0
+}
+
+// Pool is a pool of batches of one shape, for readers of idle sockets to
+// hold no buffers.
+type Pool struct{ p sync.Pool }
+
+// NewPool returns a pool whose batches newBatch makes. A batch made in one
+// allocation (Batch.Init over arrays of the same struct) keeps the pool's
+// refills to one allocation.
+func NewPool(newBatch func() *Batch) *Pool {
+	p := &Pool{}
+	p.p.New = func() any { return newBatch() }
+	return p
+}
+
+// Get takes a batch from the pool.
+func (p *Pool) Get() *Batch { return p.p.Get().(*Batch) }
+
+// Put gives a batch back to the pool.
+func (p *Pool) Put(b *Batch) { p.p.Put(b) }
+
+// Reader reads batches of datagrams from one socket with recvmmsg. It is
+// used by one goroutine at a time.
+type Reader struct {
+	raw  syscall.RawConn
+	pool *Pool  // nil: b is the reader's own
+	b    *Batch // nil while idle (pooled reader)
+
+	n     int
+	errno syscall.Errno
+	fn    func(fd uintptr) bool // r.recvmmsg, bound once
+}
+
+// NewReader returns a reader of conn into b, which it keeps.
+func NewReader(conn *net.UDPConn, b *Batch) (*Reader, error) {
+	return newReader(conn, nil, b)
+}
+
+// NewPooledReader returns a reader of conn whose batch comes from p and
+// goes back to it whenever the socket has nothing to read, so that an idle
+// socket holds no buffers; under load the reader keeps its batch.
+func NewPooledReader(conn *net.UDPConn, p *Pool) (*Reader, error) {
+	return newReader(conn, p, nil)
+}
+
+func newReader(conn *net.UDPConn, p *Pool, b *Batch) (*Reader, error) {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	r := &Reader{raw: raw, pool: p, b: b}
+	r.fn = r.recvmmsg
+	return r, nil
+}
+
+// recvmmsg is the RawConn.Read callback: one non-blocking recvmmsg;
+// false (wait in the netpoller) when there is nothing to read.
+func (r *Reader) recvmmsg(fd uintptr) bool {
+	b := r.b
+	if b == nil {
+		b = r.pool.Get()
+		r.b = b
+	}
+	b.reset()
+	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.Hdrs[0])),
+		uintptr(len(b.Hdrs)), unix.MSG_DONTWAIT, 0, 0)
+	if e == unix.EAGAIN {
+		if r.pool != nil {
+			r.pool.Put(b)
+			r.b = nil
+		}
+		return false
+	}
+	r.n, r.errno = int(n), e
+	if e != 0 {
+		r.n = 0
+	}
+	return true
+}
+
+// Read blocks until at least one datagram is read and returns how many.
+// EINTR, ENOMEM and ENOBUFS are retried; an error means the socket was
+// closed (or failed for good). The datagrams (Datagram) stay valid until
+// the next Read or Release.
+func (r *Reader) Read() (int, error) {
+	for {
+		if err := r.raw.Read(r.fn); err != nil {
+			r.Release()
+			return 0, err
+		}
+		switch r.errno {
+		case 0:
+			if r.n > 0 {
+				return r.n, nil
+			}
+		case unix.EINTR, unix.ENOMEM, unix.ENOBUFS:
+			// transient
+		default:
+			r.Release()
+			return 0, r.errno
+		}
+	}
+}
+
+// Datagram returns the i-th datagram of the last Read, as
+// Batch.Datagram.
+func (r *Reader) Datagram(i int) (data, name, oob []byte, trunc bool) {
+	return r.b.Datagram(i)
+}
+
+// Release gives a pooled reader's batch back to its pool; it does nothing
+// for a reader with its own batch.
+func (r *Reader) Release() {
+	if r.pool != nil && r.b != nil {
+		r.pool.Put(r.b)
+		r.b = nil
+	}
+}
+
+// Sender makes sendmmsg calls through a RawConn without allocating (its
+// RawConn callback is bound once). The zero Sender is not ready: use
+// NewSender, or Init on a Sender inside pooled memory.
+type Sender struct {
+	hs    []unix.Mmsghdr
+	n     int
+	errno syscall.Errno
+	fn    func(fd uintptr) bool
+}
+
+// NewSender returns a ready Sender.
+func NewSender() *Sender {
+	s := &Sender{}
+	s.Init()
+	return s
+}
+
+// Init readies s.
+func (s *Sender) Init() { s.fn = s.sendmmsg }
+
+// sendmmsg is the RawConn.Write callback: one sendmmsg; false (wait in the
+// netpoller) while the send buffer is full.
+func (s *Sender) sendmmsg(fd uintptr) bool {
+	n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hs[0])), uintptr(len(s.hs)), 0, 0, 0)
+	if e == unix.EAGAIN {
+		return false
+	}
+	s.n, s.errno = int(n), e
+	if e != 0 {
+		s.n = 0
+	}
+	return true
+}
+
+// Send makes one sendmmsg call for hs (not empty) on raw, waiting in the
+// netpoller while the socket cannot take any. It returns how many messages
+// the kernel took (at least one) and errno 0, or 0 and the errno of
+// sending hs[0]; the caller sends the rest with further calls. err is
+// non-nil when the wait failed (socket closed, deadline): nothing was
+// sent.
+func (s *Sender) Send(raw syscall.RawConn, hs []unix.Mmsghdr) (n int, errno syscall.Errno, err error) {
+	s.hs = hs
+	err = raw.Write(s.fn)
+	s.hs = nil
+	if err != nil {
+		return 0, 0, err
+	}
+	return s.n, s.errno, nil
+}

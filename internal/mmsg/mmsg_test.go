@@ -1,0 +1,147 @@
+package mmsg
+
+import (
+	"net"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// pair opens a receiving and a sending socket on 127.0.0.1 and returns
+// them with the receiver's address.
+func pair(t *testing.T) (rc, sc *net.UDPConn) {
+	t.Helper()
+	rc, err := ListenUDP("udp4", "127.0.0.1:0", func(fd int) error {
+		return unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_PKTINFO, 1)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rc.Close() })
+	sc, err = ListenUDP("udp4", "127.0.0.1:0", func(int) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	rc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	return rc, sc
+}
+
+// sendBatch prepares a batch of n datagrams of size bytes to to.
+func sendBatch(n, size int, to *net.UDPAddr) (*Batch, *unix.RawSockaddrInet4) {
+	b := NewBatch(n, size, 0, 0)
+	sa := &unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: [4]byte{127, 0, 0, 1}}
+	p := (*[2]byte)(unsafe.Pointer(&sa.Port))
+	p[0], p[1] = byte(to.Port>>8), byte(to.Port)
+	for i := range b.Hdrs {
+		buf := b.Buf(i)
+		for k := range buf {
+			buf[k] = byte(i)
+		}
+		b.Hdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(sa))
+		b.Hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet4
+	}
+	return b, sa
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, pooled := range []bool{false, true} {
+		rc, sc := pair(t)
+		var r *Reader
+		var err error
+		if pooled {
+			r, err = NewPooledReader(rc, NewPool(func() *Batch { return NewBatch(4, 2048, unix.SizeofSockaddrInet6, 64) }))
+		} else {
+			r, err = NewReader(rc, NewBatch(4, 2048, unix.SizeofSockaddrInet6, 64))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n, size = 6, 100
+		b, _ := sendBatch(n, size, rc.LocalAddr().(*net.UDPAddr))
+		raw, err := sc.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := NewSender()
+		for off := 0; off < n; {
+			k, errno, err := s.Send(raw, b.Hdrs[off:])
+			if err != nil || errno != 0 {
+				t.Fatal(err, errno)
+			}
+			off += k
+		}
+		got := 0
+		for got < n {
+			k, err := r.Read()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range k {
+				d, name, oob, trunc := r.Datagram(i)
+				if len(d) != size || d[0] != byte(got+i) || trunc {
+					t.Fatalf("datagram %d: len %d first %d trunc %v", got+i, len(d), d[0], trunc)
+				}
+				if len(name) != unix.SizeofSockaddrInet4 || len(oob) == 0 {
+					t.Fatalf("datagram %d: name %d bytes, oob %d bytes", got+i, len(name), len(oob))
+				}
+			}
+			got += k
+		}
+		r.Release()
+	}
+}
+
+func TestTruncated(t *testing.T) {
+	rc, sc := pair(t)
+	r, err := NewReader(rc, NewBatch(2, 16, 0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.WriteTo(make([]byte, 64), rc.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := r.Read(); err != nil || k != 1 {
+		t.Fatal(k, err)
+	}
+	if d, name, oob, trunc := r.Datagram(0); len(d) != 16 || len(name) != 0 || len(oob) != 0 || !trunc {
+		t.Fatalf("got %d bytes, name %d, oob %d, trunc %v", len(d), len(name), len(oob), trunc)
+	}
+}
+
+func TestAllocs(t *testing.T) {
+	rc, sc := pair(t)
+	r, err := NewPooledReader(rc, NewPool(func() *Batch { return NewBatch(4, 2048, unix.SizeofSockaddrInet6, 64) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := sendBatch(4, 64, rc.LocalAddr().(*net.UDPAddr))
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewSender()
+	// Warm the pool and the netpoller registration.
+	round := func() {
+		for off := 0; off < len(b.Hdrs); {
+			k, errno, err := s.Send(raw, b.Hdrs[off:])
+			if err != nil || errno != 0 {
+				t.Fatal(err, errno)
+			}
+			off += k
+		}
+		for got := 0; got < len(b.Hdrs); {
+			k, err := r.Read()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += k
+		}
+	}
+	round()
+	if a := testing.AllocsPerRun(100, round); a != 0 {
+		t.Errorf("%v allocs per batch, want 0", a)
+	}
+}
