@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/nettest"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -34,7 +35,7 @@ func TestBaselineRxeToRxe(t *testing.T) {
 	send := g2.mckey(t, "-m", g.String(), "-b", g2.addr.String(), "-s", "-C", "5", "-S", "100")
 	send.expectExit(0, exitTimeout)
 	recv.expectExit(0, exitTimeout)
-	if !hasLine(recv.output(), "data transfers complete") {
+	if !nettest.HasLine(recv.output(), "data transfers complete") {
 		t.Errorf("%s: no %q", recv.name, "data transfers complete")
 	}
 	sent := waitRoCE(t, caps[g2.port], g2.addr, g, 5)
@@ -87,10 +88,10 @@ func TestGuestReceivesOurSender(t *testing.T) {
 					if !imm {
 						args = append(args, "--no-imm")
 					}
-					l.mckey(t, args...).expectExit(0, exitTimeout)
+					l.mckey(t, args...).ExpectExit(0, exitTimeout)
 				}
 				recv.expectExit(0, exitTimeout)
-				if !hasLine(recv.output(), "data transfers complete") {
+				if !nettest.HasLine(recv.output(), "data transfers complete") {
 					t.Errorf("%s: no %q", recv.name, "data transfers complete")
 				}
 				after := g1.counter(t, "rcvd_pkts")
@@ -113,7 +114,7 @@ func TestGuestReceivesOurSender(t *testing.T) {
 					t.Errorf("softrdma sender (send-only %v): IGMP report for %v on the wire = %v", sendOnly, g, got)
 				}
 				if sendOnly {
-					for _, e := range igmpAbout(caps[l.hostPort].snapshot(), l.hostAddr, g) {
+					for _, e := range nettest.IGMPAbout(caps[l.hostPort].Snapshot(), l.hostAddr, g) {
 						t.Errorf("send-only softrdma sender sent IGMP about %v: %v", g, e)
 					}
 				}
@@ -140,7 +141,7 @@ func TestGuestReceivesOurSender(t *testing.T) {
 		}
 		for i, size := range []int{1, 1024} {
 			l.waitMDB(t, gs[i], g1.port, true, wireTimeout)
-			l.mckey(t, "-m", gs[i].String(), "-b", l.hostAddr.String(), "-s", "-C", "3", "-S", fmt.Sprint(size), "--join-pause", "100ms").expectExit(0, exitTimeout)
+			l.mckey(t, "-m", gs[i].String(), "-b", l.hostAddr.String(), "-s", "-C", "3", "-S", fmt.Sprint(size), "--join-pause", "100ms").ExpectExit(0, exitTimeout)
 		}
 		for i, r := range recvs {
 			r.expectExit(0, exitTimeout)
@@ -173,7 +174,7 @@ func TestOurReceiverFromGuest(t *testing.T) {
 			total := len(sizes) * per
 			recv := l.mckey(t, "-m", g.String(), "-b", l.hostAddr.String(), "-C", fmt.Sprint(total), "-S", "1024",
 				"--timeout", "60s", "--join-pause", "1s")
-			recv.waitLine(joinedLine(g), lineTimeout)
+			recv.WaitLine(joinedLine(g), lineTimeout)
 			l.waitMDB(t, g, l.hostPort, true, wireTimeout)
 			l.waitQuerier()
 			var senders []*gcmd
@@ -187,9 +188,9 @@ func TestOurReceiverFromGuest(t *testing.T) {
 			for _, s := range senders {
 				s.expectExit(0, exitTimeout)
 			}
-			recv.expectExit(0, exitTimeout)
-			if !hasLine(recv.output(), "data transfers complete") {
-				t.Errorf("%s: no %q", recv.name, "data transfers complete")
+			recv.ExpectExit(0, exitTimeout)
+			if !nettest.HasLine(recv.Output(), "data transfers complete") {
+				t.Errorf("%s: no %q", recv.Name, "data transfers complete")
 			}
 			sent := waitRoCE(t, caps[g1.port], g1.addr, g, total)
 			fls := flows(sent)
@@ -216,7 +217,7 @@ func TestOurReceiverFromGuest(t *testing.T) {
 				t.Errorf("rdma-core sender (send-only %v): IGMP report for %v on the wire = %v", sendOnly, g, got)
 			}
 			if sendOnly {
-				for _, e := range igmpAbout(caps[g1.port].snapshot(), g1.addr, g) {
+				for _, e := range nettest.IGMPAbout(caps[g1.port].Snapshot(), g1.addr, g) {
 					t.Errorf("send-only rdma-core sender sent IGMP about %v: %v", g, e)
 				}
 			}
@@ -270,7 +271,7 @@ func TestTwoGroupsTwoGuests(t *testing.T) {
 	for i, r := range recvs {
 		r.waitLine(joinedLine([]netip.Addr{G1, G2, G3, G3, G4}[i]), lineTimeout)
 	}
-	ours.waitLine(joinedLine(G4), lineTimeout)
+	ours.WaitLine(joinedLine(G4), lineTimeout)
 	for _, w := range []struct {
 		g    netip.Addr
 		port string
@@ -279,20 +280,20 @@ func TestTwoGroupsTwoGuests(t *testing.T) {
 	}
 	l.waitQuerier()
 
-	senders := []*proc{
+	senders := []*nettest.Proc{
 		l.mckey(t, "-m", G1.String(), "-b", l.hostAddr.String(), "-s", "-C", "20", "-S", "256", "--join-pause", "200ms"),
 		l.mckey(t, "-m", G2.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "20", "-S", "512", "--join-pause", "200ms"),
 		l.mckey(t, "-m", G3.String(), "-b", l.hostAddr.String(), "-s", "-C", "10", "-S", "1024", "--join-pause", "200ms"),
 	}
 	gsend := g1.mckey(t, "-m", G4.String(), "-b", g1.addr.String(), "-s", "-o", "-C", "10", "-S", "100")
 	for _, s := range senders {
-		s.expectExit(0, exitTimeout)
+		s.ExpectExit(0, exitTimeout)
 	}
 	gsend.expectExit(0, exitTimeout)
 	for _, r := range recvs {
 		r.expectExit(0, exitTimeout)
 	}
-	ours.expectExit(0, exitTimeout)
+	ours.ExpectExit(0, exitTimeout)
 	a1, a2 := g1.counter(t, "rcvd_pkts"), g2.counter(t, "rcvd_pkts")
 	if a1-b1 != 30 {
 		t.Errorf("%v rcvd_pkts grew by %d, want 30 (G1 20 + G3 10)", g1, a1-b1)
@@ -324,32 +325,19 @@ func TestTwoGroupsTwoGuests(t *testing.T) {
 		{g2.port, g2.addr, []netip.Addr{G2, G3, G4}, []netip.Addr{G1}},
 		{l.hostPort, l.hostAddr, []netip.Addr{G4}, []netip.Addr{G1, G2, G3}},
 	} {
-		fs := notFrom(caps[c.port].snapshot(), c.src)
+		fs := nettest.NotFrom(caps[c.port].Snapshot(), c.src)
 		for _, g := range c.want {
-			if len(roceFrames(fs, netip.Addr{}, g)) == 0 {
+			if len(nettest.RoCEFrames(fs, netip.Addr{}, g)) == 0 {
 				t.Errorf("no frames of %v forwarded to %s (a member)", g, c.port)
 			}
 		}
 		for _, g := range c.not {
-			if n := len(roceFrames(fs, netip.Addr{}, g)); n != 0 {
+			if n := len(nettest.RoCEFrames(fs, netip.Addr{}, g)); n != 0 {
 				t.Errorf("%d frames of %v forwarded to %s (not a member)", n, g, c.port)
 			}
 		}
 	}
 	note.set("4 groups, 2 guests, 3 softrdma senders + 1 rdma-core sender, 5 rdma-core + 1 softrdma receivers: all delivered; rcvd_pkts g1 +%d g2 +%d; ports carry only their groups", a1-b1, a2-b2)
-}
-
-// notFrom returns the frames whose IPv4 source is not src: on a bridge
-// port's capture with src the host's address, what the bridge forwarded to
-// that host.
-func notFrom(fs []frame, src netip.Addr) []frame {
-	var out []frame
-	for _, f := range fs {
-		if p, ok := parseIPv4(f); ok && p.src != src {
-			out = append(out, f)
-		}
-	}
-	return out
 }
 
 // TestRxeCountersAndCorruptFrame sends hand-built RoCEv2 frames (package
@@ -406,7 +394,7 @@ func TestRxeCountersAndCorruptFrame(t *testing.T) {
 	for _, b := range [][]byte{badICRC, badICRC, badPayload} {
 		cr.send(t, g, b)
 	}
-	if _, ok := caps[g1.port].waitFor(wireTimeout, roceCount(l.hostAddr, g, 4)); !ok {
+	if _, ok := caps[g1.port].WaitFor(wireTimeout, nettest.RoCECount(l.hostAddr, g, 4)); !ok {
 		t.Fatalf("the corrupted frames did not reach %s", g1.port)
 	}
 	// rxe's receive path runs in softirq; give the TCG guest time.
@@ -416,19 +404,19 @@ func TestRxeCountersAndCorruptFrame(t *testing.T) {
 		t.Errorf("corrupted frames: rcvd_pkts %d → %d, want unchanged (rxe drops a bad ICRC before counting)", c0+1, c1)
 	}
 	cr.send(t, g, wrongQKey)
-	if _, ok := caps[g1.port].waitFor(wireTimeout, roceCount(l.hostAddr, g, 5)); !ok {
+	if _, ok := caps[g1.port].WaitFor(wireTimeout, nettest.RoCECount(l.hostAddr, g, 5)); !ok {
 		t.Fatalf("the wrong-Q_Key frame did not reach %s", g1.port)
 	}
 	sleepFor(2)
 	c2 := g1.counter(t, "rcvd_pkts")
 	if recv.exited() {
-		t.Fatalf("rdma-core receiver (-C 2) completed after 1 valid frame plus corrupted / wrong-Q_Key ones:\n%s", indent(recv.output()))
+		t.Fatalf("rdma-core receiver (-C 2) completed after 1 valid frame plus corrupted / wrong-Q_Key ones:\n%s", nettest.Indent(recv.output()))
 	}
 
 	// 3. A last valid frame completes the receiver.
 	cr.send(t, g, cr.frame(g, 0x01234567, srcQP, false, payload))
 	recv.expectExit(0, exitTimeout)
-	if !hasLine(recv.output(), "data transfers complete") {
+	if !nettest.HasLine(recv.output(), "data transfers complete") {
 		t.Errorf("%s: no %q", recv.name, "data transfers complete")
 	}
 	c3 := g1.counter(t, "rcvd_pkts")
@@ -441,15 +429,15 @@ func TestRxeCountersAndCorruptFrame(t *testing.T) {
 	var valid []bool
 	for _, f := range fs {
 		var p wire.Packet
-		if err := wire.ParseUD(f.body, &p); err != nil {
+		if err := wire.ParseUD(f.Body, &p); err != nil {
 			t.Errorf("crafted frame does not parse: %v", err)
 			continue
 		}
-		ip := wire.IPv4(f.ip)
+		ip := wire.IPv4(f.IP)
 		if ip.ID() != 0 || !ip.DF() {
 			t.Errorf("crafted frame: IP ID %#x DF %v, want 0 and DF (IP_PMTUDISC_DO)", ip.ID(), ip.DF())
 		}
-		valid = append(valid, wire.ICRCv4(ip, wire.UDP(f.udp), p.Body) == p.ICRC)
+		valid = append(valid, wire.ICRCv4(ip, wire.UDP(f.UDP), p.Body) == p.ICRC)
 	}
 	if want := []bool{true, false, false, false, true, true}; !slices.Equal(valid, want) {
 		t.Errorf("ICRC valid per captured frame %v, want %v", valid, want)
@@ -490,8 +478,8 @@ func TestIGMP(t *testing.T) {
 	oSendOnly := l.mckey(t, "-m", G4.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "0", "--join-pause", "3s")
 	rFull.waitLine(joinedLine(G1), lineTimeout)
 	rSendOnly.waitLine(joinedLine(G2), lineTimeout)
-	oFull.waitLine(joinedLine(G3), lineTimeout)
-	oSendOnly.waitLine(joinedLine(G4), lineTimeout)
+	oFull.WaitLine(joinedLine(G3), lineTimeout)
+	oSendOnly.WaitLine(joinedLine(G4), lineTimeout)
 
 	for _, c := range []struct {
 		who   string
@@ -499,13 +487,13 @@ func TestIGMP(t *testing.T) {
 		src   netip.Addr
 		group netip.Addr
 	}{{"rdma-core (" + g1.name + ")", g1.port, g1.addr, G1}, {"softrdma", l.hostPort, l.hostAddr, G3}} {
-		if !waitIGMP(caps[c.port], c.src, c.group, igmpEvent.join) {
+		if !waitIGMP(caps[c.port], c.src, c.group, nettest.IGMPEvent.Join) {
 			t.Errorf("no IGMP membership report for %v from the %s full member within %v", c.group, c.who, wireTimeout)
 		}
 		l.waitMDB(t, c.group, c.port, true, wireTimeout)
 	}
 	rSendOnly.expectExit(0, exitTimeout)
-	oSendOnly.expectExit(0, exitTimeout)
+	oSendOnly.ExpectExit(0, exitTimeout)
 	for _, g := range []netip.Addr{G2, G4} {
 		if ports := l.mdbPorts(t, g); len(ports) != 0 {
 			t.Errorf("bridge has members of %v (only a send-only member joined it) on %v", g, ports)
@@ -513,17 +501,17 @@ func TestIGMP(t *testing.T) {
 	}
 	// One message each ends the full members (they leave and exit).
 	for _, g := range []netip.Addr{G1, G3} {
-		l.mckey(t, "-m", g.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "1", "-S", "64", "--join-pause", "100ms").expectExit(0, exitTimeout)
+		l.mckey(t, "-m", g.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "1", "-S", "64", "--join-pause", "100ms").ExpectExit(0, exitTimeout)
 	}
 	rFull.expectExit(0, exitTimeout)
-	oFull.expectExit(0, exitTimeout)
+	oFull.ExpectExit(0, exitTimeout)
 	// The leaves: the last (only) member leaving sends one.
 	for _, c := range []struct {
 		who        string
 		port       string
 		src, group netip.Addr
 	}{{"rdma-core", g1.port, g1.addr, G1}, {"softrdma", l.hostPort, l.hostAddr, G3}} {
-		if !waitIGMP(caps[c.port], c.src, c.group, igmpEvent.leave) {
+		if !waitIGMP(caps[c.port], c.src, c.group, nettest.IGMPEvent.Leave) {
 			t.Errorf("no IGMP leave for %v from the %s member after it exited", c.group, c.who)
 		}
 	}
@@ -533,7 +521,7 @@ func TestIGMP(t *testing.T) {
 		src, group netip.Addr
 	}{{"rdma-core (" + g2.name + ")", g2.addr, G2}, {"softrdma", l.hostAddr, G4}} {
 		for port, cp := range caps {
-			for _, e := range igmpAbout(cp.snapshot(), c.src, c.group) {
+			for _, e := range nettest.IGMPAbout(cp.Snapshot(), c.src, c.group) {
 				t.Errorf("send-only %s member sent IGMP about %v (seen on %s): %v", c.who, c.group, port, e)
 			}
 		}
@@ -566,7 +554,7 @@ func TestSnoopingFollowsMembership(t *testing.T) {
 	recv := g1.mckey(t, "-m", G1.String(), "-b", g1.addr.String(), "-C", "10", "-S", "200")
 	ours := l.mckey(t, "-m", G2.String(), "-b", l.hostAddr.String(), "-C", "10", "-S", "200", "--timeout", "60s", "--join-pause", "1s")
 	recv.waitLine(joinedLine(G1), lineTimeout)
-	ours.waitLine(joinedLine(G2), lineTimeout)
+	ours.WaitLine(joinedLine(G2), lineTimeout)
 	l.waitMDB(t, G1, g1.port, true, wireTimeout)
 	l.waitMDB(t, G2, l.hostPort, true, wireTimeout)
 	l.waitQuerier()
@@ -574,14 +562,14 @@ func TestSnoopingFollowsMembership(t *testing.T) {
 		t.Fatalf("bridge members of %v on %v, want only %s", G1, ports, g1.port)
 	}
 
-	l.mckey(t, "-m", G1.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "10", "-S", "200", "--join-pause", "100ms").expectExit(0, exitTimeout)
+	l.mckey(t, "-m", G1.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "10", "-S", "200", "--join-pause", "100ms").ExpectExit(0, exitTimeout)
 	gsend := g2.mckey(t, "-m", G2.String(), "-b", g2.addr.String(), "-s", "-o", "-C", "10", "-S", "200")
-	l.mckey(t, "-m", G3.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "5", "-S", "64", "--join-pause", "100ms").expectExit(0, exitTimeout)
+	l.mckey(t, "-m", G3.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "5", "-S", "64", "--join-pause", "100ms").ExpectExit(0, exitTimeout)
 	recv.expectExit(0, exitTimeout)
 	gsend.expectExit(0, exitTimeout)
-	ours.expectExit(0, exitTimeout)
-	if !hasLine(ours.output(), "data transfers complete") {
-		t.Errorf("%s: no %q", ours.name, "data transfers complete")
+	ours.ExpectExit(0, exitTimeout)
+	if !nettest.HasLine(ours.Output(), "data transfers complete") {
+		t.Errorf("%s: no %q", ours.Name, "data transfers complete")
 	}
 
 	waitRoCE(t, caps[g1.port], l.hostAddr, G1, 10)
@@ -593,17 +581,17 @@ func TestSnoopingFollowsMembership(t *testing.T) {
 		noRoCE(t, caps[g.port], G3, "G3 has no members")
 	}
 	// h2's port does see what the bridge floods: the IGMP reports to 224.0.0.22.
-	if len(igmpAbout(caps[g2.port].snapshot(), g1.addr, G1)) == 0 {
+	if len(nettest.IGMPAbout(caps[g2.port].Snapshot(), g1.addr, G1)) == 0 {
 		t.Errorf("capture on %s saw no forwarded IGMP report of %v: the capture does not see forwarded frames", g2.port, g1)
 	}
 
 	// g1's receiver has left G1: once the bridge forgot the membership,
 	// G1's frames go nowhere.
 	l.waitMDB(t, G1, g1.port, false, wireTimeout)
-	before := len(roceFrames(caps[g1.port].snapshot(), l.hostAddr, G1))
-	l.mckey(t, "-m", G1.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "5", "-S", "200", "--join-pause", "100ms").expectExit(0, exitTimeout)
+	before := len(nettest.RoCEFrames(caps[g1.port].Snapshot(), l.hostAddr, G1))
+	l.mckey(t, "-m", G1.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "5", "-S", "200", "--join-pause", "100ms").ExpectExit(0, exitTimeout)
 	waitRoCE(t, caps[l.hostPort], l.hostAddr, G1, 15)
-	if after := len(roceFrames(caps[g1.port].snapshot(), l.hostAddr, G1)); after != before {
+	if after := len(nettest.RoCEFrames(caps[g1.port].Snapshot(), l.hostAddr, G1)); after != before {
 		t.Errorf("%d frames of %v forwarded to %s after its member left", after-before, G1, g1.port)
 	}
 	note.set("G1 (rdma-core member) only to %s, none after the leave; G2 (softrdma member) only to %s; G3 (no member) nowhere", g1.port, l.hostPort)
@@ -627,7 +615,7 @@ func TestOurCompletionsMatchTheWire(t *testing.T) {
 	total := per * len(sizes)
 
 	peer := l.grhpeer(t, "-b", l.hostAddr.String(), "-m", g.String(), "-C", fmt.Sprint(total), "-S", "1024", "-timeout", "60s")
-	peer.waitLinePrefix("joined qpn ", lineTimeout)
+	peer.WaitLinePrefix("joined qpn ", lineTimeout)
 	l.waitMDB(t, g, l.hostPort, true, wireTimeout)
 	l.waitQuerier()
 	var senders []*gcmd
@@ -637,15 +625,15 @@ func TestOurCompletionsMatchTheWire(t *testing.T) {
 	for _, s := range senders {
 		s.expectExit(0, exitTimeout)
 	}
-	peer.expectExit(0, exitTimeout)
-	out := peer.output()
+	peer.ExpectExit(0, exitTimeout)
+	out := peer.Output()
 	var myQPN uint32
 	if _, err := fmt.Sscanf(lineWithPrefix(out, "joined qpn "), "joined qpn %v", &myQPN); err != nil {
 		t.Fatalf("grhpeer: no QPN: %v", err)
 	}
 
 	// The frames as they reached h0's port, by sender QP.
-	byQP := map[uint32][]roceFrame{}
+	byQP := map[uint32][]nettest.RoCEFrame{}
 	for _, fl := range flows(waitRoCE(t, caps[l.hostPort], g1.addr, g, total)) {
 		byQP[fl.srcQP] = fl.frames
 	}
@@ -677,11 +665,11 @@ func TestOurCompletionsMatchTheWire(t *testing.T) {
 		}
 		f := fs[k]
 		var p wire.Packet
-		if err := wire.ParseUD(f.body, &p); err != nil {
+		if err := wire.ParseUD(f.Body, &p); err != nil {
 			t.Errorf("frame of QP %#x: %v", srcQP, err)
 			continue
 		}
-		ids[wire.IPv4(f.ip).ID()] = true
+		ids[wire.IPv4(f.IP).ID()] = true
 		errorf := func(format string, args ...any) {
 			t.Helper()
 			t.Errorf("completion %d (src_qp %#x, frame %d of that QP): %s", i, srcQP, k+1, fmt.Sprintf(format, args...))
@@ -701,7 +689,7 @@ func TestOurCompletionsMatchTheWire(t *testing.T) {
 		if qpNum != myQPN {
 			errorf("qp_num %#x, want the receiver's QPN %#x", qpNum, myQPN)
 		}
-		wantGRH := hex.EncodeToString(append(make([]byte, 20), f.ip[:20]...))
+		wantGRH := hex.EncodeToString(append(make([]byte, 20), f.IP[:20]...))
 		if grhHex != wantGRH {
 			errorf("GRH area\n\tgot  %s\n\twant %s (20 zero bytes + the IPv4 header on the wire)", grhHex, wantGRH)
 		}
@@ -747,7 +735,7 @@ func TestOversizeDropped(t *testing.T) {
 	recv := g1.mckey(t, "-m", G1.String(), "-b", g1.addr.String(), "-C", "2", "-S", "100")
 	peer := l.grhpeer(t, "-b", l.hostAddr.String(), "-m", G2.String(), "-C", "1", "-S", "100", "-timeout", "60s")
 	recv.waitLine(joinedLine(G1), lineTimeout)
-	peer.waitLinePrefix("joined qpn ", lineTimeout)
+	peer.WaitLinePrefix("joined qpn ", lineTimeout)
 	l.waitMDB(t, G1, g1.port, true, wireTimeout)
 	l.waitMDB(t, G2, l.hostPort, true, wireTimeout)
 	l.waitQuerier()
@@ -758,21 +746,21 @@ func TestOversizeDropped(t *testing.T) {
 	before := g1.counter(t, "rcvd_pkts")
 	ourSend := func(size int) {
 		t.Helper()
-		l.mckey(t, "-m", G1.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "1", "-S", fmt.Sprint(size), "--join-pause", "100ms").expectExit(0, exitTimeout)
+		l.mckey(t, "-m", G1.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "1", "-S", fmt.Sprint(size), "--join-pause", "100ms").ExpectExit(0, exitTimeout)
 	}
 	ourSend(1024)
 	big.expectExit(0, exitTimeout)
 	waitRoCE(t, caps[g1.port], l.hostAddr, G1, 1)
 	waitRoCE(t, caps[l.hostPort], g2.addr, G2, 3)
 	sleepFor(2)
-	if peer.exited() || strings.Contains(peer.output(), "\nwc ") {
-		t.Errorf("softrdma receiver with 140-byte buffers completed on 1024-byte messages (want them dropped, the receive kept):\n%s", indent(peer.output()))
+	if peer.Exited() || strings.Contains(peer.Output(), "\nwc ") {
+		t.Errorf("softrdma receiver with 140-byte buffers completed on 1024-byte messages (want them dropped, the receive kept):\n%s", nettest.Indent(peer.Output()))
 	}
 	small := g2.mckey(t, "-m", G2.String(), "-b", g2.addr.String(), "-s", "-o", "-C", "1", "-S", "100")
 	small.expectExit(0, exitTimeout)
-	peer.expectExit(0, exitTimeout)
-	if !strings.Contains(peer.output(), " status=0 opcode=128 byte_len=140 ") {
-		t.Errorf("softrdma receiver: want one successful completion of 40+100 bytes:\n%s", indent(peer.output()))
+	peer.ExpectExit(0, exitTimeout)
+	if !strings.Contains(peer.Output(), " status=0 opcode=128 byte_len=140 ") {
+		t.Errorf("softrdma receiver: want one successful completion of 40+100 bytes:\n%s", nettest.Indent(peer.Output()))
 	}
 
 	// rxe's side: what did the oversize message do?

@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/nettest"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -22,7 +23,7 @@ type crafter struct {
 func newCrafter(t *testing.T, l *lab) *crafter {
 	t.Helper()
 	c := &crafter{fd: -1, src: l.hostAddr}
-	err := inNetns(l.h0, func() error {
+	err := nettest.InNetns(l.h0, func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return err

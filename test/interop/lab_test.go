@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -19,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/softrdma/softrdma/internal/nettest"
 )
 
 // The lab: one switch namespace with the snooping bridge br0, the host
@@ -316,7 +317,7 @@ func (l *lab) close(failed bool) {
 		}
 	}
 	if failed {
-		dst := filepath.Join(artifactsDir(), "guests")
+		dst := filepath.Join(artifacts.Dir(), "guests")
 		for _, g := range l.guests {
 			d := filepath.Join(dst, g.name)
 			if err := copyTree(d, g.dir); err != nil {
@@ -327,7 +328,7 @@ func (l *lab) close(failed bool) {
 		}
 	}
 	for _, ns := range []string{l.sw, l.h0} {
-		if err := deleteNamespace(ns); err != nil && !strings.Contains(err.Error(), "No such file") {
+		if err := nettest.Delete(ns); err != nil && !strings.Contains(err.Error(), "No such file") {
 			fmt.Fprintf(os.Stderr, "interop: cleanup: %v\n", err)
 		}
 	}
@@ -347,7 +348,7 @@ func copyTree(dst, src string) error {
 		if !fi.Mode().IsRegular() {
 			return nil
 		}
-		return copyFile(filepath.Join(dst, rel), p)
+		return nettest.CopyFile(filepath.Join(dst, rel), p)
 	})
 }
 
@@ -355,8 +356,8 @@ func copyTree(dst, src string) error {
 func (l *lab) keepGuestLogs(t *testing.T) {
 	for _, g := range l.guests {
 		tmp := filepath.Join(t.TempDir(), g.name+"-console.log")
-		if err := copyFile(tmp, g.console); err == nil {
-			keepArtifact(t, tmp)
+		if err := nettest.CopyFile(tmp, g.console); err == nil {
+			artifacts.Keep(t, tmp)
 		}
 	}
 }
@@ -365,11 +366,11 @@ func (l *lab) keepGuestLogs(t *testing.T) {
 
 // captureAll starts a capture on every bridge port (p0, tap1, tap2) and
 // keeps the guest consoles when the test fails.
-func (l *lab) captureAll(t *testing.T) map[string]*capture {
+func (l *lab) captureAll(t *testing.T) map[string]*nettest.Capture {
 	t.Helper()
-	caps := map[string]*capture{}
+	caps := map[string]*nettest.Capture{}
 	for _, p := range l.ports() {
-		caps[p] = startCapture(t, l.sw, p)
+		caps[p] = nettest.StartCapture(t, l.sw, p, artifacts)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -393,33 +394,13 @@ func (l *lab) waitQuerier() {
 	time.Sleep(time.Until(l.querierAt.Add(700 * time.Millisecond)))
 }
 
-// mdbEntry is one entry of `bridge -j mdb show`.
-type mdbEntry struct {
-	Dev   string `json:"dev"`
-	Port  string `json:"port"`
-	Group string `json:"grp"`
-	State string `json:"state"`
-}
-
-func (l *lab) mdb() ([]mdbEntry, error) {
+// mdb returns the bridge's multicast database.
+func (l *lab) mdb() ([]nettest.MDBEntry, error) {
 	out, err := runErr("bridge", "-n", l.sw, "-j", "mdb", "show", "dev", "br0")
 	if err != nil {
 		return nil, err
 	}
-	if strings.TrimSpace(out) == "" {
-		return nil, nil
-	}
-	var doc []struct {
-		MDB []mdbEntry `json:"mdb"`
-	}
-	if err := json.Unmarshal([]byte(out), &doc); err != nil {
-		return nil, fmt.Errorf("bridge mdb json: %v: %q", err, out)
-	}
-	var all []mdbEntry
-	for _, d := range doc {
-		all = append(all, d.MDB...)
-	}
-	return all, nil
+	return nettest.ParseMDB(out)
 }
 
 // mdbPorts returns the bridge ports with an mdb entry for group.
@@ -429,13 +410,7 @@ func (l *lab) mdbPorts(t *testing.T, group netip.Addr) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ports []string
-	for _, e := range ents {
-		if g, err := netip.ParseAddr(e.Group); err == nil && g == group {
-			ports = append(ports, e.Port)
-		}
-	}
-	return ports
+	return nettest.MDBPorts(ents, group)
 }
 
 // waitMDB waits until the bridge has (present) or no longer has an mdb
@@ -510,7 +485,7 @@ func (g *guest) start(t *testing.T, name, script string) *gcmd {
 		if _, ok := c.rc(); !ok {
 			c.kill()
 		}
-		t.Logf("%s\n%s", c.name, indent(c.output()))
+		t.Logf("%s\n%s", c.name, nettest.Indent(c.output()))
 	})
 	return c
 }
@@ -529,7 +504,7 @@ func (g *guest) run(t *testing.T, script string) string {
 	t.Helper()
 	c := g.start(t, script, script)
 	if rc := c.wait(exitTimeout); rc != 0 {
-		t.Fatalf("%s: exit status %d:\n%s", c.name, rc, indent(c.output()))
+		t.Fatalf("%s: exit status %d:\n%s", c.name, rc, nettest.Indent(c.output()))
 	}
 	b, _ := os.ReadFile(c.path(".out"))
 	return string(b)
@@ -598,7 +573,7 @@ func (c *gcmd) waitLine(line string, timeout time.Duration) {
 	var exited bool
 	err := c.poll(timeout, func() bool {
 		b, _ := os.ReadFile(c.path(".out"))
-		if hasLine(string(b), line) {
+		if nettest.HasLine(string(b), line) {
 			return true
 		}
 		exited = c.exited()
@@ -609,12 +584,12 @@ func (c *gcmd) waitLine(line string, timeout time.Duration) {
 	}
 	if exited {
 		b, _ := os.ReadFile(c.path(".out"))
-		if hasLine(string(b), line) {
+		if nettest.HasLine(string(b), line) {
 			return
 		}
-		c.t.Fatalf("%s exited without printing %q:\n%s", c.name, line, indent(c.output()))
+		c.t.Fatalf("%s exited without printing %q:\n%s", c.name, line, nettest.Indent(c.output()))
 	}
-	c.t.Fatalf("%s: no %q: %v:\n%s", c.name, line, err, indent(c.output()))
+	c.t.Fatalf("%s: no %q: %v:\n%s", c.name, line, err, nettest.Indent(c.output()))
 }
 
 // wait waits for the command's exit status; on timeout it kills it and
@@ -623,7 +598,7 @@ func (c *gcmd) wait(timeout time.Duration) int {
 	c.t.Helper()
 	if err := c.poll(timeout, c.exited); err != nil {
 		c.kill()
-		c.t.Fatalf("%s: %v; killed:\n%s", c.name, err, indent(c.output()))
+		c.t.Fatalf("%s: %v; killed:\n%s", c.name, err, nettest.Indent(c.output()))
 	}
 	rc, _ := c.rc()
 	return rc
@@ -633,7 +608,7 @@ func (c *gcmd) wait(timeout time.Duration) int {
 func (c *gcmd) expectExit(want int, timeout time.Duration) {
 	c.t.Helper()
 	if got := c.wait(timeout); got != want {
-		c.t.Fatalf("%s: exit status %d, want %d:\n%s", c.name, got, want, indent(c.output()))
+		c.t.Fatalf("%s: exit status %d, want %d:\n%s", c.name, got, want, nettest.Indent(c.output()))
 	}
 }
 
@@ -645,21 +620,4 @@ func (c *gcmd) kill() {
 	}
 	_ = os.WriteFile(filepath.Join(c.g.share, "cmd", fmt.Sprintf("%d.kill", c.n)), nil, 0o644)
 	_ = c.poll(10*time.Second, c.exited)
-}
-
-func hasLine(out, line string) bool {
-	for _, l := range strings.Split(out, "\n") {
-		if l == line {
-			return true
-		}
-	}
-	return false
-}
-
-func indent(s string) string {
-	s = strings.TrimRight(s, "\n")
-	if s == "" {
-		return "\t(no output)"
-	}
-	return "\t" + strings.ReplaceAll(s, "\n", "\n\t")
 }

@@ -9,10 +9,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/softrdma/softrdma/internal/nettest"
 )
+
+// nsTag starts the name of every namespace of this package: sri-<pid>-….
+const nsTag = "sri"
 
 var (
 	// mckeyBin is softrdma's mckey, built once in TestMain.
@@ -30,7 +34,9 @@ var (
 	noQemu   bool
 	// nsPrefix starts the name of every namespace this process creates;
 	// the PID lets a later run sweep the namespaces of dead runs.
-	nsPrefix = fmt.Sprintf("sri-%d-", os.Getpid())
+	nsPrefix = nettest.Prefix(nsTag)
+	// artifacts keeps the files of failed cases.
+	artifacts = nettest.Artifacts{Fallback: "softrdma-interop-artifacts", Kind: "artifact"}
 )
 
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
@@ -39,7 +45,7 @@ func testMain(m *testing.M) int {
 	skipReason = checkPrereqs()
 	var dir string
 	if skipReason == "" {
-		sweepStale()
+		nettest.SweepStale(nsTag)
 		var err error
 		dir, err = os.MkdirTemp("", "softrdma-interop-bin-")
 		if err != nil {
@@ -49,7 +55,7 @@ func testMain(m *testing.M) int {
 		defer os.RemoveAll(dir)
 		if mckeyBin = os.Getenv("SOFTRDMA_INTEROP_MCKEY"); mckeyBin == "" {
 			mckeyBin = filepath.Join(dir, "mckey")
-			cmd := exec.Command(goTool(), "build", "-o", mckeyBin, "github.com/softrdma/softrdma/cmd/mckey")
+			cmd := exec.Command(nettest.GoTool(), "build", "-o", mckeyBin, "github.com/softrdma/softrdma/cmd/mckey")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				fmt.Fprintf(os.Stderr, "interop: building mckey: %v\n%s", err, out)
 				return 1
@@ -58,7 +64,7 @@ func testMain(m *testing.M) int {
 	}
 	if skipReason == "" {
 		grhpeerBin = filepath.Join(dir, "grhpeer")
-		cmd := exec.Command(goTool(), "build", "-o", grhpeerBin, "github.com/softrdma/softrdma/test/interop/grhpeer")
+		cmd := exec.Command(nettest.GoTool(), "build", "-o", grhpeerBin, "github.com/softrdma/softrdma/test/interop/grhpeer")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "interop: building grhpeer: %v\n%s", err, out)
 			return 1
@@ -70,7 +76,7 @@ func testMain(m *testing.M) int {
 		theLab.close(code != 0)
 	}
 	if skipReason == "" {
-		removeOwn()
+		nettest.RemoveOwn(nsPrefix)
 	}
 	printSummary(time.Since(start))
 	return code
@@ -104,12 +110,7 @@ func checkPrereqs() string {
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
 		return "no /dev/net/tun: " + err.Error()
 	}
-	probe := nsPrefix + "probe"
-	if out, err := exec.Command("ip", "netns", "add", probe).CombinedOutput(); err != nil {
-		return fmt.Sprintf("ip netns add failed: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-	_ = exec.Command("ip", "netns", "del", probe).Run()
-	return ""
+	return nettest.Probe(nsPrefix)
 }
 
 // requireEnv skips the test when the suite cannot run (fails it when the
@@ -124,21 +125,6 @@ func requireEnv(t *testing.T) {
 	}
 	t.Skip(skipReason)
 }
-
-// goTool returns the go command that runs this test.
-func goTool() string {
-	if root := os.Getenv("GOROOT"); root != "" {
-		if p := filepath.Join(root, "bin", "go"); fileExists(p) {
-			return p
-		}
-	}
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return "go"
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // Summary: one line per case, printed at the end of the run.
 
@@ -209,67 +195,4 @@ func printSummary(total time.Duration) {
 		b.WriteByte('\n')
 	}
 	fmt.Print(b.String())
-}
-
-// Namespaces.
-
-// netnsNames lists the named network namespaces (ip netns).
-func netnsNames() []string {
-	ents, err := os.ReadDir("/run/netns")
-	if err != nil {
-		ents, _ = os.ReadDir("/var/run/netns")
-	}
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	return out
-}
-
-// sweepStale deletes namespaces named sri-<pid>-… whose creating process is
-// gone (a run killed before it cleaned up), with what still runs in them
-// (its qemu guests).
-func sweepStale() {
-	for _, name := range netnsNames() {
-		rest, ok := strings.CutPrefix(name, "sri-")
-		if !ok {
-			continue
-		}
-		pidStr, _, ok := strings.Cut(rest, "-")
-		if !ok {
-			continue
-		}
-		pid, err := strconv.Atoi(pidStr)
-		if err != nil || pid <= 0 || pid == os.Getpid() {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); err == nil || err == syscall.EPERM {
-			continue // its creator still runs
-		}
-		deleteNamespace(name)
-	}
-}
-
-// removeOwn deletes every namespace of this process.
-func removeOwn() {
-	for _, name := range netnsNames() {
-		if strings.HasPrefix(name, nsPrefix) {
-			deleteNamespace(name)
-		}
-	}
-}
-
-// deleteNamespace kills the processes inside a namespace and deletes it.
-func deleteNamespace(name string) error {
-	if out, err := exec.Command("ip", "netns", "pids", name).Output(); err == nil {
-		for _, f := range strings.Fields(string(out)) {
-			if pid, err := strconv.Atoi(f); err == nil && pid > 1 && pid != os.Getpid() {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	}
-	if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns del %s: %v: %s", name, err, strings.TrimSpace(string(out)))
-	}
-	return nil
 }

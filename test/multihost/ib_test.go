@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/softrdma/softrdma/internal/nettest"
 )
 
 var (
@@ -22,7 +24,7 @@ func buildSoftsm(t *testing.T) string {
 	t.Helper()
 	softsmOnce.Do(func() {
 		softsmBin = filepath.Join(filepath.Dir(mckeyBin), "softsm")
-		out, err := exec.Command(goTool(), "build", "-o", softsmBin, "github.com/softrdma/softrdma/cmd/softsm").CombinedOutput()
+		out, err := exec.Command(nettest.GoTool(), "build", "-o", softsmBin, "github.com/softrdma/softrdma/cmd/softsm").CombinedOutput()
 		if err != nil {
 			softsmErr = fmt.Errorf("building softsm: %v\n%s", err, out)
 		}
@@ -62,36 +64,36 @@ func TestIBAcrossHosts(t *testing.T) {
 	smHost := tp.addHost(4)
 	tp.captureAll()
 	sm := startProc(t, smHost.ns, buildSoftsm(t), "-listen", smHost.addr.String()+":4792", "-sa-listen", smHost.addr.String()+":4793")
-	sm.waitLine(fmt.Sprintf("softsm: listening fabric %v:4792 sa %v:4793", smHost.addr, smHost.addr), 20*time.Second)
+	sm.WaitLine(fmt.Sprintf("softsm: listening fabric %v:4792 sa %v:4793", smHost.addr, smHost.addr), 20*time.Second)
 	env := "SOFTRDMA_SM=" + smHost.addr.String() + ":4792"
-	ib := func(h *host, args ...string) *proc {
+	ib := func(h *host, args ...string) *nettest.Proc {
 		return startProc(t, h.ns, "/usr/bin/env", append([]string{env, mckeyBin}, args...)...)
 	}
 	const group = "230.11.12.13"
 	joined := "mckey: joined dgid: ff12:4001:ffff::60b:c0d mlid 0xc001 sl 0"
-	var rx []*proc
+	var rx []*nettest.Proc
 	for _, h := range []*host{tp.h(2), tp.h(3)} {
 		p := ib(h, "-m", group, "-b", h.addr.String(), "-C", "20", "-S", "1024", "--join-pause", "1s", "--timeout", "15s", "--verify")
-		p.waitLine(joined, 20*time.Second)
+		p.WaitLine(joined, 20*time.Second)
 		rx = append(rx, p)
 	}
 	tx := ib(tp.h(1), "-m", group, "-b", tp.h(1).addr.String(), "-s", "-o", "-C", "20", "-S", "1024", "--join-pause", "1s")
-	for _, p := range append([]*proc{tx}, rx...) {
-		if code := p.wait(60 * time.Second); code != 0 {
-			t.Fatalf("%s: exit %d\n%s", p.name, code, p.output())
+	for _, p := range append([]*nettest.Proc{tx}, rx...) {
+		if code := p.Wait(60 * time.Second); code != 0 {
+			t.Fatalf("%s: exit %d\n%s", p.Name, code, p.Output())
 		}
 	}
 	for _, p := range rx {
-		if !hasLine(p.output(), "mckey: verified 20 messages") {
-			t.Errorf("%s:\n%s", p.name, p.output())
+		if !nettest.HasLine(p.Output(), "mckey: verified 20 messages") {
+			t.Errorf("%s:\n%s", p.Name, p.Output())
 		}
 	}
-	if !hasLine(tx.output(), joined) {
-		t.Errorf("sender:\n%s", tx.output())
+	if !nettest.HasLine(tx.Output(), joined) {
+		t.Errorf("sender:\n%s", tx.Output())
 	}
 	// IB joins go to the SA, never to IGMP.
 	for _, h := range []*host{tp.h(1), tp.h(2), tp.h(3)} {
-		if ev := igmpAbout(tp.caps[h.port].snapshot(), h.addr, netip.MustParseAddr(group)); len(ev) > 0 {
+		if ev := nettest.IGMPAbout(tp.caps[h.port].Snapshot(), h.addr, netip.MustParseAddr(group)); len(ev) > 0 {
 			t.Errorf("%v sent IGMP for an IB group: %v", h, ev)
 		}
 	}
@@ -99,8 +101,8 @@ func TestIBAcrossHosts(t *testing.T) {
 	// forwarded to h2 and h3 (fabric datagrams are UDP to/from port 4792).
 	fromSM := func(port string) int {
 		n := 0
-		for _, f := range tp.caps[port].snapshot() {
-			if ip, ok := parseIPv4(f); ok && ip.src == smHost.addr && ip.proto == 17 && len(ip.payload) >= 8 && binary.BigEndian.Uint16(ip.payload[0:2]) == 4792 {
+		for _, f := range tp.caps[port].Snapshot() {
+			if ip, ok := nettest.ParseIPv4(f); ok && ip.Src == smHost.addr && ip.Proto == 17 && len(ip.Payload) >= 8 && binary.BigEndian.Uint16(ip.Payload[0:2]) == 4792 {
 				n++
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/nettest"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -22,29 +23,15 @@ func joinedLine(g netip.Addr) string {
 	return fmt.Sprintf("mckey: joined dgid: ::ffff:%v mlid 0x0 sl 0", g)
 }
 
-// notFrom returns the IPv4 frames whose source is not src: on the capture
-// of a host's switch port with src the host's address, the frames the
-// bridge forwarded to that host.
-func notFrom(fs []frame, src netip.Addr) []frame {
-	var out []frame
-	for _, f := range fs {
-		if p, ok := parseIPv4(f); ok && p.src != src {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
 // checkRoCE checks that frames are exactly the count datagrams one mckey
 // sender (one UD QP) sent from src to group with size-byte payloads, and
 // that each is byte-valid RoCEv2: it returns the sender's QPN.
-func checkRoCE(t *testing.T, frames []roceFrame, src, group netip.Addr, size, count int) uint32 {
+func checkRoCE(t *testing.T, frames []nettest.RoCEFrame, src, group netip.Addr, size, count int) uint32 {
 	t.Helper()
 	if len(frames) != count {
 		t.Errorf("%d RoCEv2 frames %v → %v captured, want %d", len(frames), src, group, count)
 	}
-	g := group.As4()
-	wantMAC := [6]byte{0x01, 0x00, 0x5e, g[1] & 0x7f, g[2], g[3]}
+	wantMAC := nettest.MulticastMAC(group)
 	var srcQP, psn uint32
 	var sport uint16
 	for i, f := range frames {
@@ -52,61 +39,19 @@ func checkRoCE(t *testing.T, frames []roceFrame, src, group netip.Addr, size, co
 			t.Helper()
 			t.Errorf("frame %d of %d (%v → %v): %s", i+1, len(frames), src, group, fmt.Sprintf(format, args...))
 		}
-		ip := wire.IPv4(f.ip)
-		if len(f.ip) != wire.IPv4HeaderLen {
-			errorf("IPv4 header length %d, want %d", len(f.ip), wire.IPv4HeaderLen)
+		if !nettest.CheckIPv4(t, f, wantMAC, errorf) {
 			continue
 		}
-		if f.ethDst != wantMAC {
-			errorf("Ethernet destination %x, want %x", f.ethDst, wantMAC)
-		}
-		if !ip.DF() || ip.Flags()&1 != 0 || ip.FragmentOffset() != 0 {
-			errorf("IPv4 flags %#x offset %d, want DF only", ip.Flags(), ip.FragmentOffset())
-		}
-		if ip.TTL() != 64 {
-			errorf("TTL %d, want 64", ip.TTL())
-		}
-		if ip.TOS() != 0 {
-			errorf("TOS %#x, want 0", ip.TOS())
-		}
-		if c := ip.CalculateChecksum(); c != ip.Checksum() {
-			errorf("IPv4 header checksum %#04x, want %#04x", ip.Checksum(), c)
-		}
-		udp := wire.UDP(f.udp)
-		if udp.DstPort() != wire.UDPPort {
-			errorf("UDP destination port %d", udp.DstPort())
-		}
-		if udp.Checksum() != 0 {
-			errorf("UDP checksum %#04x, want 0", udp.Checksum())
-		}
-		if int(udp.Length()) != wire.UDPHeaderLen+len(f.body) {
-			errorf("UDP length %d, datagram %d", udp.Length(), wire.UDPHeaderLen+len(f.body))
-		}
-		if i == 0 {
-			sport = udp.SrcPort()
-		} else if udp.SrcPort() != sport {
-			errorf("UDP source port %d, earlier frames %d (must be fixed per QP)", udp.SrcPort(), sport)
-		}
+		nettest.CheckUDP(t, f, i == 0, &sport, errorf)
 		var p wire.Packet
-		if err := wire.ParseUD(f.body, &p); err != nil {
-			errorf("ParseUD: %v (% x)", err, f.body[:min(len(f.body), 32)])
+		if err := wire.ParseUD(f.Body, &p); err != nil {
+			errorf("ParseUD: %v (% x)", err, f.Body[:min(len(f.Body), 32)])
 			continue
 		}
 		if op := p.BTH.Opcode(); op != 0x65 {
 			errorf("opcode %#x, want 0x65 (UD SEND_ONLY_WITH_IMMEDIATE)", op)
 		}
-		if p.BTH.TVer() != 0 || p.BTH.MigReq() || p.BTH.PadCount() != -size&3 {
-			errorf("BTH flags byte %#02x (pad %d, want %d)", f.body[1], p.BTH.PadCount(), -size&3)
-		}
-		if p.BTH.PKey() != 0xffff {
-			errorf("P_Key %#x, want 0xffff", p.BTH.PKey())
-		}
-		if p.BTH.DestQP() != 0xffffff {
-			errorf("DestQP %#x, want 0xffffff", p.BTH.DestQP())
-		}
-		if p.DETH.QKey() != 0x01234567 {
-			errorf("Q_Key %#x, want 0x01234567", p.DETH.QKey())
-		}
+		nettest.CheckMcastUD(t, f, &p, size, errorf)
 		if !p.HasImm || p.Imm != p.DETH.SrcQP() {
 			errorf("imm %#x (present %v), want SrcQP %#x", p.Imm, p.HasImm, p.DETH.SrcQP())
 		}
@@ -121,41 +66,29 @@ func checkRoCE(t *testing.T, frames []roceFrame, src, group netip.Addr, size, co
 			}
 		}
 		psn = p.BTH.PSN()
-		if len(p.Payload) != size {
-			errorf("payload %d bytes, want %d", len(p.Payload), size)
-		} else {
-			for j, b := range p.Payload {
-				if b != byte(j*7+3) {
-					errorf("payload byte %d = %#02x, want mckey's pattern %#02x", j, b, byte(j*7+3))
-					break
-				}
-			}
-		}
-		if got := wire.ICRCv4(ip, udp, p.Body); got != p.ICRC {
-			errorf("ICRC on the wire %08x, recomputed over the captured headers %08x", p.ICRC, got)
-		}
+		nettest.CheckPayload(t, f, &p, size, true, errorf)
 	}
 	return srcQP
 }
 
 // waitRoCE waits until capture c holds count RoCEv2 frames src → group,
 // then a little longer to catch extra ones, and returns them all.
-func waitRoCE(t *testing.T, c *capture, src, group netip.Addr, count int) []roceFrame {
+func waitRoCE(t *testing.T, c *nettest.Capture, src, group netip.Addr, count int) []nettest.RoCEFrame {
 	t.Helper()
-	if _, ok := c.waitFor(wireTimeout, roceCount(src, group, count)); !ok {
-		t.Errorf("capture %s: fewer than %d RoCEv2 frames %v → %v within %v", c.iface, count, src, group, wireTimeout)
+	if _, ok := c.WaitFor(wireTimeout, nettest.RoCECount(src, group, count)); !ok {
+		t.Errorf("capture %s: fewer than %d RoCEv2 frames %v → %v within %v", c.Iface, count, src, group, wireTimeout)
 	}
 	time.Sleep(200 * time.Millisecond)
-	return roceFrames(c.snapshot(), src, group)
+	return nettest.RoCEFrames(c.Snapshot(), src, group)
 }
 
-func logIGMP(t *testing.T, c *capture) {
+func logIGMP(t *testing.T, c *nettest.Capture) {
 	t.Helper()
 	var b strings.Builder
-	for _, e := range igmpEvents(c.snapshot()) {
+	for _, e := range nettest.IGMPEvents(c.Snapshot()) {
 		fmt.Fprintf(&b, "\t%v\n", e)
 	}
-	t.Logf("IGMP seen on %s:\n%s", c.iface, b.String())
+	t.Logf("IGMP seen on %s:\n%s", c.Iface, b.String())
 }
 
 // TestIGMP checks what joins and leaves put on the wire:
@@ -182,17 +115,17 @@ func TestIGMP(t *testing.T) {
 	full := tp.mckey(h1, "-m", g1.String(), "-b", h1.addr.String(), "-C", "0", "--join-pause", "3s")
 	sendOnly := tp.mckey(h2, "-m", g2.String(), "-b", h2.addr.String(), "-o", "-C", "0", "--join-pause", "3s")
 	last := tp.mckey(h3, "-m", g3.String(), "-b", h3.addr.String(), "-C", "0", "--join-pause", "6s")
-	full.waitLine(joinedLine(g1), lineTimeout)
-	sendOnly.waitLine(joinedLine(g2), lineTimeout)
-	last.waitLine(joinedLine(g3), lineTimeout)
+	full.WaitLine(joinedLine(g1), lineTimeout)
+	sendOnly.WaitLine(joinedLine(g2), lineTimeout)
+	last.WaitLine(joinedLine(g3), lineTimeout)
 	first := tp.mckey(h3, "-m", g3.String(), "-b", h3.addr.String(), "-C", "0", "--join-pause", "1s")
-	first.waitLine(joinedLine(g3), lineTimeout)
+	first.WaitLine(joinedLine(g3), lineTimeout)
 
 	// Full member h1: a report for G1 from h1, and the bridge learned it.
 	c1 := tp.caps[h1.port]
-	if _, ok := c1.waitFor(wireTimeout, func(fs []frame) bool {
-		for _, e := range igmpAbout(fs, h1.addr, g1) {
-			if e.join() {
+	if _, ok := c1.WaitFor(wireTimeout, func(fs []nettest.Frame) bool {
+		for _, e := range nettest.IGMPAbout(fs, h1.addr, g1) {
+			if e.Join() {
 				return true
 			}
 		}
@@ -207,23 +140,23 @@ func TestIGMP(t *testing.T) {
 	}
 
 	// h3: the first of two members leaving sends no leave.
-	first.expectExit(0, exitTimeout)
+	first.ExpectExit(0, exitTimeout)
 	time.Sleep(700 * time.Millisecond)
 	c3 := tp.caps[h3.port]
-	if last.exited() {
+	if last.Exited() {
 		t.Fatalf("the last member of %v in %v exited before the check; the machine is too slow for this test", g3, h3)
 	}
-	for _, e := range igmpAbout(c3.snapshot(), h3.addr, g3) {
-		if e.leave() {
+	for _, e := range nettest.IGMPAbout(c3.Snapshot(), h3.addr, g3) {
+		if e.Leave() {
 			t.Errorf("%v sent a leave for %v while another process was still a member: %v", h3, g3, e)
 		}
 	}
 
 	// h1 leaves: the leave shows, after the report.
-	full.expectExit(0, exitTimeout)
-	if fs, ok := c1.waitFor(wireTimeout, func(fs []frame) bool {
-		for _, e := range igmpAbout(fs, h1.addr, g1) {
-			if e.leave() {
+	full.ExpectExit(0, exitTimeout)
+	if fs, ok := c1.WaitFor(wireTimeout, func(fs []nettest.Frame) bool {
+		for _, e := range nettest.IGMPAbout(fs, h1.addr, g1) {
+			if e.Leave() {
 				return true
 			}
 		}
@@ -232,12 +165,12 @@ func TestIGMP(t *testing.T) {
 		t.Errorf("no IGMP leave (TO_IN {} or v2 leave) for %v from %v within %v of its exit", g1, h1, wireTimeout)
 	} else {
 		var join, leave time.Time
-		for _, e := range igmpAbout(fs, h1.addr, g1) {
-			if e.join() && join.IsZero() {
-				join = e.ts
+		for _, e := range nettest.IGMPAbout(fs, h1.addr, g1) {
+			if e.Join() && join.IsZero() {
+				join = e.TS
 			}
-			if e.leave() && leave.IsZero() {
-				leave = e.ts
+			if e.Leave() && leave.IsZero() {
+				leave = e.TS
 			}
 		}
 		if join.IsZero() || !join.Before(leave) {
@@ -246,10 +179,10 @@ func TestIGMP(t *testing.T) {
 	}
 
 	// h3: the last member leaving sends the leave.
-	last.expectExit(0, exitTimeout)
-	if _, ok := c3.waitFor(wireTimeout, func(fs []frame) bool {
-		for _, e := range igmpAbout(fs, h3.addr, g3) {
-			if e.leave() {
+	last.ExpectExit(0, exitTimeout)
+	if _, ok := c3.WaitFor(wireTimeout, func(fs []nettest.Frame) bool {
+		for _, e := range nettest.IGMPAbout(fs, h3.addr, g3) {
+			if e.Leave() {
 				return true
 			}
 		}
@@ -259,9 +192,9 @@ func TestIGMP(t *testing.T) {
 	}
 
 	// The send-only member: nothing about G2 from h2, on any port.
-	sendOnly.expectExit(0, exitTimeout)
+	sendOnly.ExpectExit(0, exitTimeout)
 	for _, h := range tp.hosts {
-		for _, e := range igmpAbout(tp.caps[h.port].snapshot(), h2.addr, g2) {
+		for _, e := range nettest.IGMPAbout(tp.caps[h.port].Snapshot(), h2.addr, g2) {
 			t.Errorf("send-only member %v sent IGMP about %v: %v", h2, g2, e)
 		}
 	}
@@ -284,35 +217,35 @@ func TestDataAcrossHosts(t *testing.T) {
 			g := randGroups(1)[0]
 			recv := tp.mckey(h2, "-m", g.String(), "-b", h2.addr.String(), "--verify", "--timeout", "10s",
 				"-C", "20", "-S", "512", "--join-pause", "1s")
-			recv.waitLine(joinedLine(g), lineTimeout)
+			recv.WaitLine(joinedLine(g), lineTimeout)
 			args := []string{"-m", g.String(), "-b", h1.addr.String(), "-s", "-C", "20", "-S", "512", "--join-pause", "1s"}
 			if sendOnly {
 				args = append(args, "-o")
 			}
 			send := tp.mckey(h1, args...)
-			send.waitLine(joinedLine(g), lineTimeout)
-			send.expectExit(0, exitTimeout)
-			recv.expectExit(0, exitTimeout)
-			if !hasLine(recv.output(), "mckey: verified 20 messages") {
+			send.WaitLine(joinedLine(g), lineTimeout)
+			send.ExpectExit(0, exitTimeout)
+			recv.ExpectExit(0, exitTimeout)
+			if !nettest.HasLine(recv.Output(), "mckey: verified 20 messages") {
 				t.Errorf("receiver did not print %q", "mckey: verified 20 messages")
 			}
 
 			sent := waitRoCE(t, tp.caps[h1.port], h1.addr, g, 20)
 			qpn := checkRoCE(t, sent, h1.addr, g, 512, 20)
-			t.Logf("sender QPN %#x, UDP source port %d", qpn, wire.UDP(sent[0].udp).SrcPort())
+			t.Logf("sender QPN %#x, UDP source port %d", qpn, wire.UDP(sent[0].UDP).SrcPort())
 			// The bridge forwarded the same bytes to h2.
 			fwd := waitRoCE(t, tp.caps[h2.port], h1.addr, g, 20)
 			checkRoCE(t, fwd, h1.addr, g, 512, 20)
 			for i := range min(len(sent), len(fwd)) {
-				if string(sent[i].body) != string(fwd[i].body) || string(sent[i].ip) != string(fwd[i].ip) {
+				if string(sent[i].Body) != string(fwd[i].Body) || string(sent[i].IP) != string(fwd[i].IP) {
 					t.Errorf("frame %d differs between %s and %s", i+1, h1.port, h2.port)
 				}
 			}
 
 			// IGMP: the receiver reported; the sender only when a full member.
 			reported := func(h *host) bool {
-				for _, e := range igmpAbout(tp.caps[h.port].snapshot(), h.addr, g) {
-					if e.join() {
+				for _, e := range nettest.IGMPAbout(tp.caps[h.port].Snapshot(), h.addr, g) {
+					if e.Join() {
 						return true
 					}
 				}
@@ -325,7 +258,7 @@ func TestDataAcrossHosts(t *testing.T) {
 				t.Errorf("sender %v (send-only %v): IGMP report for %v on the wire = %v", h1, sendOnly, g, got)
 			}
 			if sendOnly {
-				for _, e := range igmpAbout(tp.caps[h1.port].snapshot(), h1.addr, g) {
+				for _, e := range nettest.IGMPAbout(tp.caps[h1.port].Snapshot(), h1.addr, g) {
 					t.Errorf("send-only sender %v sent IGMP about %v: %v", h1, g, e)
 				}
 			}
@@ -346,37 +279,37 @@ func TestSnooping(t *testing.T) {
 
 	recv := tp.mckey(h2, "-m", g.String(), "-b", h2.addr.String(), "--verify", "--timeout", "10s",
 		"-C", "20", "-S", "256", "--join-pause", "1s")
-	recv.waitLine(joinedLine(g), lineTimeout)
+	recv.WaitLine(joinedLine(g), lineTimeout)
 	tp.waitMDB(g, h2.port, true, wireTimeout)
 	tp.waitQuerier()
 	if ports := tp.mdbPorts(g); len(ports) != 1 {
 		t.Fatalf("bridge members of %v on %v, want only %s", g, ports, h2.port)
 	}
 	send := tp.mckey(h1, "-m", g.String(), "-b", h1.addr.String(), "-s", "-o", "-C", "20", "-S", "256", "--join-pause", "500ms")
-	send.expectExit(0, exitTimeout)
-	recv.expectExit(0, exitTimeout)
-	if !hasLine(recv.output(), "mckey: verified 20 messages") {
+	send.ExpectExit(0, exitTimeout)
+	recv.ExpectExit(0, exitTimeout)
+	if !nettest.HasLine(recv.Output(), "mckey: verified 20 messages") {
 		t.Errorf("receiver did not print %q", "mckey: verified 20 messages")
 	}
 	checkRoCE(t, waitRoCE(t, tp.caps[h1.port], h1.addr, g, 20), h1.addr, g, 256, 20)
 	checkRoCE(t, waitRoCE(t, tp.caps[h2.port], h1.addr, g, 20), h1.addr, g, 256, 20)
-	if n := len(roceFrames(tp.caps[h3.port].snapshot(), netip.Addr{}, g)); n != 0 {
+	if n := len(nettest.RoCEFrames(tp.caps[h3.port].Snapshot(), netip.Addr{}, g)); n != 0 {
 		t.Errorf("%d frames for %v forwarded to %s (%v, not a member)", n, g, h3.port, h3)
 	}
 
 	// h3's port does see frames the bridge forwards: h2's IGMPv3 report
 	// (to the link-local 224.0.0.22, which a bridge floods).
-	if len(igmpAbout(tp.caps[h3.port].snapshot(), h2.addr, g)) == 0 {
+	if len(nettest.IGMPAbout(tp.caps[h3.port].Snapshot(), h2.addr, g)) == 0 {
 		t.Errorf("capture on %s saw no forwarded IGMP report of %v: the capture does not see forwarded frames", h3.port, h2)
 	}
 
 	// A group without members is forwarded to no port at all (with an
 	// active querier, unregistered multicast goes to router ports only).
 	ctl := tp.mckey(h1, "-m", unreg.String(), "-b", h1.addr.String(), "-s", "-o", "-C", "5", "-S", "64", "--join-pause", "0s")
-	ctl.expectExit(0, exitTimeout)
+	ctl.ExpectExit(0, exitTimeout)
 	checkRoCE(t, waitRoCE(t, tp.caps[h1.port], h1.addr, unreg, 5), h1.addr, unreg, 64, 5)
 	for _, h := range []*host{h2, h3} {
-		if n := len(roceFrames(tp.caps[h.port].snapshot(), netip.Addr{}, unreg)); n != 0 {
+		if n := len(nettest.RoCEFrames(tp.caps[h.port].Snapshot(), netip.Addr{}, unreg)); n != 0 {
 			t.Errorf("%d frames of %v (no members) forwarded to %s", n, unreg, h.port)
 		}
 	}
@@ -405,12 +338,12 @@ func TestMTU(t *testing.T) {
 	} {
 		args := append([]string{"-m", g.String(), "-b", c.h.addr.String(), "-S", fmt.Sprint(c.size), "-C", "1", "--join-pause", "0s"}, c.role...)
 		p := tp.mckey(c.h, args...)
-		p.expectExit(255, exitTimeout)
-		if want := fmt.Sprintf("mckey: message_size %d is larger than active mtu %d", c.size, c.mtu); !hasLine(p.output(), want) {
-			t.Errorf("%s: no line %q", p.name, want)
+		p.ExpectExit(255, exitTimeout)
+		if want := fmt.Sprintf("mckey: message_size %d is larger than active mtu %d", c.size, c.mtu); !nettest.HasLine(p.Output(), want) {
+			t.Errorf("%s: no line %q", p.Name, want)
 		}
-		if hasLine(p.output(), joinedLine(g)) {
-			t.Errorf("%s: joined despite the size check", p.name)
+		if nettest.HasLine(p.Output(), joinedLine(g)) {
+			t.Errorf("%s: joined despite the size check", p.Name)
 		}
 	}
 	for _, c := range []struct {
@@ -422,12 +355,12 @@ func TestMTU(t *testing.T) {
 		{h3, 4096, 2},
 	} {
 		p := tp.mckey(c.h, "-m", g.String(), "-b", c.h.addr.String(), "-s", "-o", "-S", fmt.Sprint(c.size), "-C", fmt.Sprint(c.count), "--join-pause", "0s")
-		p.expectExit(0, exitTimeout)
+		p.ExpectExit(0, exitTimeout)
 		checkRoCE(t, waitRoCE(t, tp.caps[c.h.port], c.h.addr, g, c.count), c.h.addr, g, c.size, c.count)
 	}
 	// The refused runs never joined: no IGMP about the group from anyone.
 	for _, h := range tp.hosts {
-		for _, e := range igmpAbout(tp.caps[h.port].snapshot(), h.addr, g) {
+		for _, e := range nettest.IGMPAbout(tp.caps[h.port].Snapshot(), h.addr, g) {
 			t.Errorf("IGMP about %v from %v: %v", g, h, e)
 		}
 	}
@@ -447,19 +380,19 @@ func TestTwoGroups(t *testing.T) {
 
 	r1 := tp.mckey(h2, "-m", g1.String(), "-b", h2.addr.String(), "--verify", "--timeout", "10s", "-C", "20", "-S", "256", "--join-pause", "1s")
 	r2 := tp.mckey(h3, "-m", g2.String(), "-b", h3.addr.String(), "--verify", "--timeout", "10s", "-C", "20", "-S", "512", "--join-pause", "1s")
-	r1.waitLine(joinedLine(g1), lineTimeout)
-	r2.waitLine(joinedLine(g2), lineTimeout)
+	r1.WaitLine(joinedLine(g1), lineTimeout)
+	r2.WaitLine(joinedLine(g2), lineTimeout)
 	tp.waitMDB(g1, h2.port, true, wireTimeout)
 	tp.waitMDB(g2, h3.port, true, wireTimeout)
 	tp.waitQuerier()
 	s1 := tp.mckey(h1, "-m", g1.String(), "-b", h1.addr.String(), "-s", "-C", "20", "-S", "256", "--join-pause", "1s")
 	s2 := tp.mckey(h1, "-m", g2.String(), "-b", h1.addr.String(), "-s", "-o", "-C", "20", "-S", "512", "--join-pause", "1s")
-	for _, p := range []*proc{s1, s2, r1, r2} {
-		p.expectExit(0, exitTimeout)
+	for _, p := range []*nettest.Proc{s1, s2, r1, r2} {
+		p.ExpectExit(0, exitTimeout)
 	}
-	for _, r := range []*proc{r1, r2} {
-		if !hasLine(r.output(), "mckey: verified 20 messages") {
-			t.Errorf("%s: no %q", r.name, "mckey: verified 20 messages")
+	for _, r := range []*nettest.Proc{r1, r2} {
+		if !nettest.HasLine(r.Output(), "mckey: verified 20 messages") {
+			t.Errorf("%s: no %q", r.Name, "mckey: verified 20 messages")
 		}
 	}
 	q1 := checkRoCE(t, waitRoCE(t, tp.caps[h1.port], h1.addr, g1, 20), h1.addr, g1, 256, 20)
@@ -473,8 +406,8 @@ func TestTwoGroups(t *testing.T) {
 		size        int
 	}{{h2, g1, g2, 256}, {h3, g2, g1, 512}} {
 		checkRoCE(t, waitRoCE(t, tp.caps[c.h.port], h1.addr, c.want, 20), h1.addr, c.want, c.size, 20)
-		fs := notFrom(tp.caps[c.h.port].snapshot(), c.h.addr)
-		if n := len(roceFrames(fs, netip.Addr{}, c.other)); n != 0 {
+		fs := nettest.NotFrom(tp.caps[c.h.port].Snapshot(), c.h.addr)
+		if n := len(nettest.RoCEFrames(fs, netip.Addr{}, c.other)); n != 0 {
 			t.Errorf("%d frames of %v forwarded to %v (a member of %v only)", n, c.other, c.h, c.want)
 		}
 	}

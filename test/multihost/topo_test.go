@@ -2,7 +2,6 @@ package multihost
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -10,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/softrdma/softrdma/internal/nettest"
 )
 
 // Subnet of the three hosts; it exists only inside the test's namespaces.
@@ -30,7 +31,7 @@ type topo struct {
 	t     *testing.T
 	sw    string
 	hosts []*host
-	caps  map[string]*capture // per switch port, when capturing
+	caps  map[string]*nettest.Capture // per switch port, when capturing
 
 	querierAt time.Time // when the bridge's own querier takes effect
 }
@@ -66,7 +67,7 @@ func newTopo(t *testing.T) *topo {
 	t.Helper()
 	requireEnv(t)
 	base := fmt.Sprintf("%s%06x-", nsPrefix, rand.Uint32()&0xffffff)
-	tp := &topo{t: t, sw: base + "sw", caps: map[string]*capture{}}
+	tp := &topo{t: t, sw: base + "sw", caps: map[string]*nettest.Capture{}}
 	for i := 1; i <= 3; i++ {
 		tp.hosts = append(tp.hosts, &host{
 			idx:  i,
@@ -78,7 +79,7 @@ func newTopo(t *testing.T) *topo {
 	// Removal runs last (cleanups are LIFO): after processes and captures.
 	t.Cleanup(func() {
 		for _, ns := range append([]string{tp.sw}, tp.hostNames()...) {
-			if err := deleteNamespace(ns); err != nil && !strings.Contains(err.Error(), "No such file") {
+			if err := nettest.Delete(ns); err != nil && !strings.Contains(err.Error(), "No such file") {
 				t.Logf("cleanup: %v", err)
 			}
 		}
@@ -125,7 +126,7 @@ func (tp *topo) hostNames() []string {
 func (tp *topo) captureAll() {
 	tp.t.Helper()
 	for _, h := range tp.hosts {
-		tp.caps[h.port] = startCapture(tp.t, tp.sw, h.port)
+		tp.caps[h.port] = nettest.StartCapture(tp.t, tp.sw, h.port, artifacts)
 	}
 }
 
@@ -136,34 +137,13 @@ func (tp *topo) waitQuerier() {
 	time.Sleep(time.Until(tp.querierAt.Add(700 * time.Millisecond)))
 }
 
-// mdbEntry is one entry of `bridge -j mdb show`.
-type mdbEntry struct {
-	Dev   string `json:"dev"`
-	Port  string `json:"port"`
-	Group string `json:"grp"`
-	State string `json:"state"`
-}
-
 // mdb returns the bridge's multicast database.
-func (tp *topo) mdb() ([]mdbEntry, error) {
+func (tp *topo) mdb() ([]nettest.MDBEntry, error) {
 	out, err := runErr("bridge", "-n", tp.sw, "-j", "mdb", "show", "dev", "br0")
 	if err != nil {
 		return nil, err
 	}
-	var doc []struct {
-		MDB []mdbEntry `json:"mdb"`
-	}
-	if strings.TrimSpace(out) == "" {
-		return nil, nil
-	}
-	if err := json.Unmarshal([]byte(out), &doc); err != nil {
-		return nil, fmt.Errorf("bridge mdb json: %v: %q", err, out)
-	}
-	var all []mdbEntry
-	for _, d := range doc {
-		all = append(all, d.MDB...)
-	}
-	return all, nil
+	return nettest.ParseMDB(out)
 }
 
 // mdbPorts returns the bridge ports with an mdb entry for group.
@@ -173,13 +153,7 @@ func (tp *topo) mdbPorts(group netip.Addr) []string {
 	if err != nil {
 		tp.t.Fatal(err)
 	}
-	var ports []string
-	for _, e := range ents {
-		if g, err := netip.ParseAddr(e.Group); err == nil && g == group {
-			ports = append(ports, e.Port)
-		}
-	}
-	return ports
+	return nettest.MDBPorts(ents, group)
 }
 
 // waitMDB waits until the bridge has (present) or no longer has an mdb
