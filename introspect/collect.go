@@ -195,6 +195,14 @@ func otherDevice(drv verbs.Driver) Device {
 	}
 	if p, ok := drv.(*ib.Device); ok {
 		d.Kind = "ib"
+		for _, q := range p.QPs() {
+			iq := QP{QPN: q.QPN, Type: "UD", State: q.State.String(), QKey: q.QKey, Port: 1,
+				BlockSelfMcastLB: q.BlockSelfMcastLB, Groups: []string{}, Counters: Counters{}}
+			for _, a := range q.Groups {
+				iq.Groups = append(iq.Groups, fmt.Sprintf("%v (mlid 0x%x)", a.MGID, a.MLID))
+			}
+			d.QPs = append(d.QPs, iq)
+		}
 		c := p.Counters()
 		d.Counters = Counters{
 			"rcvd_pkts": c.RcvdPkts, "delivered": c.Delivered, "sent_pkts": c.SentPkts,

@@ -7,6 +7,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
+	"github.com/softrdma/softrdma/verbs"
 )
 
 // TestIBPort: an emulated InfiniBand port (an in-process SM) appears in
@@ -26,6 +27,23 @@ func TestIBPort(t *testing.T) {
 	}
 	defer p.Close()
 
+	// A UD QP attached to a multicast group shows up with its attachment.
+	vctx, err := p.Verbs().Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd, _ := vctx.AllocPD()
+	cq, _ := vctx.CreateCQ(4)
+	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTypeUD})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgid, _ := verbs.ParseGID("ff12:4001:ffff::42")
+	if err := qp.AttachMcast(mgid, 0xc042); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { qp.Destroy(); cq.Destroy(); pd.Dealloc(); vctx.Close() }()
+
 	snap := Collect()
 	var d *Device
 	for i := range snap.Devices {
@@ -38,6 +56,10 @@ func TestIBPort(t *testing.T) {
 	}
 	if d.Kind != "ib" || len(d.Ports) != 1 || len(d.CounterNames()) != len(IBCounterNames) {
 		t.Fatalf("device %+v", d)
+	}
+	if len(d.QPs) != 1 || d.QPs[0].QPN != qp.Num() || d.QPs[0].State != "RESET" ||
+		len(d.QPs[0].Groups) != 1 || d.QPs[0].Groups[0] != "ff12:4001:ffff::42 (mlid 0xc042)" {
+		t.Errorf("IB QPs %+v", d.QPs)
 	}
 	pt := d.Ports[0]
 	if pt.State != "PORT_ACTIVE" || pt.LinkLayer != "InfiniBand" || pt.LID != p.LID() || pt.LID == 0 || pt.SMLID == 0 ||

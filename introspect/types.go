@@ -29,7 +29,8 @@ type Device struct {
 	Name string `json:"name"`
 	// Kind is the provider: "rxe" (software RoCEv2: everything below is
 	// filled in), "ib" (an emulated InfiniBand port: attributes, port,
-	// GIDs and the IBCounterNames counters; no QP list) or "other".
+	// GIDs, QPs with their attachments (no per-QP counters) and the
+	// IBCounterNames counters) or "other".
 	Kind         string `json:"kind"`
 	Ifname       string `json:"ifname"`
 	Ifindex      int    `json:"ifindex"`

@@ -140,6 +140,15 @@ func TestJoinStatesAndForwarding(t *testing.T) {
 	if rec.MLID < 0xc001 {
 		t.Fatalf("MLID %#x", rec.MLID)
 	}
+	var ms []ib.Membership
+	for _, m := range non.dev.Memberships() {
+		if m.MGID == mgid {
+			ms = append(ms, m)
+		}
+	}
+	if len(ms) != 1 || ms[0].JoinState != mad.JoinNonMember || ms[0].Members != [4]int{0, 1, 0, 0} || ms[0].MLID != rec.MLID {
+		t.Errorf("memberships of the NonMember port: %+v", ms)
+	}
 	for _, p := range []*port{full, non, sendOnly} {
 		// A send-only port that attached its QP anyway still gets nothing:
 		// the switch does not forward to it.
