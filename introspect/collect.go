@@ -56,7 +56,13 @@ func Collect() *Snapshot {
 		}
 	}
 	slices.SortFunc(s.Devices, func(a, b Device) int { return cmp.Compare(a.Name, b.Name) })
-	s.Groups = groups(snaps, cm.IDs)
+	var ibs []*ib.Device
+	for _, vd := range verbs.DeviceList() {
+		if p, ok := vd.Driver().(*ib.Device); ok {
+			ibs = append(ibs, p)
+		}
+	}
+	s.Groups = groups(snaps, ibs, cm.IDs)
 	for _, id := range cm.IDs {
 		s.IDs = append(s.IDs, CMID{
 			ID:            id.Handle,
@@ -217,7 +223,7 @@ func otherDevice(drv verbs.Driver) Device {
 
 // groups merges the devices' verbs groups and IP memberships with the CM
 // joins, one Group per device and MGID.
-func groups(snaps []rxe.DeviceSnapshot, ids []rdmacm.IDInfo) []Group {
+func groups(snaps []rxe.DeviceSnapshot, ibs []*ib.Device, ids []rdmacm.IDInfo) []Group {
 	type key struct {
 		dev  string
 		mgid verbs.GID
@@ -250,6 +256,23 @@ func groups(snaps []rxe.DeviceSnapshot, ids []rdmacm.IDInfo) []Group {
 			g := get(ds.Name, wire.RoCEv2MGID(ms.Group))
 			g.IPMembership = ms.Joined
 			g.CMRefs = ms.CMRefs
+		}
+	}
+	for _, p := range ibs {
+		for _, ms := range p.Memberships() {
+			g := get(p.Name(), ms.MGID)
+			g.MLID, g.SAJoinState = ms.MLID, ms.JoinState
+		}
+		for _, q := range p.QPs() {
+			for _, a := range q.Groups {
+				k := key{p.Name(), a.MGID}
+				g := get(p.Name(), a.MGID)
+				g.AttachedQPs = append(g.AttachedQPs, q.QPN)
+				if attached[k] == nil {
+					attached[k] = map[uint32]bool{}
+				}
+				attached[k][q.QPN] = true
+			}
 		}
 	}
 	for _, id := range ids {

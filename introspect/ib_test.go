@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
@@ -60,6 +61,44 @@ func TestIBPort(t *testing.T) {
 	if len(d.QPs) != 1 || d.QPs[0].QPN != qp.Num() || d.QPs[0].State != "RESET" ||
 		len(d.QPs[0].Groups) != 1 || d.QPs[0].Groups[0] != "ff12:4001:ffff::42 (mlid 0xc042)" {
 		t.Errorf("IB QPs %+v", d.QPs)
+	}
+	// The SA membership of a join appears in the groups view.
+	bc, ok := p.BroadcastGroup()
+	if !ok {
+		t.Fatal("no broadcast group")
+	}
+	req := bc
+	req.MGID, req.PortGID, req.QKey, req.MLID, req.JoinState = mgid, p.PortGID(), 0x01234567, 0, 1
+	joined := make(chan int, 1)
+	m, err := p.JoinMulticast(req, 0x130C7, func(status int, _ *ib.GroupRecord) {
+		select {
+		case joined <- status:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.LeaveMulticast(m)
+	if st := <-joined; st != 0 {
+		t.Fatalf("join status %d", st)
+	}
+	// The join callback runs under the group's lock, which a snapshot does
+	// not wait for: look again until the membership shows.
+	var grp *Group
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		grp = nil
+		for _, g := range Collect().Groups {
+			if g.Device == p.Name() && g.MGID == mgid.String() {
+				grp = &g
+			}
+		}
+		if grp != nil && grp.SAJoinState != 0 {
+			break
+		}
+	}
+	if grp == nil || grp.SAJoinState != 1 || grp.MLID < 0xc001 || len(grp.AttachedQPs) != 1 || grp.AttachedQPs[0] != qp.Num() {
+		t.Errorf("IB group %+v", grp)
 	}
 	pt := d.Ports[0]
 	if pt.State != "PORT_ACTIVE" || pt.LinkLayer != "InfiniBand" || pt.LID != p.LID() || pt.LID == 0 || pt.SMLID == 0 ||

@@ -139,6 +139,11 @@ type Group struct {
 	IPMembership bool `json:"ip_membership"`
 	// CMRefs counts the membership references of full-member CM joins.
 	CMRefs int `json:"cm_refs"`
+	// MLID and SAJoinState describe an InfiniBand port's SA membership:
+	// the group's multicast LID and the join-state bits the port holds
+	// (0x1 full, 0x2 non, 0x4 send-only non, 0x8 send-only full member).
+	MLID        uint16 `json:"mlid,omitempty"`
+	SAJoinState uint8  `json:"sa_join_state,omitempty"`
 	// AttachedQPs are the QPs attached to the MGID, in delivery order.
 	AttachedQPs []uint32 `json:"attached_qps"`
 	// Joins are the CM joins of the group.

@@ -64,11 +64,15 @@ func printGroup(w io.Writer, g introspect.Group) {
 		name = g.MGID
 	}
 	fmt.Fprintf(w, "\n%s %s  mgid %s\n", g.Device, name, g.MGID)
-	mship := "not joined"
-	if g.IPMembership {
-		mship = "joined on the interface (IGMP/MLD)"
+	if g.MLID != 0 || g.SAJoinState != 0 {
+		fmt.Fprintf(w, "\tsa membership:  mlid %#x, join state %#x\n", g.MLID, g.SAJoinState)
+	} else {
+		mship := "not joined"
+		if g.IPMembership {
+			mship = "joined on the interface (IGMP/MLD)"
+		}
+		fmt.Fprintf(w, "\tip membership:  %s, %d CM reference(s)\n", mship, g.CMRefs)
 	}
-	fmt.Fprintf(w, "\tip membership:  %s, %d CM reference(s)\n", mship, g.CMRefs)
 	qps := "none"
 	if len(g.AttachedQPs) > 0 {
 		var s []string
