@@ -233,6 +233,7 @@ type BadWRError struct {
 	Err   error
 }
 
+// Error describes the failed work request and its errno.
 func (e *BadWRError) Error() string { return fmt.Sprintf("verbs: work request %d: %v", e.Index, e.Err) }
 
 // Unwrap returns the errno.

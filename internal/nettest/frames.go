@@ -79,6 +79,7 @@ type IGMPEvent struct {
 	NSrc  int // IGMPv3 record: number of sources
 }
 
+// String describes the event, e.g. for test failure messages.
 func (e IGMPEvent) String() string {
 	if e.Type == IGMPV3Report {
 		return fmt.Sprintf("%s IGMPv3 report from %v: record type %d group %v sources %d", e.TS.Format("15:04:05.000"), e.Src, e.Rec, e.Group, e.NSrc)
