@@ -92,36 +92,17 @@ func Collect() *Snapshot {
 }
 
 func device(ds rxe.DeviceSnapshot, owner func(uint32) uint64) Device {
-	a := ds.Attr
-	d := Device{
-		Name:         ds.Name,
-		Kind:         "rxe",
-		Ifname:       ds.Ifname,
-		Ifindex:      ds.Ifindex,
-		MAC:          ds.MAC.String(),
-		NodeGUID:     guidString(a.NodeGUID),
-		SysImageGUID: guidString(a.SysImageGUID),
-		VendorID:     a.VendorID,
-		VendorPartID: a.VendorPartID,
-		HWVer:        a.HWVer,
-		FWVer:        a.FWVer,
-		PhysPortCnt:  int(a.PhysPortCnt),
-		Limits: Limits{
-			MaxQP: a.MaxQP, MaxQPWR: a.MaxQPWR, MaxSGE: a.MaxSGE, MaxCQ: a.MaxCQ, MaxCQE: a.MaxCQE,
-			MaxMR: a.MaxMR, MaxPD: a.MaxPD, MaxAH: a.MaxAH,
-			MaxMcastGrp: a.MaxMcastGrp, MaxMcastQPAttach: a.MaxMcastQPAttach,
-			MaxTotalMcastQPAttach: a.MaxTotalMcastQP, MaxInlineData: a.MaxInlineData,
-		},
-		Usage: Usage{
-			QPs:              len(ds.QPs),
-			McastGroups:      len(ds.Groups),
-			McastAttachments: ds.Attachments,
-			IPMemberships:    len(ds.Memberships),
-			RecvSockets:      ds.RecvSockets,
-			SendSockets:      ds.SendSockets,
-		},
-		Counters: deviceCounters(ds.Counters),
+	d := deviceFromAttr(ds.Name, "rxe", ds.Attr)
+	d.Ifname, d.Ifindex, d.MAC = ds.Ifname, ds.Ifindex, ds.MAC.String()
+	d.Usage = Usage{
+		QPs:              len(ds.QPs),
+		McastGroups:      len(ds.Groups),
+		McastAttachments: ds.Attachments,
+		IPMemberships:    len(ds.Memberships),
+		RecvSockets:      ds.RecvSockets,
+		SendSockets:      ds.SendSockets,
 	}
+	d.Counters = deviceCounters(ds.Counters)
 	if ds.MAC == nil {
 		d.MAC = "00:00:00:00:00:00"
 	}
@@ -171,13 +152,11 @@ func port(p verbs.PortAttr, gids []verbs.GIDEntry) Port {
 	return out
 }
 
-// otherDevice describes a device of another provider through the verbs
-// seam, with the counters of an emulated InfiniBand port.
-func otherDevice(drv verbs.Driver) Device {
-	a := drv.Attr()
-	d := Device{
-		Name:         drv.Name(),
-		Kind:         "other",
+// deviceFromAttr fills the attributes every provider reports.
+func deviceFromAttr(name, kind string, a verbs.DeviceAttr) Device {
+	return Device{
+		Name:         name,
+		Kind:         kind,
 		NodeGUID:     guidString(a.NodeGUID),
 		SysImageGUID: guidString(a.SysImageGUID),
 		VendorID:     a.VendorID,
@@ -191,9 +170,14 @@ func otherDevice(drv verbs.Driver) Device {
 			MaxMcastGrp: a.MaxMcastGrp, MaxMcastQPAttach: a.MaxMcastQPAttach,
 			MaxTotalMcastQPAttach: a.MaxTotalMcastQP, MaxInlineData: a.MaxInlineData,
 		},
-		QPs:      []QP{},
-		Counters: Counters{},
 	}
+}
+
+// otherDevice describes a device of another provider through the verbs
+// seam, with the counters of an emulated InfiniBand port.
+func otherDevice(drv verbs.Driver) Device {
+	d := deviceFromAttr(drv.Name(), "other", drv.Attr())
+	d.QPs, d.Counters = []QP{}, Counters{}
 	pa, err := drv.QueryPort(1)
 	gids, _ := drv.GIDTable(1)
 	if err == nil {
