@@ -7,21 +7,17 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/softrdma/softrdma/provider/ib"
-	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/verbs"
-	"github.com/softrdma/softrdma/wire"
 	"github.com/vishvananda/netlink"
 )
 
 // cmDevice is librdmacm's per-device state (struct cma_device): one open
-// context and one default PD per device, shared by every id of the process.
-// Exactly one of rxe (a RoCEv2 port) and ib (an InfiniBand port) is set.
+// context and one default PD per device, shared by every id of the process,
+// and the port that does the link-layer specific work.
 type cmDevice struct {
-	rxe *rxe.Device
-	ib  *ib.Device
-	ctx *verbs.Context
-	pd  *verbs.PD
+	port port
+	ctx  *verbs.Context
+	pd   *verbs.PD
 
 	mu  sync.Mutex
 	ids map[*ID]struct{}
@@ -33,31 +29,16 @@ var cmDevices struct {
 	m map[*verbs.Device]*cmDevice
 }
 
-// deviceForAddr returns the device a local address belongs to: the
-// InfiniBand port whose IPoIB address it is (an open one, or one opened on
-// the subnet that SOFTRDMA_SM names), else the RoCEv2 device of the
-// interface that owns it.
+// deviceForAddr returns the CM device of the port a local address belongs
+// to (see portFinders).
 func deviceForAddr(a netip.Addr) (*cmDevice, error) {
-	p := ib.ForAddr(a)
-	if p == nil {
-		var err error
-		if p, err = ib.OpenFromEnv(a); err != nil {
-			return nil, err
-		}
-	}
-	if p != nil {
-		return cmDeviceOf(p.Verbs(), func(cd *cmDevice) { cd.ib = p })
-	}
-	d, err := rxe.ForAddr(a)
+	p, err := portFor(a)
 	if err != nil {
 		return nil, err
 	}
-	return cmDeviceOf(d.Verbs(), func(cd *cmDevice) { cd.rxe = d })
-}
-
-func cmDeviceOf(vd *verbs.Device, set func(*cmDevice)) (*cmDevice, error) {
 	cmDevices.Lock()
 	defer cmDevices.Unlock()
+	vd := p.device()
 	if cd := cmDevices.m[vd]; cd != nil {
 		return cd, nil
 	}
@@ -70,13 +51,17 @@ func cmDeviceOf(vd *verbs.Device, set func(*cmDevice)) (*cmDevice, error) {
 		ctx.Close()
 		return nil, err
 	}
-	cd := &cmDevice{ctx: ctx, pd: pd, ids: map[*ID]struct{}{}}
-	set(cd)
+	cd := &cmDevice{port: p, ctx: ctx, pd: pd, ids: map[*ID]struct{}{}}
 	if cmDevices.m == nil {
 		cmDevices.m = map[*verbs.Device]*cmDevice{}
 	}
 	cmDevices.m[vd] = cd
 	return cd, nil
+}
+
+// errNoPort is the error for an address no port owns.
+func errNoPort(a netip.Addr) error {
+	return fmt.Errorf("no device owns %v: %w", a, syscall.EADDRNOTAVAIL)
 }
 
 // name returns the device name.
@@ -88,8 +73,8 @@ func (cd *cmDevice) attach(id *ID) {
 	cd.mu.Lock()
 	defer cd.mu.Unlock()
 	cd.ids[id] = struct{}{}
-	if cd.sub == nil && cd.rxe != nil {
-		cd.sub = cd.rxe.Subscribe(cd.netEvent)
+	if cd.sub == nil {
+		cd.sub = cd.port.subscribe(cd.netEvent)
 	}
 }
 
@@ -110,7 +95,7 @@ func (cd *cmDevice) detach(id *ID) {
 
 // netEvent turns netdev changes into DEVICE_REMOVAL / ADDR_CHANGE events,
 // as the kernel's cma_netdev_callback and cma_process_remove do.
-func (cd *cmDevice) netEvent(ev rxe.NetEvent) {
+func (cd *cmDevice) netEvent(ev netEvent) {
 	cd.mu.Lock()
 	ids := make([]*ID, 0, len(cd.ids))
 	for id := range cd.ids {
@@ -118,32 +103,18 @@ func (cd *cmDevice) netEvent(ev rxe.NetEvent) {
 	}
 	cd.mu.Unlock()
 	for _, id := range ids {
-		switch ev.Kind {
-		case rxe.NetdevRemoved:
+		switch ev.kind {
+		case netdevRemoved:
 			id.deviceRemoved()
-		case rxe.AddrRemoved:
-			id.addrRemoved(ev.Addr)
+		case addrRemoved:
+			id.addrRemoved(ev.addr)
 		}
 	}
 }
 
-// gidIndex returns the GID table index of a local address. An IB port's
-// IPoIB address stands for its port GID, index 0.
+// gidIndex returns the GID table index of a local address.
 func (cd *cmDevice) gidIndex(a netip.Addr) (uint8, error) {
-	if cd.ib != nil {
-		return 0, nil
-	}
-	tbl, err := cd.ctx.QueryGIDTable(1)
-	if err != nil {
-		return 0, err
-	}
-	g := wire.GIDFromAddr(a.Unmap())
-	for _, e := range tbl {
-		if e.GID == g {
-			return uint8(e.Index), nil
-		}
-	}
-	return 0, fmt.Errorf("rdmacm: %v is not a GID of %s: %w", a, cd.name(), syscall.EADDRNOTAVAIL)
+	return cd.port.gidIndex(cd.ctx, a)
 }
 
 // routeSource picks the interface and source address towards dst through

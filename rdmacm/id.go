@@ -482,15 +482,14 @@ func (id *ID) defaultQKey() (uint32, error) {
 	case PS_UDP, PS_IB:
 		id.qkey = UDPQKey
 	case PS_IPOIB:
-		if id.dev != nil && id.dev.ib != nil {
-			bc, ok := id.dev.ib.BroadcastGroup()
-			if !ok {
-				return 0, fmt.Errorf("no IPoIB broadcast group on %s: %w", id.dev.name(), syscall.EADDRNOTAVAIL)
-			}
-			id.qkey = bc.QKey
-			break
+		if id.dev == nil {
+			return 0, fmt.Errorf("no IPoIB broadcast group without a device: %w", syscall.ENODEV)
 		}
-		return 0, fmt.Errorf("no IPoIB broadcast group on a RoCE port: %w", syscall.ENODEV)
+		qkey, err := id.dev.port.ipoibQKey()
+		if err != nil {
+			return 0, err
+		}
+		id.qkey = qkey
 	}
 	return id.qkey, nil
 }

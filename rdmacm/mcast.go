@@ -1,7 +1,6 @@
 package rdmacm
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -9,10 +8,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/softrdma/softrdma/ib/mad"
-	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/verbs"
-	"github.com/softrdma/softrdma/wire"
 )
 
 // mcJoin is one join of an id (librdmacm's struct cma_multicast plus the
@@ -24,9 +20,9 @@ type mcJoin struct {
 	sendOnly bool
 	mgid     verbs.GID // set when the JOIN event is retrieved
 	mlid     uint16
-	netRef   bool        // holds a reference on the IP group membership
 	left     atomic.Bool // LeaveMulticast or Destroy removed the join
-	ibm      *ib.Member  // the SA join of an InfiniBand port
+	held     any         // what the port holds for the join (released by its leave)
+	netRef   bool        // the port holds a reference on the IP group membership (IGMP/MLD)
 	qkey     uint32      // the id's Q_Key when it joined
 
 	// guarded by id.ch.mu
@@ -70,160 +66,27 @@ func (id *ID) JoinMulticastEx(attr *JoinMCAttrEx, ctx any) error {
 func (id *ID) join(addr net.Addr, flags uint32, ctx any) error {
 	sa, _ := toSockaddr(addr)
 	id.mu.Lock()
-	ev, err := id.joinLocked(sa, flags, ctx)
+	err := id.joinLocked(sa, flags, ctx)
 	id.mu.Unlock()
 	observeJoin(id, sa, flags, err)
 	if err != nil {
 		return fmt.Errorf("rdmacm: join multicast %v: %w", addr, err)
 	}
-	return id.complete(ev)
+	return id.complete(nil)
 }
 
 // joinLocked is the kernel's rdma_join_multicast: the id checks, then the
-// RoCE or the InfiniBand path. A RoCE join queues its JOIN event at once;
-// an IB join queues it when the SA answers.
-func (id *ID) joinLocked(sa sockaddr, flags uint32, ctx any) (*Event, error) {
+// port's join (RoCE queues the JOIN event at once, IB when the SA answers).
+func (id *ID) joinLocked(sa sockaddr, flags uint32, ctx any) error {
 	if id.dev == nil || (id.state != stateAddrBound && id.state != stateAddrResolved) || id.qpType != verbs.QPTypeUD {
-		return nil, syscall.EINVAL
+		return syscall.EINVAL
 	}
 	mc := &mcJoin{id: id, context: ctx, addr: sa, sendOnly: flags == MCJoinFlagSendOnlyFullMember}
-	if id.dev.ib != nil {
-		if err := id.joinIBLocked(mc); err != nil {
-			return nil, err
-		}
-		id.mcs = append(id.mcs, mc)
-		return nil, nil
-	}
-	return id.joinRoCELocked(mc)
-}
-
-// joinRoCELocked is cma_iboe_join_multicast for a RoCEv2 port.
-func (id *ID) joinRoCELocked(mc *mcJoin) (*Event, error) {
-	sa := mc.addr
-	if !sa.isIP() {
-		return nil, ENOTSUPP
-	}
-	group := sa.ip.WithZone("").Unmap()
-	if group.IsUnspecified() {
-		return nil, syscall.EINVAL
-	}
-	if group.IsLoopback() {
-		// Linux accepts it and yields MGID 0; we refuse (see README).
-		return nil, fmt.Errorf("loopback group address: %w", syscall.EINVAL)
-	}
-	if pa, err := id.dev.ctx.QueryPort(1); err != nil || pa.State != verbs.PortActive {
-		return nil, syscall.ENODEV
-	}
-	if id.qkey == 0 && id.ps != PS_IPOIB {
-		id.defaultQKey()
-	}
-	// Linux takes the IP membership for any address (ip_mc_inc_group does
-	// not check the range); a socket can only join real multicast groups.
-	if !mc.sendOnly && group.IsMulticast() {
-		if err := id.dev.rxe.IncGroup(group); err != nil {
-			return nil, err
-		}
-		mc.netRef = true
-	}
-	id.mcs = append(id.mcs, mc)
-	mgid := wire.RoCEv2MGID(group)
-	ev := &Event{ID: id, Event: EventMulticastJoin, mc: mc}
-	ev.Param = UDParam{
-		PrivateData: mc.context,
-		QPNum:       MulticastQPN,
-		QKey:        id.qkey,
-		AHAttr: verbs.AHAttr{
-			GRH:      verbs.GlobalRoute{DGID: mgid, SGIDIndex: id.sgidIdx, HopLimit: 64},
-			IsGlobal: true,
-			PortNum:  1,
-		},
-	}
-	return id.queue(ev), nil
-}
-
-// joinIBLocked is cma_join_ib_multicast: the request starts from the
-// port's IPoIB broadcast group record (none: EADDRNOTAVAIL), a send-only
-// join needs the SA's send-only full member support (none: EOPNOTSUPP, as
-// kernels 4.9-5.11 and the man page), and the SA join runs asynchronously.
-func (id *ID) joinIBLocked(mc *mcJoin) error {
-	p := id.dev.ib
-	bc, ok := p.BroadcastGroup()
-	if !ok {
-		return fmt.Errorf("no IPoIB broadcast group on %s: %w", p.Name(), syscall.EADDRNOTAVAIL)
-	}
-	var mgid verbs.GID
-	if mc.addr.family == afIB {
-		mgid = mc.addr.ib.GID
-	} else {
-		group := mc.addr.ip.WithZone("").Unmap()
-		if group.IsLoopback() {
-			return fmt.Errorf("loopback group address: %w", syscall.EINVAL)
-		}
-		mgid = wire.IBMGID(group, binary.BigEndian.Uint16(bc.MGID[4:6]), bc.MGID[1]&0x0f, id.ps == PS_UDP)
-	}
-	if id.qkey == 0 {
-		if id.ps == PS_IPOIB {
-			id.qkey = bc.QKey
-		} else if _, err := id.defaultQKey(); err != nil {
-			return err
-		}
-	}
-	if mc.sendOnly && !p.SendOnlyFullMemberSupported() {
-		return fmt.Errorf("SM does not support send-only full member joins: %w", syscall.EOPNOTSUPP)
-	}
-	req := bc
-	req.MGID, req.QKey, req.PortGID, req.MLID = mgid, id.qkey, p.PortGID(), 0
-	req.JoinState = mad.JoinFullMember
-	if mc.sendOnly {
-		req.JoinState = mad.JoinSendOnlyFullMember
-	}
-	mask := mad.CompCreateRequired
-	if id.ps == PS_IPOIB {
-		mask = mad.CompIPoIBJoin
-	}
-	mc.qkey = id.qkey
-	m, err := p.JoinMulticast(req, mask, func(status int, rec *ib.GroupRecord) { id.ibJoinDone(mc, status, rec) })
-	if err != nil {
+	if err := id.dev.port.join(id, mc); err != nil {
 		return err
 	}
-	mc.ibm = m
+	id.mcs = append(id.mcs, mc)
 	return nil
-}
-
-// ibJoinDone turns the SA's answer (or a later -ENETRESET) into the
-// join's event (cma_ib_mc_handler).
-func (id *ID) ibJoinDone(mc *mcJoin, status int, rec *ib.GroupRecord) {
-	if mc.left.Load() {
-		return
-	}
-	if status == 0 && (rec.QKey == 0 || rec.QKey != mc.qkey) {
-		status = -int(syscall.EINVAL) // cma_set_qkey: the group's Q_Key is not the id's
-	}
-	ev := &Event{ID: id, mc: mc}
-	if status != 0 {
-		ev.Event, ev.Status = EventMulticastError, status
-		ev.Param.PrivateData = mc.context
-		id.queue(ev)
-		return
-	}
-	ev.Event = EventMulticastJoin
-	ev.Param = UDParam{
-		PrivateData: mc.context,
-		QPNum:       MulticastQPN,
-		QKey:        rec.QKey,
-		AHAttr: verbs.AHAttr{
-			GRH: verbs.GlobalRoute{
-				DGID: rec.MGID, SGIDIndex: 0, FlowLabel: rec.FlowLabel,
-				HopLimit: rec.HopLimit, TrafficClass: rec.TClass,
-			},
-			DLID:       rec.MLID,
-			SL:         rec.SL,
-			StaticRate: rec.Rate,
-			IsGlobal:   true,
-			PortNum:    1,
-		},
-	}
-	id.queue(ev)
 }
 
 // processEvent runs librdmacm's event post-processing when an event is
@@ -302,14 +165,9 @@ func (id *ID) leaveLocked(mc *mcJoin) {
 	if id.qp != nil && !mc.sendOnly && !mc.mgid.IsZero() {
 		id.qp.DetachMcast(mc.mgid, mc.mlid)
 	}
-	if mc.ibm != nil {
-		// Waits for a running callback of the group; none runs afterwards.
-		id.dev.ib.LeaveMulticast(mc.ibm)
-		mc.ibm = nil
-	}
-	if mc.netRef {
-		id.dev.rxe.DecGroup(mc.addr.ip.WithZone("").Unmap())
-		mc.netRef = false
+	if mc.held != nil {
+		// Waits for a running callback of the join; none runs afterwards.
+		id.dev.port.leave(mc)
 	}
 	id.ch.mu.Lock()
 	id.ch.purgeLocked(func(ev *Event) bool { return ev.mc == mc })

@@ -1,0 +1,144 @@
+package rdmacm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"syscall"
+
+	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/provider/ib"
+	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/wire"
+)
+
+// ibPort is an InfiniBand port on an emulated subnet (provider/ib): joins
+// are SA requests (cma_join_ib_multicast), the address stands for the
+// port's IPoIB address.
+type ibPort struct{ p *ib.Device }
+
+// ibPortFor returns the IB port whose IPoIB address a is: an open one, or
+// one opened on the subnet that SOFTRDMA_SM names; nil when a is not an
+// IPoIB address.
+func ibPortFor(a netip.Addr) (port, error) {
+	p := ib.ForAddr(a)
+	if p == nil {
+		var err error
+		if p, err = ib.OpenFromEnv(a); err != nil {
+			return nil, err
+		}
+	}
+	if p == nil {
+		return nil, nil
+	}
+	return ibPort{p}, nil
+}
+
+func (p ibPort) device() *verbs.Device { return p.p.Verbs() }
+
+// gidIndex: an IB port's IPoIB address stands for its port GID, index 0.
+func (ibPort) gidIndex(*verbs.Context, netip.Addr) (uint8, error) { return 0, nil }
+
+// ipoibQKey is the Q_Key of the broadcast group the port joined at
+// activation.
+func (p ibPort) ipoibQKey() (uint32, error) {
+	bc, ok := p.p.BroadcastGroup()
+	if !ok {
+		return 0, fmt.Errorf("no IPoIB broadcast group on %s: %w", p.p.Name(), syscall.EADDRNOTAVAIL)
+	}
+	return bc.QKey, nil
+}
+
+// join is cma_join_ib_multicast: the request starts from the port's IPoIB
+// broadcast group record (none: EADDRNOTAVAIL), a send-only join needs the
+// SA's send-only full member support (none: EOPNOTSUPP, as kernels
+// 4.9-5.11 and the man page), and the SA join runs asynchronously: its
+// answer becomes the join's event.
+func (p ibPort) join(id *ID, mc *mcJoin) error {
+	bc, ok := p.p.BroadcastGroup()
+	if !ok {
+		return fmt.Errorf("no IPoIB broadcast group on %s: %w", p.p.Name(), syscall.EADDRNOTAVAIL)
+	}
+	var mgid verbs.GID
+	if mc.addr.family == afIB {
+		mgid = mc.addr.ib.GID
+	} else {
+		group := mc.addr.ip.WithZone("").Unmap()
+		if group.IsLoopback() {
+			return fmt.Errorf("loopback group address: %w", syscall.EINVAL)
+		}
+		mgid = wire.IBMGID(group, binary.BigEndian.Uint16(bc.MGID[4:6]), bc.MGID[1]&0x0f, id.ps == PS_UDP)
+	}
+	if _, err := id.defaultQKey(); err != nil {
+		return err
+	}
+	if mc.sendOnly && !p.p.SendOnlyFullMemberSupported() {
+		return fmt.Errorf("SM does not support send-only full member joins: %w", syscall.EOPNOTSUPP)
+	}
+	req := bc
+	req.MGID, req.QKey, req.PortGID, req.MLID = mgid, id.qkey, p.p.PortGID(), 0
+	req.JoinState = mad.JoinFullMember
+	if mc.sendOnly {
+		req.JoinState = mad.JoinSendOnlyFullMember
+	}
+	mask := mad.CompCreateRequired
+	if id.ps == PS_IPOIB {
+		mask = mad.CompIPoIBJoin
+	}
+	mc.qkey = id.qkey
+	m, err := p.p.JoinMulticast(req, mask, func(status int, rec *ib.GroupRecord) { ibJoinDone(id, mc, status, rec) })
+	if err != nil {
+		return err
+	}
+	mc.held = m
+	return nil
+}
+
+// ibJoinDone turns the SA's answer (or a later -ENETRESET) into the
+// join's event (cma_ib_mc_handler).
+func ibJoinDone(id *ID, mc *mcJoin, status int, rec *ib.GroupRecord) {
+	if mc.left.Load() {
+		return
+	}
+	if status == 0 && (rec.QKey == 0 || rec.QKey != mc.qkey) {
+		status = -int(syscall.EINVAL) // cma_set_qkey: the group's Q_Key is not the id's
+	}
+	ev := &Event{ID: id, mc: mc}
+	if status != 0 {
+		ev.Event, ev.Status = EventMulticastError, status
+		ev.Param.PrivateData = mc.context
+		id.queue(ev)
+		return
+	}
+	ev.Event = EventMulticastJoin
+	ev.Param = UDParam{
+		PrivateData: mc.context,
+		QPNum:       MulticastQPN,
+		QKey:        rec.QKey,
+		AHAttr: verbs.AHAttr{
+			GRH: verbs.GlobalRoute{
+				DGID: rec.MGID, SGIDIndex: 0, FlowLabel: rec.FlowLabel,
+				HopLimit: rec.HopLimit, TrafficClass: rec.TClass,
+			},
+			DLID:       rec.MLID,
+			SL:         rec.SL,
+			StaticRate: rec.Rate,
+			IsGlobal:   true,
+			PortNum:    1,
+		},
+	}
+	id.queue(ev)
+}
+
+// leave leaves the SA membership; it waits for a running callback of the
+// group, and none runs afterwards.
+func (p ibPort) leave(mc *mcJoin) {
+	if m, ok := mc.held.(*ib.Member); ok {
+		p.p.LeaveMulticast(m)
+	}
+	mc.held = nil
+}
+
+// subscribe: an IB port reports its changes (reregister, LID change)
+// through its joins' callbacks, not as netdev events.
+func (ibPort) subscribe(func(netEvent)) (cancel func()) { return nil }

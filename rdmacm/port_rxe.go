@@ -1,0 +1,116 @@
+package rdmacm
+
+import (
+	"fmt"
+	"net/netip"
+	"syscall"
+
+	"github.com/softrdma/softrdma/provider/rxe"
+	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/wire"
+)
+
+// rxePort is a RoCEv2 port of softrdma's software device (provider/rxe):
+// cma_iboe_join_multicast, IP group memberships, netdev events.
+type rxePort struct{ d *rxe.Device }
+
+// rxePortFor returns the RoCEv2 device of the interface that owns a.
+func rxePortFor(a netip.Addr) (port, error) {
+	d, err := rxe.ForAddr(a)
+	if err != nil {
+		return nil, err
+	}
+	return rxePort{d}, nil
+}
+
+func (p rxePort) device() *verbs.Device { return p.d.Verbs() }
+
+// gidIndex finds the address's RoCEv2 GID in the port's GID table.
+func (p rxePort) gidIndex(ctx *verbs.Context, a netip.Addr) (uint8, error) {
+	tbl, err := ctx.QueryGIDTable(1)
+	if err != nil {
+		return 0, err
+	}
+	g := wire.GIDFromAddr(a.Unmap())
+	for _, e := range tbl {
+		if e.GID == g {
+			return uint8(e.Index), nil
+		}
+	}
+	return 0, fmt.Errorf("%v is not a GID of %s: %w", a, p.d.Name(), syscall.EADDRNOTAVAIL)
+}
+
+// ipoibQKey fails: a RoCE port has no IPoIB broadcast group (ENODEV, as
+// Linux).
+func (rxePort) ipoibQKey() (uint32, error) {
+	return 0, fmt.Errorf("no IPoIB broadcast group on a RoCE port: %w", syscall.ENODEV)
+}
+
+// rxeMembership is what a RoCEv2 full-member join holds: a reference on
+// the interface's IP membership of the group (IGMP/MLD report).
+type rxeMembership struct{ group netip.Addr }
+
+// join is cma_iboe_join_multicast: the MGID is the group's RoCEv2 mapping,
+// a full member takes a reference on the IP group membership, and the
+// MULTICAST_JOIN event is queued at once.
+func (p rxePort) join(id *ID, mc *mcJoin) error {
+	sa := mc.addr
+	if !sa.isIP() {
+		return ENOTSUPP
+	}
+	group := sa.ip.WithZone("").Unmap()
+	if group.IsUnspecified() {
+		return syscall.EINVAL
+	}
+	if group.IsLoopback() {
+		// Linux accepts it and yields MGID 0; we refuse (see README).
+		return fmt.Errorf("loopback group address: %w", syscall.EINVAL)
+	}
+	if pa, err := id.dev.ctx.QueryPort(1); err != nil || pa.State != verbs.PortActive {
+		return syscall.ENODEV
+	}
+	if id.qkey == 0 && id.ps != PS_IPOIB {
+		id.defaultQKey()
+	}
+	// Linux takes the IP membership for any address (ip_mc_inc_group does
+	// not check the range); a socket can only join real multicast groups.
+	if !mc.sendOnly && group.IsMulticast() {
+		if err := p.d.IncGroup(group); err != nil {
+			return err
+		}
+		mc.held, mc.netRef = rxeMembership{group}, true
+	}
+	mgid := wire.RoCEv2MGID(group)
+	id.queue(&Event{ID: id, Event: EventMulticastJoin, mc: mc, Param: UDParam{
+		PrivateData: mc.context,
+		QPNum:       MulticastQPN,
+		QKey:        id.qkey,
+		AHAttr: verbs.AHAttr{
+			GRH:      verbs.GlobalRoute{DGID: mgid, SGIDIndex: id.sgidIdx, HopLimit: 64},
+			IsGlobal: true,
+			PortNum:  1,
+		},
+	}})
+	return nil
+}
+
+// leave drops the join's reference on the IP group membership.
+func (p rxePort) leave(mc *mcJoin) {
+	if m, ok := mc.held.(rxeMembership); ok {
+		p.d.DecGroup(m.group)
+	}
+	mc.held, mc.netRef = nil, false
+}
+
+// subscribe turns the interface's netlink changes into the CM's netdev
+// events.
+func (p rxePort) subscribe(fn func(netEvent)) (cancel func()) {
+	return p.d.Subscribe(func(ev rxe.NetEvent) {
+		switch ev.Kind {
+		case rxe.NetdevRemoved:
+			fn(netEvent{kind: netdevRemoved})
+		case rxe.AddrRemoved:
+			fn(netEvent{kind: addrRemoved, addr: ev.Addr})
+		}
+	})
+}
