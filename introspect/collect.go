@@ -12,6 +12,7 @@ import (
 
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/provider/rxe"
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -51,14 +52,14 @@ func Collect() *Snapshot {
 	// Devices of other providers (the emulated InfiniBand ports): what the
 	// verbs seam tells.
 	for _, vd := range verbs.DeviceList() {
-		if _, ok := vd.Driver().(*rxe.Device); !ok {
-			s.Devices = append(s.Devices, otherDevice(vd.Driver()))
+		if _, ok := softverbs.DriverOf(vd).(*rxe.Device); !ok {
+			s.Devices = append(s.Devices, otherDevice(softverbs.DriverOf(vd)))
 		}
 	}
 	slices.SortFunc(s.Devices, func(a, b Device) int { return cmp.Compare(a.Name, b.Name) })
 	var ibs []*ib.Device
 	for _, vd := range verbs.DeviceList() {
-		if p, ok := vd.Driver().(*ib.Device); ok {
+		if p, ok := softverbs.DriverOf(vd).(*ib.Device); ok {
 			ibs = append(ibs, p)
 		}
 	}
@@ -175,7 +176,7 @@ func deviceFromAttr(name, kind string, a verbs.DeviceAttr) Device {
 
 // otherDevice describes a device of another provider through the verbs
 // seam, with the counters of an emulated InfiniBand port.
-func otherDevice(drv verbs.Driver) Device {
+func otherDevice(drv softverbs.Driver) Device {
 	d := deviceFromAttr(drv.Name(), "other", drv.Attr())
 	d.QPs, d.Counters = []QP{}, Counters{}
 	pa, err := drv.QueryPort(1)

@@ -7,60 +7,6 @@ import (
 	"syscall"
 )
 
-// AH is an address handle (struct ibv_ah).
-type AH struct {
-	pd   *PD
-	attr AHAttr
-	dead bool
-}
-
-// CreateAH creates an address handle (ibv_create_ah). On an Ethernet (RoCE)
-// port the GRH is mandatory and its SGID index must exist.
-func (pd *PD) CreateAH(attr *AHAttr) (*AH, error) {
-	if attr == nil {
-		return nil, fmt.Errorf("verbs: create ah: %w", syscall.EINVAL)
-	}
-	if err := pd.checkAH(attr); err != nil {
-		return nil, fmt.Errorf("verbs: create ah: %w", err)
-	}
-	if err := pd.hold(0, 1); err != nil {
-		return nil, fmt.Errorf("verbs: create ah: %w", err)
-	}
-	return &AH{pd: pd, attr: *attr}, nil
-}
-
-func (pd *PD) checkAH(attr *AHAttr) error {
-	pa, err := pd.ctx.QueryPort(attr.PortNum)
-	if err != nil {
-		return err
-	}
-	if pa.LinkLayer == LinkLayerEthernet && !attr.IsGlobal {
-		return fmt.Errorf("RoCE address handle needs a GRH: %w", syscall.EINVAL)
-	}
-	if attr.IsGlobal {
-		if _, err := pd.ctx.QueryGIDEntry(attr.PortNum, int(attr.GRH.SGIDIndex)); err != nil {
-			return fmt.Errorf("sgid index %d: %w", attr.GRH.SGIDIndex, syscall.EINVAL)
-		}
-	}
-	return nil
-}
-
-// Attr returns the attributes the AH was created with.
-func (ah *AH) Attr() AHAttr { return ah.attr }
-
-// PD returns the protection domain of the AH.
-func (ah *AH) PD() *PD { return ah.pd }
-
-// Destroy destroys the address handle (ibv_destroy_ah).
-func (ah *AH) Destroy() error {
-	if ah.dead {
-		return fmt.Errorf("verbs: destroy ah: %w", syscall.EINVAL)
-	}
-	ah.dead = true
-	ah.pd.hold(0, -1)
-	return nil
-}
-
 // InitAHFromWC builds the attributes of an address handle that answers the
 // sender of a received datagram (ibv_init_ah_from_wc). grh is the 40-byte
 // GRH area of the receive buffer. As in libibverbs, a datagram received on

@@ -2,9 +2,10 @@
 // memory regions, completion queues, UD queue pairs, address handles and
 // multicast attach/detach, with libibverbs' names and errno contract.
 //
-// Devices come from providers (provider/rxe for RoCEv2); a provider
-// registers each device it creates with RegisterDevice. verbs owns the
-// generic objects and their rules; the provider only moves datagrams.
+// The objects are handles over a backend (see DeviceOps): softrdma's
+// software verbs core (provider/softverbs) under the RoCEv2 device
+// (provider/rxe) and the emulated InfiniBand port (provider/ib). A
+// provider registers each device it creates with RegisterDevice.
 //
 // Errors carry the errno libibverbs would set: errors.Is(err, syscall.EINVAL).
 package verbs
@@ -22,15 +23,15 @@ var registry struct {
 
 // Device is an RDMA device (struct ibv_device).
 type Device struct {
-	drv Driver
+	ops DeviceOps
 
 	mu     sync.Mutex
 	closed bool
 }
 
-// RegisterDevice adds a provider's device to the device list and returns it.
-func RegisterDevice(d Driver) *Device {
-	dev := &Device{drv: d}
+// RegisterDevice adds a backend's device to the device list and returns it.
+func RegisterDevice(ops DeviceOps) *Device {
+	dev := &Device{ops: ops}
 	registry.Lock()
 	registry.devs = append(registry.devs, dev)
 	registry.Unlock()
@@ -38,7 +39,7 @@ func RegisterDevice(d Driver) *Device {
 }
 
 // UnregisterDevice removes a device from the device list. Open contexts
-// keep working with the driver until they are closed.
+// keep working until they are closed.
 func UnregisterDevice(dev *Device) {
 	registry.Lock()
 	defer registry.Unlock()
@@ -73,13 +74,13 @@ func DeviceByName(name string) *Device {
 }
 
 // Name returns the device name (ibv_get_device_name).
-func (d *Device) Name() string { return d.drv.Name() }
+func (d *Device) Name() string { return d.ops.Name() }
 
 // GUID returns the node GUID (ibv_get_device_guid).
-func (d *Device) GUID() uint64 { return d.drv.Attr().NodeGUID }
+func (d *Device) GUID() uint64 { return d.ops.Attr().NodeGUID }
 
-// Driver returns the provider's side of the device.
-func (d *Device) Driver() Driver { return d.drv }
+// Ops returns the backend's side of the device.
+func (d *Device) Ops() DeviceOps { return d.ops }
 
 // Open opens the device (ibv_open_device).
 func (d *Device) Open() (*Context, error) {
@@ -88,32 +89,30 @@ func (d *Device) Open() (*Context, error) {
 	if d.closed {
 		return nil, fmt.Errorf("verbs: open %s: %w", d.Name(), syscall.ENODEV)
 	}
-	return &Context{dev: d}, nil
+	ops, err := d.ops.Open()
+	if err != nil {
+		return nil, err
+	}
+	return &Context{dev: d, ops: ops}, nil
 }
 
 // Context is an open device (struct ibv_context).
 type Context struct {
 	dev *Device
-
-	mu     sync.Mutex
-	pds    int
-	cqs    int
-	closed bool
+	ops ContextOps
 }
 
 // Device returns the device the context was opened on.
 func (c *Context) Device() *Device { return c.dev }
 
+// Ops returns the backend's side of the context.
+func (c *Context) Ops() ContextOps { return c.ops }
+
 // QueryDevice returns the device attributes (ibv_query_device).
-func (c *Context) QueryDevice() DeviceAttr { return c.dev.drv.Attr() }
+func (c *Context) QueryDevice() DeviceAttr { return c.dev.ops.Attr() }
 
 // QueryPort returns a port's attributes (ibv_query_port).
-func (c *Context) QueryPort(port uint8) (PortAttr, error) {
-	if port == 0 || port > c.dev.drv.Attr().PhysPortCnt {
-		return PortAttr{}, fmt.Errorf("verbs: query port %d: %w", port, syscall.EINVAL)
-	}
-	return c.dev.drv.QueryPort(port)
-}
+func (c *Context) QueryPort(port uint8) (PortAttr, error) { return c.ops.QueryPort(port) }
 
 // QueryGID returns the GID at index of a port (ibv_query_gid).
 func (c *Context) QueryGID(port uint8, index int) (GID, error) {
@@ -136,42 +135,26 @@ func (c *Context) QueryGIDEntry(port uint8, index int) (GIDEntry, error) {
 }
 
 // QueryGIDTable returns a port's GID table (ibv_query_gid_table).
-func (c *Context) QueryGIDTable(port uint8) ([]GIDEntry, error) {
-	if port == 0 || port > c.dev.drv.Attr().PhysPortCnt {
-		return nil, fmt.Errorf("verbs: query gid table %d: %w", port, syscall.EINVAL)
-	}
-	return c.dev.drv.GIDTable(port)
-}
+func (c *Context) QueryGIDTable(port uint8) ([]GIDEntry, error) { return c.ops.QueryGIDTable(port) }
 
 // Close closes the context (ibv_close_device). It fails with EBUSY while
 // protection domains or CQs of the context exist.
-func (c *Context) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return fmt.Errorf("verbs: close device: %w", syscall.EINVAL)
+func (c *Context) Close() error { return c.ops.Close() }
+
+// AllocPD allocates a protection domain (ibv_alloc_pd).
+func (c *Context) AllocPD() (*PD, error) {
+	ops, err := c.ops.AllocPD()
+	if err != nil {
+		return nil, err
 	}
-	if c.pds > 0 || c.cqs > 0 {
-		return fmt.Errorf("verbs: close device: %w", syscall.EBUSY)
-	}
-	c.closed = true
-	return nil
+	return &PD{ctx: c, ops: ops}, nil
 }
 
-func (c *Context) use(pd, cq int) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return syscall.EINVAL
+// CreateCQ creates a CQ with room for at least cqe completions (ibv_create_cq).
+func (c *Context) CreateCQ(cqe int) (*CQ, error) {
+	ops, err := c.ops.CreateCQ(cqe)
+	if err != nil {
+		return nil, err
 	}
-	c.pds += pd
-	c.cqs += cq
-	return nil
-}
-
-func (c *Context) release(pd, cq int) {
-	c.mu.Lock()
-	c.pds -= pd
-	c.cqs -= cq
-	c.mu.Unlock()
+	return &CQ{ctx: c, ops: ops, cap: cqe}, nil
 }

@@ -191,7 +191,7 @@ func measureGroups(bind netip.Addr, n int) (GroupsResult, error) {
 	if err != nil {
 		return r, err
 	}
-	if dev.Verbs().Driver().Attr().MaxMcastGrp < n {
+	if dev.Attr().MaxMcastGrp < n {
 		if err := dev.SetLimits(rxe.Options{MaxMcastGrp: n}); err != nil {
 			return r, err
 		}

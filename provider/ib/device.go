@@ -1,6 +1,6 @@
 // Package ib is softrdma's InfiniBand provider: a host channel adapter
 // port attached to an emulated subnet (ib/sm: subnet manager, SA and
-// switch in one process) over UDP. It implements verbs.Driver with the
+// switch in one process) over UDP. It implements softverbs.Driver with the
 // InfiniBand rules (LIDs, multicast LIDs from 0xC000, P_Keys, an SA-backed
 // multicast join engine) and sends real IB packets (LRH/GRH/BTH/DETH/
 // ICRC/VCRC) to the switch.
@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -164,7 +165,7 @@ func Open(cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("ib: open %s: no answer from the subnet manager at %s: %w", d.name, cfg.SM, syscall.ETIMEDOUT)
 	}
 	d.sa.refresh()
-	d.vdev = verbs.RegisterDevice(d)
+	d.vdev = softverbs.Register(d)
 	registry.Lock()
 	registry.devs = append(registry.devs, d)
 	registry.Unlock()
@@ -245,7 +246,7 @@ func (d *Device) portGIDLocked() verbs.GID {
 	return g
 }
 
-// Attr implements verbs.Driver.
+// Attr implements softverbs.Driver.
 func (d *Device) Attr() verbs.DeviceAttr {
 	return verbs.DeviceAttr{
 		NodeGUID: d.guid, SysImageGUID: d.guid, VendorID: 0x02c9, VendorPartID: 0x1003, FWVer: "softrdma",
@@ -255,7 +256,7 @@ func (d *Device) Attr() verbs.DeviceAttr {
 	}
 }
 
-// QueryPort implements verbs.Driver.
+// QueryPort implements softverbs.Driver.
 func (d *Device) QueryPort(port uint8) (verbs.PortAttr, error) {
 	if port != 1 {
 		return verbs.PortAttr{}, fmt.Errorf("ib: port %d: %w", port, syscall.EINVAL)
@@ -272,7 +273,7 @@ func (d *Device) QueryPort(port uint8) (verbs.PortAttr, error) {
 	}, nil
 }
 
-// GIDTable implements verbs.Driver: one GID, the subnet prefix + GUID.
+// GIDTable implements softverbs.Driver: one GID, the subnet prefix + GUID.
 func (d *Device) GIDTable(port uint8) ([]verbs.GIDEntry, error) {
 	if port != 1 {
 		return nil, fmt.Errorf("ib: port %d: %w", port, syscall.EINVAL)

@@ -28,7 +28,7 @@ func Example() {
 		return
 	}
 	defer port.Close()
-	pa, _ := port.Verbs().Driver().QueryPort(1)
+	pa, _ := port.QueryPort(1)
 	bc, _ := port.BroadcastGroup()
 	fmt.Printf("LID %d, SM LID %d, %v, %v\n", port.LID(), pa.SMLID, pa.State, pa.LinkLayer)
 	fmt.Printf("IPoIB broadcast group %v MLID %#x Q_Key %#x\n", bc.MGID, bc.MLID, bc.QKey)

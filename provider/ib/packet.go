@@ -8,6 +8,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -19,10 +20,10 @@ const (
 	maxPacket = wire.LRHLen + wire.IBGRHLen + wire.BTHLen + wire.DETHLen + wire.ImmDtLen + 4096 + 3 + wire.ICRCLen + wire.VCRCLen
 )
 
-// Send implements verbs.DriverQP: one UD packet to the switch. Multicast
+// Send implements softverbs.DriverQP: one UD packet to the switch. Multicast
 // packets are also delivered to the port's own attached QPs (HCA
 // loopback), except the sender when it blocks self loopback.
-func (q *qp) Send(s *verbs.UDSend) error {
+func (q *qp) Send(s *softverbs.UDSend) error {
 	d := q.dev
 	d.mu.Lock()
 	lid, active, mtu, sgid := d.lid, d.active, verbs.MTU(d.mtu), d.portGIDLocked()
@@ -107,7 +108,7 @@ func (d *Device) handlePacket(b []byte, self *qp) {
 		}
 		return
 	}
-	info := verbs.IBRecvInfo{SLID: p.LRH.SLID(), SL: p.LRH.SL(), GRH: p.Global()}
+	info := softverbs.IBRecvInfo{SLID: p.LRH.SLID(), SL: p.LRH.SL(), GRH: p.Global()}
 	var grh [verbs.GRHLen]byte
 	if p.Global() {
 		copy(grh[:], p.GRH)
@@ -151,7 +152,7 @@ func (d *Device) handlePacket(b []byte, self *qp) {
 }
 
 // deliver runs the per-QP checks and hands the datagram to the QP.
-func (d *Device) deliver(q *qp, p *wire.Packet, grh *[verbs.GRHLen]byte, info *verbs.IBRecvInfo) {
+func (d *Device) deliver(q *qp, p *wire.Packet, grh *[verbs.GRHLen]byte, info *softverbs.IBRecvInfo) {
 	if q.dead.Load() {
 		return
 	}
@@ -169,9 +170,9 @@ func (d *Device) deliver(q *qp, p *wire.Packet, grh *[verbs.GRHLen]byte, info *v
 		d.ctr.qkeyViolations.Add(1)
 	default:
 		switch q.rx.DeliverIB(grh, p.Payload, p.DETH.SrcQP(), p.Imm, p.HasImm, info) {
-		case verbs.Delivered:
+		case softverbs.Delivered:
 			d.ctr.delivered.Add(1)
-		case verbs.NoRecvWR:
+		case softverbs.NoRecvWR:
 			d.ctr.noRecvWR.Add(1)
 		default:
 			d.ctr.otherDrops.Add(1)

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -14,7 +15,7 @@ import (
 type qp struct {
 	dev       *Device
 	qpn       uint32
-	rx        verbs.IBReceiver
+	rx        softverbs.IBReceiver
 	blockSelf bool
 
 	state atomic.Uint32
@@ -40,12 +41,12 @@ type attach struct {
 	lid uint16
 }
 
-// CreateQP implements verbs.Driver.
-func (d *Device) CreateQP(rx verbs.Receiver, init verbs.DriverQPInit) (verbs.DriverQP, error) {
+// CreateQP implements softverbs.Driver.
+func (d *Device) CreateQP(rx softverbs.Receiver, init softverbs.DriverQPInit) (softverbs.DriverQP, error) {
 	if init.Type != verbs.QPTypeUD {
 		return nil, fmt.Errorf("ib: %v QPs: %w", init.Type, syscall.EOPNOTSUPP)
 	}
-	irx, ok := rx.(verbs.IBReceiver)
+	irx, ok := rx.(softverbs.IBReceiver)
 	if !ok {
 		return nil, fmt.Errorf("ib: receiver without IB completions: %w", syscall.EINVAL)
 	}
@@ -72,10 +73,10 @@ func (d *Device) publishQPsLocked() {
 	d.qps.Store(&m)
 }
 
-// QPN implements verbs.DriverQP.
+// QPN implements softverbs.DriverQP.
 func (q *qp) QPN() uint32 { return q.qpn }
 
-// Modify implements verbs.DriverQP.
+// Modify implements softverbs.DriverQP.
 func (q *qp) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	q.state.Store(uint32(attr.State))
 	q.qkey.Store(attr.QKey)
@@ -90,7 +91,7 @@ func (q *qp) receives() bool {
 	return s == verbs.QPSRTR || s == verbs.QPSRTS
 }
 
-// AttachMcast implements verbs.DriverQP: attaching twice is a no-op; the
+// AttachMcast implements softverbs.DriverQP: attaching twice is a no-op; the
 // device's group limits give ENOMEM.
 func (q *qp) AttachMcast(gid verbs.GID, lid uint16) error {
 	d := q.dev
@@ -120,7 +121,7 @@ func (q *qp) AttachMcast(gid verbs.GID, lid uint16) error {
 	return nil
 }
 
-// DetachMcast implements verbs.DriverQP.
+// DetachMcast implements softverbs.DriverQP.
 func (q *qp) DetachMcast(gid verbs.GID, lid uint16) error {
 	d := q.dev
 	d.mu.Lock()
@@ -143,7 +144,7 @@ func (q *qp) DetachMcast(gid verbs.GID, lid uint16) error {
 	return syscall.EINVAL
 }
 
-// Destroy implements verbs.DriverQP.
+// Destroy implements softverbs.DriverQP.
 func (q *qp) Destroy() error {
 	d := q.dev
 	d.mu.Lock()

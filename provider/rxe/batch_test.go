@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -24,29 +25,29 @@ func TestSendBatch(t *testing.T) {
 	if err := q.AttachMcast(mgid(g), 0); err != nil {
 		t.Fatal(err)
 	}
-	bs := q.(verbs.BatchSender)
+	bs := q.(softverbs.BatchSender)
 	ah := mcastAH(g)
 	v6 := mcastAH(netip.MustParseAddr("ff0e::1:2"))
 	noGRH := &verbs.AHAttr{PortNum: 1}
-	var batch []verbs.UDSend
+	var batch []softverbs.UDSend
 	var want []string
 	bad := map[int]syscall.Errno{}
-	for i := range 2*verbs.MaxSendBatch + 3 {
+	for i := range 2*softverbs.MaxSendBatch + 3 {
 		switch i {
 		case 5:
-			batch = append(batch, verbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: make([]byte, 8192)})
+			batch = append(batch, softverbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: make([]byte, 8192)})
 			continue
 		case 9:
-			batch = append(batch, verbs.UDSend{AH: noGRH, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: []byte("x")})
+			batch = append(batch, softverbs.UDSend{AH: noGRH, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: []byte("x")})
 			bad[len(batch)-1] = syscall.EINVAL
 			continue
 		case 40:
-			batch = append(batch, verbs.UDSend{AH: v6, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: []byte("v6")})
+			batch = append(batch, softverbs.UDSend{AH: v6, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: []byte("v6")})
 			bad[len(batch)-1] = 0 // some error: no IPv6 GID, or no route on lo
 			continue
 		}
 		p := fmt.Sprintf("datagram %d%s", i, bytes.Repeat([]byte{'.'}, i%4))
-		batch = append(batch, verbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: []byte(p), HasImm: i%2 == 0, Imm: uint32(i)})
+		batch = append(batch, softverbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: []byte(p), HasImm: i%2 == 0, Imm: uint32(i)})
 		want = append(want, p)
 	}
 	errs := make([]error, len(batch))
@@ -97,7 +98,7 @@ func TestSendBatchFrames(t *testing.T) {
 		qq := q.(*qp)
 		qq.smu.Lock()
 		psn := qq.psn
-		_, ok, err := qq.build(&sc.slots[0], &verbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: payload, HasImm: true, Imm: 7})
+		_, ok, err := qq.build(&sc.slots[0], &softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: payload, HasImm: true, Imm: 7})
 		qq.smu.Unlock()
 		if err != nil || !ok {
 			t.Fatalf("build: %v %v", ok, err)

@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -22,7 +23,7 @@ func BenchmarkReceivePath(b *testing.B) {
 			d := benchDev(b)
 			g := randGroup()
 			crx := &countRx{}
-			q, err := d.CreateQP(crx, verbs.DriverQPInit{Type: verbs.QPTypeUD})
+			q, err := d.CreateQP(crx, softverbs.DriverQPInit{Type: verbs.QPTypeUD})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -72,12 +73,12 @@ func BenchmarkSendPath(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
 			d := benchDev(b)
-			q, err := d.CreateQP(&countRx{}, verbs.DriverQPInit{Type: verbs.QPTypeUD})
+			q, err := d.CreateQP(&countRx{}, softverbs.DriverQPInit{Type: verbs.QPTypeUD})
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer q.Destroy()
-			s := &verbs.UDSend{AH: mcastAH(randGroup()), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 9, Payload: make([]byte, size)}
+			s := &softverbs.UDSend{AH: mcastAH(randGroup()), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 9, Payload: make([]byte, size)}
 			b.SetBytes(int64(size))
 			for b.Loop() {
 				if err := q.Send(s); err != nil {

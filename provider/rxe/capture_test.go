@@ -12,6 +12,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -113,7 +114,7 @@ func TestCaptureLoopback(t *testing.T) {
 	}
 	const n = 4
 	for i := range n {
-		s := &verbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x1234,
+		s := &softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x1234,
 			Payload: bytes.Repeat([]byte{byte(i)}, 30+i), HasImm: i%2 == 0, Imm: 0xabc}
 		if err := q.Send(s); err != nil {
 			t.Fatal(err)
@@ -184,7 +185,7 @@ func TestCaptureOptions(t *testing.T) {
 	co, _ := StartCapture(&other, CaptureOptions{Device: "rxe_nosuch"})
 	cl, _ := StartCapture(&limited, CaptureOptions{MaxPackets: 3})
 	for range 3 {
-		if err := q.Send(&verbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 7, Payload: []byte("x")}); err != nil {
+		if err := q.Send(&softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 7, Payload: []byte("x")}); err != nil {
 			t.Fatal(err)
 		}
 		rx.wait(t)
@@ -264,7 +265,7 @@ func TestCaptureNeverBlocksDatapath(t *testing.T) {
 	go func() {
 		defer close(done)
 		for range 20 {
-			q.Send(&verbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 7, Payload: []byte("x")})
+			q.Send(&softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 7, Payload: []byte("x")})
 		}
 	}()
 	select {

@@ -5,7 +5,7 @@
 // There is one Device per network interface per process, created on first
 // use (ForInterface, ForName, ForAddr) and named like rxe: rxe_<ifname>.
 // Each device registers itself with package verbs and implements its
-// provider seam (verbs.Driver and verbs.DriverQP) for UD QPs.
+// provider seam (softverbs.Driver and softverbs.DriverQP) for UD QPs.
 //
 // Sockets. Receiving uses UDP sockets bound to 0.0.0.0:4791 / [::]:4791
 // with SO_REUSEADDR (so several processes, of different users, share the
@@ -44,6 +44,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -79,7 +80,7 @@ func (o Options) withDefaults() Options {
 }
 
 // Device is a software RoCEv2 device bound to one network interface. It
-// implements verbs.Driver. Its methods are safe for concurrent use.
+// implements softverbs.Driver. Its methods are safe for concurrent use.
 type Device struct {
 	name    string
 	ifindex int
@@ -127,7 +128,7 @@ func newDevice(ifindex int, o Options) (*Device, error) {
 	d.info.Store(info)
 	d.qpTable.Store(&map[uint32]*qp{})
 	d.ownPorts.Store(&[]uint16{})
-	d.vdev = verbs.RegisterDevice(d)
+	d.vdev = softverbs.Register(d)
 	return d, nil
 }
 
@@ -153,7 +154,7 @@ func (d *Device) SetLimits(o Options) error {
 	return nil
 }
 
-// Attr returns the device capabilities (verbs.Driver).
+// Attr returns the device capabilities (softverbs.Driver).
 func (d *Device) Attr() verbs.DeviceAttr {
 	d.mu.Lock()
 	l := d.limits
@@ -211,7 +212,7 @@ func (d *Device) currentInfo() *ifInfo {
 	return info
 }
 
-// QueryPort returns the attributes of port 1 (verbs.Driver): Ethernet link
+// QueryPort returns the attributes of port 1 (softverbs.Driver): Ethernet link
 // layer, ACTIVE while the interface is up and running, active MTU from the
 // netdev MTU like rxe.
 func (d *Device) QueryPort(port uint8) (verbs.PortAttr, error) {
@@ -234,7 +235,7 @@ func (d *Device) QueryPort(port uint8) (verbs.PortAttr, error) {
 	}, nil
 }
 
-// GIDTable returns port 1's GID table (verbs.Driver): index 0 is the
+// GIDTable returns port 1's GID table (softverbs.Driver): index 0 is the
 // IPv4-mapped first IPv4 address of the interface, then its other IPv4
 // addresses, then its IPv6 addresses, all of type RoCEv2.
 func (d *Device) GIDTable(port uint8) ([]verbs.GIDEntry, error) {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -56,7 +57,7 @@ func TestDeviceBasics(t *testing.T) {
 	if _, err := ForName("no-such-if0"); !isErrno(err, syscall.ENODEV) {
 		t.Errorf("ForName unknown: %v", err)
 	}
-	if _, err := d.CreateQP(newFakeRx(), verbs.DriverQPInit{Type: verbs.QPTypeRC}); !isErrno(err, syscall.EOPNOTSUPP) {
+	if _, err := d.CreateQP(newFakeRx(), softverbs.DriverQPInit{Type: verbs.QPTypeRC}); !isErrno(err, syscall.EOPNOTSUPP) {
 		t.Errorf("RC QP: %v", err)
 	}
 }
@@ -77,7 +78,7 @@ func TestMulticastExchange(t *testing.T) {
 	ah := mcastAH(g)
 	ah.GRH.TrafficClass = 0x20
 	payload := []byte("hello, multicast world!") // 23 bytes: pad 1
-	if err := a.Send(&verbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: qkey, Imm: 0xdeadbeef, HasImm: true, Payload: payload}); err != nil {
+	if err := a.Send(&softverbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: qkey, Imm: 0xdeadbeef, HasImm: true, Payload: payload}); err != nil {
 		t.Fatal(err)
 	}
 	got := rxB.wait(t)
@@ -103,7 +104,7 @@ func TestMulticastExchange(t *testing.T) {
 	rxA.none(t, 0)
 
 	// Without immediate, zero-length payload.
-	if err := a.Send(&verbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: qkey}); err != nil {
+	if err := a.Send(&softverbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: qkey}); err != nil {
 		t.Fatal(err)
 	}
 	got = rxB.wait(t)
@@ -131,14 +132,14 @@ func TestSelfLoopbackBlocking(t *testing.T) {
 	rxBlk, rxOther := newFakeRx(), newFakeRx()
 	blk := newQP(t, d, rxBlk, verbs.CreateBlockSelfMcastLB, qkey)
 	other := newQP(t, d, rxOther, 0, qkey)
-	for _, q := range []verbs.DriverQP{blk, other} {
+	for _, q := range []softverbs.DriverQP{blk, other} {
 		if err := q.AttachMcast(mgid(g), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	send := func(q verbs.DriverQP, s string) {
+	send := func(q softverbs.DriverQP, s string) {
 		t.Helper()
-		if err := q.Send(&verbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: qkey, Payload: []byte(s)}); err != nil {
+		if err := q.Send(&softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: qkey, Payload: []byte(s)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -169,12 +170,12 @@ func TestQKeyMismatch(t *testing.T) {
 	sender := newQP(t, d, newFakeRx(), 0, 0x42)
 	bad := newQP(t, d, rxBad, 0, 0x43)
 	good := newQP(t, d, rxGood, 0, 0x42)
-	for _, q := range []verbs.DriverQP{bad, good} {
+	for _, q := range []softverbs.DriverQP{bad, good} {
 		if err := q.AttachMcast(mgid(g), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := sender.Send(&verbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x42, Payload: []byte("x")}); err != nil {
+	if err := sender.Send(&softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x42, Payload: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	rxGood.wait(t)
@@ -201,7 +202,7 @@ func TestOversizedSend(t *testing.T) {
 	}
 	pa, _ := d.QueryPort(1)
 	mtu := pa.ActiveMTU.Bytes()
-	if err := q.Send(&verbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 1, Payload: make([]byte, mtu+1)}); err != nil {
+	if err := q.Send(&softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 1, Payload: make([]byte, mtu+1)}); err != nil {
 		t.Fatalf("oversized send must complete: %v", err)
 	}
 	c := d.Counters()
@@ -210,7 +211,7 @@ func TestOversizedSend(t *testing.T) {
 	}
 	rx.none(t, 150*time.Millisecond)
 	// Exactly the MTU goes out.
-	if err := q.Send(&verbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 1, Payload: make([]byte, mtu)}); err != nil {
+	if err := q.Send(&softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 1, Payload: make([]byte, mtu)}); err != nil {
 		t.Fatal(err)
 	}
 	if got := rx.wait(t); len(got.payload) != mtu {
@@ -224,12 +225,12 @@ func TestSendErrors(t *testing.T) {
 	g := randGroup()
 	ah := mcastAH(g)
 	ah.IsGlobal = false
-	if err := q.Send(&verbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN}); !isErrno(err, syscall.EINVAL) {
+	if err := q.Send(&softverbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN}); !isErrno(err, syscall.EINVAL) {
 		t.Errorf("non-global AH: %v", err)
 	}
 	ah = mcastAH(g)
 	ah.GRH.SGIDIndex = 200
-	if err := q.Send(&verbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN}); !isErrno(err, syscall.EINVAL) {
+	if err := q.Send(&softverbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN}); !isErrno(err, syscall.EINVAL) {
 		t.Errorf("bad sgid index: %v", err)
 	}
 }
@@ -239,7 +240,7 @@ func TestQPNs(t *testing.T) {
 	seen := map[uint32]bool{}
 	ports := map[uint32]bool{}
 	for i := 0; i < 300; i++ {
-		q, err := d.CreateQP(newFakeRx(), verbs.DriverQPInit{Type: verbs.QPTypeUD})
+		q, err := d.CreateQP(newFakeRx(), softverbs.DriverQPInit{Type: verbs.QPTypeUD})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -264,7 +265,7 @@ func TestQPNs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d2.Close()
-	q2, err := d2.CreateQP(newFakeRx(), verbs.DriverQPInit{Type: verbs.QPTypeUD})
+	q2, err := d2.CreateQP(newFakeRx(), softverbs.DriverQPInit{Type: verbs.QPTypeUD})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +293,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if igmpHas(t, "lo", g) {
 		t.Errorf("lo still in %v after Close", g)
 	}
-	if verbs.DeviceByName("rxe_lo") != nil && verbs.DeviceByName("rxe_lo").Driver() == verbs.Driver(d) {
+	if verbs.DeviceByName("rxe_lo") != nil && softverbs.DriverOf(verbs.DeviceByName("rxe_lo")) == softverbs.Driver(d) {
 		t.Errorf("still registered with verbs")
 	}
 	if err := q.AttachMcast(mgid(g), 0); !isErrno(err, syscall.ENODEV) {
@@ -301,7 +302,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if err := d.IncGroup(g); !isErrno(err, syscall.ENODEV) {
 		t.Errorf("IncGroup after close: %v", err)
 	}
-	if err := q.Send(&verbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN}); err == nil {
+	if err := q.Send(&softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN}); err == nil {
 		t.Errorf("send after close succeeded")
 	}
 	if _, ok := d.QPCounters(q.QPN()); ok {

@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -30,7 +31,7 @@ type delivery struct {
 	hasImm  bool
 }
 
-// fakeRx is a verbs.Receiver that records deliveries. With noWR set it
+// fakeRx is a softverbs.Receiver that records deliveries. With noWR set it
 // answers NoRecvWR; with bufLen > 0 it answers TooLong when 40 + payload
 // exceeds bufLen, like a posted receive of that size.
 type fakeRx struct {
@@ -41,19 +42,19 @@ type fakeRx struct {
 
 func newFakeRx() *fakeRx { return &fakeRx{ch: make(chan delivery, 4096)} }
 
-func (f *fakeRx) Deliver(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) verbs.DeliverResult {
+func (f *fakeRx) Deliver(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) softverbs.DeliverResult {
 	if f.noWR.Load() {
-		return verbs.NoRecvWR
+		return softverbs.NoRecvWR
 	}
 	if n := f.bufLen.Load(); n > 0 && int64(verbs.GRHLen+len(payload)) > n {
-		return verbs.TooLong
+		return softverbs.TooLong
 	}
 	d := delivery{grh: *grh, payload: append([]byte(nil), payload...), srcQP: srcQP, imm: imm, hasImm: hasImm}
 	select {
 	case f.ch <- d:
 	default:
 	}
-	return verbs.Delivered
+	return softverbs.Delivered
 }
 
 // wait returns the next delivery or fails after a timeout.
@@ -118,9 +119,9 @@ func randGroup() netip.Addr {
 }
 
 // newQP creates a UD QP in RTS with the given Q_Key.
-func newQP(t *testing.T, d *Device, rx verbs.Receiver, flags verbs.CreateFlags, qkey uint32) verbs.DriverQP {
+func newQP(t *testing.T, d *Device, rx softverbs.Receiver, flags verbs.CreateFlags, qkey uint32) softverbs.DriverQP {
 	t.Helper()
-	q, err := d.CreateQP(rx, verbs.DriverQPInit{Type: verbs.QPTypeUD, CreateFlags: flags})
+	q, err := d.CreateQP(rx, softverbs.DriverQPInit{Type: verbs.QPTypeUD, CreateFlags: flags})
 	if err != nil {
 		t.Fatal(err)
 	}

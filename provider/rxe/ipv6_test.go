@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -92,7 +93,7 @@ func TestIPv6Multicast(t *testing.T) {
 	rxA, rxB := newFakeRx(), newFakeRx()
 	a := newQP(t, d, rxA, verbs.CreateBlockSelfMcastLB, 7)
 	b := newQP(t, d, rxB, 0, 7)
-	for _, q := range []verbs.DriverQP{a, b} {
+	for _, q := range []softverbs.DriverQP{a, b} {
 		if err := q.AttachMcast(wire.RoCEv2MGID(group), 0); err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +102,7 @@ func TestIPv6Multicast(t *testing.T) {
 		t.Errorf("va not in %v", group)
 	}
 	ah := &verbs.AHAttr{IsGlobal: true, PortNum: 1, GRH: verbs.GlobalRoute{DGID: wire.RoCEv2MGID(group), SGIDIndex: uint8(sgid), HopLimit: 9, TrafficClass: 0x28}}
-	if err := a.Send(&verbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 7, Payload: []byte("over ipv6"), HasImm: true, Imm: 5}); err != nil {
+	if err := a.Send(&softverbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 7, Payload: []byte("over ipv6"), HasImm: true, Imm: 5}); err != nil {
 		t.Fatal(err)
 	}
 	got := rxB.wait(t)
@@ -118,7 +119,7 @@ func TestIPv6Multicast(t *testing.T) {
 	if c := d.Counters(); c.ICRCErrors != 0 {
 		t.Errorf("counters %+v", c)
 	}
-	for _, q := range []verbs.DriverQP{a, b} {
+	for _, q := range []softverbs.DriverQP{a, b} {
 		if err := q.DetachMcast(wire.RoCEv2MGID(group), 0); err != nil {
 			t.Fatal(err)
 		}

@@ -23,7 +23,7 @@ func (g *group) publish() {
 	g.qps.Store(&l)
 }
 
-// AttachMcast attaches the QP to the multicast group gid (verbs.DriverQP),
+// AttachMcast attaches the QP to the multicast group gid (softverbs.DriverQP),
 // with rxe's rules: attaching an attached QP again returns nil; ENOMEM when
 // a new group would exceed max_mcast_grp, when the group would exceed
 // max_mcast_qp_attach QPs or the device max_total_mcast_qp_attach
@@ -74,7 +74,7 @@ func (q *qp) AttachMcast(gid verbs.GID, lid uint16) error {
 	return nil
 }
 
-// DetachMcast detaches the QP from the group gid (verbs.DriverQP): EINVAL
+// DetachMcast detaches the QP from the group gid (softverbs.DriverQP): EINVAL
 // when the device has no such group or the QP is not attached to it. The
 // last detach removes the group and drops its membership reference.
 func (q *qp) DetachMcast(gid verbs.GID, lid uint16) error {

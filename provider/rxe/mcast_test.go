@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -178,7 +179,7 @@ func TestManyGroups(t *testing.T) {
 	if err := q.AttachMcast(mgid(last), 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Send(&verbs.UDSend{AH: mcastAH(last), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: []byte("last")}); err != nil {
+	if err := q.Send(&softverbs.UDSend{AH: mcastAH(last), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: []byte("last")}); err != nil {
 		t.Fatal(err)
 	}
 	if got := rx.wait(t); string(got.payload) != "last" {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -73,7 +74,7 @@ func TestTwoProcesses(t *testing.T) {
 	if childQPN == 0 || childQPN == q.QPN() || childQPN>>8 == q.QPN()>>8 {
 		t.Errorf("child QPN %#x, ours %#x", childQPN, q.QPN())
 	}
-	if err := q.Send(&verbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: qkey, Payload: []byte("ping")}); err != nil {
+	if err := q.Send(&softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: qkey, Payload: []byte("ping")}); err != nil {
 		t.Fatal(err)
 	}
 	if got := expect("GOT "); got != fmt.Sprintf("%x ping", q.QPN()) {
@@ -110,7 +111,7 @@ func childProcess(t *testing.T, g netip.Addr, qkey uint32) {
 	fmt.Printf("READY %x\n", q.QPN())
 	got := rx.wait(t)
 	fmt.Printf("GOT %x %s\n", got.srcQP, got.payload)
-	if err := q.Send(&verbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: qkey, Payload: []byte("pong")}); err != nil {
+	if err := q.Send(&softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: qkey, Payload: []byte("pong")}); err != nil {
 		t.Fatal(err)
 	}
 }

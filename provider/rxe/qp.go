@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -64,12 +65,12 @@ func (b *sendBlock) close() {
 	}
 }
 
-// qp is the provider side of a UD QP (verbs.DriverQP).
+// qp is the provider side of a UD QP (softverbs.DriverQP).
 type qp struct {
 	dev       *Device
 	qpn       uint32
-	rx        verbs.Receiver
-	brx       verbs.BurstReceiver // rx, when it can defer CQ wake-ups
+	rx        softverbs.Receiver
+	brx       softverbs.BurstReceiver // rx, when it can defer CQ wake-ups
 	blockSelf bool
 	blk       *sendBlock
 	idx       int
@@ -91,10 +92,10 @@ type qp struct {
 	ctr counterSet
 }
 
-// CreateQP creates the provider side of a UD QP (verbs.Driver). Other QP
+// CreateQP creates the provider side of a UD QP (softverbs.Driver). Other QP
 // types fail with EOPNOTSUPP, as do create flags other than
 // CreateBlockSelfMcastLB (which, unlike rxe, this device supports).
-func (d *Device) CreateQP(rx verbs.Receiver, init verbs.DriverQPInit) (verbs.DriverQP, error) {
+func (d *Device) CreateQP(rx softverbs.Receiver, init softverbs.DriverQPInit) (softverbs.DriverQP, error) {
 	if init.Type != verbs.QPTypeUD {
 		return nil, d.errf(syscall.EOPNOTSUPP, "create qp: type %v", init.Type)
 	}
@@ -126,7 +127,7 @@ func (d *Device) CreateQP(rx verbs.Receiver, init verbs.DriverQPInit) (verbs.Dri
 		}
 	}
 	idx := blk.alloc()
-	brx, _ := rx.(verbs.BurstReceiver)
+	brx, _ := rx.(softverbs.BurstReceiver)
 	q := &qp{
 		dev:       d,
 		qpn:       uint32(blk.port4)<<8 | uint32(idx),
@@ -182,11 +183,11 @@ func (d *Device) publishPortsLocked() {
 	d.ownPorts.Store(&ports)
 }
 
-// QPN returns the QP number (verbs.DriverQP): the device's send socket
+// QPN returns the QP number (softverbs.DriverQP): the device's send socket
 // port << 8 | index, unique on the host while the device lives.
 func (q *qp) QPN() uint32 { return q.qpn }
 
-// Modify records the state, Q_Key, port and send PSN (verbs.DriverQP);
+// Modify records the state, Q_Key, port and send PSN (softverbs.DriverQP);
 // verbs has validated the transition.
 func (q *qp) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	if q.dead.Load() {
@@ -213,7 +214,7 @@ func (q *qp) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 }
 
 // Destroy detaches the QP from every group, waits until no receive
-// goroutine is delivering to it and frees its QPN (verbs.DriverQP). It must
+// goroutine is delivering to it and frees its QPN (softverbs.DriverQP). It must
 // not be called from inside the QP's Receiver.Deliver.
 func (q *qp) Destroy() error {
 	d := q.dev

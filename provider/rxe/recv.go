@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/softrdma/softrdma/internal/mmsg"
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -22,7 +23,7 @@ type receiver struct {
 	grh  [verbs.GRHLen]byte
 
 	// burst defers the CQ wake-ups of a batch's deliveries to its end.
-	burst verbs.Burst
+	burst softverbs.Burst
 }
 
 func newReceiver(d *Device, s *recvSock, br *mmsg.Reader) *receiver {
@@ -185,20 +186,20 @@ func (r *receiver) deliver(q *qp, fromUs bool) {
 		d.count(q, cSelfLB)
 		return
 	}
-	var res verbs.DeliverResult
+	var res softverbs.DeliverResult
 	if q.brx != nil && r.br != nil {
 		res = q.brx.DeliverBurst(&r.burst, &r.grh, p.Payload, srcQP, p.Imm, p.HasImm)
 	} else {
 		res = q.rx.Deliver(&r.grh, p.Payload, srcQP, p.Imm, p.HasImm)
 	}
 	switch res {
-	case verbs.Delivered:
+	case softverbs.Delivered:
 		d.count(q, cDelivered)
-	case verbs.NoRecvWR:
+	case softverbs.NoRecvWR:
 		d.count(q, cNoRecvWR)
-	case verbs.TooLong:
+	case softverbs.TooLong:
 		d.count(q, cTooLong)
-	case verbs.CQFull:
+	case softverbs.CQFull:
 		d.count(q, cCQFull)
 	default:
 		d.count(q, cNotReady)

@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -13,9 +14,9 @@ import (
 // countRx is a Receiver that only counts.
 type countRx struct{ n int }
 
-func (c *countRx) Deliver(*[verbs.GRHLen]byte, []byte, uint32, uint32, bool) verbs.DeliverResult {
+func (c *countRx) Deliver(*[verbs.GRHLen]byte, []byte, uint32, uint32, bool) softverbs.DeliverResult {
 	c.n++
-	return verbs.Delivered
+	return softverbs.Delivered
 }
 
 // TestHotPathAllocations checks that receiving (the whole per-datagram
@@ -48,7 +49,7 @@ func TestHotPathAllocations(t *testing.T) {
 	if crx.n < 100 {
 		t.Fatalf("delivered %d", crx.n)
 	}
-	s2 := &verbs.UDSend{AH: mcastAH(netip.MustParseAddr("239.255.0.1")), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 9, Payload: make([]byte, 1000)}
+	s2 := &softverbs.UDSend{AH: mcastAH(netip.MustParseAddr("239.255.0.1")), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 9, Payload: make([]byte, 1000)}
 	s2.AH.GRH.DGID = mgid(randGroup())
 	if a := testing.AllocsPerRun(100, func() { q.Send(s2) }); a != 0 {
 		t.Errorf("send path: %v allocations per datagram", a)

@@ -11,18 +11,18 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/internal/mmsg"
-	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/wire"
 )
 
 // The send path. A datagram goes out as three pieces gathered by the
 // kernel (one iovec each): the transport headers built here, the payload
 // straight from the caller's memory (no copy) and the pad and ICRC. A
-// batch (verbs.BatchSender) is one sendmmsg per run of datagrams of one
+// batch (softverbs.BatchSender) is one sendmmsg per run of datagrams of one
 // address family. The scratch space of a batch comes from a pool, so an
 // idle QP holds none.
 
-// Send transmits one UD datagram (verbs.DriverQP). The AH must be global:
+// Send transmits one UD datagram (softverbs.DriverQP). The AH must be global:
 // its DGID gives the destination IP (IPv4-mapped → IPv4, else IPv6), its
 // SGID index the source (an entry of port 1's GID table of the same family,
 // else EINVAL), its hop limit the IP TTL and its traffic class the TOS.
@@ -31,16 +31,16 @@ import (
 // BTH (P_Key 0xFFFF, the QP's next PSN) / DETH (RemoteQKey as given, the
 // QP's QPN) / [ImmDt] / payload / pad / ICRC, the ICRC computed over the
 // IP header the kernel emits (DF set, ID 0).
-func (q *qp) Send(s *verbs.UDSend) error {
+func (q *qp) Send(s *softverbs.UDSend) error {
 	var errs [1]error
 	q.sendBatch(unsafe.Slice(s, 1), errs[:])
 	return errs[0]
 }
 
-// SendBatch transmits the datagrams in order (verbs.BatchSender), each as
+// SendBatch transmits the datagrams in order (softverbs.BatchSender), each as
 // Send would, with one sendmmsg per run of datagrams of one family; errs[i]
 // is what Send(&s[i]) would have returned.
-func (q *qp) SendBatch(s []verbs.UDSend, errs []error) { q.sendBatch(s, errs) }
+func (q *qp) SendBatch(s []softverbs.UDSend, errs []error) { q.sendBatch(s, errs) }
 
 // sendSlot is one datagram of a batch: its headers, pad and ICRC, the IP
 // header the ICRC covers, destination and control messages.
@@ -62,8 +62,8 @@ type sendSlot struct {
 
 // sendScratch is the scratch space of one batch.
 type sendScratch struct {
-	slots [verbs.MaxSendBatch]sendSlot
-	hs    [verbs.MaxSendBatch]unix.Mmsghdr
+	slots [softverbs.MaxSendBatch]sendSlot
+	hs    [softverbs.MaxSendBatch]unix.Mmsghdr
 	snd   mmsg.Sender // sendmmsg of hs
 }
 
@@ -76,7 +76,7 @@ var scratchPool = sync.Pool{New: func() any {
 // zeroPad is the pad the ICRC covers.
 var zeroPad [3]byte
 
-func (q *qp) sendBatch(s []verbs.UDSend, errs []error) {
+func (q *qp) sendBatch(s []softverbs.UDSend, errs []error) {
 	sc := scratchPool.Get().(*sendScratch)
 	defer scratchPool.Put(sc)
 	q.smu.Lock()
@@ -105,7 +105,7 @@ func (q *qp) sendBatch(s []verbs.UDSend, errs []error) {
 // build checks one datagram and writes it into sl. send is false for a
 // datagram that is counted and not sent (larger than the active MTU).
 // q.smu is held.
-func (q *qp) build(sl *sendSlot, s *verbs.UDSend) (v6, send bool, err error) {
+func (q *qp) build(sl *sendSlot, s *softverbs.UDSend) (v6, send bool, err error) {
 	d := q.dev
 	ah := s.AH
 	if ah == nil || !ah.IsGlobal {
@@ -201,7 +201,7 @@ func (q *qp) build(sl *sendSlot, s *verbs.UDSend) (v6, send bool, err error) {
 // transmit sends the k datagrams built in sc.slots (all of one family)
 // with sendmmsg, records their outcome in errs and counts them. q.smu is
 // held.
-func (q *qp) transmit(sc *sendScratch, k int, v6 bool, s []verbs.UDSend, errs []error) {
+func (q *qp) transmit(sc *sendScratch, k int, v6 bool, s []softverbs.UDSend, errs []error) {
 	d := q.dev
 	raw, nameLen := q.blk.raw4, uint32(unix.SizeofSockaddrInet4)
 	if v6 {
@@ -265,7 +265,7 @@ func (q *qp) transmit(sc *sendScratch, k int, v6 bool, s []verbs.UDSend, errs []
 }
 
 // sendFailed records the failure of one datagram.
-func (q *qp) sendFailed(s *verbs.UDSend, errp *error, err error) {
+func (q *qp) sendFailed(s *softverbs.UDSend, errp *error, err error) {
 	d := q.dev
 	d.count(q, cSendErrors)
 	*errp = d.errf(errnoOf(err, syscall.EIO), "send to %v: %v", s.AH.GRH.DGID.Addr(), err)

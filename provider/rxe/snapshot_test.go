@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -21,7 +22,7 @@ func TestSnapshot(t *testing.T) {
 	a := newQP(t, d, rx, 0, 0x11)
 	b := newQP(t, d, newFakeRx(), verbs.CreateBlockSelfMcastLB, 0x22)
 	for _, step := range []struct {
-		q verbs.DriverQP
+		q softverbs.DriverQP
 		g verbs.GID
 	}{{a, mgid(g1)}, {b, mgid(g1)}, {a, mgid(g2)}} {
 		if err := step.q.AttachMcast(step.g, 0); err != nil {
@@ -32,7 +33,7 @@ func TestSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.DecGroup(g1)
-	if err := a.Send(&verbs.UDSend{AH: mcastAH(g2), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x11, Payload: []byte("hi")}); err != nil {
+	if err := a.Send(&softverbs.UDSend{AH: mcastAH(g2), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x11, Payload: []byte("hi")}); err != nil {
 		t.Fatal(err)
 	}
 	rx.wait(t)

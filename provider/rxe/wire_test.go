@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -48,7 +49,7 @@ func TestSentFramesOnTheWire(t *testing.T) {
 	if err := q.Modify(&verbs.QPAttr{SQPSN: 0xFFFFFE}, verbs.QPAttrSQPSN); err != nil {
 		t.Fatal(err)
 	}
-	sends := []verbs.UDSend{
+	sends := []softverbs.UDSend{
 		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x80010000, Payload: []byte("abc"), Solicited: true},
 		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x01234567, Payload: bytes.Repeat([]byte{0xA5}, 1024), HasImm: true, Imm: 0x01020304},
 		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0xFFFFFFFF, Payload: nil},

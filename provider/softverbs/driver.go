@@ -1,4 +1,6 @@
-package verbs
+package softverbs
+
+import "github.com/softrdma/softrdma/verbs"
 
 // This file is the provider seam: what a device implementation (a
 // "provider", as in rdma-core's providers/) gives to verbs, and what verbs
@@ -11,11 +13,11 @@ type Driver interface {
 	// Name is the device name, e.g. "rxe_lo".
 	Name() string
 	// Attr returns the device capabilities.
-	Attr() DeviceAttr
+	Attr() verbs.DeviceAttr
 	// QueryPort returns a port's attributes; ports are numbered from 1.
-	QueryPort(port uint8) (PortAttr, error)
+	QueryPort(port uint8) (verbs.PortAttr, error)
 	// GIDTable returns a port's GID table.
-	GIDTable(port uint8) ([]GIDEntry, error)
+	GIDTable(port uint8) ([]verbs.GIDEntry, error)
 	// CreateQP creates the provider side of a QP. rx is how the provider
 	// delivers received datagrams into the QP's receive queue.
 	CreateQP(rx Receiver, init DriverQPInit) (DriverQP, error)
@@ -23,8 +25,8 @@ type Driver interface {
 
 // DriverQPInit is what a provider needs to know about a new QP.
 type DriverQPInit struct {
-	Type        QPType
-	CreateFlags CreateFlags
+	Type        verbs.QPType
+	CreateFlags verbs.CreateFlags
 }
 
 // DriverQP is the provider side of a QP.
@@ -33,16 +35,16 @@ type DriverQP interface {
 	QPN() uint32
 	// Modify is called after verbs validated and applied a transition; the
 	// provider keeps what it needs for its receive checks (state, Q_Key, port).
-	Modify(attr *QPAttr, mask QPAttrMask) error
+	Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error
 	// Send transmits one UD datagram. The payload is only valid during the
 	// call. A nil error means the send completed successfully (an oversized
 	// datagram that the provider silently drops also returns nil, as rxe).
 	Send(s *UDSend) error
 	// AttachMcast attaches the QP to a multicast group. verbs has already
 	// checked the QP type, the GID and the LID.
-	AttachMcast(gid GID, lid uint16) error
+	AttachMcast(gid verbs.GID, lid uint16) error
 	// DetachMcast detaches the QP from a multicast group.
-	DetachMcast(gid GID, lid uint16) error
+	DetachMcast(gid verbs.GID, lid uint16) error
 	// Destroy releases the QP; it must detach it from every group and stop
 	// calling its Receiver before returning.
 	Destroy() error
@@ -64,7 +66,7 @@ const MaxSendBatch = 32
 
 // UDSend is one UD datagram handed to a provider.
 type UDSend struct {
-	AH         *AHAttr
+	AH         *verbs.AHAttr
 	RemoteQPN  uint32
 	RemoteQKey uint32
 	Imm        uint32 // host order; valid when HasImm
@@ -97,7 +99,7 @@ type Receiver interface {
 	// Deliver writes grh (the 40-byte GRH area) and payload into the next
 	// posted receive WR and queues a completion with the given source QPN
 	// and immediate data. It never retains grh or payload.
-	Deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult
+	Deliver(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult
 }
 
 // Burst defers the wake-ups of goroutines blocked in CQ.Wait while a
@@ -138,7 +140,7 @@ func (b *Burst) add(cq *CQ) {
 // b.Flush.
 type BurstReceiver interface {
 	Receiver
-	DeliverBurst(b *Burst, grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult
+	DeliverBurst(b *Burst, grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult
 }
 
 // IBRecvInfo is what an InfiniBand provider knows about a received packet
@@ -156,5 +158,5 @@ type IBRecvInfo struct {
 // providers use it to fill the completion's SLID and SL.
 type IBReceiver interface {
 	Receiver
-	DeliverIB(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, info *IBRecvInfo) DeliverResult
+	DeliverIB(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, info *IBRecvInfo) DeliverResult
 }

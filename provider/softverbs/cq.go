@@ -1,8 +1,9 @@
-package verbs
+package softverbs
 
 import (
 	"context"
 	"fmt"
+	"github.com/softrdma/softrdma/verbs"
 	"sync"
 	"syscall"
 )
@@ -14,7 +15,7 @@ type CQ struct {
 	cap int
 
 	mu      sync.Mutex
-	ring    []WC
+	ring    []verbs.WC
 	head    int
 	n       int
 	waiters int           // goroutines in Wait
@@ -25,14 +26,14 @@ type CQ struct {
 }
 
 // CreateCQ creates a CQ with room for at least cqe completions (ibv_create_cq).
-func (c *Context) CreateCQ(cqe int) (*CQ, error) {
+func (c *Context) CreateCQ(cqe int) (verbs.CQOps, error) {
 	if cqe < 1 || cqe > c.dev.drv.Attr().MaxCQE {
 		return nil, fmt.Errorf("verbs: create cq %d: %w", cqe, syscall.EINVAL)
 	}
 	if err := c.use(0, 1); err != nil {
 		return nil, fmt.Errorf("verbs: create cq: %w", err)
 	}
-	return &CQ{ctx: c, cap: cqe, ring: make([]WC, cqe), bell: make(chan struct{}, 1)}, nil
+	return &CQ{ctx: c, cap: cqe, ring: make([]verbs.WC, cqe), bell: make(chan struct{}, 1)}, nil
 }
 
 // Cap returns the number of completions the CQ holds.
@@ -44,7 +45,7 @@ func (cq *CQ) Context() *Context { return cq.ctx }
 // Poll moves up to len(wc) completions into wc and returns how many
 // (ibv_poll_cq). It fails with EOVERFLOW once completions were lost because
 // the CQ was full (the CQ then keeps that error, as an overrun CQ does).
-func (cq *CQ) Poll(wc []WC) (int, error) {
+func (cq *CQ) Poll(wc []verbs.WC) (int, error) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.dead {
@@ -119,7 +120,7 @@ func (cq *CQ) ring1() {
 
 // push queues a completion and wakes a waiter; it reports false when the
 // CQ is full.
-func (cq *CQ) push(wc *WC) bool {
+func (cq *CQ) push(wc *verbs.WC) bool {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if !cq.enqueueLocked(wc) {
@@ -131,13 +132,13 @@ func (cq *CQ) push(wc *WC) bool {
 
 // pushQuiet queues a completion without waking a waiter (the caller's
 // Burst will); it reports false when the CQ is full.
-func (cq *CQ) pushQuiet(wc *WC) bool {
+func (cq *CQ) pushQuiet(wc *verbs.WC) bool {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	return cq.enqueueLocked(wc)
 }
 
-func (cq *CQ) enqueueLocked(wc *WC) bool {
+func (cq *CQ) enqueueLocked(wc *verbs.WC) bool {
 	if cq.dead || cq.n == len(cq.ring) {
 		return false
 	}
@@ -151,7 +152,7 @@ func (cq *CQ) enqueueLocked(wc *WC) bool {
 }
 
 // pushOrOverrun queues a completion or marks the CQ overrun.
-func (cq *CQ) pushOrOverrun(wc *WC) {
+func (cq *CQ) pushOrOverrun(wc *verbs.WC) {
 	if !cq.push(wc) {
 		cq.mu.Lock()
 		cq.overrun = true

@@ -1,7 +1,8 @@
-package verbs
+package softverbs
 
 import (
 	"fmt"
+	"github.com/softrdma/softrdma/verbs"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,7 +22,7 @@ type PD struct {
 }
 
 // AllocPD allocates a protection domain (ibv_alloc_pd).
-func (c *Context) AllocPD() (*PD, error) {
+func (c *Context) AllocPD() (verbs.PDOps, error) {
 	if err := c.use(1, 0); err != nil {
 		return nil, fmt.Errorf("verbs: alloc pd: %w", err)
 	}
@@ -70,15 +71,15 @@ type MR struct {
 	buf    []byte
 	addr   uint64
 	lkey   uint32
-	access Access
+	access verbs.Access
 }
 
 // RegMR registers buf (ibv_reg_mr). Receives need AccessLocalWrite.
-func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
+func (pd *PD) RegMR(buf []byte, access verbs.Access) (verbs.MROps, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("verbs: reg mr: empty buffer: %w", syscall.EINVAL)
 	}
-	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
+	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
 		return nil, fmt.Errorf("verbs: reg mr: remote write needs local write: %w", syscall.EINVAL)
 	}
 	mr := &MR{
@@ -136,8 +137,8 @@ func (mr *MR) Len() int { return len(mr.buf) }
 func (mr *MR) Buf() []byte { return mr.buf }
 
 // SGE returns a scatter/gather element for length bytes at offset off.
-func (mr *MR) SGE(off, length int) SGE {
-	return SGE{Addr: mr.addr + uint64(off), Length: uint32(length), LKey: mr.lkey}
+func (mr *MR) SGE(off, length int) verbs.SGE {
+	return verbs.SGE{Addr: mr.addr + uint64(off), Length: uint32(length), LKey: mr.lkey}
 }
 
 // seg is an SGE resolved to registered memory.
@@ -148,12 +149,12 @@ type seg struct {
 }
 
 // resolve checks an SGE against the PD's regions.
-func (pd *PD) resolve(s SGE, write bool) (seg, error) {
+func (pd *PD) resolve(s verbs.SGE, write bool) (seg, error) {
 	mr := (*pd.mrView.Load())[s.LKey]
 	if mr == nil {
 		return seg{}, fmt.Errorf("verbs: sge lkey %#x: %w", s.LKey, syscall.EINVAL)
 	}
-	if write && mr.access&AccessLocalWrite == 0 {
+	if write && mr.access&verbs.AccessLocalWrite == 0 {
 		return seg{}, fmt.Errorf("verbs: sge lkey %#x lacks local write: %w", s.LKey, syscall.EACCES)
 	}
 	if s.Addr < mr.addr || s.Addr+uint64(s.Length) > mr.addr+uint64(len(mr.buf)) || s.Addr+uint64(s.Length) < s.Addr {

@@ -1,8 +1,9 @@
-package verbs
+package softverbs
 
 import (
 	"context"
 	"errors"
+	"github.com/softrdma/softrdma/verbs"
 	"net/netip"
 	"sync"
 	"syscall"
@@ -20,17 +21,17 @@ type fakeDrv struct {
 }
 
 func (f *fakeDrv) Name() string { return "fake0" }
-func (f *fakeDrv) Attr() DeviceAttr {
-	return DeviceAttr{PhysPortCnt: 1, MaxQPWR: 1024, MaxSGE: 4, MaxCQE: 1024, MaxInlineData: 64, MaxMcastGrp: 8, MaxMcastQPAttach: 8, MaxTotalMcastQP: 8}
+func (f *fakeDrv) Attr() verbs.DeviceAttr {
+	return verbs.DeviceAttr{PhysPortCnt: 1, MaxQPWR: 1024, MaxSGE: 4, MaxCQE: 1024, MaxInlineData: 64, MaxMcastGrp: 8, MaxMcastQPAttach: 8, MaxTotalMcastQP: 8}
 }
-func (f *fakeDrv) QueryPort(port uint8) (PortAttr, error) {
+func (f *fakeDrv) QueryPort(port uint8) (verbs.PortAttr, error) {
 	if port != 1 {
-		return PortAttr{}, syscall.EINVAL
+		return verbs.PortAttr{}, syscall.EINVAL
 	}
-	return PortAttr{State: PortActive, MaxMTU: MTU4096, ActiveMTU: MTU4096, LinkLayer: LinkLayerEthernet, GIDTblLen: 1}, nil
+	return verbs.PortAttr{State: verbs.PortActive, MaxMTU: verbs.MTU4096, ActiveMTU: verbs.MTU4096, LinkLayer: verbs.LinkLayerEthernet, GIDTblLen: 1}, nil
 }
-func (f *fakeDrv) GIDTable(uint8) ([]GIDEntry, error) {
-	return []GIDEntry{{GID: wire.GIDFromAddr(netip.MustParseAddr("127.0.0.1")), PortNum: 1, Type: GIDTypeRoCEv2}}, nil
+func (f *fakeDrv) GIDTable(uint8) ([]verbs.GIDEntry, error) {
+	return []verbs.GIDEntry{{GID: wire.GIDFromAddr(netip.MustParseAddr("127.0.0.1")), PortNum: 1, Type: verbs.GIDTypeRoCEv2}}, nil
 }
 func (f *fakeDrv) CreateQP(rx Receiver, _ DriverQPInit) (DriverQP, error) {
 	q := &fakeQP{rx: rx}
@@ -51,11 +52,11 @@ type fakeQP struct {
 	nsent   int
 }
 
-func (q *fakeQP) QPN() uint32                      { return 0x100 }
-func (q *fakeQP) Modify(*QPAttr, QPAttrMask) error { return nil }
-func (q *fakeQP) AttachMcast(GID, uint16) error    { return nil }
-func (q *fakeQP) DetachMcast(GID, uint16) error    { return nil }
-func (q *fakeQP) Destroy() error                   { return nil }
+func (q *fakeQP) QPN() uint32                                  { return 0x100 }
+func (q *fakeQP) Modify(*verbs.QPAttr, verbs.QPAttrMask) error { return nil }
+func (q *fakeQP) AttachMcast(verbs.GID, uint16) error          { return nil }
+func (q *fakeQP) DetachMcast(verbs.GID, uint16) error          { return nil }
+func (q *fakeQP) Destroy() error                               { return nil }
 func (q *fakeQP) Send(s *UDSend) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -80,21 +81,21 @@ func (q *fakeBatchQP) SendBatch(s []UDSend, errs []error) {
 
 type fakeEnv struct {
 	drv *fakeDrv
-	dev *Device
-	pd  *PD
-	scq *CQ
-	rcq *CQ
-	qp  *QP
-	ah  *AH
-	mr  *MR
+	dev *verbs.Device
+	pd  *verbs.PD
+	scq *verbs.CQ
+	rcq *verbs.CQ
+	qp  *verbs.QP
+	ah  *verbs.AH
+	mr  *verbs.MR
 	buf []byte
 }
 
 func newFakeEnv(t *testing.T, batch bool, sendCQE int) *fakeEnv {
 	t.Helper()
 	e := &fakeEnv{drv: &fakeDrv{batch: batch}}
-	e.dev = RegisterDevice(e.drv)
-	t.Cleanup(func() { UnregisterDevice(e.dev) })
+	e.dev = Register(e.drv)
+	t.Cleanup(func() { verbs.UnregisterDevice(e.dev) })
 	ctx, err := e.dev.Open()
 	if err != nil {
 		t.Fatal(err)
@@ -108,31 +109,31 @@ func newFakeEnv(t *testing.T, batch bool, sendCQE int) *fakeEnv {
 	if e.rcq, err = ctx.CreateCQ(16); err != nil {
 		t.Fatal(err)
 	}
-	e.qp, err = e.pd.CreateQP(&QPInitAttr{SendCQ: e.scq, RecvCQ: e.rcq, QPType: QPTypeUD,
-		Cap: QPCap{MaxSendWR: 256, MaxRecvWR: 4, MaxSendSGE: 2, MaxRecvSGE: 1}})
+	e.qp, err = e.pd.CreateQP(&verbs.QPInitAttr{SendCQ: e.scq, RecvCQ: e.rcq, QPType: verbs.QPTypeUD,
+		Cap: verbs.QPCap{MaxSendWR: 256, MaxRecvWR: 4, MaxSendSGE: 2, MaxRecvSGE: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, st := range []struct {
-		a QPAttr
-		m QPAttrMask
+		a verbs.QPAttr
+		m verbs.QPAttrMask
 	}{
-		{QPAttr{State: QPSInit, PortNum: 1, QKey: 1}, QPAttrState | QPAttrPKeyIdx | QPAttrPort | QPAttrQKey},
-		{QPAttr{State: QPSRTR}, QPAttrState},
-		{QPAttr{State: QPSRTS}, QPAttrState | QPAttrSQPSN},
+		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 1}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
+		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
+		{verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState | verbs.QPAttrSQPSN},
 	} {
 		if err := e.qp.Modify(&st.a, st.m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if e.ah, err = e.pd.CreateAH(&AHAttr{IsGlobal: true, PortNum: 1, GRH: GlobalRoute{DGID: wire.RoCEv2MGID(netip.MustParseAddr("239.1.2.3"))}}); err != nil {
+	if e.ah, err = e.pd.CreateAH(&verbs.AHAttr{IsGlobal: true, PortNum: 1, GRH: verbs.GlobalRoute{DGID: wire.RoCEv2MGID(netip.MustParseAddr("239.1.2.3"))}}); err != nil {
 		t.Fatal(err)
 	}
 	e.buf = make([]byte, 4096)
 	for i := range e.buf {
 		e.buf[i] = byte(i)
 	}
-	if e.mr, err = e.pd.RegMR(e.buf, AccessLocalWrite); err != nil {
+	if e.mr, err = e.pd.RegMR(e.buf, verbs.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -140,16 +141,16 @@ func newFakeEnv(t *testing.T, batch bool, sendCQE int) *fakeEnv {
 
 // chain builds n send WRs of 4 bytes each (WR i at offset 4i; every
 // third one in two SGEs of 2 bytes), signaling those for which sig(i).
-func (e *fakeEnv) chain(n int, sig func(int) bool) []SendWR {
-	wrs := make([]SendWR, n)
+func (e *fakeEnv) chain(n int, sig func(int) bool) []verbs.SendWR {
+	wrs := make([]verbs.SendWR, n)
 	for i := range wrs {
-		sgl := []SGE{e.mr.SGE(4*i, 4)}
+		sgl := []verbs.SGE{e.mr.SGE(4*i, 4)}
 		if i%3 == 2 {
-			sgl = []SGE{e.mr.SGE(4*i, 2), e.mr.SGE(4*i+2, 2)}
+			sgl = []verbs.SGE{e.mr.SGE(4*i, 2), e.mr.SGE(4*i+2, 2)}
 		}
-		wrs[i] = SendWR{WRID: uint64(i), SGList: sgl, Opcode: WRSend, UD: UDWR{AH: e.ah, RemoteQPN: MulticastQPN, RemoteQKey: 1}}
+		wrs[i] = verbs.SendWR{WRID: uint64(i), SGList: sgl, Opcode: verbs.WRSend, UD: verbs.UDWR{AH: e.ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 1}}
 		if sig(i) {
-			wrs[i].Flags = SendSignaled
+			wrs[i].Flags = verbs.SendSignaled
 		}
 		if i > 0 {
 			wrs[i-1].Next = &wrs[i]
@@ -158,10 +159,10 @@ func (e *fakeEnv) chain(n int, sig func(int) bool) []SendWR {
 	return wrs
 }
 
-func (e *fakeEnv) poll(t *testing.T) []WC {
+func (e *fakeEnv) poll(t *testing.T) []verbs.WC {
 	t.Helper()
-	var out []WC
-	wc := make([]WC, 16)
+	var out []verbs.WC
+	wc := make([]verbs.WC, 16)
 	for {
 		n, err := e.scq.Poll(wc)
 		if err != nil {
@@ -203,11 +204,11 @@ func TestPostSendBatches(t *testing.T) {
 			t.Fatalf("batch %v: %d completions", batch, len(wcs))
 		}
 		for k, wc := range wcs {
-			status, vendor := WCSuccess, uint32(0)
+			status, vendor := verbs.WCSuccess, uint32(0)
 			if wc.WRID == 40 {
-				status, vendor = WCLocQPOpErr, uint32(syscall.ENOBUFS)
+				status, vendor = verbs.WCLocQPOpErr, uint32(syscall.ENOBUFS)
 			}
-			if wc.WRID != uint64(2*k) || wc.Status != status || wc.VendorErr != vendor || wc.ByteLen != 4 || wc.Opcode != WCOpSend {
+			if wc.WRID != uint64(2*k) || wc.Status != status || wc.VendorErr != vendor || wc.ByteLen != 4 || wc.Opcode != verbs.WCOpSend {
 				t.Errorf("batch %v: completion %d: %+v", batch, k, wc)
 			}
 		}
@@ -222,7 +223,7 @@ func TestPostSendBadWRInChain(t *testing.T) {
 		wrs := e.chain(40, func(int) bool { return true })
 		wrs[35].UD.AH = nil
 		err := e.qp.PostSend(&wrs[0])
-		var bad *BadWRError
+		var bad *verbs.BadWRError
 		if !errors.As(err, &bad) || bad.Index != 35 || !errors.Is(err, syscall.EINVAL) {
 			t.Fatalf("batch %v: %v", batch, err)
 		}
@@ -243,7 +244,7 @@ func TestPostSendCQRoom(t *testing.T) {
 		e := newFakeEnv(t, batch, 4)
 		wrs := e.chain(6, func(int) bool { return true })
 		err := e.qp.PostSend(&wrs[0])
-		var bad *BadWRError
+		var bad *verbs.BadWRError
 		if !errors.As(err, &bad) || bad.Index != 4 || !errors.Is(err, syscall.ENOMEM) {
 			t.Fatalf("batch %v: %v", batch, err)
 		}
@@ -263,7 +264,7 @@ func TestPostSendAllocs(t *testing.T) {
 	q := e.drv.qps[0]
 	q.discard = true
 	wrs := e.chain(40, func(i int) bool { return i == 39 })
-	var wc [4]WC
+	var wc [4]verbs.WC
 	post := func() {
 		if err := e.qp.PostSend(&wrs[0]); err != nil {
 			t.Fatal(err)
@@ -282,23 +283,23 @@ func TestPostSendAllocs(t *testing.T) {
 func TestDeliverBurst(t *testing.T) {
 	e := newFakeEnv(t, true, 16)
 	rbuf := make([]byte, 4*128)
-	mr, err := e.pd.RegMR(rbuf, AccessLocalWrite)
+	mr, err := e.pd.RegMR(rbuf, verbs.AccessLocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 4 {
-		if err := e.qp.PostRecv(&RecvWR{WRID: uint64(i), SGList: []SGE{mr.SGE(128*i, 128)}}); err != nil {
+		if err := e.qp.PostRecv(&verbs.RecvWR{WRID: uint64(i), SGList: []verbs.SGE{mr.SGE(128*i, 128)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	br := e.drv.qps[0].rx.(BurstReceiver)
 	woke := make(chan error, 1)
 	go func() { woke <- e.rcq.Wait(context.Background()) }()
-	for e.rcq.waitersNow() == 0 {
+	for e.rcq.Ops().(*CQ).waitersNow() == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	var b Burst
-	var grh [GRHLen]byte
+	var grh [verbs.GRHLen]byte
 	if r := br.DeliverBurst(&b, &grh, []byte("one"), 7, 0, false); r != Delivered {
 		t.Fatalf("deliver: %v", r)
 	}
@@ -333,7 +334,7 @@ func TestCQWaiters(t *testing.T) {
 		go func() { errs <- e.scq.Wait(context.Background()) }()
 	}
 	go func() { errs <- e.scq.Wait(ctx) }()
-	for e.scq.waitersNow() < 4 {
+	for e.scq.Ops().(*CQ).waitersNow() < 4 {
 		time.Sleep(time.Millisecond)
 	}
 	cancel()
@@ -353,7 +354,7 @@ func TestCQWaiters(t *testing.T) {
 	for range 2 {
 		go func() { errs <- e.rcq.Wait(context.Background()) }()
 	}
-	for e.rcq.waitersNow() < 2 {
+	for e.rcq.Ops().(*CQ).waitersNow() < 2 {
 		time.Sleep(time.Millisecond)
 	}
 	e.qp.Destroy()

@@ -1,8 +1,9 @@
-package verbs
+package softverbs
 
 import (
 	"errors"
 	"fmt"
+	"github.com/softrdma/softrdma/verbs"
 	"sync"
 	"syscall"
 )
@@ -13,19 +14,19 @@ type QP struct {
 	drv     DriverQP
 	sendCQ  *CQ
 	recvCQ  *CQ
-	cap     QPCap
-	typ     QPType
+	cap     verbs.QPCap
+	typ     verbs.QPType
 	sigAll  bool
-	flags   CreateFlags
+	flags   verbs.CreateFlags
 	context any
 	qpn     uint32
 
 	mu      sync.Mutex // state, attributes, attachments
-	state   QPState
-	attr    QPAttr
+	state   verbs.QPState
+	attr    verbs.QPAttr
 	mcast   map[mcKey]struct{}
 	dead    bool
-	port    PortAttr
+	port    verbs.PortAttr
 	sendBuf []byte
 
 	smu sync.Mutex // send side: serializes PostSend and owns sendBuf, us and batch
@@ -41,7 +42,7 @@ type QP struct {
 }
 
 type mcKey struct {
-	gid GID
+	gid verbs.GID
 	lid uint16
 }
 
@@ -52,17 +53,19 @@ type recvWQE struct {
 }
 
 // CreateQP creates a queue pair (ibv_create_qp / ibv_create_qp_ex).
-func (pd *PD) CreateQP(init *QPInitAttr) (*QP, error) {
+func (pd *PD) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
 	if init == nil || init.SendCQ == nil || init.RecvCQ == nil {
 		return nil, fmt.Errorf("verbs: create qp: missing cq: %w", syscall.EINVAL)
 	}
-	if init.SendCQ.ctx != pd.ctx || init.RecvCQ.ctx != pd.ctx {
+	sendCQ, ok1 := init.SendCQ.Ops().(*CQ)
+	recvCQ, ok2 := init.RecvCQ.Ops().(*CQ)
+	if !ok1 || !ok2 || sendCQ.ctx != pd.ctx || recvCQ.ctx != pd.ctx {
 		return nil, fmt.Errorf("verbs: create qp: cq of another device: %w", syscall.EINVAL)
 	}
-	if init.QPType != QPTypeUD {
+	if init.QPType != verbs.QPTypeUD {
 		return nil, fmt.Errorf("verbs: create qp: %v: %w", init.QPType, syscall.EOPNOTSUPP)
 	}
-	if init.CreateFlags&^CreateBlockSelfMcastLB != 0 {
+	if init.CreateFlags&^verbs.CreateBlockSelfMcastLB != 0 {
 		return nil, fmt.Errorf("verbs: create qp: create flags %#x: %w", uint32(init.CreateFlags), syscall.EOPNOTSUPP)
 	}
 	da := pd.ctx.dev.drv.Attr()
@@ -79,7 +82,7 @@ func (pd *PD) CreateQP(init *QPInitAttr) (*QP, error) {
 		c.MaxRecvSGE = 1
 	}
 	qp := &QP{
-		pd: pd, sendCQ: init.SendCQ, recvCQ: init.RecvCQ, cap: c, typ: init.QPType,
+		pd: pd, sendCQ: sendCQ, recvCQ: recvCQ, cap: c, typ: init.QPType,
 		sigAll: init.SQSigAll, flags: init.CreateFlags, context: init.Context,
 		mcast: map[mcKey]struct{}{}, rq: make([]recvWQE, max(c.MaxRecvWR, 1)),
 	}
@@ -94,8 +97,8 @@ func (pd *PD) CreateQP(init *QPInitAttr) (*QP, error) {
 	qp.drv = drv
 	qp.bs, _ = drv.(BatchSender)
 	qp.qpn = drv.QPN()
-	init.SendCQ.hold(1)
-	init.RecvCQ.hold(1)
+	sendCQ.hold(1)
+	recvCQ.hold(1)
 	return qp, nil
 }
 
@@ -103,7 +106,7 @@ func (pd *PD) CreateQP(init *QPInitAttr) (*QP, error) {
 func (qp *QP) Num() uint32 { return qp.qpn }
 
 // Type returns the QP type.
-func (qp *QP) Type() QPType { return qp.typ }
+func (qp *QP) Type() verbs.QPType { return qp.typ }
 
 // PD returns the protection domain of the QP.
 func (qp *QP) PD() *PD { return qp.pd }
@@ -118,17 +121,17 @@ func (qp *QP) SendCQ() *CQ { return qp.sendCQ }
 func (qp *QP) RecvCQ() *CQ { return qp.recvCQ }
 
 // CreateFlags returns the creation flags.
-func (qp *QP) CreateFlags() CreateFlags { return qp.flags }
+func (qp *QP) CreateFlags() verbs.CreateFlags { return qp.flags }
 
 // State returns the current QP state.
-func (qp *QP) State() QPState {
+func (qp *QP) State() verbs.QPState {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	return qp.state
 }
 
 // Query returns the QP's attributes (ibv_query_qp).
-func (qp *QP) Query() QPAttr {
+func (qp *QP) Query() verbs.QPAttr {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	a := qp.attr
@@ -137,19 +140,19 @@ func (qp *QP) Query() QPAttr {
 }
 
 // required and optional attribute masks of UD transitions (IBA 11.2.4.2).
-var udTransitions = map[[2]QPState][2]QPAttrMask{
-	{QPSReset, QPSInit}: {QPAttrState | QPAttrPKeyIdx | QPAttrPort | QPAttrQKey, 0},
-	{QPSInit, QPSInit}:  {0, QPAttrPKeyIdx | QPAttrPort | QPAttrQKey},
-	{QPSInit, QPSRTR}:   {QPAttrState, QPAttrPKeyIdx | QPAttrQKey},
-	{QPSRTR, QPSRTS}:    {QPAttrState | QPAttrSQPSN, QPAttrQKey},
-	{QPSRTS, QPSRTS}:    {0, QPAttrQKey},
-	{QPSRTR, QPSRTR}:    {0, QPAttrQKey},
+var udTransitions = map[[2]verbs.QPState][2]verbs.QPAttrMask{
+	{verbs.QPSReset, verbs.QPSInit}: {verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey, 0},
+	{verbs.QPSInit, verbs.QPSInit}:  {0, verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
+	{verbs.QPSInit, verbs.QPSRTR}:   {verbs.QPAttrState, verbs.QPAttrPKeyIdx | verbs.QPAttrQKey},
+	{verbs.QPSRTR, verbs.QPSRTS}:    {verbs.QPAttrState | verbs.QPAttrSQPSN, verbs.QPAttrQKey},
+	{verbs.QPSRTS, verbs.QPSRTS}:    {0, verbs.QPAttrQKey},
+	{verbs.QPSRTR, verbs.QPSRTR}:    {0, verbs.QPAttrQKey},
 }
 
 // Modify changes QP attributes and state (ibv_modify_qp). UD QPs walk
 // RESET → INIT (P_Key index, port, Q_Key) → RTR → RTS (SQ PSN); any state
 // may go to RESET or ERR. A wrong transition or mask gives EINVAL.
-func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
+func (qp *QP) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	if attr == nil {
 		return fmt.Errorf("verbs: modify qp: %w", syscall.EINVAL)
 	}
@@ -159,54 +162,54 @@ func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
 		return fmt.Errorf("verbs: modify qp: %w", syscall.EINVAL)
 	}
 	cur, next := qp.state, qp.state
-	if mask&QPAttrState != 0 {
+	if mask&verbs.QPAttrState != 0 {
 		next = attr.State
 	}
-	if next == QPSReset || next == QPSErr {
-		if mask&QPAttrState == 0 || mask&^QPAttrState != 0 && next == QPSErr {
+	if next == verbs.QPSReset || next == verbs.QPSErr {
+		if mask&verbs.QPAttrState == 0 || mask&^verbs.QPAttrState != 0 && next == verbs.QPSErr {
 			return fmt.Errorf("verbs: modify qp %v→%v: mask %#x: %w", cur, next, uint32(mask), syscall.EINVAL)
 		}
 	} else {
-		t, ok := udTransitions[[2]QPState{cur, next}]
+		t, ok := udTransitions[[2]verbs.QPState{cur, next}]
 		if !ok {
 			return fmt.Errorf("verbs: modify qp %v→%v: %w", cur, next, syscall.EINVAL)
 		}
-		if mask&t[0] != t[0] || mask&^(t[0]|t[1]|QPAttrState) != 0 {
+		if mask&t[0] != t[0] || mask&^(t[0]|t[1]|verbs.QPAttrState) != 0 {
 			return fmt.Errorf("verbs: modify qp %v→%v: mask %#x: %w", cur, next, uint32(mask), syscall.EINVAL)
 		}
 	}
-	if mask&QPAttrPort != 0 {
+	if mask&verbs.QPAttrPort != 0 {
 		pa, err := qp.pd.ctx.QueryPort(attr.PortNum)
 		if err != nil {
 			return fmt.Errorf("verbs: modify qp: %w", err)
 		}
 		qp.port = pa
 	}
-	if mask&QPAttrPKeyIdx != 0 && attr.PKeyIdx != 0 {
+	if mask&verbs.QPAttrPKeyIdx != 0 && attr.PKeyIdx != 0 {
 		return fmt.Errorf("verbs: modify qp: pkey index %d: %w", attr.PKeyIdx, syscall.EINVAL)
 	}
 	na := qp.attr
-	if mask&QPAttrPort != 0 {
+	if mask&verbs.QPAttrPort != 0 {
 		na.PortNum = attr.PortNum
 	}
-	if mask&QPAttrPKeyIdx != 0 {
+	if mask&verbs.QPAttrPKeyIdx != 0 {
 		na.PKeyIdx = attr.PKeyIdx
 	}
-	if mask&QPAttrQKey != 0 {
+	if mask&verbs.QPAttrQKey != 0 {
 		na.QKey = attr.QKey
 	}
-	if mask&QPAttrSQPSN != 0 {
+	if mask&verbs.QPAttrSQPSN != 0 {
 		na.SQPSN = attr.SQPSN & 0xffffff
 	}
 	na.State = next
-	if err := qp.drv.Modify(&na, mask|QPAttrState); err != nil {
+	if err := qp.drv.Modify(&na, mask|verbs.QPAttrState); err != nil {
 		return fmt.Errorf("verbs: modify qp: %w", err)
 	}
 	qp.attr, qp.state = na, next
 	switch next {
-	case QPSReset:
+	case verbs.QPSReset:
 		qp.flushRecv(false)
-	case QPSErr:
+	case verbs.QPSErr:
 		qp.flushRecv(true)
 	}
 	return nil
@@ -222,42 +225,30 @@ func (qp *QP) flushRecv(report bool) {
 		qp.rhead = (qp.rhead + 1) % len(qp.rq)
 		qp.rn--
 		if report {
-			qp.recvCQ.pushOrOverrun(&WC{WRID: w.wrid, Status: WCWRFlushErr, Opcode: WCOpRecv, QPNum: qp.qpn})
+			qp.recvCQ.pushOrOverrun(&verbs.WC{WRID: w.wrid, Status: verbs.WCWRFlushErr, Opcode: verbs.WCOpRecv, QPNum: qp.qpn})
 		}
 	}
 }
 
-// BadWRError reports the work request a post failed on (C's bad_wr).
-type BadWRError struct {
-	Index int // position in the chain, from 0
-	Err   error
-}
-
-// Error describes the failed work request and its errno.
-func (e *BadWRError) Error() string { return fmt.Sprintf("verbs: work request %d: %v", e.Index, e.Err) }
-
-// Unwrap returns the errno.
-func (e *BadWRError) Unwrap() error { return e.Err }
-
 // PostRecv posts a chain of receive work requests (ibv_post_recv). Each
 // buffer must hold the 40-byte GRH area plus the payload.
-func (qp *QP) PostRecv(wr *RecvWR) error {
+func (qp *QP) PostRecv(wr *verbs.RecvWR) error {
 	qp.mu.Lock()
 	st, dead := qp.state, qp.dead
 	qp.mu.Unlock()
 	for i := 0; wr != nil; i, wr = i+1, wr.Next {
-		if dead || st == QPSReset {
-			return &BadWRError{i, syscall.EINVAL}
+		if dead || st == verbs.QPSReset {
+			return &verbs.BadWRError{Index: i, Err: syscall.EINVAL}
 		}
 		if len(wr.SGList) > qp.cap.MaxRecvSGE {
-			return &BadWRError{i, syscall.EINVAL}
+			return &verbs.BadWRError{Index: i, Err: syscall.EINVAL}
 		}
 		var segs [maxInlineSGE]seg
 		total := 0
 		for k, s := range wr.SGList {
 			sg, err := qp.pd.resolve(s, true)
 			if err != nil {
-				return &BadWRError{i, err}
+				return &verbs.BadWRError{Index: i, Err: err}
 			}
 			if k < len(segs) {
 				segs[k] = sg
@@ -267,7 +258,7 @@ func (qp *QP) PostRecv(wr *RecvWR) error {
 		qp.rmu.Lock()
 		if qp.rn == len(qp.rq) || qp.cap.MaxRecvWR == 0 {
 			qp.rmu.Unlock()
-			return &BadWRError{i, syscall.ENOMEM}
+			return &verbs.BadWRError{Index: i, Err: syscall.ENOMEM}
 		}
 		w := &qp.rq[(qp.rhead+qp.rn)%len(qp.rq)]
 		w.wrid, w.total = wr.WRID, total
@@ -293,56 +284,59 @@ func (qp *QP) PostRecv(wr *RecvWR) error {
 // it MaxSendBatch at a time, and their completions are queued after each
 // batch; a request that fails its checks ends the chain with BadWRError
 // after the requests before it were sent.
-func (qp *QP) PostSend(wr *SendWR) error {
+func (qp *QP) PostSend(wr *verbs.SendWR) error {
 	qp.smu.Lock()
 	defer qp.smu.Unlock()
 	qp.mu.Lock()
 	st, dead := qp.state, qp.dead
 	qp.mu.Unlock()
 	if qp.bs != nil && wr != nil && wr.Next != nil {
-		return qp.postBatch(wr, dead || st != QPSRTS)
+		return qp.postBatch(wr, dead || st != verbs.QPSRTS)
 	}
 	for i := 0; wr != nil; i, wr = i+1, wr.Next {
-		if dead || st != QPSRTS {
-			return &BadWRError{i, syscall.EINVAL}
+		if dead || st != verbs.QPSRTS {
+			return &verbs.BadWRError{Index: i, Err: syscall.EINVAL}
 		}
 		if err := qp.postOne(wr); err != nil {
-			return &BadWRError{i, err}
+			return &verbs.BadWRError{Index: i, Err: err}
 		}
 	}
 	return nil
 }
 
-// checkSend runs the checks of one send WR and returns its length and
+// checkSend runs the checks of one send WR and returns its address
+// handle, its length and
 // whether it is signaled; pending is the number of signaled WRs whose
 // completions are not queued yet.
-func (qp *QP) checkSend(wr *SendWR, pending int) (n int, signaled bool, err error) {
-	if wr.Opcode != WRSend && wr.Opcode != WRSendWithImm {
-		return 0, false, fmt.Errorf("opcode %d on UD: %w", wr.Opcode, syscall.EINVAL)
+func (qp *QP) checkSend(wr *verbs.SendWR, pending int) (ah *AH, n int, signaled bool, err error) {
+	if wr.Opcode != verbs.WRSend && wr.Opcode != verbs.WRSendWithImm {
+		return nil, 0, false, fmt.Errorf("opcode %d on UD: %w", wr.Opcode, syscall.EINVAL)
 	}
-	ah := wr.UD.AH
+	if wr.UD.AH != nil {
+		ah, _ = wr.UD.AH.Ops().(*AH)
+	}
 	if ah == nil || ah.dead || ah.pd != qp.pd {
-		return 0, false, fmt.Errorf("bad address handle: %w", syscall.EINVAL)
+		return nil, 0, false, fmt.Errorf("bad address handle: %w", syscall.EINVAL)
 	}
 	if len(wr.SGList) > qp.cap.MaxSendSGE {
-		return 0, false, fmt.Errorf("%d sges: %w", len(wr.SGList), syscall.EINVAL)
+		return nil, 0, false, fmt.Errorf("%d sges: %w", len(wr.SGList), syscall.EINVAL)
 	}
 	for _, s := range wr.SGList {
 		n += int(s.Length)
 	}
-	if wr.Flags&SendInline != 0 && n > qp.cap.MaxInlineData {
-		return 0, false, fmt.Errorf("inline %d > %d: %w", n, qp.cap.MaxInlineData, syscall.EINVAL)
+	if wr.Flags&verbs.SendInline != 0 && n > qp.cap.MaxInlineData {
+		return nil, 0, false, fmt.Errorf("inline %d > %d: %w", n, qp.cap.MaxInlineData, syscall.EINVAL)
 	}
-	signaled = qp.sigAll || wr.Flags&SendSignaled != 0
+	signaled = qp.sigAll || wr.Flags&verbs.SendSignaled != 0
 	if signaled && !qp.sendCQ.roomFor(pending+1) {
-		return 0, false, fmt.Errorf("send cq full: %w", syscall.ENOMEM)
+		return nil, 0, false, fmt.Errorf("send cq full: %w", syscall.ENOMEM)
 	}
-	return n, signaled, nil
+	return ah, n, signaled, nil
 }
 
 // payload returns the bytes of a send WR of n bytes: the registered
 // memory itself for one SGE, else a copy gathered into *gather.
-func (qp *QP) payload(wr *SendWR, n int, gather *[]byte) ([]byte, error) {
+func (qp *QP) payload(wr *verbs.SendWR, n int, gather *[]byte) ([]byte, error) {
 	if len(wr.SGList) == 1 {
 		sg, err := qp.pd.resolve(wr.SGList[0], false)
 		if err != nil {
@@ -364,16 +358,16 @@ func (qp *QP) payload(wr *SendWR, n int, gather *[]byte) ([]byte, error) {
 	return buf, nil
 }
 
-func udSend(wr *SendWR, payload []byte) UDSend {
+func udSend(ah *AH, wr *verbs.SendWR, payload []byte) UDSend {
 	return UDSend{
-		AH: &wr.UD.AH.attr, RemoteQPN: wr.UD.RemoteQPN & 0xffffff, RemoteQKey: wr.UD.RemoteQKey,
-		Imm: wr.ImmData, HasImm: wr.Opcode == WRSendWithImm, Solicited: wr.Flags&SendSolicited != 0,
+		AH: &ah.attr, RemoteQPN: wr.UD.RemoteQPN & 0xffffff, RemoteQKey: wr.UD.RemoteQKey,
+		Imm: wr.ImmData, HasImm: wr.Opcode == verbs.WRSendWithImm, Solicited: wr.Flags&verbs.SendSolicited != 0,
 		Payload: payload,
 	}
 }
 
-func (qp *QP) postOne(wr *SendWR) error {
-	n, signaled, err := qp.checkSend(wr, 0)
+func (qp *QP) postOne(wr *verbs.SendWR) error {
+	ah, n, signaled, err := qp.checkSend(wr, 0)
 	if err != nil {
 		return err
 	}
@@ -381,7 +375,7 @@ func (qp *QP) postOne(wr *SendWR) error {
 	if err != nil {
 		return err
 	}
-	qp.us = udSend(wr, buf)
+	qp.us = udSend(ah, wr, buf)
 	err = qp.drv.Send(&qp.us)
 	qp.us = UDSend{}
 	if signaled {
@@ -393,10 +387,10 @@ func (qp *QP) postOne(wr *SendWR) error {
 
 // sendWC is the completion of a send: success, or LOC_QP_OP_ERR with the
 // errno as vendor error, as rxe reports a failed transmit.
-func sendWC(wrid uint64, n int, qpn uint32, err error) WC {
-	wc := WC{WRID: wrid, Status: WCSuccess, Opcode: WCOpSend, ByteLen: uint32(n), QPNum: qpn}
+func sendWC(wrid uint64, n int, qpn uint32, err error) verbs.WC {
+	wc := verbs.WC{WRID: wrid, Status: verbs.WCSuccess, Opcode: verbs.WCOpSend, ByteLen: uint32(n), QPNum: qpn}
 	if err != nil {
-		wc.Status = WCLocQPOpErr
+		wc.Status = verbs.WCLocQPOpErr
 		var errno syscall.Errno
 		if errors.As(err, &errno) {
 			wc.VendorErr = uint32(errno)
@@ -418,7 +412,7 @@ type sendBatch struct {
 }
 
 // postBatch posts a chain through the driver's BatchSender.
-func (qp *QP) postBatch(wr *SendWR, notRTS bool) error {
+func (qp *QP) postBatch(wr *verbs.SendWR, notRTS bool) error {
 	if qp.sb == nil {
 		qp.sb = &sendBatch{}
 	}
@@ -426,19 +420,19 @@ func (qp *QP) postBatch(wr *SendWR, notRTS bool) error {
 	for i := 0; wr != nil; i, wr = i+1, wr.Next {
 		if notRTS {
 			qp.flushBatch(b)
-			return &BadWRError{i, syscall.EINVAL}
+			return &verbs.BadWRError{Index: i, Err: syscall.EINVAL}
 		}
-		n, signaled, err := qp.checkSend(wr, b.nsig)
+		ah, n, signaled, err := qp.checkSend(wr, b.nsig)
 		var buf []byte
 		if err == nil {
 			buf, err = qp.payload(wr, n, &b.gather[b.k])
 		}
 		if err != nil {
 			qp.flushBatch(b)
-			return &BadWRError{i, err}
+			return &verbs.BadWRError{Index: i, Err: err}
 		}
 		k := b.k
-		b.us[k] = udSend(wr, buf)
+		b.us[k] = udSend(ah, wr, buf)
 		b.wrid[k], b.n[k], b.sig[k] = wr.WRID, n, signaled
 		b.k++
 		if signaled {
@@ -471,7 +465,7 @@ func (qp *QP) flushBatch(b *sendBatch) {
 
 // AttachMcast attaches the QP to a multicast group (ibv_attach_mcast). The
 // GID must be multicast and, on InfiniBand, the LID a multicast LID.
-func (qp *QP) AttachMcast(gid GID, lid uint16) error {
+func (qp *QP) AttachMcast(gid verbs.GID, lid uint16) error {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if err := qp.checkMcast(gid, lid); err != nil {
@@ -485,7 +479,7 @@ func (qp *QP) AttachMcast(gid GID, lid uint16) error {
 }
 
 // DetachMcast detaches the QP from a multicast group (ibv_detach_mcast).
-func (qp *QP) DetachMcast(gid GID, lid uint16) error {
+func (qp *QP) DetachMcast(gid verbs.GID, lid uint16) error {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if err := qp.checkMcast(gid, lid); err != nil {
@@ -498,23 +492,23 @@ func (qp *QP) DetachMcast(gid GID, lid uint16) error {
 	return nil
 }
 
-func (qp *QP) checkMcast(gid GID, lid uint16) error {
-	if qp.dead || qp.typ != QPTypeUD || !gid.IsMulticast() {
+func (qp *QP) checkMcast(gid verbs.GID, lid uint16) error {
+	if qp.dead || qp.typ != verbs.QPTypeUD || !gid.IsMulticast() {
 		return syscall.EINVAL
 	}
-	if qp.linkLayer() == LinkLayerInfiniBand && (lid < MulticastLIDBase || lid == 0xffff) {
+	if qp.linkLayer() == verbs.LinkLayerInfiniBand && (lid < verbs.MulticastLIDBase || lid == 0xffff) {
 		return syscall.EINVAL
 	}
 	return nil
 }
 
-func (qp *QP) linkLayer() LinkLayer {
-	if qp.port.LinkLayer != LinkLayerUnspecified {
+func (qp *QP) linkLayer() verbs.LinkLayer {
+	if qp.port.LinkLayer != verbs.LinkLayerUnspecified {
 		return qp.port.LinkLayer
 	}
 	pa, err := qp.pd.ctx.QueryPort(1)
 	if err != nil {
-		return LinkLayerUnspecified
+		return verbs.LinkLayerUnspecified
 	}
 	return pa.LinkLayer
 }
@@ -546,23 +540,23 @@ func (qp *QP) Destroy() error {
 type receiver struct{ qp *QP }
 
 // Deliver implements Receiver.
-func (r receiver) Deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult {
+func (r receiver) Deliver(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult {
 	return r.deliver(grh, payload, srcQP, imm, hasImm, nil, nil)
 }
 
 // DeliverBurst implements BurstReceiver.
-func (r receiver) DeliverBurst(b *Burst, grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult {
+func (r receiver) DeliverBurst(b *Burst, grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult {
 	return r.deliver(grh, payload, srcQP, imm, hasImm, nil, b)
 }
 
 // DeliverIB implements IBReceiver.
-func (r receiver) DeliverIB(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, info *IBRecvInfo) DeliverResult {
+func (r receiver) DeliverIB(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, info *IBRecvInfo) DeliverResult {
 	return r.deliver(grh, payload, srcQP, imm, hasImm, info, nil)
 }
 
 // deliver consumes the next receive WR; with a Burst the CQ's waiter is
 // woken at the Burst's Flush.
-func (r receiver) deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, ib *IBRecvInfo, burst *Burst) DeliverResult {
+func (r receiver) deliver(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, ib *IBRecvInfo, burst *Burst) DeliverResult {
 	qp := r.qp
 	qp.rmu.Lock()
 	defer qp.rmu.Unlock()
@@ -573,23 +567,23 @@ func (r receiver) deliver(grh *[GRHLen]byte, payload []byte, srcQP uint32, imm u
 		return NoRecvWR
 	}
 	w := &qp.rq[qp.rhead]
-	need := GRHLen + len(payload)
+	need := verbs.GRHLen + len(payload)
 	if w.total < need {
 		return TooLong
 	}
 	scatter(w.segs, grh[:], payload)
-	wc := WC{
-		WRID: w.wrid, Status: WCSuccess, Opcode: WCOpRecv, ByteLen: uint32(need),
-		QPNum: qp.qpn, SrcQP: srcQP, Flags: WCGRH,
+	wc := verbs.WC{
+		WRID: w.wrid, Status: verbs.WCSuccess, Opcode: verbs.WCOpRecv, ByteLen: uint32(need),
+		QPNum: qp.qpn, SrcQP: srcQP, Flags: verbs.WCGRH,
 	}
 	if hasImm {
-		wc.Flags |= WCWithImm
+		wc.Flags |= verbs.WCWithImm
 		wc.ImmData = imm
 	}
 	if ib != nil {
 		wc.SLID, wc.SL, wc.DLIDPathBits = ib.SLID, ib.SL, ib.DLIDPathBits
 		if !ib.GRH {
-			wc.Flags &^= WCGRH
+			wc.Flags &^= verbs.WCGRH
 		}
 	}
 	// One CQ lock: a full CQ leaves the WR posted (its buffer was written,

@@ -1,0 +1,61 @@
+package softverbs
+
+import (
+	"fmt"
+	"github.com/softrdma/softrdma/verbs"
+	"syscall"
+)
+
+// AH is an address handle (struct ibv_ah).
+type AH struct {
+	pd   *PD
+	attr verbs.AHAttr
+	dead bool
+}
+
+// CreateAH creates an address handle (ibv_create_ah). On an Ethernet (RoCE)
+// port the GRH is mandatory and its SGID index must exist.
+func (pd *PD) CreateAH(attr *verbs.AHAttr) (verbs.AHOps, error) {
+	if attr == nil {
+		return nil, fmt.Errorf("verbs: create ah: %w", syscall.EINVAL)
+	}
+	if err := pd.checkAH(attr); err != nil {
+		return nil, fmt.Errorf("verbs: create ah: %w", err)
+	}
+	if err := pd.hold(0, 1); err != nil {
+		return nil, fmt.Errorf("verbs: create ah: %w", err)
+	}
+	return &AH{pd: pd, attr: *attr}, nil
+}
+
+func (pd *PD) checkAH(attr *verbs.AHAttr) error {
+	pa, err := pd.ctx.QueryPort(attr.PortNum)
+	if err != nil {
+		return err
+	}
+	if pa.LinkLayer == verbs.LinkLayerEthernet && !attr.IsGlobal {
+		return fmt.Errorf("RoCE address handle needs a GRH: %w", syscall.EINVAL)
+	}
+	if attr.IsGlobal {
+		if _, err := pd.ctx.queryGIDEntry(attr.PortNum, int(attr.GRH.SGIDIndex)); err != nil {
+			return fmt.Errorf("sgid index %d: %w", attr.GRH.SGIDIndex, syscall.EINVAL)
+		}
+	}
+	return nil
+}
+
+// Attr returns the attributes the AH was created with.
+func (ah *AH) Attr() verbs.AHAttr { return ah.attr }
+
+// PD returns the protection domain of the AH.
+func (ah *AH) PD() *PD { return ah.pd }
+
+// Destroy destroys the address handle (ibv_destroy_ah).
+func (ah *AH) Destroy() error {
+	if ah.dead {
+		return fmt.Errorf("verbs: destroy ah: %w", syscall.EINVAL)
+	}
+	ah.dead = true
+	ah.pd.hold(0, -1)
+	return nil
+}

@@ -1,0 +1,225 @@
+package verbs
+
+import (
+	"context"
+	"fmt"
+	"unsafe"
+)
+
+// PD is a protection domain (struct ibv_pd).
+type PD struct {
+	ctx *Context
+	ops PDOps
+}
+
+// Context returns the device context of the PD.
+func (pd *PD) Context() *Context { return pd.ctx }
+
+// Ops returns the backend's side of the PD.
+func (pd *PD) Ops() PDOps { return pd.ops }
+
+// Dealloc frees the PD (ibv_dealloc_pd). It fails with EBUSY while memory
+// regions, QPs or address handles of the PD exist.
+func (pd *PD) Dealloc() error { return pd.ops.Dealloc() }
+
+// RegMR registers buf (ibv_reg_mr). Receives need AccessLocalWrite. The
+// slice must not be resized or reused for other purposes while it is
+// registered; the MR keeps a reference, so it stays at the same address.
+func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
+	ops, err := pd.ops.RegMR(buf, access)
+	if err != nil {
+		return nil, err
+	}
+	return &MR{pd: pd, ops: ops, buf: buf, addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))), lkey: ops.LKey()}, nil
+}
+
+// CreateAH creates an address handle (ibv_create_ah). On an Ethernet (RoCE)
+// port the GRH is mandatory and its SGID index must exist.
+func (pd *PD) CreateAH(attr *AHAttr) (*AH, error) {
+	ops, err := pd.ops.CreateAH(attr)
+	if err != nil {
+		return nil, err
+	}
+	return &AH{pd: pd, ops: ops, attr: *attr}, nil
+}
+
+// CreateQP creates a queue pair (ibv_create_qp / ibv_create_qp_ex).
+func (pd *PD) CreateQP(init *QPInitAttr) (*QP, error) {
+	ops, err := pd.ops.CreateQP(init)
+	if err != nil {
+		return nil, err
+	}
+	return &QP{
+		pd: pd, ops: ops, qpn: ops.Num(), sendCQ: init.SendCQ, recvCQ: init.RecvCQ,
+		typ: init.QPType, flags: init.CreateFlags, context: init.Context,
+	}, nil
+}
+
+// MR is a registered memory region (struct ibv_mr) over a Go byte slice.
+type MR struct {
+	pd   *PD
+	ops  MROps
+	buf  []byte
+	addr uint64
+	lkey uint32
+}
+
+// Ops returns the backend's side of the MR.
+func (mr *MR) Ops() MROps { return mr.ops }
+
+// PD returns the protection domain of the MR.
+func (mr *MR) PD() *PD { return mr.pd }
+
+// Dereg deregisters the region (ibv_dereg_mr). Receive WRs already posted
+// on it keep their reference; do not dereg memory a QP may still write.
+func (mr *MR) Dereg() error { return mr.ops.Dereg() }
+
+// LKey returns the local key.
+func (mr *MR) LKey() uint32 { return mr.lkey }
+
+// RKey returns the remote key.
+func (mr *MR) RKey() uint32 { return mr.ops.RKey() }
+
+// Addr returns the address of the first registered byte, for SGEs.
+func (mr *MR) Addr() uint64 { return mr.addr }
+
+// Len returns the length of the region.
+func (mr *MR) Len() int { return len(mr.buf) }
+
+// Buf returns the registered slice.
+func (mr *MR) Buf() []byte { return mr.buf }
+
+// SGE returns a scatter/gather element for length bytes at offset off.
+func (mr *MR) SGE(off, length int) SGE {
+	return SGE{Addr: mr.addr + uint64(off), Length: uint32(length), LKey: mr.lkey}
+}
+
+// AH is an address handle (struct ibv_ah).
+type AH struct {
+	pd   *PD
+	ops  AHOps
+	attr AHAttr
+}
+
+// Attr returns the attributes the AH was created with.
+func (ah *AH) Attr() AHAttr { return ah.attr }
+
+// PD returns the protection domain of the AH.
+func (ah *AH) PD() *PD { return ah.pd }
+
+// Ops returns the backend's side of the AH.
+func (ah *AH) Ops() AHOps { return ah.ops }
+
+// Destroy destroys the address handle (ibv_destroy_ah).
+func (ah *AH) Destroy() error { return ah.ops.Destroy() }
+
+// CQ is a completion queue (struct ibv_cq). Poll is non-blocking; Wait
+// blocks until a completion is available, like a completion channel.
+type CQ struct {
+	ctx *Context
+	ops CQOps
+	cap int
+}
+
+// Cap returns the number of completions the CQ holds.
+func (cq *CQ) Cap() int { return cq.cap }
+
+// Context returns the device context of the CQ.
+func (cq *CQ) Context() *Context { return cq.ctx }
+
+// Ops returns the backend's side of the CQ.
+func (cq *CQ) Ops() CQOps { return cq.ops }
+
+// Poll moves up to len(wc) completions into wc and returns how many
+// (ibv_poll_cq). It fails with EOVERFLOW once completions were lost because
+// the CQ was full (the CQ then keeps that error, as an overrun CQ does).
+func (cq *CQ) Poll(wc []WC) (int, error) { return cq.ops.Poll(wc) }
+
+// Len returns the number of completions waiting in the CQ.
+func (cq *CQ) Len() int { return cq.ops.Len() }
+
+// Wait blocks until the CQ holds a completion, or ctx ends (its error is
+// returned). Several goroutines may wait; each completion wakes one.
+func (cq *CQ) Wait(ctx context.Context) error { return cq.ops.Wait(ctx) }
+
+// Destroy destroys the CQ (ibv_destroy_cq); EBUSY while a QP uses it.
+func (cq *CQ) Destroy() error { return cq.ops.Destroy() }
+
+// QP is a queue pair (struct ibv_qp). Only UD QPs are supported.
+type QP struct {
+	pd      *PD
+	ops     QPOps
+	qpn     uint32
+	sendCQ  *CQ
+	recvCQ  *CQ
+	typ     QPType
+	flags   CreateFlags
+	context any
+}
+
+// Ops returns the backend's side of the QP.
+func (qp *QP) Ops() QPOps { return qp.ops }
+
+// Num returns the QP number (qp->qp_num).
+func (qp *QP) Num() uint32 { return qp.qpn }
+
+// Type returns the QP type.
+func (qp *QP) Type() QPType { return qp.typ }
+
+// PD returns the protection domain of the QP.
+func (qp *QP) PD() *PD { return qp.pd }
+
+// UserContext returns the Context given at creation (qp->qp_context).
+func (qp *QP) UserContext() any { return qp.context }
+
+// SendCQ returns the send completion queue.
+func (qp *QP) SendCQ() *CQ { return qp.sendCQ }
+
+// RecvCQ returns the receive completion queue.
+func (qp *QP) RecvCQ() *CQ { return qp.recvCQ }
+
+// CreateFlags returns the creation flags.
+func (qp *QP) CreateFlags() CreateFlags { return qp.flags }
+
+// State returns the current QP state.
+func (qp *QP) State() QPState { return qp.ops.State() }
+
+// Query returns the QP's attributes (ibv_query_qp).
+func (qp *QP) Query() QPAttr { return qp.ops.Query() }
+
+// Modify changes QP attributes and state (ibv_modify_qp). UD QPs walk
+// RESET → INIT (P_Key index, port, Q_Key) → RTR → RTS (SQ PSN); any state
+// may go to RESET or ERR. A wrong transition or mask gives EINVAL.
+func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error { return qp.ops.Modify(attr, mask) }
+
+// PostRecv posts a chain of receive work requests (ibv_post_recv). Each
+// buffer must hold the 40-byte GRH area plus the payload. A failure names
+// the request it stopped at (BadWRError).
+func (qp *QP) PostRecv(wr *RecvWR) error { return qp.ops.PostRecv(wr) }
+
+// PostSend posts a chain of send work requests (ibv_post_send). Sends on a
+// UD QP in RTS go out immediately; a signaled request (or every request
+// with SQSigAll) queues a send completion. A failure names the request it
+// stopped at (BadWRError); the requests before it were sent.
+func (qp *QP) PostSend(wr *SendWR) error { return qp.ops.PostSend(wr) }
+
+// AttachMcast attaches the QP to a multicast group (ibv_attach_mcast).
+func (qp *QP) AttachMcast(gid GID, lid uint16) error { return qp.ops.AttachMcast(gid, lid) }
+
+// DetachMcast detaches the QP from a multicast group (ibv_detach_mcast).
+func (qp *QP) DetachMcast(gid GID, lid uint16) error { return qp.ops.DetachMcast(gid, lid) }
+
+// Destroy destroys the QP (ibv_destroy_qp).
+func (qp *QP) Destroy() error { return qp.ops.Destroy() }
+
+// BadWRError reports the work request a post failed on (C's bad_wr).
+type BadWRError struct {
+	Index int // position in the chain, from 0
+	Err   error
+}
+
+// Error describes the failed work request and its errno.
+func (e *BadWRError) Error() string { return fmt.Sprintf("verbs: work request %d: %v", e.Index, e.Err) }
+
+// Unwrap returns the errno.
+func (e *BadWRError) Unwrap() error { return e.Err }

@@ -1,0 +1,101 @@
+package verbs
+
+import "context"
+
+// This file is the device seam: what a backend gives verbs for each of its
+// devices. A backend is softrdma's software verbs core (provider/softverbs,
+// used by the RoCEv2 and InfiniBand software providers) or, in a build
+// that has it, a backend over the kernel's RDMA stack. The public objects
+// (Device, Context, PD, MR, CQ, QP, AH) are thin handles over these
+// interfaces; verbs itself never knows which backend it talks to.
+//
+// A backend checks that the objects handed to it (the CQs of a new QP,
+// the AH of a send) are its own, and fails with EINVAL otherwise.
+
+// DeviceOps is a device as a backend implements it (struct ibv_device).
+type DeviceOps interface {
+	// Name is the device name, e.g. "rxe_lo".
+	Name() string
+	// Attr returns the device capabilities.
+	Attr() DeviceAttr
+	// Open opens the device (ibv_open_device).
+	Open() (ContextOps, error)
+}
+
+// ContextOps is an open device (struct ibv_context).
+type ContextOps interface {
+	// QueryPort returns a port's attributes; the port number is checked.
+	QueryPort(port uint8) (PortAttr, error)
+	// QueryGIDTable returns a port's GID table; the port number is checked.
+	QueryGIDTable(port uint8) ([]GIDEntry, error)
+	// AllocPD allocates a protection domain.
+	AllocPD() (PDOps, error)
+	// CreateCQ creates a completion queue of at least cqe entries.
+	CreateCQ(cqe int) (CQOps, error)
+	// Close closes the context; EBUSY while PDs or CQs exist.
+	Close() error
+}
+
+// PDOps is a protection domain (struct ibv_pd).
+type PDOps interface {
+	// RegMR registers buf.
+	RegMR(buf []byte, access Access) (MROps, error)
+	// CreateAH creates an address handle.
+	CreateAH(attr *AHAttr) (AHOps, error)
+	// CreateQP creates a queue pair; init's CQs are the public handles,
+	// whose Ops the backend checks are its own.
+	CreateQP(init *QPInitAttr) (QPOps, error)
+	// Dealloc frees the PD; EBUSY while MRs, QPs or AHs exist.
+	Dealloc() error
+}
+
+// MROps is a registered memory region (struct ibv_mr).
+type MROps interface {
+	// LKey returns the local key.
+	LKey() uint32
+	// RKey returns the remote key.
+	RKey() uint32
+	// Dereg deregisters the region.
+	Dereg() error
+}
+
+// AHOps is an address handle (struct ibv_ah).
+type AHOps interface {
+	// Destroy destroys the address handle.
+	Destroy() error
+}
+
+// CQOps is a completion queue (struct ibv_cq).
+type CQOps interface {
+	// Poll moves up to len(wc) completions into wc.
+	Poll(wc []WC) (int, error)
+	// Len returns the number of completions queued.
+	Len() int
+	// Wait blocks until a completion is queued or ctx ends.
+	Wait(ctx context.Context) error
+	// Destroy destroys the CQ; EBUSY while QPs use it.
+	Destroy() error
+}
+
+// QPOps is a queue pair (struct ibv_qp).
+type QPOps interface {
+	// Num returns the QP number.
+	Num() uint32
+	// State returns the current state.
+	State() QPState
+	// Query returns the QP's attributes.
+	Query() QPAttr
+	// Modify changes attributes and state.
+	Modify(attr *QPAttr, mask QPAttrMask) error
+	// PostSend posts a chain of send work requests; the AHs are public
+	// handles whose Ops the backend checks are its own.
+	PostSend(wr *SendWR) error
+	// PostRecv posts a chain of receive work requests.
+	PostRecv(wr *RecvWR) error
+	// AttachMcast attaches the QP to a multicast group.
+	AttachMcast(gid GID, lid uint16) error
+	// DetachMcast detaches the QP from a multicast group.
+	DetachMcast(gid GID, lid uint16) error
+	// Destroy destroys the QP.
+	Destroy() error
+}
