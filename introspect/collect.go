@@ -10,9 +10,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/provider/rxe"
-	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -20,17 +18,12 @@ import (
 
 // Collect returns a snapshot of the process: its devices, QPs, multicast
 // groups, CM ids, event channels and counters. It is what the endpoint
-// serves; a program may call it directly.
+// serves; a program may call it directly. Devices are seen only through
+// the verbs seam (Inspect, Counters), whatever their backend.
 func Collect() *Snapshot {
-	s := &Snapshot{PID: os.Getpid(), Time: time.Now().UTC(), Captures: rxe.ActiveCaptures()}
+	s := &Snapshot{PID: os.Getpid(), Time: time.Now().UTC(), Captures: activeCaptures()}
 	if len(os.Args) > 0 {
 		s.Command = filepath.Base(os.Args[0])
-	}
-	devs := rxe.Devices()
-	slices.SortFunc(devs, func(a, b *rxe.Device) int { return cmp.Compare(a.Name(), b.Name()) })
-	snaps := make([]rxe.DeviceSnapshot, len(devs))
-	for i, d := range devs {
-		snaps[i] = d.Snapshot()
 	}
 	cm := rdmacm.Inspect()
 
@@ -45,25 +38,15 @@ func Collect() *Snapshot {
 			owner[qpKey{id.Device, id.QPN}] = id.Handle
 		}
 	}
-
-	for _, ds := range snaps {
-		s.Devices = append(s.Devices, device(ds, func(qpn uint32) uint64 { return owner[qpKey{ds.Name, qpn}] }))
-	}
-	// Devices of other providers (the emulated InfiniBand ports): what the
-	// verbs seam tells.
+	var reports []devReport
 	for _, vd := range verbs.DeviceList() {
-		if _, ok := softverbs.DriverOf(vd).(*rxe.Device); !ok {
-			s.Devices = append(s.Devices, otherDevice(softverbs.DriverOf(vd)))
-		}
+		r, _ := vd.Inspect()
+		dr := devReport{name: vd.Name(), r: r}
+		s.Devices = append(s.Devices, device(vd, r, func(qpn uint32) uint64 { return owner[qpKey{vd.Name(), qpn}] }))
+		reports = append(reports, dr)
 	}
 	slices.SortFunc(s.Devices, func(a, b Device) int { return cmp.Compare(a.Name, b.Name) })
-	var ibs []*ib.Device
-	for _, vd := range verbs.DeviceList() {
-		if p, ok := softverbs.DriverOf(vd).(*ib.Device); ok {
-			ibs = append(ibs, p)
-		}
-	}
-	s.Groups = groups(snaps, ibs, cm.IDs)
+	s.Groups = groups(reports, cm.IDs)
 	for _, id := range cm.IDs {
 		s.IDs = append(s.IDs, CMID{
 			ID:            id.Handle,
@@ -92,24 +75,52 @@ func Collect() *Snapshot {
 	return s
 }
 
-func device(ds rxe.DeviceSnapshot, owner func(uint32) uint64) Device {
-	d := deviceFromAttr(ds.Name, "rxe", ds.Attr)
-	d.Ifname, d.Ifindex, d.MAC = ds.Ifname, ds.Ifindex, ds.MAC.String()
-	d.Usage = Usage{
-		QPs:              len(ds.QPs),
-		McastGroups:      len(ds.Groups),
-		McastAttachments: ds.Attachments,
-		IPMemberships:    len(ds.Memberships),
-		RecvSockets:      ds.RecvSockets,
-		SendSockets:      ds.SendSockets,
+// devReport is one device's view, for the groups table.
+type devReport struct {
+	name string
+	r    verbs.DeviceReport
+}
+
+// device converts a device's attributes, report and counters.
+func device(vd *verbs.Device, r verbs.DeviceReport, owner func(uint32) uint64) Device {
+	kind := r.Kind
+	if kind == "" {
+		kind = "other"
 	}
-	d.Counters = deviceCounters(ds.Counters)
-	if ds.MAC == nil {
-		d.MAC = "00:00:00:00:00:00"
+	d := deviceFromAttr(vd.Name(), kind, vd.Ops().Attr())
+	d.Ifname, d.Ifindex, d.MAC = r.Netdev.Name, r.Netdev.Index, r.Netdev.MAC
+	for _, u := range r.Usage {
+		switch u.Name {
+		case "qps":
+			d.Usage.QPs = u.Value
+		case "mcast_groups":
+			d.Usage.McastGroups = u.Value
+		case "mcast_attachments":
+			d.Usage.McastAttachments = u.Value
+		case "ip_memberships":
+			d.Usage.IPMemberships = u.Value
+		case "recv_sockets":
+			d.Usage.RecvSockets = u.Value
+		case "send_sockets":
+			d.Usage.SendSockets = u.Value
+		case "sa_memberships":
+			d.Usage.SAMemberships = u.Value
+		}
 	}
-	d.Ports = []Port{port(ds.Port, ds.GIDs)}
+	d.Counters = Counters{}
+	d.CounterSchema = []CounterInfo{}
+	if schema, vals, ok := vd.Counters(); ok {
+		for i, c := range schema {
+			d.CounterSchema = append(d.CounterSchema, counterInfo(c))
+			d.Counters[c.Name] = vals[i]
+		}
+	}
+	if r.Port.State != 0 {
+		d.Ports = []Port{port(r.Port, r.GIDs)}
+	}
 	d.QPs = []QP{}
-	for _, q := range ds.QPs {
+	ib := r.Port.LinkLayer == verbs.LinkLayerInfiniBand
+	for _, q := range r.QPs {
 		qp := QP{
 			QPN:              q.QPN,
 			Type:             "UD",
@@ -120,14 +131,32 @@ func device(ds rxe.DeviceSnapshot, owner func(uint32) uint64) Device {
 			SrcPort:          q.SrcPort,
 			Groups:           []string{},
 			CMID:             owner(q.QPN),
-			Counters:         qpCounters(q.Counters),
+			Counters:         Counters{},
 		}
-		for _, g := range q.Groups {
-			qp.Groups = append(qp.Groups, g.String())
+		for _, a := range q.Groups {
+			if ib {
+				qp.Groups = append(qp.Groups, fmt.Sprintf("%v (mlid 0x%x)", a.MGID, a.MLID))
+			} else {
+				qp.Groups = append(qp.Groups, a.MGID.String())
+			}
+		}
+		for i, c := range d.CounterSchema {
+			if c.Scope == "qp" && i < len(q.Counters) {
+				qp.Counters[c.Name] = q.Counters[i]
+			}
 		}
 		d.QPs = append(d.QPs, qp)
 	}
 	return d
+}
+
+// counterInfo converts one counter's description.
+func counterInfo(c verbs.CounterDesc) CounterInfo {
+	scope := "device"
+	if c.Scope == verbs.ScopeQP {
+		scope = "qp"
+	}
+	return CounterInfo{Name: c.Name, Help: c.Help, Scope: scope, Metric: c.Metric, Reason: c.Reason}
 }
 
 // port converts port 1's attributes and GID table.
@@ -174,41 +203,9 @@ func deviceFromAttr(name, kind string, a verbs.DeviceAttr) Device {
 	}
 }
 
-// otherDevice describes a device of another provider through the verbs
-// seam, with the counters of an emulated InfiniBand port.
-func otherDevice(drv softverbs.Driver) Device {
-	d := deviceFromAttr(drv.Name(), "other", drv.Attr())
-	d.QPs, d.Counters = []QP{}, Counters{}
-	pa, err := drv.QueryPort(1)
-	gids, _ := drv.GIDTable(1)
-	if err == nil {
-		d.Ports = []Port{port(pa, gids)}
-	}
-	if p, ok := drv.(*ib.Device); ok {
-		d.Kind = "ib"
-		for _, q := range p.QPs() {
-			iq := QP{QPN: q.QPN, Type: "UD", State: q.State.String(), QKey: q.QKey, Port: 1,
-				BlockSelfMcastLB: q.BlockSelfMcastLB, Groups: []string{}, Counters: Counters{}}
-			for _, a := range q.Groups {
-				iq.Groups = append(iq.Groups, fmt.Sprintf("%v (mlid 0x%x)", a.MGID, a.MLID))
-			}
-			d.QPs = append(d.QPs, iq)
-		}
-		c := p.Counters()
-		d.Counters = Counters{
-			"rcvd_pkts": c.RcvdPkts, "delivered": c.Delivered, "sent_pkts": c.SentPkts,
-			"send_errors": c.SendErrors, "oversized_send_drops": c.OversizedSendDrops,
-			"malformed_drops": c.MalformedDrops, "crc_errors": c.CRCErrors, "no_group_drops": c.NoGroupDrops,
-			"no_qp_drops": c.NoQPDrops, "not_ready_drops": c.NotReadyDrops, "pkey_violations": c.PKeyViolations,
-			"qkey_violations": c.QKeyViolations, "no_recv_wr_drops": c.NoRecvWRDrops, "other_drops": c.OtherDrops,
-		}
-	}
-	return d
-}
-
 // groups merges the devices' verbs groups and IP memberships with the CM
 // joins, one Group per device and MGID.
-func groups(snaps []rxe.DeviceSnapshot, ibs []*ib.Device, ids []rdmacm.IDInfo) []Group {
+func groups(devs []devReport, ids []rdmacm.IDInfo) []Group {
 	type key struct {
 		dev  string
 		mgid verbs.GID
@@ -227,37 +224,17 @@ func groups(snaps []rxe.DeviceSnapshot, ibs []*ib.Device, ids []rdmacm.IDInfo) [
 		return g
 	}
 	attached := map[key]map[uint32]bool{}
-	for _, ds := range snaps {
-		for _, vg := range ds.Groups {
-			g := get(ds.Name, vg.MGID)
+	for _, dr := range devs {
+		for _, vg := range dr.r.Groups {
+			g := get(dr.name, vg.MGID)
 			g.AttachedQPs = append(g.AttachedQPs, vg.QPNs...)
 			set := map[uint32]bool{}
 			for _, q := range vg.QPNs {
 				set[q] = true
 			}
-			attached[key{ds.Name, vg.MGID}] = set
-		}
-		for _, ms := range ds.Memberships {
-			g := get(ds.Name, wire.RoCEv2MGID(ms.Group))
-			g.IPMembership = ms.Joined
-			g.CMRefs = ms.CMRefs
-		}
-	}
-	for _, p := range ibs {
-		for _, ms := range p.Memberships() {
-			g := get(p.Name(), ms.MGID)
-			g.MLID, g.SAJoinState = ms.MLID, ms.JoinState
-		}
-		for _, q := range p.QPs() {
-			for _, a := range q.Groups {
-				k := key{p.Name(), a.MGID}
-				g := get(p.Name(), a.MGID)
-				g.AttachedQPs = append(g.AttachedQPs, q.QPN)
-				if attached[k] == nil {
-					attached[k] = map[uint32]bool{}
-				}
-				attached[k][q.QPN] = true
-			}
+			attached[key{dr.name, vg.MGID}] = set
+			g.IPMembership, g.CMRefs = vg.IPJoined, vg.CMRefs
+			g.MLID, g.SAJoinState = vg.MLID, vg.SAJoinState
 		}
 	}
 	for _, id := range ids {
@@ -334,47 +311,5 @@ func guidString(g uint64) string {
 	return fmt.Sprintf("%04x:%04x:%04x:%04x", g>>48, g>>32&0xffff, g>>16&0xffff, g&0xffff)
 }
 
-func deviceCounters(c rxe.Counters) Counters {
-	return Counters{
-		"rcvd_pkts":            c.RcvdPkts,
-		"rcvd_bytes":           c.RcvdBytes,
-		"delivered":            c.Delivered,
-		"sent_pkts":            c.SentPkts,
-		"sent_bytes":           c.SentBytes,
-		"send_errors":          c.SendErrors,
-		"oversized_send_drops": c.OversizedSendDrops,
-		"malformed_drops":      c.MalformedDrops,
-		"truncated_drops":      c.TruncatedDrops,
-		"tver_drops":           c.TVerDrops,
-		"opcode_drops":         c.OpcodeDrops,
-		"destqp0_drops":        c.DestQP0Drops,
-		"oversized_recv_drops": c.OversizedRecvDrops,
-		"icrc_errors":          c.ICRCErrors,
-		"no_group_drops":       c.NoGroupDrops,
-		"no_qp_drops":          c.NoQPDrops,
-		"not_ready_drops":      c.NotReadyDrops,
-		"pkey_violations":      c.PKeyViolations,
-		"qkey_violations":      c.QKeyViolations,
-		"self_loopback_drops":  c.SelfLoopbackDrops,
-		"no_recv_wr_drops":     c.NoRecvWRDrops,
-		"too_long_drops":       c.TooLongDrops,
-		"cq_full_drops":        c.CQFullDrops,
-	}
-}
-
-func qpCounters(c rxe.QPCounters) Counters {
-	return Counters{
-		"delivered":            c.Delivered,
-		"sent_pkts":            c.SentPkts,
-		"sent_bytes":           c.SentBytes,
-		"send_errors":          c.SendErrors,
-		"oversized_send_drops": c.OversizedSendDrops,
-		"not_ready_drops":      c.NotReadyDrops,
-		"pkey_violations":      c.PKeyViolations,
-		"qkey_violations":      c.QKeyViolations,
-		"self_loopback_drops":  c.SelfLoopbackDrops,
-		"no_recv_wr_drops":     c.NoRecvWRDrops,
-		"too_long_drops":       c.TooLongDrops,
-		"cq_full_drops":        c.CQFullDrops,
-	}
-}
+// activeCaptures is the number of packet captures running.
+func activeCaptures() int { return rxe.ActiveCaptures() }

@@ -2,12 +2,14 @@ package introspect
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -55,7 +57,7 @@ func TestIBPort(t *testing.T) {
 	if d == nil {
 		t.Fatalf("no %s in %+v", p.Name(), snap.Devices)
 	}
-	if d.Kind != "ib" || len(d.Ports) != 1 || len(d.CounterNames()) != len(IBCounterNames) {
+	if d.Kind != "ib" || len(d.Ports) != 1 || len(d.CounterNames()) != len(softverbs.Schema()) {
 		t.Fatalf("device %+v", d)
 	}
 	if len(d.QPs) != 1 || d.QPs[0].QPN != qp.Num() || d.QPs[0].State != "RESET" ||
@@ -105,9 +107,12 @@ func TestIBPort(t *testing.T) {
 		len(pt.GIDs) != 1 || pt.GIDs[0].GID != p.PortGID().String() {
 		t.Errorf("port %+v (LID %d, GID %v)", pt, p.LID(), p.PortGID())
 	}
-	for _, n := range IBCounterNames {
-		if _, ok := d.Counters[n]; !ok {
-			t.Errorf("counter %s missing", n)
+	for _, c := range softverbs.Schema() {
+		if _, ok := d.Counters[c.Name]; !ok {
+			t.Errorf("counter %s missing", c.Name)
+		}
+		if _, ok := d.QPs[0].Counters[c.Name]; ok != (c.Scope == verbs.ScopeQP) {
+			t.Errorf("QP counter %s: present %v, scope %v", c.Name, ok, c.Scope)
 		}
 	}
 	_, c := startServer(t)
@@ -119,10 +124,14 @@ func TestIBPort(t *testing.T) {
 	if v, ok := metricValue(fams, "softrdma_port_state", map[string]string{"device": p.Name()}); !ok || v != 4 {
 		t.Errorf("port state of %s: %v %v", p.Name(), v, ok)
 	}
-	if _, ok := metricValue(fams, "softrdma_dropped_packets_total", map[string]string{"device": p.Name(), "reason": "crc"}); !ok {
-		t.Errorf("no crc drop counter for %s", p.Name())
+	if _, ok := metricValue(fams, "softrdma_dropped_packets_total", map[string]string{"device": p.Name(), "reason": "vcrc"}); !ok {
+		t.Errorf("no vcrc drop counter for %s", p.Name())
 	}
-	if _, ok := metricValue(fams, "softrdma_dropped_packets_total", map[string]string{"device": "rxe_lo", "reason": "crc"}); ok {
-		t.Error("rxe device with an IB-only drop reason")
+	// IB QPs have their counters too, and the QP appears in softrdma_qps.
+	if _, ok := metricValue(fams, "softrdma_qp_dropped_packets_total", map[string]string{"device": p.Name(), "qpn": fmt.Sprintf("%#06x", qp.Num()), "reason": "qkey"}); !ok {
+		t.Errorf("no per-QP qkey drop counter for %s", p.Name())
+	}
+	if v, ok := metricValue(fams, "softrdma_qps", map[string]string{"device": p.Name()}); !ok || v != 1 {
+		t.Errorf("softrdma_qps of %s: %v %v", p.Name(), v, ok)
 	}
 }

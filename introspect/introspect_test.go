@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -28,6 +29,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/softrdma/softrdma/provider/rxe"
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -422,8 +424,16 @@ func TestMetrics(t *testing.T) {
 			}
 		}
 	}
-	if len(reasons) != 16 {
-		t.Errorf("drop reasons %v, want 16", reasons)
+	// Every drop reason of the software devices' counter schema is
+	// exported, and nothing else.
+	want := map[string]bool{}
+	for _, c := range softverbs.Schema() {
+		if c.Reason != "" {
+			want[c.Reason] = true
+		}
+	}
+	if !maps.Equal(reasons, want) {
+		t.Errorf("drop reasons %v, want %v", reasons, want)
 	}
 	if f := fams["softrdma_sent_packets_total"]; f.GetType() != dto.MetricType_COUNTER {
 		t.Errorf("sent packets type %v", f.GetType())
@@ -851,7 +861,7 @@ func TestLogging(t *testing.T) {
 		return nil
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for find("rxe drops", nil) == nil && time.Now().Before(deadline) {
+	for find("drops", nil) == nil && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	grp := g.String()
@@ -864,7 +874,7 @@ func TestLogging(t *testing.T) {
 	if r := find("multicast leave", func(r record) bool { return r["group"] == grp }); r == nil || r["level"] != "INFO" {
 		t.Errorf("leave record %v", r)
 	}
-	r := find("rxe drops", nil)
+	r := find("drops", nil)
 	if r == nil || r["level"] != "WARN" || r["device"] != "rxe_lo" {
 		t.Fatalf("drop record %v\nall: %v", r, records())
 	}
@@ -877,7 +887,7 @@ func TestLogging(t *testing.T) {
 	// Rate limit: at most one drop record per device per interval.
 	n := 0
 	for _, r := range records() {
-		if r["msg"] == "rxe drops" {
+		if r["msg"] == "drops" {
 			n++
 		}
 	}

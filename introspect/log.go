@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/verbs"
 )
 
 // EnvLog is the environment variable LogFromEnv reads: a level (debug,
@@ -30,14 +30,9 @@ type LogOptions struct {
 	DropInterval time.Duration
 }
 
-// dropCounters are the counters whose increase EnableLogging reports.
-var dropCounters = []string{
-	"send_errors", "oversized_send_drops",
-	"truncated_drops", "tver_drops", "opcode_drops", "destqp0_drops", "oversized_recv_drops",
-	"icrc_errors", "no_group_drops", "no_qp_drops",
-	"not_ready_drops", "pkey_violations", "qkey_violations", "self_loopback_drops",
-	"no_recv_wr_drops", "too_long_drops", "cq_full_drops",
-}
+// isDrop reports whether a counter's increase EnableLogging reports: the
+// drops (counters with a reason) and the refused sends.
+func isDrop(c verbs.CounterDesc) bool { return c.Reason != "" || c.Name == "send_errors" }
 
 var logging struct {
 	sync.Mutex
@@ -70,7 +65,7 @@ func EnableLogging(l *slog.Logger, o LogOptions) (stop func()) {
 		logging.stop()
 	}
 	rdmacm.SetLogger(l)
-	w := &dropWatcher{l: l, every: o.DropInterval, done: make(chan struct{}), exited: make(chan struct{}), devs: map[*rxe.Device]*watched{}}
+	w := &dropWatcher{l: l, every: o.DropInterval, done: make(chan struct{}), exited: make(chan struct{}), devs: map[*verbs.Device]*watched{}}
 	w.scan(false)
 	go w.run()
 	var once sync.Once
@@ -129,12 +124,12 @@ type dropWatcher struct {
 	every  time.Duration
 	done   chan struct{}
 	exited chan struct{}
-	devs   map[*rxe.Device]*watched
+	devs   map[*verbs.Device]*watched
 }
 
 type watched struct {
 	name   string
-	last   Counters
+	last   []uint64
 	cancel func()
 }
 
@@ -157,35 +152,43 @@ func (w *dropWatcher) run() {
 
 // scan notices new and vanished devices and logs counter increases.
 func (w *dropWatcher) scan(report bool) {
-	seen := map[*rxe.Device]bool{}
-	for _, d := range rxe.Devices() {
+	seen := map[*verbs.Device]bool{}
+	for _, d := range verbs.DeviceList() {
 		seen[d] = true
-		c := deviceCounters(d.Counters())
+		schema, c, ok := d.Counters()
+		if !ok {
+			continue
+		}
 		wd := w.devs[d]
 		if wd == nil {
 			name := d.Name()
 			if report {
-				w.l.Info("rxe device created", slog.String("device", name), slog.Int("ifindex", d.Ifindex()))
+				w.l.Info("device created", slog.String("device", name))
 			}
-			wd = &watched{name: name, last: c}
-			wd.cancel = d.Subscribe(func(ev rxe.NetEvent) {
-				attrs := []any{slog.String("device", name), slog.String("event", ev.Kind.String())}
+			wd = &watched{name: name, last: c, cancel: func() {}}
+			if cancel, ok := d.Subscribe(func(ev verbs.DeviceEvent) {
+				attrs := []any{slog.String("device", name), slog.String("event", ev.Kind)}
 				if ev.Addr.IsValid() {
 					attrs = append(attrs, slog.String("addr", ev.Addr.String()))
 				}
-				w.l.Info("netdev event", attrs...)
-			})
+				w.l.Info("device event", attrs...)
+			}); ok {
+				wd.cancel = cancel
+			}
 			w.devs[d] = wd
 			continue
 		}
 		var attrs []any
 		var total uint64
 		onlySelf := true
-		for _, k := range dropCounters {
-			if delta := c[k] - wd.last[k]; delta > 0 {
-				attrs = append(attrs, slog.Uint64(k, delta))
+		for i, k := range schema {
+			if !isDrop(k) || i >= len(wd.last) {
+				continue
+			}
+			if delta := c[i] - wd.last[i]; delta > 0 {
+				attrs = append(attrs, slog.Uint64(k.Name, delta))
 				total += delta
-				onlySelf = onlySelf && k == "self_loopback_drops"
+				onlySelf = onlySelf && k.Name == "self_loopback_drops"
 			}
 		}
 		wd.last = c
@@ -196,7 +199,7 @@ func (w *dropWatcher) scan(report bool) {
 		if onlySelf {
 			level = slog.LevelDebug
 		}
-		w.l.Log(context.Background(), level, "rxe drops",
+		w.l.Log(context.Background(), level, "drops",
 			slog.String("device", wd.name),
 			slog.Duration("interval", w.every),
 			slog.Uint64("dropped", total),
@@ -206,7 +209,7 @@ func (w *dropWatcher) scan(report bool) {
 		if !seen[d] {
 			wd.cancel()
 			delete(w.devs, d)
-			w.l.Info("rxe device closed", slog.String("device", wd.name))
+			w.l.Info("device closed", slog.String("device", wd.name))
 		}
 	}
 }

@@ -13,62 +13,20 @@ import (
 // turns it into const metrics, so nothing is updated on the datapath.
 //
 // Device metrics carry a "device" label, QP metrics "device" and "qpn"
-// (hex, e.g. "0xc35a01"), drop metrics a "reason" label: the counter name
-// without "_drops"/"_errors"/"_violations" (truncated, tver, opcode,
-// destqp0, oversized_recv, icrc, no_group, no_qp, not_ready, pkey, qkey,
-// self_loopback, no_recv_wr, too_long, cq_full, oversized_send; and on
-// emulated InfiniBand ports also malformed, crc, other).
+// (hex, e.g. "0xc35a01"). The counter metrics come from each device's
+// counter schema (Device.CounterSchema): a counter feeds softrdma_<metric>
+// and, when kept per QP, softrdma_qp_<metric>; a drop counter adds its
+// reason as the "reason" label of softrdma_dropped_packets_total.
 
-// metricDef maps a counter name to a metric and, for drops, a reason.
-type metricDef struct {
-	counter string
-	metric  string // without the softrdma_ / softrdma_qp_ prefix
-	reason  string
-	ibOnly  bool // a counter of emulated InfiniBand ports only
-}
-
-var counterMetrics = []metricDef{
-	{"rcvd_pkts", "received_packets_total", "", false},
-	{"rcvd_bytes", "received_bytes_total", "", false},
-	{"delivered", "delivered_packets_total", "", false},
-	{"sent_pkts", "sent_packets_total", "", false},
-	{"sent_bytes", "sent_bytes_total", "", false},
-	{"send_errors", "send_errors_total", "", false},
-	{"truncated_drops", "dropped_packets_total", "truncated", false},
-	{"tver_drops", "dropped_packets_total", "tver", false},
-	{"opcode_drops", "dropped_packets_total", "opcode", false},
-	{"destqp0_drops", "dropped_packets_total", "destqp0", false},
-	{"oversized_recv_drops", "dropped_packets_total", "oversized_recv", false},
-	{"icrc_errors", "dropped_packets_total", "icrc", false},
-	{"no_group_drops", "dropped_packets_total", "no_group", false},
-	{"no_qp_drops", "dropped_packets_total", "no_qp", false},
-	{"not_ready_drops", "dropped_packets_total", "not_ready", false},
-	{"pkey_violations", "dropped_packets_total", "pkey", false},
-	{"qkey_violations", "dropped_packets_total", "qkey", false},
-	{"self_loopback_drops", "dropped_packets_total", "self_loopback", false},
-	{"no_recv_wr_drops", "dropped_packets_total", "no_recv_wr", false},
-	{"too_long_drops", "dropped_packets_total", "too_long", false},
-	{"cq_full_drops", "dropped_packets_total", "cq_full", false},
-	{"oversized_send_drops", "dropped_packets_total", "oversized_send", false},
-	// Emulated InfiniBand ports (on rxe devices malformed_drops is the sum
-	// of the first five reasons above, so it is not exported).
-	{"malformed_drops", "dropped_packets_total", "malformed", true},
-	{"crc_errors", "dropped_packets_total", "crc", true},
-	{"other_drops", "dropped_packets_total", "other", true},
-}
-
+// metricHelp is the help of the metrics several counters feed; the others
+// take their counter's help.
 var metricHelp = map[string]string{
-	"received_packets_total":  "Datagrams read from the UDP 4791 sockets, before any check.",
-	"received_bytes_total":    "UDP payload bytes of the datagrams read.",
-	"delivered_packets_total": "Datagrams handed to a QP's receive queue (one per receiving QP).",
-	"sent_packets_total":      "Datagrams sent.",
-	"sent_bytes_total":        "UDP payload bytes sent.",
-	"send_errors_total":       "Sends the kernel refused.",
-	"dropped_packets_total":   "Datagrams dropped, by reason.",
+	"dropped_packets_total": "Datagrams dropped, by reason.",
 }
 
 type descSet struct {
-	dev, qp map[string]*prometheus.Desc
+	mu      sync.Mutex
+	dev, qp map[string]*prometheus.Desc // counter metrics, made on first use
 
 	deviceInfo, portState, activeMTU, qps, groups, attachments, memberships *prometheus.Desc
 	qpInfo                                                                  *prometheus.Desc
@@ -78,17 +36,6 @@ type descSet struct {
 
 func newDescSet() *descSet {
 	d := &descSet{dev: map[string]*prometheus.Desc{}, qp: map[string]*prometheus.Desc{}}
-	for _, m := range counterMetrics {
-		if d.dev[m.metric] != nil {
-			continue
-		}
-		var extra []string
-		if m.reason != "" {
-			extra = []string{"reason"}
-		}
-		d.dev[m.metric] = prometheus.NewDesc("softrdma_"+m.metric, metricHelp[m.metric], append([]string{"device"}, extra...), nil)
-		d.qp[m.metric] = prometheus.NewDesc("softrdma_qp_"+m.metric, "Per QP: "+metricHelp[m.metric], append([]string{"device", "qpn"}, extra...), nil)
-	}
 	n := prometheus.NewDesc
 	d.deviceInfo = n("softrdma_device_info", "A software RoCEv2 device of the process (always 1).", []string{"device", "ifname", "node_guid", "gid0"}, nil)
 	d.portState = n("softrdma_port_state", "Port 1 state (ibv_port_state: 1 DOWN, 4 ACTIVE).", []string{"device"}, nil)
@@ -110,13 +57,24 @@ func newDescSet() *descSet {
 	return d
 }
 
-func (d *descSet) all() []*prometheus.Desc {
-	out := []*prometheus.Desc{d.deviceInfo, d.portState, d.activeMTU, d.qps, d.groups, d.attachments, d.memberships,
-		d.qpInfo, d.cmIDs, d.cmJoins, d.queueDepth, d.unacked, d.joinsTotal, d.joinErrors, d.leavesTotal, d.attachErrors, d.captures}
-	for _, m := range counterMetrics {
-		out = append(out, d.dev[m.metric], d.qp[m.metric])
+
+// counterDescs returns the device and QP descriptors of a counter's metric.
+func (d *descSet) counterDescs(c CounterInfo) (dev, qp *prometheus.Desc) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.dev[c.Metric] == nil {
+		var extra []string
+		if c.Reason != "" {
+			extra = []string{"reason"}
+		}
+		help := metricHelp[c.Metric]
+		if help == "" {
+			help = c.Help
+		}
+		d.dev[c.Metric] = prometheus.NewDesc("softrdma_"+c.Metric, help, append([]string{"device"}, extra...), nil)
+		d.qp[c.Metric] = prometheus.NewDesc("softrdma_qp_"+c.Metric, "Per QP: "+help, append([]string{"device", "qpn"}, extra...), nil)
 	}
-	return out
+	return d.dev[c.Metric], d.qp[c.Metric]
 }
 
 // collector is a prometheus.Collector over Collect.
@@ -129,12 +87,9 @@ type collector struct{ d *descSet }
 // registry of your own to serve the metrics from your own HTTP server.
 func NewCollector() prometheus.Collector { return &collector{d: newDescSet()} }
 
-// Describe sends the descriptors of every metric.
-func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range c.d.all() {
-		ch <- d
-	}
-}
+// Describe sends nothing: the counter metrics depend on the devices'
+// schemas, so the collector is unchecked.
+func (c *collector) Describe(chan<- *prometheus.Desc) {}
 
 // Collect takes a snapshot and sends its metrics.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -160,29 +115,31 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(d.groups, float64(dev.Usage.McastGroups), dev.Name)
 		gauge(d.attachments, float64(dev.Usage.McastAttachments), dev.Name)
 		gauge(d.memberships, float64(dev.Usage.IPMemberships), dev.Name)
-		for _, m := range counterMetrics {
-			v, ok := dev.Counters[m.counter]
-			if !ok || (m.ibOnly && dev.Kind != "ib") {
+		for _, ci := range dev.CounterSchema {
+			v, ok := dev.Counters[ci.Name]
+			if !ok || ci.Metric == "" {
 				continue
 			}
-			if m.reason != "" {
-				counter(d.dev[m.metric], v, dev.Name, m.reason)
+			desc, _ := d.counterDescs(ci)
+			if ci.Reason != "" {
+				counter(desc, v, dev.Name, ci.Reason)
 			} else {
-				counter(d.dev[m.metric], v, dev.Name)
+				counter(desc, v, dev.Name)
 			}
 		}
 		for _, q := range dev.QPs {
 			qpn := fmt.Sprintf("%#06x", q.QPN)
 			gauge(d.qpInfo, 1, dev.Name, qpn, q.State, fmt.Sprintf("%#08x", q.QKey))
-			for _, m := range counterMetrics {
-				v, ok := q.Counters[m.counter]
-				if !ok {
+			for _, ci := range dev.CounterSchema {
+				v, ok := q.Counters[ci.Name]
+				if !ok || ci.Metric == "" {
 					continue
 				}
-				if m.reason != "" {
-					counter(d.qp[m.metric], v, dev.Name, qpn, m.reason)
+				_, desc := d.counterDescs(ci)
+				if ci.Reason != "" {
+					counter(desc, v, dev.Name, qpn, ci.Reason)
 				} else {
-					counter(d.qp[m.metric], v, dev.Name, qpn)
+					counter(desc, v, dev.Name, qpn)
 				}
 			}
 		}

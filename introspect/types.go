@@ -27,10 +27,9 @@ type Snapshot struct {
 // usage and counters).
 type Device struct {
 	Name string `json:"name"`
-	// Kind is the provider: "rxe" (software RoCEv2: everything below is
-	// filled in), "ib" (an emulated InfiniBand port: attributes, port,
-	// GIDs, QPs with their attachments (no per-QP counters) and the
-	// IBCounterNames counters) or "other".
+	// Kind is the backend: "rxe" (software RoCEv2), "ib" (an emulated
+	// InfiniBand port: no interface, MAC or sockets) or "other" (a device
+	// whose backend tells only its attributes).
 	Kind         string `json:"kind"`
 	Ifname       string `json:"ifname"`
 	Ifindex      int    `json:"ifindex"`
@@ -46,8 +45,22 @@ type Device struct {
 	Usage        Usage  `json:"usage"`
 	Ports        []Port `json:"ports"`
 	QPs          []QP   `json:"qps"`
-	// Counters holds the device counters named in DeviceCounterNames.
+	// CounterSchema describes the device's counters, in display order.
+	CounterSchema []CounterInfo `json:"counter_schema"`
+	// Counters holds the device counters named in CounterSchema.
 	Counters Counters `json:"counters"`
+}
+
+// CounterInfo describes one counter of a device.
+type CounterInfo struct {
+	Name string `json:"name"`
+	Help string `json:"help"`
+	// Scope is "device" or "qp" (kept per QP too).
+	Scope string `json:"scope"`
+	// Metric is the Prometheus metric (without the softrdma_ prefix) and
+	// Reason its "reason" label for drops.
+	Metric string `json:"metric"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // Limits are a device's capabilities (struct ibv_device_attr).
@@ -79,6 +92,8 @@ type Usage struct {
 	IPMemberships int `json:"ip_memberships"`
 	RecvSockets   int `json:"recv_sockets"`
 	SendSockets   int `json:"send_sockets"`
+	// SAMemberships counts the groups an InfiniBand port holds at the SA.
+	SAMemberships int `json:"sa_memberships"`
 }
 
 // Port describes a port (struct ibv_port_attr and its GID table).
@@ -123,7 +138,8 @@ type QP struct {
 	Groups []string `json:"groups"`
 	// CMID is the id of the RDMA CM id owning the QP (0: none).
 	CMID uint64 `json:"cm_id,omitempty"`
-	// Counters holds the QP counters named in QPCounterNames.
+	// Counters holds the QP counters (the "qp" scope of the device's
+	// CounterSchema).
 	Counters Counters `json:"counters"`
 }
 
@@ -218,43 +234,29 @@ type CMStats struct {
 	AttachErrors uint64 `json:"attach_errors_total"`
 }
 
-// Counters maps counter names (DeviceCounterNames, QPCounterNames) to
-// values.
+// Counters maps counter names (see Device.CounterSchema) to values.
 type Counters map[string]uint64
 
-// DeviceCounterNames lists a device's counters in display order. Every
-// datagram read from a socket is counted in rcvd_pkts; then either once in
-// one of the drops before a QP (truncated … no_qp; malformed_drops sums
-// the first five), or once per attached QP as delivered or in a per-QP
-// drop (not_ready … cq_full).
-var DeviceCounterNames = []string{
-	"rcvd_pkts", "rcvd_bytes", "delivered",
-	"sent_pkts", "sent_bytes", "send_errors", "oversized_send_drops",
-	"malformed_drops", "truncated_drops", "tver_drops", "opcode_drops", "destqp0_drops", "oversized_recv_drops",
-	"icrc_errors", "no_group_drops", "no_qp_drops",
-	"not_ready_drops", "pkey_violations", "qkey_violations", "self_loopback_drops",
-	"no_recv_wr_drops", "too_long_drops", "cq_full_drops",
-}
-
-// IBCounterNames lists the counters of an emulated InfiniBand port
-// (provider/ib) in display order.
-var IBCounterNames = []string{
-	"rcvd_pkts", "delivered", "sent_pkts", "send_errors", "oversized_send_drops",
-	"malformed_drops", "crc_errors", "no_group_drops", "no_qp_drops", "not_ready_drops",
-	"pkey_violations", "qkey_violations", "no_recv_wr_drops", "other_drops",
-}
-
-// CounterNames returns the names of the device's counters in display order.
+// CounterNames returns the names of the device's counters in display
+// order. Every datagram a device reads is counted in rcvd_pkts; then once
+// more: in one drop before a QP, as an SA MAD, or once per receiving QP as
+// delivered or in a per-QP drop.
 func (d *Device) CounterNames() []string {
-	if d.Kind == "ib" {
-		return IBCounterNames
+	out := make([]string, 0, len(d.CounterSchema))
+	for _, c := range d.CounterSchema {
+		out = append(out, c.Name)
 	}
-	return DeviceCounterNames
+	return out
 }
 
-// QPCounterNames lists a QP's counters in display order.
-var QPCounterNames = []string{
-	"delivered", "sent_pkts", "sent_bytes", "send_errors", "oversized_send_drops",
-	"not_ready_drops", "pkey_violations", "qkey_violations", "self_loopback_drops",
-	"no_recv_wr_drops", "too_long_drops", "cq_full_drops",
+// QPCounterNames returns the names of the counters the device keeps per
+// QP, in display order.
+func (d *Device) QPCounterNames() []string {
+	var out []string
+	for _, c := range d.CounterSchema {
+		if c.Scope == "qp" {
+			out = append(out, c.Name)
+		}
+	}
+	return out
 }

@@ -105,7 +105,7 @@ func (p rxePort) leave(mc *mcJoin) {
 // subscribe turns the interface's netlink changes into the CM's netdev
 // events.
 func (p rxePort) subscribe(fn func(netEvent)) (cancel func()) {
-	return p.d.Subscribe(func(ev rxe.NetEvent) {
+	return p.d.Watch(func(ev rxe.NetEvent) {
 		switch ev.Kind {
 		case rxe.NetdevRemoved:
 			fn(netEvent{kind: netdevRemoved})

@@ -45,7 +45,7 @@ func counterSets(s *introspect.Snapshot, dev string, qps bool) []counterSet {
 			if q.CMID != 0 {
 				label += fmt.Sprintf(" (cm_id %d)", q.CMID)
 			}
-			out = append(out, counterSet{key: fmt.Sprintf("%s/%#06x", d.Name, q.QPN), label: label, names: introspect.QPCounterNames, counters: q.Counters})
+			out = append(out, counterSet{key: fmt.Sprintf("%s/%#06x", d.Name, q.QPN), label: label, names: d.QPCounterNames(), counters: q.Counters})
 		}
 	}
 	return out

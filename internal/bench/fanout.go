@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
+
 	"github.com/softrdma/softrdma/provider/rxe"
 )
 
@@ -234,7 +236,7 @@ func (f *fanout) measure(mode string, n, size int) (fanoutRun, error) {
 		qp := f.ep.qp
 		send = func() (int, error) { return c.post(qp) }
 	}
-	var ctr0 rxe.Counters
+	var ctr0 softverbs.Snapshot
 	if mode == "rdma" {
 		ctr0 = f.dev.Counters()
 	}
@@ -262,7 +264,7 @@ func (f *fanout) measure(mode string, n, size int) (fanoutRun, error) {
 	if mode == "rdma" {
 		// Datagrams the kernel refused were counted as sent above.
 		c1 := f.dev.Counters()
-		r.sent -= c1.SendErrors - ctr0.SendErrors
+		r.sent -= c1.Get(softverbs.SendErrors) - ctr0.Get(softverbs.SendErrors)
 	}
 	time.Sleep(f.cfg.Drain)
 	err := f.each(n, rxRequest{Op: "stop"}, func(rep rxReply) {

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/provider/rxe"
@@ -59,7 +61,7 @@ type rxCase struct {
 	grp  netip.Addr
 	cpu0 int64
 	dev  *rxe.Device
-	ctr0 rxe.Counters
+	ctr0 softverbs.Snapshot
 	err  error
 	mu   sync.Mutex
 }
@@ -214,7 +216,7 @@ func (c *rxCase) finish() rxReply {
 			c.err = err
 		}
 		c1 := c.dev.Counters()
-		rep.Drops = (c1.NoRecvWRDrops - c.ctr0.NoRecvWRDrops) + (c1.CQFullDrops - c.ctr0.CQFullDrops) + (c1.ICRCErrors - c.ctr0.ICRCErrors)
+		rep.Drops = (c1.Get(softverbs.NoRecvWRDrops) - c.ctr0.Get(softverbs.NoRecvWRDrops)) + (c1.Get(softverbs.CQFullDrops) - c.ctr0.Get(softverbs.CQFullDrops)) + (c1.Get(softverbs.ICRCErrors) - c.ctr0.Get(softverbs.ICRCErrors))
 		c.ep.close()
 	}
 	if c.err != nil {

@@ -21,7 +21,6 @@ import (
 	"net/netip"
 	"os"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -79,6 +78,7 @@ type Device struct {
 	name string
 	guid uint64
 	vdev *verbs.Device
+	core *softverbs.Device
 	conn *net.UDPConn
 	sm   *net.UDPAddr
 
@@ -94,18 +94,14 @@ type Device struct {
 	activeCh chan struct{}
 	subs     map[int]func(PortEvent)
 	nextSub  int
-	qpByNum  map[uint32]*qp
+	qpns     map[uint32]bool // QPNs in use
 	nextQPN  uint32
-	groups   map[verbs.GID]*mgroup
 	closed   bool
-
-	qps atomic.Pointer[map[uint32]*qp] // read by the receive goroutine
 
 	sa     *saClient
 	events chan PortEvent
 	done   chan struct{}
 	wg     sync.WaitGroup
-	ctr    counters
 }
 
 // Open attaches a new port to the subnet manager at cfg.SM and waits until
@@ -134,7 +130,7 @@ func Open(cfg Config) (*Device, error) {
 	d := &Device{
 		cfg: cfg, conn: conn, sm: sm, guid: cfg.GUID,
 		activeCh: make(chan struct{}), subs: map[int]func(PortEvent){},
-		qpByNum: map[uint32]*qp{}, nextQPN: 2, groups: map[verbs.GID]*mgroup{},
+		qpns: map[uint32]bool{}, nextQPN: 2,
 		done: make(chan struct{}), events: make(chan PortEvent, 16),
 	}
 	if d.guid == 0 {
@@ -142,7 +138,7 @@ func Open(cfg Config) (*Device, error) {
 		fmt.Fprintf(h, "%d/%s/%d", os.Getpid(), cfg.Local, conn.LocalAddr().(*net.UDPAddr).Port)
 		d.guid = h.Sum64()&0x0000ffffffffffff | 0x0002c90000000000
 	}
-	d.qps.Store(&map[uint32]*qp{})
+	d.core = softverbs.New(d)
 	d.sa = newSAClient(d)
 	registry.Lock()
 	d.name = cfg.Name
@@ -165,7 +161,7 @@ func Open(cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("ib: open %s: no answer from the subnet manager at %s: %w", d.name, cfg.SM, syscall.ETIMEDOUT)
 	}
 	d.sa.refresh()
-	d.vdev = softverbs.Register(d)
+	d.vdev = verbs.RegisterDevice(d.core)
 	registry.Lock()
 	registry.devs = append(registry.devs, d)
 	registry.Unlock()
@@ -281,8 +277,8 @@ func (d *Device) GIDTable(port uint8) ([]verbs.GIDEntry, error) {
 	return []verbs.GIDEntry{{GID: d.PortGID(), Index: 0, PortNum: 1, Type: verbs.GIDTypeIB}}, nil
 }
 
-// Subscribe calls fn for every port event until cancel is called.
-func (d *Device) Subscribe(fn func(PortEvent)) (cancel func()) {
+// Watch calls fn for every port event until cancel is called.
+func (d *Device) Watch(fn func(PortEvent)) (cancel func()) {
 	d.mu.Lock()
 	id := d.nextSub
 	d.nextSub++
@@ -409,6 +405,7 @@ func (d *Device) Close() error {
 	if d.vdev != nil {
 		verbs.UnregisterDevice(d.vdev)
 	}
+	d.core.Close()
 	d.sendControl(&fabric.Control{Type: "detach", GUID: d.guid})
 	d.shutdown()
 	return nil

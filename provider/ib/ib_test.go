@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
+
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
@@ -189,7 +191,7 @@ func TestJoinStatesAndForwarding(t *testing.T) {
 	if n := sendOnly.cq.Len(); n != 0 {
 		t.Errorf("the send-only port received %d packets", n)
 	}
-	if c := sender.dev.Counters(); c.SentPkts < 3 {
+	if c := sender.dev.Counters(); c.Get(softverbs.SentPkts) < 3 {
 		t.Errorf("sender counters %+v", c)
 	}
 	// IB attach rules.

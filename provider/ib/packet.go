@@ -3,7 +3,6 @@ package ib
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"syscall"
 
 	"github.com/softrdma/softrdma/ib/fabric"
@@ -20,8 +19,9 @@ const (
 	maxPacket = wire.LRHLen + wire.IBGRHLen + wire.BTHLen + wire.DETHLen + wire.ImmDtLen + 4096 + 3 + wire.ICRCLen + wire.VCRCLen
 )
 
-// Send implements softverbs.DriverQP: one UD packet to the switch. Multicast
-// packets are also delivered to the port's own attached QPs (HCA
+// Send implements softverbs.DriverQP: one UD packet to the switch. The
+// DETH carries the posted Q_Key as is (as the kernel's rxe does).
+// Multicast packets are also delivered to the port's own attached QPs (HCA
 // loopback), except the sender when it blocks self loopback.
 func (q *qp) Send(s *softverbs.UDSend) error {
 	d := q.dev
@@ -32,50 +32,57 @@ func (q *qp) Send(s *softverbs.UDSend) error {
 		return fmt.Errorf("ib: send: port not active: %w", syscall.ENETDOWN)
 	}
 	if len(s.Payload) > mtu.Bytes() {
-		d.ctr.oversized.Add(1)
-		return nil // completes, is not sent (C10-93.1.1)
+		return nil // completes, is not sent (C10-93.1.1); the core counts it
 	}
 	ah := s.AH
 	if ah.IsGlobal && ah.GRH.SGIDIndex != 0 {
 		return fmt.Errorf("ib: send: sgid index %d: %w", ah.GRH.SGIDIndex, syscall.EINVAL)
 	}
-	qkey := s.RemoteQKey
-	if qkey&0x80000000 != 0 {
-		qkey = q.qkey.Load() // IBA: a Q_Key with the high bit set means the QP's own
-	}
 	p := fabric.UDPacket{
 		SL: ah.SL, DLID: ah.DLID, SLID: lid | uint16(ah.SrcPathBits), Global: ah.IsGlobal,
 		GRH: wire.IBGRHFields{TClass: ah.GRH.TrafficClass, FlowLabel: ah.GRH.FlowLabel, HopLmt: ah.GRH.HopLimit, SGID: sgid, DGID: ah.GRH.DGID},
 		UD: wire.UDHeader{
-			Solicited: s.Solicited, PKey: 0xffff, DestQP: s.RemoteQPN, PSN: q.psn.Add(1) - 1,
-			QKey: qkey, SrcQP: q.qpn, HasImm: s.HasImm, Imm: s.Imm,
+			Solicited: s.Solicited, PKey: 0xffff, DestQP: s.RemoteQPN, PSN: s.PSN,
+			QKey: s.RemoteQKey, SrcQP: q.qpn, HasImm: s.HasImm, Imm: s.Imm,
 		},
 	}
 	q.smu.Lock()
 	defer q.smu.Unlock()
+	if q.dead.Load() {
+		return fmt.Errorf("ib: send: qp %#x destroyed: %w", q.qpn, syscall.EINVAL)
+	}
 	if q.buf == nil {
 		q.buf = make([]byte, maxPacket)
 	}
 	n := fabric.EncodeUD(q.buf, &p, s.Payload)
 	pkt := q.buf[:n]
 	if isMulticastLID(ah.DLID) {
-		d.handlePacket(pkt, q)
+		d.handlePacket(pkt, q, &q.lrx)
 	}
 	if _, err := d.conn.WriteToUDP(pkt, d.sm); err != nil {
-		d.ctr.sendErrors.Add(1)
 		return fmt.Errorf("ib: send: %w", err)
 	}
-	d.ctr.sent.Add(1)
+	s.Wire = n
 	return nil
 }
 
 func isMulticastLID(lid uint16) bool { return lid >= verbs.MulticastLIDBase && lid != 0xffff }
+
+// receiveScratch is what the receive path of one goroutine reuses for
+// every packet.
+type receiveScratch struct {
+	p    fabric.Packet
+	grh  [verbs.GRHLen]byte
+	info softverbs.IBRecvInfo
+	dg   softverbs.Datagram
+}
 
 // receiveLoop reads the fabric socket: control messages from the SM and IB
 // packets from the switch.
 func (d *Device) receiveLoop() {
 	defer d.wg.Done()
 	buf := make([]byte, 65536)
+	var rx receiveScratch
 	for {
 		n, _, err := d.conn.ReadFromUDP(buf)
 		if err != nil {
@@ -91,98 +98,56 @@ func (d *Device) receiveLoop() {
 			d.control(b)
 			continue
 		}
-		d.handlePacket(b, nil)
+		d.handlePacket(b, nil, &rx)
 	}
 }
 
-// handlePacket checks and delivers one IB packet; self is the sending QP
-// for the local copy of a multicast send (nil for packets from the switch).
-func (d *Device) handlePacket(b []byte, self *qp) {
-	d.ctr.rcvd.Add(1)
-	var p fabric.Packet
-	if err := fabric.Parse(b, &p); err != nil {
-		if errors.Is(err, fabric.ErrVCRC) || errors.Is(err, fabric.ErrICRC) {
-			d.ctr.crcErrors.Add(1)
-		} else {
-			d.ctr.malformed.Add(1)
+// handlePacket checks one IB packet and hands it to the SA client or the
+// verbs core; self is the sending QP for the local copy of a multicast
+// send (nil for packets from the switch).
+func (d *Device) handlePacket(b []byte, self *qp, rx *receiveScratch) {
+	c := d.core
+	c.Count(softverbs.RcvdPkts, 1)
+	c.Count(softverbs.RcvdBytes, uint64(len(b)))
+	p := &rx.p
+	if err := fabric.Parse(b, p); err != nil {
+		switch {
+		case errors.Is(err, fabric.ErrVCRC):
+			c.Count(softverbs.VCRCErrors, 1)
+		case errors.Is(err, fabric.ErrICRC):
+			c.Count(softverbs.ICRCErrors, 1)
+		default:
+			c.Count(softverbs.MalformedDrops, 1)
 		}
 		return
-	}
-	info := softverbs.IBRecvInfo{SLID: p.LRH.SLID(), SL: p.LRH.SL(), GRH: p.Global()}
-	var grh [verbs.GRHLen]byte
-	if p.Global() {
-		copy(grh[:], p.GRH)
 	}
 	ud := &p.UD
 	destQP := ud.BTH.DestQP()
-	switch {
-	case destQP == gsiQPN:
+	if destQP == gsiQPN {
 		if ud.DETH.QKey() != gsiQKey {
-			d.ctr.qkeyViolations.Add(1)
+			c.Count(softverbs.QKeyViolations, 1)
 			return
 		}
+		c.Count(softverbs.SAMADs, 1)
 		d.sa.receive(ud.Payload)
-	case destQP == wire.MulticastQPN:
-		if !p.Global() || !isMulticastLID(p.LRH.DLID()) {
-			d.ctr.malformed.Add(1)
-			return
-		}
-		mgid := p.GRH.DGID()
-		d.mu.Lock()
-		g := d.groups[mgid]
-		d.mu.Unlock()
-		if g == nil {
-			d.ctr.noGroup.Add(1)
-			return
-		}
-		for _, m := range *g.member.Load() {
-			if m.lid != p.LRH.DLID() || (self != nil && m.q == self && self.blockSelf) {
-				continue
-			}
-			d.deliver(m.q, ud, &grh, &info)
-		}
-	default:
-		q := (*d.qps.Load())[destQP]
-		if q == nil {
-			d.ctr.noQP.Add(1)
-			return
-		}
-		d.deliver(q, ud, &grh, &info)
-	}
-}
-
-// deliver runs the per-QP checks and hands the datagram to the QP.
-func (d *Device) deliver(q *qp, p *wire.Packet, grh *[verbs.GRHLen]byte, info *softverbs.IBRecvInfo) {
-	if q.dead.Load() {
 		return
 	}
-	q.inflight.Add(1)
-	defer q.inflight.Add(-1)
-	if q.dead.Load() {
-		return
+	rx.info = softverbs.IBRecvInfo{SLID: p.LRH.SLID(), SL: p.LRH.SL(), GRH: p.Global()}
+	if p.Global() {
+		copy(rx.grh[:], p.GRH)
+	}
+	dg := &rx.dg
+	*dg = softverbs.Datagram{
+		GRH: &rx.grh, PKey: ud.BTH.PKey(), QKey: ud.DETH.QKey(), SrcQP: ud.DETH.SrcQP(),
+		Imm: ud.Imm, HasImm: ud.HasImm, Payload: ud.Payload, Self: self != nil, IB: &rx.info,
 	}
 	switch {
-	case !q.receives():
-		d.ctr.notReady.Add(1)
-	case p.BTH.PKey()&0x7fff != 0x7fff:
-		d.ctr.pkeyViolations.Add(1)
-	case p.DETH.QKey() != q.qkey.Load():
-		d.ctr.qkeyViolations.Add(1)
+	case destQP != wire.MulticastQPN:
+		c.DeliverUnicast(destQP, dg, nil)
+	case !p.Global() || !isMulticastLID(p.LRH.DLID()):
+		c.Count(softverbs.MalformedDrops, 1)
 	default:
-		switch q.rx.DeliverIB(grh, p.Payload, p.DETH.SrcQP(), p.Imm, p.HasImm, info) {
-		case softverbs.Delivered:
-			d.ctr.delivered.Add(1)
-		case softverbs.NoRecvWR:
-			d.ctr.noRecvWR.Add(1)
-		default:
-			d.ctr.otherDrops.Add(1)
-		}
+		c.DeliverGroup(c.Group(p.GRH.DGID()), p.LRH.DLID(), dg, nil)
 	}
-}
-
-// waitIdle waits until no delivery to q is running.
-func (q *qp) waitIdle() {
-	for q.inflight.Load() > 0 {
-		runtime.Gosched()
-	}
+	dg.Payload = nil // keep no reference to the packet buffer
 }

@@ -32,20 +32,13 @@ type Membership struct {
 
 // QPs returns the port's QPs, by QPN.
 func (d *Device) QPs() []QPInfo {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make([]QPInfo, 0, len(d.qpByNum))
-	for _, q := range d.qpByNum {
-		out = append(out, QPInfo{QPN: q.qpn, State: verbs.QPState(q.state.Load()), QKey: q.qkey.Load(), BlockSelfMcastLB: q.blockSelf})
-	}
-	slices.SortFunc(out, func(a, b QPInfo) int { return int(a.QPN) - int(b.QPN) })
-	for gid, g := range d.groups {
-		for _, m := range *g.member.Load() {
-			i, ok := slices.BinarySearchFunc(out, m.q.qpn, func(x QPInfo, n uint32) int { return int(x.QPN) - int(n) })
-			if ok {
-				out[i].Groups = append(out[i].Groups, Attachment{MGID: gid, MLID: m.lid})
-			}
+	var out []QPInfo
+	for _, q := range d.core.QPs() {
+		qi := QPInfo{QPN: q.QPN, State: q.State, QKey: q.QKey, BlockSelfMcastLB: q.BlockSelfMcastLB}
+		for _, a := range q.Groups {
+			qi.Groups = append(qi.Groups, Attachment{MGID: a.MGID, MLID: a.LID})
 		}
+		out = append(out, qi)
 	}
 	return out
 }

@@ -38,15 +38,12 @@ package rxe
 import (
 	"fmt"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
-	"github.com/softrdma/softrdma/wire"
 )
 
 // Default multicast limits (struct ibv_device_attr).
@@ -86,25 +83,20 @@ type Device struct {
 	ifindex int
 	guid    uint64
 	vdev    *verbs.Device
+	core    *softverbs.Device
 
 	info   atomic.Pointer[ifInfo]
 	infoMu sync.Mutex // serializes refreshes
 
-	// Hot-path tables, immutable once published.
-	qpTable  atomic.Pointer[map[uint32]*qp]
+	// Hot-path table, immutable once published.
 	ownPorts atomic.Pointer[[]uint16]
 
-	ctr counterSet
-
-	mu      sync.Mutex // control plane: everything below
-	closed  bool
-	limits  Options
-	qps     map[uint32]*qp
-	blocks  []*sendBlock
-	groups  map[wire.GID]*group
-	nattach int
-	mships  map[netip.Addr]*membership
-	rsocks  []*recvSock
+	mu     sync.Mutex // control plane: everything below
+	closed bool
+	limits Options
+	blocks []*sendBlock
+	mships map[netip.Addr]*membership
+	rsocks []*recvSock
 
 	wg sync.WaitGroup // receive goroutines
 
@@ -121,14 +113,11 @@ func newDevice(ifindex int, o Options) (*Device, error) {
 		ifindex: ifindex,
 		guid:    nodeGUID(info.mac, ifindex),
 		limits:  o.withDefaults(),
-		qps:     map[uint32]*qp{},
-		groups:  map[wire.GID]*group{},
 		mships:  map[netip.Addr]*membership{},
 	}
 	d.info.Store(info)
-	d.qpTable.Store(&map[uint32]*qp{})
 	d.ownPorts.Store(&[]uint16{})
-	d.vdev = softverbs.Register(d)
+	d.core, d.vdev = softverbs.Register(d)
 	return d, nil
 }
 
@@ -256,15 +245,19 @@ func (d *Device) Close() error {
 	}
 	registry.Unlock()
 
+	// The core detaches every QP first (its GroupDestroyed calls take d.mu).
+	d.core.Close()
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
 		return nil
 	}
 	d.closed = true
-	for _, q := range d.qps {
-		d.destroyQPLocked(q)
+	for _, b := range d.blocks {
+		b.close()
 	}
+	d.blocks = nil
+	d.publishPortsLocked()
 	for _, m := range d.mships {
 		m.cmRefs = 0
 		d.releaseMembershipLocked(m)
@@ -279,17 +272,6 @@ func (d *Device) Close() error {
 	d.wg.Wait()
 	verbs.UnregisterDevice(d.vdev)
 	return nil
-}
-
-// waitZero waits until v reaches 0; used to let in-flight deliveries finish.
-func waitZero(v *atomic.Int32) {
-	for i := 0; v.Load() != 0; i++ {
-		if i < 100 {
-			runtime.Gosched()
-		} else {
-			time.Sleep(50 * time.Microsecond)
-		}
-	}
 }
 
 // errf wraps an errno with context, keeping errors.Is(err, errno) true.

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/softrdma/softrdma/verbs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -56,11 +57,11 @@ type events struct {
 	dispatching atomic.Bool // the watcher is inside a callback
 }
 
-// Subscribe calls fn for every change of the device's interface (removal,
+// Watch calls fn for every change of the device's interface (removal,
 // address added or removed) until cancel is called. Callbacks run on one
 // watcher goroutine, in order; the netlink subscription runs only while
 // subscribers exist. If netlink is unavailable no event is ever delivered.
-func (d *Device) Subscribe(fn func(NetEvent)) (cancel func()) {
+func (d *Device) Watch(fn func(NetEvent)) (cancel func()) {
 	e := &d.ev
 	e.mu.Lock()
 	if e.subs == nil {
@@ -196,4 +197,10 @@ func (d *Device) emit(done chan struct{}, ev NetEvent) {
 	for _, fn := range fns {
 		fn(ev)
 	}
+}
+
+// Subscribe reports the interface's changes as device events
+// (verbs.EventSource, through the verbs core), for operator tools.
+func (d *Device) Subscribe(fn func(verbs.DeviceEvent)) (cancel func()) {
+	return d.Watch(func(ev NetEvent) { fn(verbs.DeviceEvent{Kind: ev.Kind.String(), Addr: ev.Addr}) })
 }

@@ -60,10 +60,10 @@ func TestNetEvents(t *testing.T) {
 		t.Errorf("name %q", d.Name())
 	}
 	evs := make(chan NetEvent, 64)
-	cancel := d.Subscribe(func(e NetEvent) { evs <- e })
+	cancel := d.Watch(func(e NetEvent) { evs <- e })
 	defer cancel()
 	// A second subscriber, cancelled at once, does not stop the first.
-	d.Subscribe(func(NetEvent) {})()
+	d.Watch(func(NetEvent) {})()
 
 	expect := func(kind NetEventKind, addr netip.Addr) {
 		t.Helper()

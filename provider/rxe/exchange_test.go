@@ -57,7 +57,7 @@ func TestDeviceBasics(t *testing.T) {
 	if _, err := ForName("no-such-if0"); !isErrno(err, syscall.ENODEV) {
 		t.Errorf("ForName unknown: %v", err)
 	}
-	if _, err := d.CreateQP(newFakeRx(), softverbs.DriverQPInit{Type: verbs.QPTypeRC}); !isErrno(err, syscall.EOPNOTSUPP) {
+	if _, err := d.CreateQP(softverbs.DriverQPInit{Type: verbs.QPTypeRC}); !isErrno(err, syscall.EOPNOTSUPP) {
 		t.Errorf("RC QP: %v", err)
 	}
 }
@@ -111,16 +111,16 @@ func TestMulticastExchange(t *testing.T) {
 	if len(got.payload) != 0 || got.hasImm || got.srcQP != a.QPN() {
 		t.Errorf("empty delivery %+v", got)
 	}
-	eventually(t, "two deliveries counted", func() bool { return d.Counters().Delivered == 2 })
+	eventually(t, "two deliveries counted", func() bool { return d.Counters().Get(softverbs.Delivered) == 2 })
 	c := d.Counters()
-	if c.SentPkts != 2 || c.Delivered != 2 || c.RcvdPkts != 2 || c.ICRCErrors != 0 {
+	if c.Get(softverbs.SentPkts) != 2 || c.Get(softverbs.Delivered) != 2 || c.Get(softverbs.RcvdPkts) != 2 || c.Get(softverbs.ICRCErrors) != 0 {
 		t.Errorf("counters %+v", c)
 	}
 	qc, ok := d.QPCounters(a.QPN())
-	if !ok || qc.SentPkts != 2 || qc.SentBytes != uint64(wire.UDLen(len(payload), true)+wire.UDLen(0, false)) {
+	if !ok || qc.Get(softverbs.SentPkts) != 2 || qc.Get(softverbs.SentBytes) != uint64(wire.UDLen(len(payload), true)+wire.UDLen(0, false)) {
 		t.Errorf("qp counters %+v %v", qc, ok)
 	}
-	if qc, _ := d.QPCounters(b.QPN()); qc.Delivered != 2 {
+	if qc, _ := d.QPCounters(b.QPN()); qc.Get(softverbs.Delivered) != 2 {
 		t.Errorf("receiver counters %+v", qc)
 	}
 }
@@ -132,12 +132,12 @@ func TestSelfLoopbackBlocking(t *testing.T) {
 	rxBlk, rxOther := newFakeRx(), newFakeRx()
 	blk := newQP(t, d, rxBlk, verbs.CreateBlockSelfMcastLB, qkey)
 	other := newQP(t, d, rxOther, 0, qkey)
-	for _, q := range []softverbs.DriverQP{blk, other} {
+	for _, q := range []*tqp{blk, other} {
 		if err := q.AttachMcast(mgid(g), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	send := func(q softverbs.DriverQP, s string) {
+	send := func(q *tqp, s string) {
 		t.Helper()
 		if err := q.Send(&softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: qkey, Payload: []byte(s)}); err != nil {
 			t.Fatal(err)
@@ -147,9 +147,9 @@ func TestSelfLoopbackBlocking(t *testing.T) {
 	if got := rxOther.wait(t); string(got.payload) != "from blocking qp" || got.srcQP != blk.QPN() {
 		t.Errorf("other got %+v", got)
 	}
-	eventually(t, "self-loopback drop counted", func() bool { return d.Counters().SelfLoopbackDrops == 1 })
+	eventually(t, "self-loopback drop counted", func() bool { return d.Counters().Get(softverbs.SelfLoopbackDrops) == 1 })
 	rxBlk.none(t, 100*time.Millisecond)
-	if qc, _ := d.QPCounters(blk.QPN()); qc.SelfLoopbackDrops != 1 {
+	if qc, _ := d.QPCounters(blk.QPN()); qc.Get(softverbs.SelfLoopbackDrops) != 1 {
 		t.Errorf("blocking qp counters %+v", qc)
 	}
 
@@ -170,7 +170,7 @@ func TestQKeyMismatch(t *testing.T) {
 	sender := newQP(t, d, newFakeRx(), 0, 0x42)
 	bad := newQP(t, d, rxBad, 0, 0x43)
 	good := newQP(t, d, rxGood, 0, 0x42)
-	for _, q := range []softverbs.DriverQP{bad, good} {
+	for _, q := range []*tqp{bad, good} {
 		if err := q.AttachMcast(mgid(g), 0); err != nil {
 			t.Fatal(err)
 		}
@@ -181,13 +181,13 @@ func TestQKeyMismatch(t *testing.T) {
 	rxGood.wait(t)
 	eventually(t, "q_key violation and delivery counted", func() bool {
 		c := d.Counters()
-		return c.QKeyViolations == 1 && c.Delivered == 1
+		return c.Get(softverbs.QKeyViolations) == 1 && c.Get(softverbs.Delivered) == 1
 	})
 	rxBad.none(t, 50*time.Millisecond)
-	if qc, _ := d.QPCounters(bad.QPN()); qc.QKeyViolations != 1 || qc.Delivered != 0 {
+	if qc, _ := d.QPCounters(bad.QPN()); qc.Get(softverbs.QKeyViolations) != 1 || qc.Get(softverbs.Delivered) != 0 {
 		t.Errorf("bad qp counters %+v", qc)
 	}
-	if qc, _ := d.QPCounters(good.QPN()); qc.QKeyViolations != 0 || qc.Delivered != 1 {
+	if qc, _ := d.QPCounters(good.QPN()); qc.Get(softverbs.QKeyViolations) != 0 || qc.Get(softverbs.Delivered) != 1 {
 		t.Errorf("good qp counters %+v", qc)
 	}
 }
@@ -206,7 +206,7 @@ func TestOversizedSend(t *testing.T) {
 		t.Fatalf("oversized send must complete: %v", err)
 	}
 	c := d.Counters()
-	if c.OversizedSendDrops != 1 || c.SentPkts != 0 {
+	if c.Get(softverbs.OversizedSendDrops) != 1 || c.Get(softverbs.SentPkts) != 0 {
 		t.Errorf("counters %+v", c)
 	}
 	rx.none(t, 150*time.Millisecond)
@@ -240,7 +240,7 @@ func TestQPNs(t *testing.T) {
 	seen := map[uint32]bool{}
 	ports := map[uint32]bool{}
 	for i := 0; i < 300; i++ {
-		q, err := d.CreateQP(newFakeRx(), softverbs.DriverQPInit{Type: verbs.QPTypeUD})
+		q, err := d.CreateQP(softverbs.DriverQPInit{Type: verbs.QPTypeUD})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,7 +265,7 @@ func TestQPNs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d2.Close()
-	q2, err := d2.CreateQP(newFakeRx(), softverbs.DriverQPInit{Type: verbs.QPTypeUD})
+	q2, err := d2.CreateQP(softverbs.DriverQPInit{Type: verbs.QPTypeUD})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +293,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if igmpHas(t, "lo", g) {
 		t.Errorf("lo still in %v after Close", g)
 	}
-	if verbs.DeviceByName("rxe_lo") != nil && softverbs.DriverOf(verbs.DeviceByName("rxe_lo")) == softverbs.Driver(d) {
+	if verbs.DeviceByName("rxe_lo") != nil && softverbs.CoreOf(verbs.DeviceByName("rxe_lo")) == d.core {
 		t.Errorf("still registered with verbs")
 	}
 	if err := q.AttachMcast(mgid(g), 0); !isErrno(err, syscall.ENODEV) {

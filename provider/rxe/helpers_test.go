@@ -1,14 +1,15 @@
 package rxe
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"runtime"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -22,7 +23,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// delivery is one datagram handed to a fakeRx.
+// delivery is one datagram received by a test QP.
 type delivery struct {
 	grh     [verbs.GRHLen]byte
 	payload []byte
@@ -31,31 +32,17 @@ type delivery struct {
 	hasImm  bool
 }
 
-// fakeRx is a softverbs.Receiver that records deliveries. With noWR set it
-// answers NoRecvWR; with bufLen > 0 it answers TooLong when 40 + payload
-// exceeds bufLen, like a posted receive of that size.
+// fakeRx is the receive side of a test QP: a goroutine keeps receive WRs
+// posted on the QP and records every completion in ch. bufLen sets the
+// size of the receive buffers (0: large enough for any datagram); with
+// noWR nothing is posted, so datagrams find no receive WR.
 type fakeRx struct {
 	ch     chan delivery
-	noWR   atomic.Bool
-	bufLen atomic.Int64
+	bufLen int
+	noWR   bool
 }
 
 func newFakeRx() *fakeRx { return &fakeRx{ch: make(chan delivery, 4096)} }
-
-func (f *fakeRx) Deliver(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) softverbs.DeliverResult {
-	if f.noWR.Load() {
-		return softverbs.NoRecvWR
-	}
-	if n := f.bufLen.Load(); n > 0 && int64(verbs.GRHLen+len(payload)) > n {
-		return softverbs.TooLong
-	}
-	d := delivery{grh: *grh, payload: append([]byte(nil), payload...), srcQP: srcQP, imm: imm, hasImm: hasImm}
-	select {
-	case f.ch <- d:
-	default:
-	}
-	return softverbs.Delivered
-}
 
 // wait returns the next delivery or fails after a timeout.
 func (f *fakeRx) wait(t *testing.T) delivery {
@@ -77,6 +64,180 @@ func (f *fakeRx) none(t *testing.T, within time.Duration) {
 		t.Fatalf("unexpected delivery: srcQP %#x payload %q", d.srcQP, d.payload)
 	case <-time.After(within):
 	}
+}
+
+// tqp is a UD QP of the device under test, made through the verbs core
+// like any QP; drv is its transport side (what this package implements).
+type tqp struct {
+	t   *testing.T
+	qp  *verbs.QP
+	drv softverbs.DriverQP
+	pd  *verbs.PD
+	scq *verbs.CQ
+}
+
+func (q *tqp) QPN() uint32                                 { return q.qp.Num() }
+func (q *tqp) AttachMcast(gid verbs.GID, lid uint16) error { return q.qp.AttachMcast(gid, lid) }
+func (q *tqp) DetachMcast(gid verbs.GID, lid uint16) error { return q.qp.DetachMcast(gid, lid) }
+func (q *tqp) Modify(a *verbs.QPAttr, m verbs.QPAttrMask) error {
+	return q.qp.Modify(a, m)
+}
+func (q *tqp) Destroy() error { return q.qp.Destroy() }
+
+// Send posts one signaled send through the verbs core and returns the
+// error of its creation or completion (a failed completion's errno).
+func (q *tqp) Send(s *softverbs.UDSend) error {
+	q.t.Helper()
+	if s.AH == nil {
+		return syscall.EINVAL
+	}
+	ah, err := q.pd.CreateAH(s.AH)
+	if err != nil {
+		return err
+	}
+	defer ah.Destroy()
+	wr := &verbs.SendWR{Opcode: verbs.WRSend, Flags: verbs.SendSignaled, ImmData: s.Imm,
+		UD: verbs.UDWR{AH: ah, RemoteQPN: s.RemoteQPN, RemoteQKey: s.RemoteQKey}}
+	if s.HasImm {
+		wr.Opcode = verbs.WRSendWithImm
+	}
+	if s.Solicited {
+		wr.Flags |= verbs.SendSolicited
+	}
+	if len(s.Payload) > 0 {
+		mr, err := q.pd.RegMR(append([]byte(nil), s.Payload...), 0)
+		if err != nil {
+			return err
+		}
+		defer mr.Dereg()
+		wr.SGList = []verbs.SGE{mr.SGE(0, mr.Len())}
+	}
+	if err := q.qp.PostSend(wr); err != nil {
+		return err
+	}
+	var wc [1]verbs.WC
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for {
+		n, err := q.scq.Poll(wc[:])
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			break
+		}
+		if err := q.scq.Wait(ctx); err != nil {
+			q.t.Fatalf("send completion: %v", err)
+		}
+	}
+	if wc[0].Status != verbs.WCSuccess {
+		return fmt.Errorf("send completion %v: %w", wc[0].Status, syscall.Errno(wc[0].VendorErr))
+	}
+	return nil
+}
+
+// newQP creates a UD QP in RTS with the given Q_Key on d, whose received
+// datagrams go to rx.
+func newQP(t *testing.T, d *Device, rx *fakeRx, flags verbs.CreateFlags, qkey uint32) *tqp {
+	t.Helper()
+	ctx, err := d.Verbs().Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd, err := ctx.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scq, err := ctx.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcq, err := ctx.CreateCQ(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: scq, RecvCQ: rcq, QPType: verbs.QPTypeUD, CreateFlags: flags,
+		Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &tqp{t: t, qp: qp, pd: pd, scq: scq}
+	for _, info := range d.core.QPs() {
+		if info.QPN == qp.Num() {
+			q.drv = info.Transport
+		}
+	}
+	for _, st := range []verbs.QPState{verbs.QPSInit, verbs.QPSRTR, verbs.QPSRTS} {
+		attr := verbs.QPAttr{State: st, QKey: qkey, PortNum: 1}
+		mask := verbs.QPAttrState
+		if st == verbs.QPSInit {
+			mask |= verbs.QPAttrQKey | verbs.QPAttrPort | verbs.QPAttrPKeyIdx
+		}
+		if st == verbs.QPSRTS {
+			mask |= verbs.QPAttrSQPSN
+		}
+		if err := qp.Modify(&attr, mask); err != nil {
+			t.Fatal(err)
+		}
+	}
+	size := rx.bufLen
+	if size == 0 {
+		size = verbs.GRHLen + 9000
+	}
+	mr, err := pd.RegMR(make([]byte, 64*size), verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func(slot int) {
+		qp.PostRecv(&verbs.RecvWR{WRID: uint64(slot), SGList: []verbs.SGE{mr.SGE(slot*size, size)}})
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	if !rx.noWR {
+		for i := range 64 {
+			post(i)
+		}
+	}
+	go func() {
+		defer close(done)
+		c, cancel := context.WithCancel(context.Background())
+		go func() { <-stop; cancel() }()
+		var wc [16]verbs.WC
+		for {
+			n, err := rcq.Poll(wc[:])
+			if err != nil {
+				return
+			}
+			for _, w := range wc[:n] {
+				if w.Status != verbs.WCSuccess {
+					continue
+				}
+				b := mr.Buf()[int(w.WRID)*size : int(w.WRID)*size+int(w.ByteLen)]
+				dl := delivery{srcQP: w.SrcQP, imm: w.ImmData, hasImm: w.Flags&verbs.WCWithImm != 0,
+					payload: append([]byte(nil), b[verbs.GRHLen:]...)}
+				copy(dl.grh[:], b)
+				select {
+				case rx.ch <- dl:
+				default:
+				}
+				post(int(w.WRID))
+			}
+			if n == 0 && rcq.Wait(c) != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+		qp.Destroy()
+		mr.Dereg()
+		scq.Destroy()
+		rcq.Destroy()
+		pd.Dealloc()
+		ctx.Close()
+	})
+	return q
 }
 
 // loDev returns a fresh device on lo, closed at the end of the test.
@@ -116,27 +277,6 @@ func existing(name string) *Device {
 // scoped), so concurrent tests of other packages do not collide.
 func randGroup() netip.Addr {
 	return netip.AddrFrom4([4]byte{239, byte(1 + rand.IntN(254)), byte(rand.IntN(256)), byte(1 + rand.IntN(254))})
-}
-
-// newQP creates a UD QP in RTS with the given Q_Key.
-func newQP(t *testing.T, d *Device, rx softverbs.Receiver, flags verbs.CreateFlags, qkey uint32) softverbs.DriverQP {
-	t.Helper()
-	q, err := d.CreateQP(rx, softverbs.DriverQPInit{Type: verbs.QPTypeUD, CreateFlags: flags})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { q.Destroy() })
-	for _, st := range []verbs.QPState{verbs.QPSInit, verbs.QPSRTR, verbs.QPSRTS} {
-		attr := verbs.QPAttr{State: st, QKey: qkey, PortNum: 1}
-		mask := verbs.QPAttrState
-		if st == verbs.QPSInit {
-			mask |= verbs.QPAttrQKey | verbs.QPAttrPort | verbs.QPAttrPKeyIdx
-		}
-		if err := q.Modify(&attr, mask); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return q
 }
 
 // mcastAH is the AH the RDMA CM builds for a RoCEv2 IPv4 group.
@@ -218,4 +358,97 @@ func netInterfaces() ([]string, error) {
 		}
 	}
 	return out, err
+}
+
+// manualQP is a test QP without a receive goroutine, for the receive path
+// driven by hand: recycle polls one completion and posts its WR again.
+type manualQP struct {
+	qp   *verbs.QP
+	rcq  *verbs.CQ
+	mr   *verbs.MR
+	size int
+	wrs  []verbs.RecvWR
+	sges []verbs.SGE
+	wc   [1]verbs.WC
+	n    int // completions seen
+}
+
+// newManualQP creates a UD QP in RTS on d with 64 posted receive WRs.
+func newManualQP(tb testing.TB, d *Device, flags verbs.CreateFlags, qkey uint32) *manualQP {
+	tb.Helper()
+	ctx, err := d.Verbs().Open()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pd, err := ctx.AllocPD()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	scq, err := ctx.CreateCQ(16)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rcq, err := ctx.CreateCQ(256)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: scq, RecvCQ: rcq, QPType: verbs.QPTypeUD, CreateFlags: flags,
+		Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 64}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, st := range []verbs.QPState{verbs.QPSInit, verbs.QPSRTR, verbs.QPSRTS} {
+		mask := verbs.QPAttrState
+		if st == verbs.QPSInit {
+			mask |= verbs.QPAttrQKey | verbs.QPAttrPort | verbs.QPAttrPKeyIdx
+		}
+		if st == verbs.QPSRTS {
+			mask |= verbs.QPAttrSQPSN
+		}
+		if err := qp.Modify(&verbs.QPAttr{State: st, QKey: qkey, PortNum: 1}, mask); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	const size = verbs.GRHLen + 4096
+	mr, err := pd.RegMR(make([]byte, 64*size), verbs.AccessLocalWrite)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m := &manualQP{qp: qp, rcq: rcq, mr: mr, size: size, wrs: make([]verbs.RecvWR, 64), sges: make([]verbs.SGE, 64)}
+	for i := range m.wrs {
+		m.sges[i] = mr.SGE(i*size, size)
+		m.wrs[i] = verbs.RecvWR{WRID: uint64(i), SGList: m.sges[i : i+1]}
+		if err := qp.PostRecv(&m.wrs[i]); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	tb.Cleanup(func() {
+		qp.Destroy()
+		mr.Dereg()
+		scq.Destroy()
+		rcq.Destroy()
+		pd.Dealloc()
+		ctx.Close()
+	})
+	return m
+}
+
+// recycle takes one completion, if any, and posts its WR again.
+func (m *manualQP) recycle() {
+	if n, _ := m.rcq.Poll(m.wc[:]); n == 1 {
+		m.n++
+		m.qp.PostRecv(&m.wrs[m.wc[0].WRID])
+	}
+}
+
+// transportQP returns the transport side of the device's QP qpn.
+func transportQP(tb testing.TB, d *Device, qpn uint32) softverbs.DriverQP {
+	tb.Helper()
+	for _, info := range d.core.QPs() {
+		if info.QPN == qpn {
+			return info.Transport
+		}
+	}
+	tb.Fatalf("no QP %#x", qpn)
+	return nil
 }

@@ -93,7 +93,7 @@ func TestIPv6Multicast(t *testing.T) {
 	rxA, rxB := newFakeRx(), newFakeRx()
 	a := newQP(t, d, rxA, verbs.CreateBlockSelfMcastLB, 7)
 	b := newQP(t, d, rxB, 0, 7)
-	for _, q := range []softverbs.DriverQP{a, b} {
+	for _, q := range []*tqp{a, b} {
 		if err := q.AttachMcast(wire.RoCEv2MGID(group), 0); err != nil {
 			t.Fatal(err)
 		}
@@ -114,12 +114,12 @@ func TestIPv6Multicast(t *testing.T) {
 		ip.NextHeader() != 17 || int(ip.PayloadLength()) != 8+wire.UDLen(9, true) {
 		t.Errorf("grh % x", got.grh)
 	}
-	eventually(t, "self loopback blocked", func() bool { return d.Counters().SelfLoopbackDrops == 1 })
+	eventually(t, "self loopback blocked", func() bool { return d.Counters().Get(softverbs.SelfLoopbackDrops) == 1 })
 	rxA.none(t, 50*time.Millisecond)
-	if c := d.Counters(); c.ICRCErrors != 0 {
+	if c := d.Counters(); c.Get(softverbs.ICRCErrors) != 0 {
 		t.Errorf("counters %+v", c)
 	}
-	for _, q := range []softverbs.DriverQP{a, b} {
+	for _, q := range []*tqp{a, b} {
 		if err := q.DetachMcast(wire.RoCEv2MGID(group), 0); err != nil {
 			t.Fatal(err)
 		}

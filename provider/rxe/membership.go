@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/softrdma/softrdma/provider/softverbs"
 )
 
 // membership is the device's IP multicast membership of one group on its
@@ -15,9 +17,9 @@ import (
 // verbs group of that MGID has attached QPs.
 type membership struct {
 	addr   netip.Addr
-	cmRefs int                   // IncGroup references (Device.mu)
-	sock   *recvSock             // the socket holding the kernel membership
-	grp    atomic.Pointer[group] // the attached QPs' group, if any
+	cmRefs int                             // IncGroup references (Device.mu)
+	sock   *recvSock                       // the socket holding the kernel membership
+	grp    atomic.Pointer[softverbs.Group] // the attached QPs' group, if any
 }
 
 // alive reports whether anything still needs the membership.

@@ -1,7 +1,6 @@
 package rxe
 
 import (
-	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -65,53 +64,33 @@ func (b *sendBlock) close() {
 	}
 }
 
-// qp is the provider side of a UD QP (softverbs.DriverQP).
+// qp is the transport side of a UD QP (softverbs.DriverQP): its QPN and
+// its send sockets. The verbs core owns everything else.
 type qp struct {
 	dev       *Device
 	qpn       uint32
-	rx        softverbs.Receiver
-	brx       softverbs.BurstReceiver // rx, when it can defer CQ wake-ups
-	blockSelf bool
 	blk       *sendBlock
 	idx       int
+	blockSelf bool
 
-	state atomic.Uint32 // verbs.QPState
-	qkey  atomic.Uint32
-	port  atomic.Uint32
-
-	// inflight counts receive goroutines inside a delivery to this QP;
-	// once dead is set none starts, and Destroy waits for the rest.
-	inflight atomic.Int32
-	dead     atomic.Bool
-
-	groups []*group // attach order (Device.mu)
-
-	smu sync.Mutex // send side: below
-	psn uint32
-
-	ctr counterSet
+	dead atomic.Bool
+	smu  sync.Mutex // send side
 }
 
-// CreateQP creates the provider side of a UD QP (softverbs.Driver). Other QP
-// types fail with EOPNOTSUPP, as do create flags other than
+// CreateQP creates the transport side of a UD QP (softverbs.Driver). Other
+// QP types fail with EOPNOTSUPP, as do create flags other than
 // CreateBlockSelfMcastLB (which, unlike rxe, this device supports).
-func (d *Device) CreateQP(rx softverbs.Receiver, init softverbs.DriverQPInit) (softverbs.DriverQP, error) {
+func (d *Device) CreateQP(init softverbs.DriverQPInit) (softverbs.DriverQP, error) {
 	if init.Type != verbs.QPTypeUD {
 		return nil, d.errf(syscall.EOPNOTSUPP, "create qp: type %v", init.Type)
 	}
 	if init.CreateFlags&^verbs.CreateBlockSelfMcastLB != 0 {
 		return nil, d.errf(syscall.EOPNOTSUPP, "create qp: create flags %#x", uint32(init.CreateFlags))
 	}
-	if rx == nil {
-		return nil, d.errf(syscall.EINVAL, "create qp: nil receiver")
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return nil, d.errf(syscall.ENODEV, "create qp: device closed")
-	}
-	if len(d.qps) >= maxQP {
-		return nil, d.errf(syscall.ENOMEM, "create qp: %d QPs", len(d.qps))
 	}
 	var blk *sendBlock
 	for _, b := range d.blocks {
@@ -127,19 +106,13 @@ func (d *Device) CreateQP(rx softverbs.Receiver, init softverbs.DriverQPInit) (s
 		}
 	}
 	idx := blk.alloc()
-	brx, _ := rx.(softverbs.BurstReceiver)
 	q := &qp{
 		dev:       d,
 		qpn:       uint32(blk.port4)<<8 | uint32(idx),
-		rx:        rx,
-		brx:       brx,
 		blockSelf: init.CreateFlags&verbs.CreateBlockSelfMcastLB != 0,
 		blk:       blk,
 		idx:       idx,
 	}
-	q.port.Store(1)
-	d.qps[q.qpn] = q
-	d.publishQPsLocked()
 	return q, nil
 }
 
@@ -167,11 +140,6 @@ func (d *Device) openBlockLocked() (*sendBlock, error) {
 	return b, nil
 }
 
-func (d *Device) publishQPsLocked() {
-	t := maps.Clone(d.qps)
-	d.qpTable.Store(&t)
-}
-
 func (d *Device) publishPortsLocked() {
 	var ports []uint16
 	for _, b := range d.blocks {
@@ -187,81 +155,24 @@ func (d *Device) publishPortsLocked() {
 // port << 8 | index, unique on the host while the device lives.
 func (q *qp) QPN() uint32 { return q.qpn }
 
-// Modify records the state, Q_Key, port and send PSN (softverbs.DriverQP);
-// verbs has validated the transition.
-func (q *qp) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
-	if q.dead.Load() {
-		return q.dev.errf(syscall.EINVAL, "modify qp %#x: destroyed", q.qpn)
-	}
-	if mask&verbs.QPAttrPort != 0 && attr.PortNum != 1 {
-		return q.dev.errf(syscall.EINVAL, "modify qp %#x: port %d", q.qpn, attr.PortNum)
-	}
-	if mask&verbs.QPAttrQKey != 0 {
-		q.qkey.Store(attr.QKey)
-	}
-	if mask&verbs.QPAttrPort != 0 {
-		q.port.Store(uint32(attr.PortNum))
-	}
-	if mask&verbs.QPAttrSQPSN != 0 {
-		q.smu.Lock()
-		q.psn = attr.SQPSN & 0xFFFFFF
-		q.smu.Unlock()
-	}
-	if mask&verbs.QPAttrState != 0 {
-		q.state.Store(uint32(attr.State))
-	}
-	return nil
-}
+// SrcPort returns the UDP source port of the QP's IPv4 datagrams.
+func (q *qp) SrcPort() uint16 { return q.blk.port4 }
 
-// Destroy detaches the QP from every group, waits until no receive
-// goroutine is delivering to it and frees its QPN (softverbs.DriverQP). It must
-// not be called from inside the QP's Receiver.Deliver.
-func (q *qp) Destroy() error {
+// Destroy frees the QPN and, with the block's last QP, its send sockets
+// (softverbs.DriverQP). The core has detached the QP already.
+func (q *qp) Destroy() {
 	d := q.dev
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if q.dead.Load() {
-		return nil
+	if q.dead.Swap(true) {
+		return
 	}
-	d.destroyQPLocked(q)
-	return nil
-}
-
-func (d *Device) destroyQPLocked(q *qp) {
-	q.smu.Lock()
-	q.dead.Store(true)
-	q.smu.Unlock()
-	for len(q.groups) > 0 {
-		d.detachLocked(q, q.groups[len(q.groups)-1])
-	}
-	waitZero(&q.inflight)
-	delete(d.qps, q.qpn)
-	d.publishQPsLocked()
 	b := q.blk
 	b.used[q.idx] = false
 	b.n--
-	if b.n == 0 {
+	if b.n == 0 && !d.closed {
 		b.close()
 		d.blocks = slices.DeleteFunc(d.blocks, func(x *sendBlock) bool { return x == b })
 		d.publishPortsLocked()
 	}
-}
-
-// enter starts a delivery to q; false when q is being destroyed.
-func (q *qp) enter() bool {
-	q.inflight.Add(1)
-	if q.dead.Load() {
-		q.inflight.Add(-1)
-		return false
-	}
-	return true
-}
-
-func (q *qp) exit() { q.inflight.Add(-1) }
-
-// receives reports whether the QP's state accepts datagrams (RTR to SQE;
-// not RESET, INIT or ERR), like rxe's check_type_state.
-func (q *qp) receives() bool {
-	s := verbs.QPState(q.state.Load())
-	return s >= verbs.QPSRTR && s <= verbs.QPSSQE
 }

@@ -21,13 +21,20 @@ type receiver struct {
 	ip   [wire.IPv6HeaderLen]byte
 	udp  [wire.UDPHeaderLen]byte
 	grh  [verbs.GRHLen]byte
+	dg   softverbs.Datagram
 
 	// burst defers the CQ wake-ups of a batch's deliveries to its end.
 	burst softverbs.Burst
+	bp    *softverbs.Burst // &burst for batched reads, nil otherwise
 }
 
 func newReceiver(d *Device, s *recvSock, br *mmsg.Reader) *receiver {
-	return &receiver{d: d, s: s, br: br}
+	r := &receiver{d: d, s: s, br: br}
+	r.dg.GRH = &r.grh
+	if br != nil {
+		r.bp = &r.burst
+	}
+	return r
 }
 
 // run reads batches until the socket is closed.
@@ -50,30 +57,30 @@ func (r *receiver) run() {
 func (r *receiver) handle(b, name, oob []byte, trunc bool) {
 	d := r.d
 	captureReceived(d, r.s.v6, b, name, oob)
-	d.ctr.add(cRcvdPkts, 1)
-	d.ctr.add(cRcvdBytes, uint64(len(b)))
+	d.core.Count(softverbs.RcvdPkts, 1)
+	d.core.Count(softverbs.RcvdBytes, uint64(len(b)))
 	if trunc {
-		d.count(nil, cOversizedRecv)
+		d.core.Count(softverbs.OversizedRecvDrops, 1)
 		return
 	}
 	p := &r.pkt
 	if err := wire.ParseUD(b, p); err != nil {
 		switch {
 		case errors.Is(err, wire.ErrTVer):
-			d.count(nil, cTVer)
+			d.core.Count(softverbs.TVerDrops, 1)
 		case errors.Is(err, wire.ErrOpcode):
-			d.count(nil, cOpcode)
+			d.core.Count(softverbs.OpcodeDrops, 1)
 		case errors.Is(err, wire.ErrDestQP0):
-			d.count(nil, cDestQP0)
+			d.core.Count(softverbs.DestQP0Drops, 1)
 		default:
-			d.count(nil, cTruncated)
+			d.core.Count(softverbs.TruncatedDrops, 1)
 		}
 		return
 	}
 	m := &r.meta
 	parseRxMeta(m, name, oob, r.s.v6)
 	if !m.dst.IsValid() || !m.src.IsValid() {
-		d.count(nil, cTruncated) // no IP_PKTINFO / address: cannot check the ICRC
+		d.core.Count(softverbs.TruncatedDrops, 1) // no IP_PKTINFO / address: cannot check the ICRC
 		return
 	}
 	udp := wire.UDP(r.udp[:])
@@ -90,7 +97,7 @@ func (r *receiver) handle(b, name, oob []byte, trunc bool) {
 		})
 		id, df, ok := wire.SolveIPv4ID(ip, udp, p.Body, p.ICRC)
 		if !ok {
-			d.count(nil, cICRC)
+			d.core.Count(softverbs.ICRCErrors, 1)
 			return
 		}
 		ip.SetID(id)
@@ -109,40 +116,29 @@ func (r *receiver) handle(b, name, oob []byte, trunc bool) {
 			Dst:           m.dst,
 		})
 		if wire.ICRCv6(ip, udp, p.Body) != p.ICRC {
-			d.count(nil, cICRC)
+			d.core.Count(softverbs.ICRCErrors, 1)
 			return
 		}
 		wire.PutGRHv6(r.grh[:], ip)
 	}
 
+	dg := &r.dg
+	dg.PKey, dg.QKey, dg.SrcQP = p.BTH.PKey(), p.DETH.QKey(), p.DETH.SrcQP()
+	dg.Imm, dg.HasImm, dg.Payload = p.Imm, p.HasImm, p.Payload
+	dg.Self = false
 	destQP := p.BTH.DestQP()
 	if destQP != wire.MulticastQPN {
-		q := (*d.qpTable.Load())[destQP]
-		if q == nil {
-			d.count(nil, cNoQP)
-			return
-		}
-		r.deliver(q, false)
+		d.core.DeliverUnicast(destQP, dg, r.bp)
+		dg.Payload = nil
 		return
 	}
-	ms := r.s.lookup(m.dst)
-	var g *group
-	if ms != nil {
+	var g *softverbs.Group
+	if ms := r.s.lookup(m.dst); ms != nil {
 		g = ms.grp.Load()
 	}
-	if g == nil {
-		d.count(nil, cNoGroup)
-		return
-	}
-	qps := *g.qps.Load()
-	if len(qps) == 0 {
-		d.count(nil, cNoGroup)
-		return
-	}
-	fromUs := r.fromUs()
-	for _, q := range qps {
-		r.deliver(q, fromUs)
-	}
+	dg.Self = g != nil && r.fromUs()
+	d.core.DeliverGroup(g, 0, dg, r.bp)
+	dg.Payload = nil // keep no reference to the socket buffer
 }
 
 // fromUs reports whether the current datagram was sent by this device:
@@ -158,50 +154,4 @@ func (r *receiver) fromUs() bool {
 		}
 	}
 	return own && d.info.Load().hasAddr(r.meta.src)
-}
-
-// deliver runs the per-QP checks (state, P_Key, Q_Key, self-loopback
-// blocking for multicast) and hands the datagram to q's receive queue.
-func (r *receiver) deliver(q *qp, fromUs bool) {
-	d := r.d
-	if !q.enter() {
-		return
-	}
-	defer q.exit()
-	p := &r.pkt
-	if !q.receives() {
-		d.count(q, cNotReady)
-		return
-	}
-	if p.BTH.PKey()&0x7FFF != 0x7FFF {
-		d.count(q, cPKey)
-		return
-	}
-	if p.DETH.QKey() != q.qkey.Load() {
-		d.count(q, cQKey)
-		return
-	}
-	srcQP := p.DETH.SrcQP()
-	if fromUs && q.blockSelf && srcQP == q.qpn {
-		d.count(q, cSelfLB)
-		return
-	}
-	var res softverbs.DeliverResult
-	if q.brx != nil && r.br != nil {
-		res = q.brx.DeliverBurst(&r.burst, &r.grh, p.Payload, srcQP, p.Imm, p.HasImm)
-	} else {
-		res = q.rx.Deliver(&r.grh, p.Payload, srcQP, p.Imm, p.HasImm)
-	}
-	switch res {
-	case softverbs.Delivered:
-		d.count(q, cDelivered)
-	case softverbs.NoRecvWR:
-		d.count(q, cNoRecvWR)
-	case softverbs.TooLong:
-		d.count(q, cTooLong)
-	case softverbs.CQFull:
-		d.count(q, cCQFull)
-	default:
-		d.count(q, cNotReady)
-	}
 }

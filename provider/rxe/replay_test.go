@@ -13,6 +13,7 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -100,16 +101,18 @@ func TestReplayRealRxeFrames(t *testing.T) {
 				raw.send(t, f)
 				ids = append(ids, wire.IPv4(f).ID())
 			}
-			eventually(t, "all frames read", func() bool { return d.Counters().RcvdPkts == before.RcvdPkts+uint64(len(frames)) })
+			eventually(t, "all frames read", func() bool {
+				return d.Counters().Get(softverbs.RcvdPkts) == before.Get(softverbs.RcvdPkts)+uint64(len(frames))
+			})
 			eventually(t, "all frames handled", func() bool {
 				c := d.Counters()
-				return c.Delivered+c.ICRCErrors+c.QKeyViolations == before.Delivered+before.ICRCErrors+before.QKeyViolations+uint64(len(frames))
+				return c.Get(softverbs.Delivered)+c.Get(softverbs.ICRCErrors)+c.Get(softverbs.QKeyViolations) == before.Get(softverbs.Delivered)+before.Get(softverbs.ICRCErrors)+before.Get(softverbs.QKeyViolations)+uint64(len(frames))
 			})
 			c := d.Counters()
-			if int(c.Delivered-before.Delivered) != w.delivered || int(c.ICRCErrors-before.ICRCErrors) != w.icrc ||
-				int(c.QKeyViolations-before.QKeyViolations) != w.qkey {
+			if int(c.Get(softverbs.Delivered)-before.Get(softverbs.Delivered)) != w.delivered || int(c.Get(softverbs.ICRCErrors)-before.Get(softverbs.ICRCErrors)) != w.icrc ||
+				int(c.Get(softverbs.QKeyViolations)-before.Get(softverbs.QKeyViolations)) != w.qkey {
 				t.Errorf("%d frames: delivered %d, ICRC errors %d, Q_Key violations %d; want %+v", len(frames),
-					c.Delivered-before.Delivered, c.ICRCErrors-before.ICRCErrors, c.QKeyViolations-before.QKeyViolations, w)
+					c.Get(softverbs.Delivered)-before.Get(softverbs.Delivered), c.Get(softverbs.ICRCErrors)-before.Get(softverbs.ICRCErrors), c.Get(softverbs.QKeyViolations)-before.Get(softverbs.QKeyViolations), w)
 			}
 			for i := 0; i < w.delivered; i++ {
 				got := rx.wait(t)
@@ -125,7 +128,7 @@ func TestReplayRealRxeFrames(t *testing.T) {
 			rx.none(t, 0)
 		})
 	}
-	if c := d.Counters(); c.TruncatedDrops+c.OpcodeDrops+c.NoGroupDrops != 0 {
+	if c := d.Counters(); c.Get(softverbs.TruncatedDrops)+c.Get(softverbs.OpcodeDrops)+c.Get(softverbs.NoGroupDrops) != 0 {
 		t.Errorf("counters %+v", c)
 	}
 }

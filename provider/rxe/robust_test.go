@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/internal/mmsg"
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -79,6 +80,16 @@ func TestReceiveRobustness(t *testing.T) {
 	if err := q.AttachMcast(mgid(g), 0); err != nil {
 		t.Fatal(err)
 	}
+	// QPs whose receive queue drops: buffers of 100 bytes, no WR posted.
+	gSmall, gNoWR := randGroup(), randGroup()
+	small := newQP(t, d, &fakeRx{ch: make(chan delivery, 16), bufLen: 100}, 0, qkey)
+	noWR := newQP(t, d, &fakeRx{ch: make(chan delivery, 16), noWR: true}, 0, qkey)
+	if err := small.AttachMcast(mgid(gSmall), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := noWR.AttachMcast(mgid(gNoWR), 0); err != nil {
+		t.Fatal(err)
+	}
 	// A second group the device is a member of (CM reference) with no QP.
 	if err := d.IncGroup(gEmpty); err != nil {
 		t.Fatal(err)
@@ -103,7 +114,7 @@ func TestReceiveRobustness(t *testing.T) {
 	lim.PKey = 0x7FFF
 	in.send(t, g, in.craft(g, lim, payload, nil))
 	rx.wait(t)
-	eventually(t, "two deliveries counted", func() bool { return d.Counters().Delivered == 2 })
+	eventually(t, "two deliveries counted", func() bool { return d.Counters().Get(softverbs.Delivered) == 2 })
 
 	withICRC := func(b []byte, f func(b []byte)) []byte { f(b); return b }
 	type tc struct {
@@ -111,62 +122,87 @@ func TestReceiveRobustness(t *testing.T) {
 		group netip.Addr
 		frame func() []byte
 		setup func()
-		field func(c Counters) uint64
+		field func(c softverbs.Snapshot) uint64
 	}
 	cases := []tc{
 		{"truncated 10 bytes", g, func() []byte { return make([]byte, 10) },
-			nil, func(c Counters) uint64 { return c.TruncatedDrops }},
+			nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.TruncatedDrops) }},
 		{"truncated before ICRC", g, func() []byte { return in.craft(g, good, nil, nil)[:22] },
-			nil, func(c Counters) uint64 { return c.TruncatedDrops }},
+			nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.TruncatedDrops) }},
 		{"bad ICRC", g, func() []byte {
 			return withICRC(in.craft(g, good, payload, nil), func(b []byte) { b[len(b)-1] ^= 1 })
-		}, nil, func(c Counters) uint64 { return c.ICRCErrors }},
+		}, nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.ICRCErrors) }},
 		{"corrupted payload", g, func() []byte {
 			return withICRC(in.craft(g, good, payload, nil), func(b []byte) { b[25] ^= 0x40 })
-		}, nil, func(c Counters) uint64 { return c.ICRCErrors }},
+		}, nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.ICRCErrors) }},
 		{"wrong Q_Key", g, func() []byte {
 			h := good
 			h.QKey = qkey + 1
 			return in.craft(g, h, payload, nil)
-		}, nil, func(c Counters) uint64 { return c.QKeyViolations }},
+		}, nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.QKeyViolations) }},
 		{"wrong P_Key", g, func() []byte {
 			h := good
 			h.PKey = 0x1234
 			return in.craft(g, h, payload, nil)
-		}, nil, func(c Counters) uint64 { return c.PKeyViolations }},
+		}, nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.PKeyViolations) }},
 		{"TVer 1", g, func() []byte {
 			return in.craft(g, good, payload, func(b []byte) { b[1] |= 1 })
-		}, nil, func(c Counters) uint64 { return c.TVerDrops }},
+		}, nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.TVerDrops) }},
 		{"DestQP 0", g, func() []byte {
 			h := good
 			h.DestQP = 0
 			return in.craft(g, h, payload, nil)
-		}, nil, func(c Counters) uint64 { return c.DestQP0Drops }},
+		}, nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.DestQP0Drops) }},
 		{"RC opcode", g, func() []byte {
 			return in.craft(g, good, payload, func(b []byte) { b[0] = 0x04 })
-		}, nil, func(c Counters) uint64 { return c.OpcodeDrops }},
+		}, nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.OpcodeDrops) }},
 		{"unknown unicast QPN", g, func() []byte {
 			h := good
 			h.DestQP = 0x000102
 			return in.craft(g, h, payload, nil)
-		}, nil, func(c Counters) uint64 { return c.NoQPDrops }},
+		}, nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.NoQPDrops) }},
 		{"group without QP", gEmpty, func() []byte { return in.craft(gEmpty, good, payload, nil) },
-			nil, func(c Counters) uint64 { return c.NoGroupDrops }},
-		{"payload longer than the receive buffer", g, func() []byte { return in.craft(g, good, make([]byte, 200), nil) },
-			func() { rx.bufLen.Store(100) }, func(c Counters) uint64 { return c.TooLongDrops }},
-		{"no receive WR", g, func() []byte { return in.craft(g, good, payload, nil) },
-			func() { rx.bufLen.Store(0); rx.noWR.Store(true) }, func(c Counters) uint64 { return c.NoRecvWRDrops }},
-		{"QP not ready", g, func() []byte { return in.craft(g, good, payload, nil) },
+			nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.NoGroupDrops) }},
+		{"payload longer than the receive buffer", gSmall, func() []byte { return in.craft(gSmall, good, make([]byte, 200), nil) },
+			nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.TooLongDrops) }},
+		{"no receive WR", gNoWR, func() []byte { return in.craft(gNoWR, good, payload, nil) },
+			nil, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.NoRecvWRDrops) }},
+		{"QP in reset", g, func() []byte { return in.craft(g, good, payload, nil) },
 			func() {
-				rx.noWR.Store(false)
-				q.Modify(&verbs.QPAttr{State: verbs.QPSInit}, verbs.QPAttrState)
-			}, func(c Counters) uint64 { return c.NotReadyDrops }},
+				if err := q.Modify(&verbs.QPAttr{State: verbs.QPSReset}, verbs.QPAttrState); err != nil {
+					t.Fatal(err)
+				}
+			}, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.NotReadyDrops) }},
+		{"QP in init", g, func() []byte { return in.craft(g, good, payload, nil) },
+			func() {
+				if err := q.Modify(&verbs.QPAttr{State: verbs.QPSInit, QKey: qkey, PortNum: 1}, verbs.QPAttrState|verbs.QPAttrQKey|verbs.QPAttrPort|verbs.QPAttrPKeyIdx); err != nil {
+					t.Fatal(err)
+				}
+			}, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.NotReadyDrops) }},
 		{"QP in error", g, func() []byte { return in.craft(g, good, payload, nil) },
-			func() { q.Modify(&verbs.QPAttr{State: verbs.QPSErr}, verbs.QPAttrState) },
-			func(c Counters) uint64 { return c.NotReadyDrops }},
+			func() {
+				if err := q.Modify(&verbs.QPAttr{State: verbs.QPSErr}, verbs.QPAttrState); err != nil {
+					t.Fatal(err)
+				}
+			}, func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.NotReadyDrops) }},
 		{"datagram larger than any RoCEv2 packet", g, func() []byte { return make([]byte, 6000) },
-			func() { q.Modify(&verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState) },
-			func(c Counters) uint64 { return c.OversizedRecvDrops }},
+			func() {
+				// Back to RTS (through RESET) for the garbage below.
+				for _, m := range []struct {
+					a verbs.QPAttr
+					m verbs.QPAttrMask
+				}{
+					{verbs.QPAttr{State: verbs.QPSReset}, verbs.QPAttrState},
+					{verbs.QPAttr{State: verbs.QPSInit, QKey: qkey, PortNum: 1}, verbs.QPAttrState | verbs.QPAttrQKey | verbs.QPAttrPort | verbs.QPAttrPKeyIdx},
+					{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
+					{verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState | verbs.QPAttrSQPSN},
+				} {
+					if err := q.Modify(&m.a, m.m); err != nil {
+						t.Fatal(err)
+					}
+				}
+			},
+			func(c softverbs.Snapshot) uint64 { return c.Get(softverbs.OversizedRecvDrops) }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -177,7 +213,7 @@ func TestReceiveRobustness(t *testing.T) {
 			in.send(t, c.group, c.frame())
 			eventually(t, c.name+" counted", func() bool { return c.field(d.Counters()) == c.field(before)+1 })
 			after := d.Counters()
-			if after.RcvdPkts != before.RcvdPkts+1 || after.Delivered != before.Delivered {
+			if after.Get(softverbs.RcvdPkts) != before.Get(softverbs.RcvdPkts)+1 || after.Get(softverbs.Delivered) != before.Get(softverbs.Delivered) {
 				t.Errorf("before %+v\nafter %+v", before, after)
 			}
 			rx.none(t, 0)
@@ -204,19 +240,25 @@ func TestReceiveRobustness(t *testing.T) {
 		}
 		in.send(t, g, b)
 	}
-	eventually(t, "garbage read", func() bool { return d.Counters().RcvdPkts >= before.RcvdPkts+n })
+	eventually(t, "garbage read", func() bool { return d.Counters().Get(softverbs.RcvdPkts) >= before.Get(softverbs.RcvdPkts)+n })
 	time.Sleep(20 * time.Millisecond)
 	rx.none(t, 0)
 	after := d.Counters()
-	if after.Delivered != before.Delivered {
+	if after.Get(softverbs.Delivered) != before.Get(softverbs.Delivered) {
 		t.Errorf("garbage delivered")
 	}
-	drops := func(c Counters) uint64 {
-		return c.MalformedDrops + c.ICRCErrors + c.NoQPDrops + c.NoGroupDrops + c.QKeyViolations + c.PKeyViolations
+	drops := func(c softverbs.Snapshot) uint64 {
+		return malformed(c) + c.Get(softverbs.ICRCErrors) + c.Get(softverbs.NoQPDrops) + c.Get(softverbs.NoGroupDrops) + c.Get(softverbs.QKeyViolations) + c.Get(softverbs.PKeyViolations)
 	}
 	if drops(after)-drops(before) != n {
 		t.Errorf("%d of %d garbage datagrams counted as drops", drops(after)-drops(before), n)
 	}
+}
+
+// malformed sums the drops of datagrams that do not parse as RoCEv2 UD.
+func malformed(c softverbs.Snapshot) uint64 {
+	return c.Get(softverbs.TruncatedDrops) + c.Get(softverbs.TVerDrops) + c.Get(softverbs.OpcodeDrops) +
+		c.Get(softverbs.DestQP0Drops) + c.Get(softverbs.OversizedRecvDrops)
 }
 
 // FuzzReceive feeds arbitrary datagrams to the receive path.
@@ -225,22 +267,24 @@ func FuzzReceive(f *testing.F) {
 	g := netip.MustParseAddr("239.1.2.3")
 	f.Add(in.craft(g, wire.UDHeader{PKey: 0xFFFF, DestQP: wire.MulticastQPN, QKey: 1, SrcQP: 2}, []byte("abc"), nil), uint8(64))
 	f.Add([]byte{0x64, 0, 0xff, 0xff}, uint8(1))
+	// One device and QP for every input: lo's, with the receive socket of
+	// the group the QP is attached to (no datagram is sent).
+	if d := existing("lo"); d != nil {
+		d.Close()
+	}
+	d, err := ForName("lo")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { d.Close() })
+	q := newManualQP(f, d, verbs.CreateBlockSelfMcastLB, 1)
+	if err := q.qp.AttachMcast(mgid(g), 0); err != nil {
+		f.Fatal(err)
+	}
+	d.mu.Lock()
+	s := d.mships[g].sock
+	d.mu.Unlock()
 	f.Fuzz(func(t *testing.T, b []byte, ttl uint8) {
-		d := &Device{name: "rxe_fuzz", ifindex: 1}
-		d.info.Store(&ifInfo{addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}})
-		d.qpTable.Store(&map[uint32]*qp{})
-		d.ownPorts.Store(&[]uint16{40000})
-		s := &recvSock{}
-		m := &membership{addr: g}
-		s.list = []*membership{m}
-		s.publish()
-		rx := newFakeRx()
-		q := &qp{dev: d, qpn: 0x9c4001, rx: rx, blockSelf: true}
-		q.state.Store(uint32(verbs.QPSRTS))
-		q.qkey.Store(1)
-		grp := &group{list: []*qp{q}}
-		grp.publish()
-		m.grp.Store(grp)
 		r := newReceiver(d, s, nil)
 		name := make([]byte, 16)
 		name[0], name[2], name[3] = 2, 40000>>8, 40000&0xff
@@ -250,9 +294,24 @@ func FuzzReceive(f *testing.F) {
 		copy(pi[8:], g.AsSlice())
 		k := putCmsg(oob, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
 		k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, int(ttl))
+		before := d.Counters()
 		r.handle(b, name, oob[:k], false)
-		if c := d.Counters(); c.RcvdPkts != 1 {
-			t.Fatalf("counters %+v", c)
+		q.recycle()
+		after := d.Counters()
+		if after.Get(softverbs.RcvdPkts) != before.Get(softverbs.RcvdPkts)+1 {
+			t.Fatalf("counters %v → %v", before, after)
+		}
+		// Every datagram lands in exactly one outcome.
+		var outcomes uint64
+		for c := range softverbs.Schema() {
+			switch softverbs.Counter(c) {
+			case softverbs.RcvdPkts, softverbs.RcvdBytes, softverbs.SentPkts, softverbs.SentBytes:
+				continue
+			}
+			outcomes += after[c] - before[c]
+		}
+		if outcomes != 1 {
+			t.Fatalf("%d outcomes for one datagram: %v → %v", outcomes, before, after)
 		}
 	})
 }

@@ -125,8 +125,7 @@ func (q *qp) build(sl *sendSlot, s *softverbs.UDSend) (v6, send bool, err error)
 		return false, false, d.errf(syscall.EINVAL, "send: source %v, destination %v", src, dst)
 	}
 	if len(s.Payload) > info.activeMTU().Bytes() {
-		d.count(q, cOversizedSend)
-		return false, false, nil
+		return false, false, nil // Wire stays 0: the core counts the drop
 	}
 	if q.dead.Load() {
 		return false, false, d.errf(syscall.EINVAL, "send: qp %#x destroyed", q.qpn)
@@ -136,8 +135,7 @@ func (q *qp) build(sl *sendSlot, s *softverbs.UDSend) (v6, send bool, err error)
 		return false, false, d.errf(syscall.EAFNOSUPPORT, "send: no IPv6 socket")
 	}
 
-	psn := q.psn
-	q.psn = (psn + 1) & 0xFFFFFF
+	psn := s.PSN
 	h := wire.UDHeader{
 		Solicited: s.Solicited,
 		PKey:      wire.DefaultPKey,
@@ -202,7 +200,6 @@ func (q *qp) build(sl *sendSlot, s *softverbs.UDSend) (v6, send bool, err error)
 // with sendmmsg, records their outcome in errs and counts them. q.smu is
 // held.
 func (q *qp) transmit(sc *sendScratch, k int, v6 bool, s []softverbs.UDSend, errs []error) {
-	d := q.dev
 	raw, nameLen := q.blk.raw4, uint32(unix.SizeofSockaddrInet4)
 	if v6 {
 		raw, nameLen = q.blk.raw6, unix.SizeofSockaddrInet6
@@ -244,30 +241,21 @@ func (q *qp) transmit(sc *sendScratch, k int, v6 bool, s []softverbs.UDSend, err
 		}
 		off += n
 	}
-	var pkts, bytes uint64
 	for j := range k {
 		sl := &sc.slots[j]
 		if errs[sl.idx] == nil {
-			pkts++
-			bytes += uint64(sl.total)
+			s[sl.idx].Wire = sl.total
 			if capturing() {
 				q.captureSlot(sl, s[sl.idx].Payload)
 			}
 		}
 		sl.iov[1].Base = nil // keep no reference to the caller's memory
 	}
-	if pkts > 0 {
-		d.ctr.add(cSentPkts, pkts)
-		q.ctr.add(cSentPkts, pkts)
-		d.ctr.add(cSentBytes, bytes)
-		q.ctr.add(cSentBytes, bytes)
-	}
 }
 
 // sendFailed records the failure of one datagram.
 func (q *qp) sendFailed(s *softverbs.UDSend, errp *error, err error) {
 	d := q.dev
-	d.count(q, cSendErrors)
 	*errp = d.errf(errnoOf(err, syscall.EIO), "send to %v: %v", s.AH.GRH.DGID.Addr(), err)
 }
 

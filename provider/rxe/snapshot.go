@@ -1,11 +1,11 @@
 package rxe
 
 import (
-	"cmp"
 	"net"
 	"net/netip"
 	"slices"
 
+	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -41,7 +41,7 @@ type DeviceSnapshot struct {
 	RecvSockets int
 	SendSockets int
 
-	Counters Counters
+	Counters softverbs.Snapshot
 }
 
 // QPSnapshot is the view of one QP of a device.
@@ -56,7 +56,7 @@ type QPSnapshot struct {
 	Groups []verbs.GID
 	// SrcPort is the UDP source port of the QP's IPv4 datagrams.
 	SrcPort  uint16
-	Counters QPCounters
+	Counters softverbs.Snapshot
 }
 
 // GroupSnapshot is a verbs multicast group of a device: an MGID and the
@@ -102,36 +102,29 @@ func (d *Device) Snapshot() DeviceSnapshot {
 		GIDs:    slices.Clone(info.gids),
 	}
 
-	d.mu.Lock()
-	qps := make([]*qp, 0, len(d.qps))
-	for _, q := range d.qps {
-		qps = append(qps, q)
-	}
-	slices.SortFunc(qps, func(a, b *qp) int { return cmp.Compare(a.qpn, b.qpn) })
-	for _, q := range qps {
+	for _, q := range d.core.QPs() {
 		qs := QPSnapshot{
-			QPN:              q.qpn,
-			State:            verbs.QPState(q.state.Load()),
-			QKey:             q.qkey.Load(),
-			Port:             uint8(q.port.Load()),
-			BlockSelfMcastLB: q.blockSelf,
-			SrcPort:          q.blk.port4,
+			QPN: q.QPN, State: q.State, QKey: q.QKey, Port: q.Port,
+			BlockSelfMcastLB: q.BlockSelfMcastLB, Counters: q.Counters,
 		}
-		for _, g := range q.groups {
-			qs.Groups = append(qs.Groups, g.mgid)
+		if tq, ok := q.Transport.(*qp); ok {
+			qs.SrcPort = tq.SrcPort()
+		}
+		for _, a := range q.Groups {
+			qs.Groups = append(qs.Groups, a.MGID)
 		}
 		s.QPs = append(s.QPs, qs)
 	}
-	for _, g := range d.groups {
-		gs := GroupSnapshot{MGID: g.mgid}
-		for _, q := range g.list {
-			gs.QPNs = append(gs.QPNs, q.qpn)
-		}
-		if g.mship != nil {
-			gs.Membership = g.mship.addr
+	for _, g := range d.core.Groups() {
+		gs := GroupSnapshot{MGID: g.MGID, QPNs: g.QPNs}
+		if m, ok := g.Transport.(*membership); ok {
+			gs.Membership = m.addr
 		}
 		s.Groups = append(s.Groups, gs)
 	}
+	s.Attachments = d.core.Attachments()
+
+	d.mu.Lock()
 	for _, m := range d.mships {
 		s.Memberships = append(s.Memberships, MembershipSnapshot{
 			Group:    m.addr,
@@ -140,7 +133,6 @@ func (d *Device) Snapshot() DeviceSnapshot {
 			Joined:   m.sock != nil,
 		})
 	}
-	s.Attachments = d.nattach
 	s.RecvSockets = len(d.rsocks)
 	for _, b := range d.blocks {
 		s.SendSockets++
@@ -150,11 +142,7 @@ func (d *Device) Snapshot() DeviceSnapshot {
 	}
 	d.mu.Unlock()
 
-	slices.SortFunc(s.Groups, func(a, b GroupSnapshot) int { return slices.Compare(a.MGID[:], b.MGID[:]) })
 	slices.SortFunc(s.Memberships, func(a, b MembershipSnapshot) int { return a.Group.Compare(b.Group) })
-	for i := range s.QPs {
-		s.QPs[i].Counters = qps[i].ctr.qpSnapshot()
-	}
 	s.Counters = d.Counters()
 	return s
 }

@@ -22,7 +22,7 @@ func TestSnapshot(t *testing.T) {
 	a := newQP(t, d, rx, 0, 0x11)
 	b := newQP(t, d, newFakeRx(), verbs.CreateBlockSelfMcastLB, 0x22)
 	for _, step := range []struct {
-		q softverbs.DriverQP
+		q *tqp
 		g verbs.GID
 	}{{a, mgid(g1)}, {b, mgid(g1)}, {a, mgid(g2)}} {
 		if err := step.q.AttachMcast(step.g, 0); err != nil {
@@ -39,7 +39,7 @@ func TestSnapshot(t *testing.T) {
 	rx.wait(t)
 	// The receive goroutine counts a delivery right after handing it over.
 	s := d.Snapshot()
-	for deadline := time.Now().Add(2 * time.Second); s.Counters.Delivered == 0 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(2 * time.Second); s.Counters.Get(softverbs.Delivered) == 0 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 		s = d.Snapshot()
 	}
@@ -69,10 +69,10 @@ func TestSnapshot(t *testing.T) {
 	if qb.QKey != 0x22 || !qb.BlockSelfMcastLB || !slices.Equal(qb.Groups, []verbs.GID{mgid(g1)}) {
 		t.Errorf("qp b %+v", qb)
 	}
-	if qa.Counters.SentPkts != 1 || qa.Counters.Delivered != 1 {
+	if qa.Counters.Get(softverbs.SentPkts) != 1 || qa.Counters.Get(softverbs.Delivered) != 1 {
 		t.Errorf("qp a counters %+v", qa.Counters)
 	}
-	if s.Counters.SentPkts != 1 || s.Counters.RcvdPkts != 1 || s.Counters.Delivered != 1 {
+	if s.Counters.Get(softverbs.SentPkts) != 1 || s.Counters.Get(softverbs.RcvdPkts) != 1 || s.Counters.Get(softverbs.Delivered) != 1 {
 		t.Errorf("device counters %+v", s.Counters)
 	}
 	if s.Attachments != 3 || len(s.Groups) != 2 {

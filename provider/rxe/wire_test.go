@@ -45,9 +45,20 @@ func TestSentFramesOnTheWire(t *testing.T) {
 	}
 
 	q := newQP(t, d, newFakeRx(), 0, 0x1234)
-	qi := q.(*qp)
-	if err := q.Modify(&verbs.QPAttr{SQPSN: 0xFFFFFE}, verbs.QPAttrSQPSN); err != nil {
-		t.Fatal(err)
+	qi := q.drv.(*qp)
+	// Walk the QP again to RTS with a send PSN about to wrap.
+	for _, m := range []struct {
+		a verbs.QPAttr
+		m verbs.QPAttrMask
+	}{
+		{verbs.QPAttr{State: verbs.QPSReset}, verbs.QPAttrState},
+		{verbs.QPAttr{State: verbs.QPSInit, QKey: 0x1234, PortNum: 1}, verbs.QPAttrState | verbs.QPAttrQKey | verbs.QPAttrPort | verbs.QPAttrPKeyIdx},
+		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
+		{verbs.QPAttr{State: verbs.QPSRTS, SQPSN: 0xFFFFFE}, verbs.QPAttrState | verbs.QPAttrSQPSN},
+	} {
+		if err := q.Modify(&m.a, m.m); err != nil {
+			t.Fatal(err)
+		}
 	}
 	sends := []softverbs.UDSend{
 		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x80010000, Payload: []byte("abc"), Solicited: true},

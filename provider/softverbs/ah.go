@@ -22,7 +22,11 @@ func (pd *PD) CreateAH(attr *verbs.AHAttr) (verbs.AHOps, error) {
 	if err := pd.checkAH(attr); err != nil {
 		return nil, fmt.Errorf("verbs: create ah: %w", err)
 	}
+	if err := pd.ctx.dev.take(objAH); err != nil {
+		return nil, fmt.Errorf("verbs: create ah: %w", err)
+	}
 	if err := pd.hold(0, 1); err != nil {
+		pd.ctx.dev.put(objAH)
 		return nil, fmt.Errorf("verbs: create ah: %w", err)
 	}
 	return &AH{pd: pd, attr: *attr}, nil
@@ -57,5 +61,6 @@ func (ah *AH) Destroy() error {
 	}
 	ah.dead = true
 	ah.pd.hold(0, -1)
+	ah.pd.ctx.dev.put(objAH)
 	return nil
 }

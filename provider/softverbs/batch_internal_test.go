@@ -17,13 +17,21 @@ import (
 // (batch) or without (plain) the BatchSender interface.
 type fakeDrv struct {
 	batch bool
+	attr  verbs.DeviceAttr // zero: fakeAttr
 	qps   []*fakeQP
 }
 
+var fakeAttr = verbs.DeviceAttr{PhysPortCnt: 1, MaxQPWR: 1024, MaxSGE: 4, MaxCQE: 1024, MaxInlineData: 64, MaxMcastGrp: 8, MaxMcastQPAttach: 8, MaxTotalMcastQP: 8}
+
 func (f *fakeDrv) Name() string { return "fake0" }
 func (f *fakeDrv) Attr() verbs.DeviceAttr {
-	return verbs.DeviceAttr{PhysPortCnt: 1, MaxQPWR: 1024, MaxSGE: 4, MaxCQE: 1024, MaxInlineData: 64, MaxMcastGrp: 8, MaxMcastQPAttach: 8, MaxTotalMcastQP: 8}
+	if f.attr.PhysPortCnt == 0 {
+		return fakeAttr
+	}
+	return f.attr
 }
+func (f *fakeDrv) GroupCreated(*Group) error { return nil }
+func (f *fakeDrv) GroupDestroyed(*Group)     {}
 func (f *fakeDrv) QueryPort(port uint8) (verbs.PortAttr, error) {
 	if port != 1 {
 		return verbs.PortAttr{}, syscall.EINVAL
@@ -33,8 +41,8 @@ func (f *fakeDrv) QueryPort(port uint8) (verbs.PortAttr, error) {
 func (f *fakeDrv) GIDTable(uint8) ([]verbs.GIDEntry, error) {
 	return []verbs.GIDEntry{{GID: wire.GIDFromAddr(netip.MustParseAddr("127.0.0.1")), PortNum: 1, Type: verbs.GIDTypeRoCEv2}}, nil
 }
-func (f *fakeDrv) CreateQP(rx Receiver, _ DriverQPInit) (DriverQP, error) {
-	q := &fakeQP{rx: rx}
+func (f *fakeDrv) CreateQP(DriverQPInit) (DriverQP, error) {
+	q := &fakeQP{qpn: uint32(0x100 + len(f.qps))}
 	f.qps = append(f.qps, q)
 	if f.batch {
 		return &fakeBatchQP{q}, nil
@@ -43,7 +51,7 @@ func (f *fakeDrv) CreateQP(rx Receiver, _ DriverQPInit) (DriverQP, error) {
 }
 
 type fakeQP struct {
-	rx      Receiver
+	qpn     uint32
 	mu      sync.Mutex
 	sent    [][]byte // payloads, copied
 	batches []int    // sizes of SendBatch calls
@@ -52,11 +60,8 @@ type fakeQP struct {
 	nsent   int
 }
 
-func (q *fakeQP) QPN() uint32                                  { return 0x100 }
-func (q *fakeQP) Modify(*verbs.QPAttr, verbs.QPAttrMask) error { return nil }
-func (q *fakeQP) AttachMcast(verbs.GID, uint16) error          { return nil }
-func (q *fakeQP) DetachMcast(verbs.GID, uint16) error          { return nil }
-func (q *fakeQP) Destroy() error                               { return nil }
+func (q *fakeQP) QPN() uint32 { return q.qpn }
+func (q *fakeQP) Destroy()     {}
 func (q *fakeQP) Send(s *UDSend) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -64,6 +69,9 @@ func (q *fakeQP) Send(s *UDSend) error {
 	q.nsent++
 	if !q.discard {
 		q.sent = append(q.sent, append([]byte(nil), s.Payload...))
+	}
+	if q.fail[n] == nil {
+		s.Wire = 40 + len(s.Payload)
 	}
 	return q.fail[n]
 }
@@ -94,7 +102,7 @@ type fakeEnv struct {
 func newFakeEnv(t *testing.T, batch bool, sendCQE int) *fakeEnv {
 	t.Helper()
 	e := &fakeEnv{drv: &fakeDrv{batch: batch}}
-	e.dev = Register(e.drv)
+	_, e.dev = Register(e.drv)
 	t.Cleanup(func() { verbs.UnregisterDevice(e.dev) })
 	ctx, err := e.dev.Open()
 	if err != nil {
@@ -292,7 +300,7 @@ func TestDeliverBurst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	br := e.drv.qps[0].rx.(BurstReceiver)
+	core := CoreOf(e.dev)
 	woke := make(chan error, 1)
 	go func() { woke <- e.rcq.Wait(context.Background()) }()
 	for e.rcq.Ops().(*CQ).waitersNow() == 0 {
@@ -300,11 +308,11 @@ func TestDeliverBurst(t *testing.T) {
 	}
 	var b Burst
 	var grh [verbs.GRHLen]byte
-	if r := br.DeliverBurst(&b, &grh, []byte("one"), 7, 0, false); r != Delivered {
-		t.Fatalf("deliver: %v", r)
+	for _, p := range []string{"one", "two"} {
+		core.DeliverUnicast(e.qp.Num(), &Datagram{GRH: &grh, PKey: 0xffff, QKey: 1, SrcQP: 7, Payload: []byte(p)}, &b)
 	}
-	if r := br.DeliverBurst(&b, &grh, []byte("two"), 7, 0, false); r != Delivered {
-		t.Fatalf("deliver: %v", r)
+	if n := core.Counters().Get(Delivered); n != 2 {
+		t.Fatalf("delivered %d", n)
 	}
 	select {
 	case <-woke:

@@ -30,7 +30,11 @@ func (c *Context) CreateCQ(cqe int) (verbs.CQOps, error) {
 	if cqe < 1 || cqe > c.dev.drv.Attr().MaxCQE {
 		return nil, fmt.Errorf("verbs: create cq %d: %w", cqe, syscall.EINVAL)
 	}
+	if err := c.dev.take(objCQ); err != nil {
+		return nil, fmt.Errorf("verbs: create cq: %w", err)
+	}
 	if err := c.use(0, 1); err != nil {
+		c.dev.put(objCQ)
 		return nil, fmt.Errorf("verbs: create cq: %w", err)
 	}
 	return &CQ{ctx: c, cap: cqe, ring: make([]verbs.WC, cqe), bell: make(chan struct{}, 1)}, nil
@@ -198,5 +202,6 @@ func (cq *CQ) Destroy() error {
 	cq.dead = true
 	cq.wake()
 	cq.ctx.release(0, 1)
+	cq.ctx.dev.put(objCQ)
 	return nil
 }

@@ -14,26 +14,86 @@ import (
 )
 
 // Device is a software device: a provider's Driver under the verbs core
-// (verbs.DeviceOps).
+// (verbs.DeviceOps, verbs.CounterSource).
 type Device struct {
 	drv Driver
+	ctr counters
+
+	mu      sync.Mutex // the tables below
+	closed  bool
+	qps     map[uint32]*QP
+	groups  map[verbs.GID]*Group
+	nattach int
+	objs    [numObj]int // PDs, CQs, MRs, AHs, QPs, against the device's limits
+
+	qpView    *cowMap[uint32, *QP]     // read by the receive path
+	groupView *cowMap[verbs.GID, *Group] // read by the receive path
 }
 
-// New returns the verbs backend of a provider's device.
-func New(drv Driver) *Device { return &Device{drv: drv} }
-
-// Register creates the verbs device of a provider's device and adds it to
-// verbs' device list.
-func Register(drv Driver) *verbs.Device { return verbs.RegisterDevice(New(drv)) }
-
-// DriverOf returns the provider's Driver behind a verbs device, or nil when
-// the device is not a software device.
-func DriverOf(d *verbs.Device) Driver {
-	if sd, ok := d.Ops().(*Device); ok {
-		return sd.drv
+// New returns the verbs core of a provider's device.
+func New(drv Driver) *Device {
+	return &Device{
+		drv: drv, ctr: newCounters(),
+		qps: map[uint32]*QP{}, groups: map[verbs.GID]*Group{},
+		qpView:    newCOWMap[uint32, *QP](func(n uint32) int { return int(n) }),
+		groupView: newCOWMap[verbs.GID, *Group](func(g verbs.GID) int { return int(g[15]) }),
 	}
+}
+
+// Register creates the verbs core of a provider's device and adds it to
+// verbs' device list.
+func Register(drv Driver) (*Device, *verbs.Device) {
+	d := New(drv)
+	return d, verbs.RegisterDevice(d)
+}
+
+// CoreOf returns the software core behind a verbs device, or nil when the
+// device has another backend.
+func CoreOf(d *verbs.Device) *Device {
+	sd, _ := d.Ops().(*Device)
+	return sd
+}
+
+// Driver returns the provider's side of the device.
+func (d *Device) Driver() Driver { return d.drv }
+
+// objKind is a kind of verbs object the device limits.
+type objKind int
+
+const (
+	objPD objKind = iota
+	objCQ
+	objMR
+	objAH
+	objQP
+	numObj
+)
+
+// take reserves one object of a kind: ENOMEM beyond the device's limit
+// (max_pd, max_cq, max_mr, max_ah, max_qp), ENODEV on a closed device.
+func (d *Device) take(k objKind) error {
+	a := d.drv.Attr()
+	max := [numObj]int{a.MaxPD, a.MaxCQ, a.MaxMR, a.MaxAH, a.MaxQP}[k]
+	name := [numObj]string{"PDs", "CQs", "MRs", "AHs", "QPs"}[k]
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("%s: %w", d.drv.Name(), syscall.ENODEV)
+	}
+	if err := limit(name, d.objs[k], max); err != nil {
+		return err
+	}
+	d.objs[k]++
 	return nil
 }
+
+// put releases an object taken with take.
+func (d *Device) put(k objKind) {
+	d.mu.Lock()
+	d.objs[k]--
+	d.mu.Unlock()
+}
+
 
 // Name returns the device name (verbs.DeviceOps).
 func (d *Device) Name() string { return d.drv.Name() }
@@ -126,4 +186,6 @@ var (
 	_ verbs.AHOps      = (*AH)(nil)
 	_ verbs.CQOps      = (*CQ)(nil)
 	_ verbs.QPOps      = (*QP)(nil)
+
+	_ verbs.CounterSource = (*Device)(nil)
 )

@@ -1,26 +1,39 @@
 package softverbs
 
-import "github.com/softrdma/softrdma/verbs"
+import (
+	"errors"
 
-// This file is the provider seam: what a device implementation (a
-// "provider", as in rdma-core's providers/) gives to verbs, and what verbs
-// gives back to it. Providers register their devices with RegisterDevice;
-// verbs owns the generic objects (PD, MR, CQ, the QP state machine and work
-// queues) and calls the provider only for what touches the network.
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// This file is the transport seam: what a software provider (rxe's UDP
+// sockets, ib's emulated fabric) gives the verbs core. The core owns every
+// object and rule of verbs — the QP table, the multicast group table and
+// its limits, the receive checks, the receive queues, the counters; a
+// provider only moves packets: it allocates QPNs, transmits datagrams,
+// starts receiving a group's traffic when the group gets its first QP,
+// and hands each datagram it reads, after its own checks (parsing, ICRC),
+// to Device.DeliverUnicast or Device.DeliverGroup.
 
 // Driver is implemented by a provider for each device it creates.
 type Driver interface {
 	// Name is the device name, e.g. "rxe_lo".
 	Name() string
-	// Attr returns the device capabilities.
+	// Attr returns the device capabilities; the core enforces the limits.
 	Attr() verbs.DeviceAttr
 	// QueryPort returns a port's attributes; ports are numbered from 1.
 	QueryPort(port uint8) (verbs.PortAttr, error)
 	// GIDTable returns a port's GID table.
 	GIDTable(port uint8) ([]verbs.GIDEntry, error)
-	// CreateQP creates the provider side of a QP. rx is how the provider
-	// delivers received datagrams into the QP's receive queue.
-	CreateQP(rx Receiver, init DriverQPInit) (DriverQP, error)
+	// CreateQP creates the transport side of a UD QP: its QPN (unique on
+	// the host, never 0, 1 or 0xFFFFFF) and its send path.
+	CreateQP(init DriverQPInit) (DriverQP, error)
+	// GroupCreated is called when the first QP attaches to a group (the
+	// core's lock is held): the transport starts receiving the group's
+	// datagrams (rxe joins the IP group). An error fails the attach.
+	GroupCreated(g *Group) error
+	// GroupDestroyed is called when the last QP detached from a group.
+	GroupDestroyed(g *Group)
 }
 
 // DriverQPInit is what a provider needs to know about a new QP.
@@ -29,25 +42,18 @@ type DriverQPInit struct {
 	CreateFlags verbs.CreateFlags
 }
 
-// DriverQP is the provider side of a QP.
+// DriverQP is the transport side of a QP.
 type DriverQP interface {
-	// QPN is the QP number; it must be unique on the host.
+	// QPN is the QP number.
 	QPN() uint32
-	// Modify is called after verbs validated and applied a transition; the
-	// provider keeps what it needs for its receive checks (state, Q_Key, port).
-	Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error
-	// Send transmits one UD datagram. The payload is only valid during the
-	// call. A nil error means the send completed successfully (an oversized
-	// datagram that the provider silently drops also returns nil, as rxe).
+	// Send transmits one UD datagram; the payload is only valid during the
+	// call. It sets s.Wire to the bytes put on the wire; a datagram larger
+	// than the active MTU is not sent (Wire 0) and completes successfully,
+	// as rxe does. An error fails the send's completion.
 	Send(s *UDSend) error
-	// AttachMcast attaches the QP to a multicast group. verbs has already
-	// checked the QP type, the GID and the LID.
-	AttachMcast(gid verbs.GID, lid uint16) error
-	// DetachMcast detaches the QP from a multicast group.
-	DetachMcast(gid verbs.GID, lid uint16) error
-	// Destroy releases the QP; it must detach it from every group and stop
-	// calling its Receiver before returning.
-	Destroy() error
+	// Destroy releases the QPN and the send resources. The core has
+	// detached the QP and stopped delivering to it.
+	Destroy()
 }
 
 // BatchSender is an optional interface of a DriverQP that transmits several
@@ -55,8 +61,8 @@ type DriverQP interface {
 // datagrams of a chain of send WRs, up to MaxSendBatch at a time.
 type BatchSender interface {
 	// SendBatch transmits s in order. errs has the length of s; SendBatch
-	// sets errs[i] to what Send(&s[i]) would have returned. Payloads are
-	// only valid during the call.
+	// sets errs[i] (and s[i].Wire) to what Send(&s[i]) would have.
+	// Payloads are only valid during the call.
 	SendBatch(s []UDSend, errs []error)
 }
 
@@ -68,46 +74,55 @@ const MaxSendBatch = 32
 type UDSend struct {
 	AH         *verbs.AHAttr
 	RemoteQPN  uint32
-	RemoteQKey uint32
+	RemoteQKey uint32 // the DETH Q_Key, as posted (rxe sends it as is)
+	PSN        uint32 // the BTH PSN
 	Imm        uint32 // host order; valid when HasImm
 	HasImm     bool
 	Solicited  bool
 	Payload    []byte
+	// Wire is set by the provider: the bytes it sent, 0 when it dropped
+	// an oversized datagram.
+	Wire int
 }
 
-// DeliverResult says what happened to a datagram handed to a Receiver.
-type DeliverResult uint8
+// ErrDeviceClosed is returned for work on a device whose provider closed it.
+var ErrDeviceClosed = errors.New("device closed")
 
-// Delivery outcomes.
-const (
-	// Delivered means a receive WR was consumed and a completion queued.
-	Delivered DeliverResult = iota
-	// NoRecvWR means no receive WR was posted; the datagram is dropped.
-	NoRecvWR
-	// TooLong means the next receive WR is smaller than 40 bytes + payload;
-	// the datagram is dropped and the WR is not consumed.
-	TooLong
-	// CQFull means the receive CQ had no room; the datagram is dropped and
-	// the WR is not consumed.
-	CQFull
-	// NotReady means the QP is not in a state that receives (below RTR).
-	NotReady
-)
+// IBRecvInfo is what an InfiniBand provider knows about a received packet
+// beyond what a RoCE provider does: the LRH fields of the completion, and
+// whether a GRH came with it (without one the GRH area is undefined and
+// the completion has no IBV_WC_GRH flag).
+type IBRecvInfo struct {
+	SLID         uint16
+	SL           uint8
+	DLIDPathBits uint8
+	GRH          bool
+}
 
-// Receiver is a QP's receive side as seen by its provider.
-type Receiver interface {
-	// Deliver writes grh (the 40-byte GRH area) and payload into the next
-	// posted receive WR and queues a completion with the given source QPN
-	// and immediate data. It never retains grh or payload.
-	Deliver(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult
+// Datagram is one received UD datagram that passed the transport's checks,
+// as the core needs it for the per-QP checks and the completion. The core
+// never retains it or its slices.
+type Datagram struct {
+	GRH     *[verbs.GRHLen]byte // the GRH area of the receive buffer
+	PKey    uint16              // BTH P_Key
+	QKey    uint32              // DETH Q_Key
+	SrcQP   uint32              // DETH source QP
+	Imm     uint32              // host order; valid when HasImm
+	HasImm  bool
+	Payload []byte
+	// Self is set when this device sent the datagram: a QP created with
+	// CreateBlockSelfMcastLB does not get its own multicast.
+	Self bool
+	// IB is set by InfiniBand providers; nil on RoCE.
+	IB *IBRecvInfo
 }
 
 // Burst defers the wake-ups of goroutines blocked in CQ.Wait while a
-// provider hands a batch of datagrams to Receivers: a completion queued
-// through DeliverBurst wakes its CQ's waiter at Flush, once per CQ, instead
-// of at once. The receiving goroutine then runs on instead of waking the
-// consumer (often on another core) for every datagram. A Burst is used by
-// one goroutine at a time; its zero value is ready. The provider must call
+// provider delivers a batch of datagrams: a completion queued during the
+// batch wakes its CQ's waiter at Flush, once per CQ, instead of at once.
+// The receiving goroutine then runs on instead of waking the consumer
+// (often on another core) for every datagram. A Burst is used by one
+// goroutine at a time; its zero value is ready. The provider must call
 // Flush after each batch.
 type Burst struct {
 	cqs []*CQ
@@ -133,30 +148,4 @@ func (b *Burst) add(cq *CQ) {
 		}
 	}
 	b.cqs = append(b.cqs, cq)
-}
-
-// BurstReceiver is implemented by every Receiver verbs hands out:
-// DeliverBurst is Deliver with the wake-up of the CQ's waiter deferred to
-// b.Flush.
-type BurstReceiver interface {
-	Receiver
-	DeliverBurst(b *Burst, grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult
-}
-
-// IBRecvInfo is what an InfiniBand provider knows about a received packet
-// beyond what a RoCE provider does: the LRH fields of the completion, and
-// whether a GRH came with it (without one the GRH area is undefined and
-// the completion has no IBV_WC_GRH flag).
-type IBRecvInfo struct {
-	SLID         uint16
-	SL           uint8
-	DLIDPathBits uint8
-	GRH          bool
-}
-
-// IBReceiver is implemented by every Receiver verbs hands out; InfiniBand
-// providers use it to fill the completion's SLID and SL.
-type IBReceiver interface {
-	Receiver
-	DeliverIB(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, info *IBRecvInfo) DeliverResult
 }

@@ -23,7 +23,11 @@ type PD struct {
 
 // AllocPD allocates a protection domain (ibv_alloc_pd).
 func (c *Context) AllocPD() (verbs.PDOps, error) {
+	if err := c.dev.take(objPD); err != nil {
+		return nil, fmt.Errorf("verbs: alloc pd: %w", err)
+	}
 	if err := c.use(1, 0); err != nil {
+		c.dev.put(objPD)
 		return nil, fmt.Errorf("verbs: alloc pd: %w", err)
 	}
 	pd := &PD{ctx: c, mrs: map[uint32]*MR{}}
@@ -47,6 +51,7 @@ func (pd *PD) Dealloc() error {
 	}
 	pd.dead = true
 	pd.ctx.release(1, 0)
+	pd.ctx.dev.put(objPD)
 	return nil
 }
 
@@ -89,9 +94,13 @@ func (pd *PD) RegMR(buf []byte, access verbs.Access) (verbs.MROps, error) {
 		lkey:   nextKey.Add(1)<<8 | 0x5a,
 		access: access,
 	}
+	if err := pd.ctx.dev.take(objMR); err != nil {
+		return nil, fmt.Errorf("verbs: reg mr: %w", err)
+	}
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.dead {
+		pd.ctx.dev.put(objMR)
 		return nil, fmt.Errorf("verbs: reg mr: %w", syscall.EINVAL)
 	}
 	pd.mrs[mr.lkey] = mr
@@ -118,6 +127,7 @@ func (mr *MR) Dereg() error {
 	}
 	delete(pd.mrs, mr.lkey)
 	pd.publishMRs()
+	pd.ctx.dev.put(objMR)
 	return nil
 }
 

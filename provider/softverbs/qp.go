@@ -3,9 +3,11 @@ package softverbs
 import (
 	"errors"
 	"fmt"
-	"github.com/softrdma/softrdma/verbs"
 	"sync"
+	"sync/atomic"
 	"syscall"
+
+	"github.com/softrdma/softrdma/verbs"
 )
 
 // QP is a queue pair (struct ibv_qp). Only UD QPs are supported.
@@ -21,13 +23,23 @@ type QP struct {
 	context any
 	qpn     uint32
 
-	mu      sync.Mutex // state, attributes, attachments
+	dev       *Device
+	blockSelf bool
+	ctr       counters
+	groups    []Attachment // attach order (dev.mu)
+
+	// What the receive path reads without locks.
+	rxState atomic.Uint32 // verbs.QPState
+	rxQKey  atomic.Uint32
+	rxPort  atomic.Uint32
+
+	mu      sync.Mutex // state, attributes
 	state   verbs.QPState
 	attr    verbs.QPAttr
-	mcast   map[mcKey]struct{}
 	dead    bool
 	port    verbs.PortAttr
 	sendBuf []byte
+	psn     atomic.Uint32 // next send PSN
 
 	smu sync.Mutex // send side: serializes PostSend and owns sendBuf, us and batch
 	us  UDSend
@@ -39,11 +51,6 @@ type QP struct {
 	rhead int
 	rn    int
 	rdead bool
-}
-
-type mcKey struct {
-	gid verbs.GID
-	lid uint16
 }
 
 type recvWQE struct {
@@ -81,17 +88,25 @@ func (pd *PD) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
 	if c.MaxRecvSGE == 0 {
 		c.MaxRecvSGE = 1
 	}
+	d := pd.ctx.dev
 	qp := &QP{
-		pd: pd, sendCQ: sendCQ, recvCQ: recvCQ, cap: c, typ: init.QPType,
+		pd: pd, dev: d, sendCQ: sendCQ, recvCQ: recvCQ, cap: c, typ: init.QPType,
 		sigAll: init.SQSigAll, flags: init.CreateFlags, context: init.Context,
-		mcast: map[mcKey]struct{}{}, rq: make([]recvWQE, max(c.MaxRecvWR, 1)),
+		blockSelf: init.CreateFlags&verbs.CreateBlockSelfMcastLB != 0,
+		ctr:       newCounters(), rq: make([]recvWQE, max(c.MaxRecvWR, 1)),
 	}
-	drv, err := pd.ctx.dev.drv.CreateQP(receiver{qp}, DriverQPInit{Type: init.QPType, CreateFlags: init.CreateFlags})
-	if err != nil {
+	qp.rxPort.Store(1)
+	if err := d.take(objQP); err != nil {
 		return nil, fmt.Errorf("verbs: create qp: %w", err)
 	}
 	if err := pd.hold(1, 0); err != nil {
-		drv.Destroy()
+		d.put(objQP)
+		return nil, fmt.Errorf("verbs: create qp: %w", err)
+	}
+	drv, err := d.drv.CreateQP(DriverQPInit{Type: init.QPType, CreateFlags: init.CreateFlags})
+	if err != nil {
+		pd.hold(-1, 0)
+		d.put(objQP)
 		return nil, fmt.Errorf("verbs: create qp: %w", err)
 	}
 	qp.drv = drv
@@ -99,6 +114,10 @@ func (pd *PD) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
 	qp.qpn = drv.QPN()
 	sendCQ.hold(1)
 	recvCQ.hold(1)
+	d.mu.Lock()
+	d.qps[qp.qpn] = qp
+	d.qpView.store(qp.qpn, qp)
+	d.mu.Unlock()
 	return qp, nil
 }
 
@@ -202,10 +221,13 @@ func (qp *QP) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 		na.SQPSN = attr.SQPSN & 0xffffff
 	}
 	na.State = next
-	if err := qp.drv.Modify(&na, mask|verbs.QPAttrState); err != nil {
-		return fmt.Errorf("verbs: modify qp: %w", err)
+	if mask&verbs.QPAttrSQPSN != 0 {
+		qp.psn.Store(na.SQPSN)
 	}
 	qp.attr, qp.state = na, next
+	qp.rxQKey.Store(na.QKey)
+	qp.rxPort.Store(uint32(na.PortNum))
+	qp.rxState.Store(uint32(next))
 	switch next {
 	case verbs.QPSReset:
 		qp.flushRecv(false)
@@ -358,9 +380,10 @@ func (qp *QP) payload(wr *verbs.SendWR, n int, gather *[]byte) ([]byte, error) {
 	return buf, nil
 }
 
-func udSend(ah *AH, wr *verbs.SendWR, payload []byte) UDSend {
+func (qp *QP) udSend(ah *AH, wr *verbs.SendWR, payload []byte) UDSend {
 	return UDSend{
 		AH: &ah.attr, RemoteQPN: wr.UD.RemoteQPN & 0xffffff, RemoteQKey: wr.UD.RemoteQKey,
+		PSN: (qp.psn.Add(1) - 1) & 0xffffff,
 		Imm: wr.ImmData, HasImm: wr.Opcode == verbs.WRSendWithImm, Solicited: wr.Flags&verbs.SendSolicited != 0,
 		Payload: payload,
 	}
@@ -375,14 +398,31 @@ func (qp *QP) postOne(wr *verbs.SendWR) error {
 	if err != nil {
 		return err
 	}
-	qp.us = udSend(ah, wr, buf)
+	qp.us = qp.udSend(ah, wr, buf)
 	err = qp.drv.Send(&qp.us)
+	qp.sent(qp.us.Wire, err)
 	qp.us = UDSend{}
 	if signaled {
 		wc := sendWC(wr.WRID, n, qp.qpn, err)
 		qp.sendCQ.pushOrOverrun(&wc)
 	}
 	return nil
+}
+
+// sent counts the outcome of one send: sent, refused, or dropped for its
+// size (nothing on the wire, no error).
+func (qp *QP) sent(wire int, err error) {
+	d := qp.dev
+	switch {
+	case err != nil:
+		d.count(qp, SendErrors)
+	case wire == 0:
+		d.count(qp, OversizedSendDrops)
+	default:
+		d.count(qp, SentPkts)
+		d.ctr[SentBytes].Add(uint64(wire))
+		qp.ctr[SentBytes].Add(uint64(wire))
+	}
 }
 
 // sendWC is the completion of a send: success, or LOC_QP_OP_ERR with the
@@ -432,7 +472,7 @@ func (qp *QP) postBatch(wr *verbs.SendWR, notRTS bool) error {
 			return &verbs.BadWRError{Index: i, Err: err}
 		}
 		k := b.k
-		b.us[k] = udSend(ah, wr, buf)
+		b.us[k] = qp.udSend(ah, wr, buf)
 		b.wrid[k], b.n[k], b.sig[k] = wr.WRID, n, signaled
 		b.k++
 		if signaled {
@@ -453,6 +493,7 @@ func (qp *QP) flushBatch(b *sendBatch) {
 	}
 	qp.bs.SendBatch(b.us[:b.k], b.errs[:b.k])
 	for j := range b.k {
+		qp.sent(b.us[j].Wire, b.errs[j])
 		if b.sig[j] {
 			wc := sendWC(b.wrid[j], b.n[j], qp.qpn, b.errs[j])
 			qp.sendCQ.pushOrOverrun(&wc)
@@ -464,47 +505,55 @@ func (qp *QP) flushBatch(b *sendBatch) {
 }
 
 // AttachMcast attaches the QP to a multicast group (ibv_attach_mcast). The
-// GID must be multicast and, on InfiniBand, the LID a multicast LID.
+// GID must be multicast and, on InfiniBand, the LID a multicast LID; on
+// RoCE the LID is ignored.
 func (qp *QP) AttachMcast(gid verbs.GID, lid uint16) error {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	if err := qp.checkMcast(gid, lid); err != nil {
+	lid, err := qp.checkMcast(gid, lid)
+	if err == nil {
+		err = qp.dev.attach(qp, gid, lid)
+	}
+	if err != nil {
 		return fmt.Errorf("verbs: attach mcast %v: %w", gid, err)
 	}
-	if err := qp.drv.AttachMcast(gid, lid); err != nil {
-		return fmt.Errorf("verbs: attach mcast %v: %w", gid, err)
-	}
-	qp.mcast[mcKey{gid, lid}] = struct{}{}
 	return nil
 }
 
 // DetachMcast detaches the QP from a multicast group (ibv_detach_mcast).
 func (qp *QP) DetachMcast(gid verbs.GID, lid uint16) error {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	if err := qp.checkMcast(gid, lid); err != nil {
+	lid, err := qp.checkMcast(gid, lid)
+	if err == nil {
+		err = qp.dev.detach(qp, gid, lid)
+	}
+	if err != nil {
 		return fmt.Errorf("verbs: detach mcast %v: %w", gid, err)
 	}
-	if err := qp.drv.DetachMcast(gid, lid); err != nil {
-		return fmt.Errorf("verbs: detach mcast %v: %w", gid, err)
-	}
-	delete(qp.mcast, mcKey{gid, lid})
 	return nil
 }
 
-func (qp *QP) checkMcast(gid verbs.GID, lid uint16) error {
-	if qp.dead || qp.typ != verbs.QPTypeUD || !gid.IsMulticast() {
-		return syscall.EINVAL
+// checkMcast checks an attach or detach and returns the LID the group
+// table keys it by (0 on RoCE).
+func (qp *QP) checkMcast(gid verbs.GID, lid uint16) (uint16, error) {
+	qp.mu.Lock()
+	dead := qp.dead
+	qp.mu.Unlock()
+	if dead || qp.typ != verbs.QPTypeUD || !gid.IsMulticast() {
+		return 0, syscall.EINVAL
 	}
-	if qp.linkLayer() == verbs.LinkLayerInfiniBand && (lid < verbs.MulticastLIDBase || lid == 0xffff) {
-		return syscall.EINVAL
+	if qp.linkLayer() != verbs.LinkLayerInfiniBand {
+		return 0, nil
 	}
-	return nil
+	if lid < verbs.MulticastLIDBase || lid == 0xffff {
+		return 0, syscall.EINVAL
+	}
+	return lid, nil
 }
 
 func (qp *QP) linkLayer() verbs.LinkLayer {
-	if qp.port.LinkLayer != verbs.LinkLayerUnspecified {
-		return qp.port.LinkLayer
+	qp.mu.Lock()
+	ll := qp.port.LinkLayer
+	qp.mu.Unlock()
+	if ll != verbs.LinkLayerUnspecified {
+		return ll
 	}
 	pa, err := qp.pd.ctx.QueryPort(1)
 	if err != nil {
@@ -514,7 +563,9 @@ func (qp *QP) linkLayer() verbs.LinkLayer {
 }
 
 // Destroy destroys the QP (ibv_destroy_qp); it is detached from every
-// multicast group first, as the kernel does for userspace QPs.
+// multicast group first, as the kernel does for userspace QPs. When it
+// returns, no receive path touches the QP's buffers: the receive queue is
+// closed under its lock, which every delivery holds.
 func (qp *QP) Destroy() error {
 	qp.mu.Lock()
 	if qp.dead {
@@ -523,64 +574,53 @@ func (qp *QP) Destroy() error {
 	}
 	qp.dead = true
 	qp.mu.Unlock()
-	err := qp.drv.Destroy()
+	qp.rxState.Store(uint32(verbs.QPSErr))
+	d := qp.dev
+	d.mu.Lock()
+	d.detachAllLocked(qp)
+	delete(d.qps, qp.qpn)
+	d.qpView.delete(qp.qpn)
+	d.mu.Unlock()
 	qp.rmu.Lock()
 	qp.rdead = true
 	qp.rmu.Unlock()
+	qp.smu.Lock() // a PostSend in progress finishes with the transport QP
+	qp.drv.Destroy()
+	qp.smu.Unlock()
+	d.put(objQP)
 	qp.sendCQ.hold(-1)
 	qp.recvCQ.hold(-1)
 	qp.pd.hold(-1, 0)
-	if err != nil {
-		return fmt.Errorf("verbs: destroy qp: %w", err)
-	}
 	return nil
 }
 
-// receiver is the QP's Receiver given to its provider.
-type receiver struct{ qp *QP }
-
-// Deliver implements Receiver.
-func (r receiver) Deliver(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult {
-	return r.deliver(grh, payload, srcQP, imm, hasImm, nil, nil)
-}
-
-// DeliverBurst implements BurstReceiver.
-func (r receiver) DeliverBurst(b *Burst, grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool) DeliverResult {
-	return r.deliver(grh, payload, srcQP, imm, hasImm, nil, b)
-}
-
-// DeliverIB implements IBReceiver.
-func (r receiver) DeliverIB(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, info *IBRecvInfo) DeliverResult {
-	return r.deliver(grh, payload, srcQP, imm, hasImm, info, nil)
-}
-
-// deliver consumes the next receive WR; with a Burst the CQ's waiter is
-// woken at the Burst's Flush.
-func (r receiver) deliver(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32, imm uint32, hasImm bool, ib *IBRecvInfo, burst *Burst) DeliverResult {
-	qp := r.qp
+// receive consumes the next receive WR and queues the completion; with a
+// Burst the CQ's waiter is woken at the Burst's Flush. It returns the
+// counter of the outcome.
+func (qp *QP) receive(dg *Datagram, burst *Burst) Counter {
 	qp.rmu.Lock()
 	defer qp.rmu.Unlock()
 	if qp.rdead {
-		return NotReady
+		return NotReadyDrops
 	}
 	if qp.rn == 0 {
-		return NoRecvWR
+		return NoRecvWRDrops
 	}
 	w := &qp.rq[qp.rhead]
-	need := verbs.GRHLen + len(payload)
+	need := verbs.GRHLen + len(dg.Payload)
 	if w.total < need {
-		return TooLong
+		return TooLongDrops
 	}
-	scatter(w.segs, grh[:], payload)
+	scatter(w.segs, dg.GRH[:], dg.Payload)
 	wc := verbs.WC{
 		WRID: w.wrid, Status: verbs.WCSuccess, Opcode: verbs.WCOpRecv, ByteLen: uint32(need),
-		QPNum: qp.qpn, SrcQP: srcQP, Flags: verbs.WCGRH,
+		QPNum: qp.qpn, SrcQP: dg.SrcQP, Flags: verbs.WCGRH,
 	}
-	if hasImm {
+	if dg.HasImm {
 		wc.Flags |= verbs.WCWithImm
-		wc.ImmData = imm
+		wc.ImmData = dg.Imm
 	}
-	if ib != nil {
+	if ib := dg.IB; ib != nil {
 		wc.SLID, wc.SL, wc.DLIDPathBits = ib.SLID, ib.SL, ib.DLIDPathBits
 		if !ib.GRH {
 			wc.Flags &^= verbs.WCGRH
@@ -590,11 +630,11 @@ func (r receiver) deliver(grh *[verbs.GRHLen]byte, payload []byte, srcQP uint32,
 	// which a WR not completed yet allows).
 	if burst == nil {
 		if !qp.recvCQ.push(&wc) {
-			return CQFull
+			return CQFullDrops
 		}
 	} else {
 		if !qp.recvCQ.pushQuiet(&wc) {
-			return CQFull
+			return CQFullDrops
 		}
 		burst.add(qp.recvCQ)
 	}

@@ -1,0 +1,94 @@
+package softverbs
+
+import (
+	"sync/atomic"
+
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// Counter names one counter of a software device. Every counter is one
+// declaration below: its name, help, scope and drop reason; verbs'
+// CounterSource hands the schema to the tools.
+//
+// Every datagram a device reads is counted in RcvdPkts, then exactly once
+// more: in one transport drop (MalformedDrops … ICRCErrors), as an SA MAD,
+// in NoGroupDrops / NoQPDrops, or once per receiving QP as Delivered or in
+// one per-QP drop (NotReadyDrops … CQFullDrops).
+type Counter int
+
+// schema is the counter table, in declaration order.
+var schema []verbs.CounterDesc
+
+// def declares a counter.
+func def(name string, scope verbs.CounterScope, metric, reason, help string) Counter {
+	schema = append(schema, verbs.CounterDesc{Name: name, Help: help, Scope: scope, Metric: metric, Reason: reason})
+	return Counter(len(schema) - 1)
+}
+
+const (
+	dev = verbs.ScopeDevice
+	qp  = verbs.ScopeQP
+	drp = "dropped_packets_total"
+)
+
+// The counters of a software device.
+var (
+	RcvdPkts           = def("rcvd_pkts", dev, "received_packets_total", "", "Datagrams read from the device's sockets, before any check.")
+	RcvdBytes          = def("rcvd_bytes", dev, "received_bytes_total", "", "Bytes of the datagrams read (UDP payload on RoCEv2, the whole packet on IB).")
+	Delivered          = def("delivered", qp, "delivered_packets_total", "", "Datagrams handed to a QP's receive queue (one per receiving QP).")
+	SentPkts           = def("sent_pkts", qp, "sent_packets_total", "", "Datagrams sent.")
+	SentBytes          = def("sent_bytes", qp, "sent_bytes_total", "", "Bytes sent (UDP payload on RoCEv2, the whole packet on IB).")
+	SendErrors         = def("send_errors", qp, "send_errors_total", "", "Sends the transport refused (the completion has LOC_QP_OP_ERR).")
+	OversizedSendDrops = def("oversized_send_drops", qp, drp, "oversized_send", "Sends larger than the active MTU, completed without being sent (as rxe does).")
+	SAMADs             = def("sa_mads", dev, "sa_mads_total", "", "MADs for the port's GSI QP handed to the SA client (InfiniBand).")
+	UntrustedDrops     = def("untrusted_drops", dev, drp, "untrusted", "Datagrams from a sender the port does not trust (InfiniBand: not its SM).")
+	MalformedDrops     = def("malformed_drops", dev, drp, "malformed", "Packets that do not parse (InfiniBand: bad LRH, GRH or BTH).")
+	TruncatedDrops     = def("truncated_drops", dev, drp, "truncated", "Datagrams shorter than their headers and ICRC.")
+	TVerDrops          = def("tver_drops", dev, drp, "tver", "Datagrams with a BTH transport version other than 0.")
+	OpcodeDrops        = def("opcode_drops", dev, drp, "opcode", "Datagrams whose opcode is not UD SEND_ONLY[_WITH_IMMEDIATE].")
+	DestQP0Drops       = def("destqp0_drops", dev, drp, "destqp0", "Datagrams addressed to QP 0.")
+	OversizedRecvDrops = def("oversized_recv_drops", dev, drp, "oversized_recv", "Datagrams larger than any packet of a 4096-byte MTU.")
+	ICRCErrors         = def("icrc_errors", dev, drp, "icrc", "Datagrams whose ICRC does not match.")
+	VCRCErrors         = def("vcrc_errors", dev, drp, "vcrc", "Packets whose VCRC does not match (InfiniBand).")
+	NoGroupDrops       = def("no_group_drops", dev, drp, "no_group", "Multicast datagrams for a group with no attached QP.")
+	NoQPDrops          = def("no_qp_drops", dev, drp, "no_qp", "Unicast datagrams for a QPN the device does not have.")
+	NotReadyDrops      = def("not_ready_drops", qp, drp, "not_ready", "Datagrams for a QP that does not receive (below RTR, ERR, destroyed).")
+	PKeyViolations     = def("pkey_violations", qp, drp, "pkey", "Datagrams whose P_Key is not the default partition's.")
+	QKeyViolations     = def("qkey_violations", qp, drp, "qkey", "Datagrams whose Q_Key differs from the receiving QP's.")
+	SelfLoopbackDrops  = def("self_loopback_drops", qp, drp, "self_loopback", "A QP's own multicast not delivered to it (CreateBlockSelfMcastLB).")
+	NoRecvWRDrops      = def("no_recv_wr_drops", qp, drp, "no_recv_wr", "Datagrams dropped because no receive WR was posted.")
+	TooLongDrops       = def("too_long_drops", qp, drp, "too_long", "Datagrams larger than the next receive WR (40 + payload); the WR is not consumed.")
+	CQFullDrops        = def("cq_full_drops", qp, drp, "cq_full", "Datagrams dropped because the receive CQ was full.")
+)
+
+// Schema returns the counter schema of software devices, indexed by
+// Counter. The slice is shared and must not be modified.
+func Schema() []verbs.CounterDesc { return schema }
+
+// String returns the counter's name.
+func (c Counter) String() string { return schema[c].Name }
+
+// counters is one set of atomic counters, indexed by Counter; the hot path
+// only adds.
+type counters []atomic.Uint64
+
+func newCounters() counters { return make(counters, len(schema)) }
+
+func (c counters) values() []uint64 {
+	out := make([]uint64, len(c))
+	for i := range c {
+		out[i] = c[i].Load()
+	}
+	return out
+}
+
+// Snapshot is the values of a device's or a QP's counters.
+type Snapshot []uint64
+
+// Get returns one counter's value.
+func (s Snapshot) Get(c Counter) uint64 {
+	if int(c) >= len(s) {
+		return 0
+	}
+	return s[c]
+}
