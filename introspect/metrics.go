@@ -57,7 +57,6 @@ func newDescSet() *descSet {
 	return d
 }
 
-
 // counterDescs returns the device and QP descriptors of a counter's metric.
 func (d *descSet) counterDescs(c CounterInfo) (dev, qp *prometheus.Desc) {
 	d.mu.Lock()

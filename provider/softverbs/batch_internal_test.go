@@ -61,7 +61,7 @@ type fakeQP struct {
 }
 
 func (q *fakeQP) QPN() uint32 { return q.qpn }
-func (q *fakeQP) Destroy()     {}
+func (q *fakeQP) Destroy()    {}
 func (q *fakeQP) Send(s *UDSend) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()

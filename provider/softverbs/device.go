@@ -26,7 +26,7 @@ type Device struct {
 	nattach int
 	objs    [numObj]int // PDs, CQs, MRs, AHs, QPs, against the device's limits
 
-	qpView    *cowMap[uint32, *QP]     // read by the receive path
+	qpView    *cowMap[uint32, *QP]       // read by the receive path
 	groupView *cowMap[verbs.GID, *Group] // read by the receive path
 }
 
@@ -93,7 +93,6 @@ func (d *Device) put(k objKind) {
 	d.objs[k]--
 	d.mu.Unlock()
 }
-
 
 // Name returns the device name (verbs.DeviceOps).
 func (d *Device) Name() string { return d.drv.Name() }
