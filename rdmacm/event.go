@@ -106,7 +106,8 @@ type EventChannel struct {
 }
 
 // CreateEventChannel opens an event channel (rdma_create_event_channel).
-func CreateEventChannel() (*EventChannel, error) {
+func CreateEventChannel() (_ *EventChannel, err error) {
+	defer wrapErr(&err, "rdma_create_event_channel", nil)
 	ch := &EventChannel{ready: make(chan struct{})}
 	ch.cond = sync.NewCond(&ch.mu)
 	return ch, nil
@@ -114,14 +115,15 @@ func CreateEventChannel() (*EventChannel, error) {
 
 // Close closes the channel (rdma_destroy_event_channel). Every id on it
 // must be destroyed first: otherwise EBUSY.
-func (ch *EventChannel) Close() error {
+func (ch *EventChannel) Close() (err error) {
+	defer wrapErr(&err, "rdma_destroy_event_channel", nil)
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	if ch.closed {
-		return fmt.Errorf("rdmacm: close channel: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	if ch.ids > 0 {
-		return fmt.Errorf("rdmacm: close channel: %d ids left: %w", ch.ids, syscall.EBUSY)
+		return fmt.Errorf("%d ids left: %w", ch.ids, syscall.EBUSY)
 	}
 	ch.closed = true
 	close(ch.ready)
@@ -152,12 +154,13 @@ func (ch *EventChannel) Ready() <-chan struct{} {
 // GetEvent returns the next event (rdma_get_cm_event). It blocks until an
 // event is queued or ctx is done; on a non-blocking channel it returns
 // EAGAIN at once when the queue is empty.
-func (ch *EventChannel) GetEvent(ctx context.Context) (*Event, error) {
+func (ch *EventChannel) GetEvent(ctx context.Context) (_ *Event, err error) {
+	defer wrapErr(&err, "rdma_get_cm_event", nil)
 	for {
 		ch.mu.Lock()
 		if ch.closed {
 			ch.mu.Unlock()
-			return nil, fmt.Errorf("rdmacm: get event: channel closed: %w", syscall.EBADF)
+			return nil, fmt.Errorf("channel closed: %w", syscall.EBADF)
 		}
 		if len(ch.queue) > 0 {
 			ev := ch.queue[0]
@@ -174,7 +177,7 @@ func (ch *EventChannel) GetEvent(ctx context.Context) (*Event, error) {
 		}
 		if ch.nonblock {
 			ch.mu.Unlock()
-			return nil, fmt.Errorf("rdmacm: get event: %w", syscall.EAGAIN)
+			return nil, syscall.EAGAIN
 		}
 		ready := ch.ready
 		ch.mu.Unlock()
@@ -190,11 +193,12 @@ func (ch *EventChannel) GetEvent(ctx context.Context) (*Event, error) {
 }
 
 // TryGetEvent is GetEvent on a non-blocking channel: EAGAIN when empty.
-func (ch *EventChannel) TryGetEvent() (*Event, error) {
+func (ch *EventChannel) TryGetEvent() (_ *Event, err error) {
+	defer wrapErr(&err, "rdma_get_cm_event", nil)
 	ch.mu.Lock()
 	if len(ch.queue) == 0 {
 		ch.mu.Unlock()
-		return nil, fmt.Errorf("rdmacm: get event: %w", syscall.EAGAIN)
+		return nil, syscall.EAGAIN
 	}
 	ch.mu.Unlock()
 	return ch.GetEvent(context.Background())
@@ -235,15 +239,16 @@ func (ch *EventChannel) purgeLocked(match func(*Event) bool) {
 
 // Ack acknowledges and releases an event (rdma_ack_cm_event). A nil event
 // or a second ack is EINVAL.
-func (ev *Event) Ack() error {
+func (ev *Event) Ack() (err error) {
+	defer wrapErr(&err, "rdma_ack_cm_event", nil)
 	if ev == nil || ev.ch == nil {
-		return fmt.Errorf("rdmacm: ack event: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	ch := ev.ch
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	if ev.acked || !ev.reported {
-		return fmt.Errorf("rdmacm: ack event: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	ev.acked = true
 	ev.ID.eventsCompleted++

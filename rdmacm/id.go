@@ -59,11 +59,12 @@ type ID struct {
 // CreateID creates an id (rdma_create_id). A nil channel makes a
 // synchronous id: calls that produce an event wait for it and turn a
 // failure status into their error. ctx is returned by Context.
-func CreateID(ch *EventChannel, ctx any, ps PortSpace) (*ID, error) {
+func CreateID(ch *EventChannel, ctx any, ps PortSpace) (_ *ID, err error) {
+	defer wrapErr(&err, "rdma_create_id", nil)
 	switch ps {
 	case PS_UDP, PS_IPOIB, PS_TCP, PS_IB:
 	default:
-		return nil, fmt.Errorf("rdmacm: create id: port space %#x: %w", uint16(ps), syscall.EINVAL)
+		return nil, fmt.Errorf("port space %#x: %w", uint16(ps), syscall.EINVAL)
 	}
 	id := &ID{ch: ch, context: ctx, ps: ps, qpType: ps.qpType()}
 	if ch == nil {
@@ -74,7 +75,7 @@ func CreateID(ch *EventChannel, ctx any, ps PortSpace) (*ID, error) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	if ch.closed {
-		return nil, fmt.Errorf("rdmacm: create id: %w", syscall.EBADF)
+		return nil, syscall.EBADF
 	}
 	ch.ids++
 	return id, nil
@@ -220,18 +221,19 @@ func releasePort(ps PortSpace, port uint16) {
 // BindAddr binds the id to a local address (rdma_bind_addr). A specific
 // address binds the id to the device of its interface; the wildcard address
 // binds no device. Port 0 picks a free port of the id's port space.
-func (id *ID) BindAddr(addr net.Addr) error {
+func (id *ID) BindAddr(addr net.Addr) (err error) {
+	defer wrapErr(&err, "rdma_bind_addr", addr)
 	sa, err := toSockaddr(addr)
 	if err != nil {
-		return fmt.Errorf("rdmacm: bind: %w", err)
+		return err
 	}
 	if !sa.isIP() {
-		return fmt.Errorf("rdmacm: bind: AF_IB needs an InfiniBand device: %w", syscall.EINVAL)
+		return fmt.Errorf("AF_IB needs an InfiniBand device: %w", syscall.EINVAL)
 	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if err := id.bindLocked(sa); err != nil {
-		return fmt.Errorf("rdmacm: bind %v: %w", sa.netAddr(), err)
+		return err
 	}
 	return nil
 }
@@ -270,22 +272,23 @@ func (id *ID) bindLocked(sa sockaddr) error {
 // pick the interface (so a multicast group usually resolves to the default
 // route's interface: pass src to choose). The result comes as an
 // ADDR_RESOLVED or ADDR_ERROR event; a synchronous id waits for it.
-func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) error {
+func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) {
+	defer wrapErr(&err, "rdma_resolve_addr", dst)
 	d, err := toSockaddr(dst)
 	if err != nil {
-		return fmt.Errorf("rdmacm: resolve addr: dst: %w", err)
+		return fmt.Errorf("dst: %w", err)
 	}
 	var s sockaddr
 	if src != nil {
 		if s, err = toSockaddr(src); err != nil {
-			return fmt.Errorf("rdmacm: resolve addr: src: %w", err)
+			return fmt.Errorf("src: %w", err)
 		}
 	}
 	if !d.isIP() || (src != nil && !s.isIP()) {
-		return fmt.Errorf("rdmacm: resolve addr: AF_IB needs an InfiniBand device: %w", syscall.EINVAL)
+		return fmt.Errorf("AF_IB needs an InfiniBand device: %w", syscall.EINVAL)
 	}
 	if src != nil && s.family != d.family {
-		return fmt.Errorf("rdmacm: resolve addr: address families differ: %w", syscall.EINVAL)
+		return fmt.Errorf("address families differ: %w", syscall.EINVAL)
 	}
 	id.mu.Lock()
 	if id.state == stateIdle {
@@ -308,18 +311,18 @@ func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) error {
 			if err != nil {
 				// The kernel reports a failed lookup as ADDR_ERROR.
 				id.mu.Unlock()
-				return id.complete(id.queue(&Event{ID: id, Event: EventAddrError, Status: -errnoOf(err)}))
+				return id.complete(id.queue(&Event{ID: id, Event: EventAddrError, Status: -int(verbs.ErrnoOf(err))}))
 			}
 		} else if err := id.bindLocked(s); err != nil {
 			id.mu.Unlock()
-			return fmt.Errorf("rdmacm: resolve addr: bind %v: %w", s.netAddr(), err)
+			return fmt.Errorf("bind %v: %w", s.netAddr(), err)
 		}
 	}
 	switch id.state {
 	case stateAddrBound, stateAddrResolved:
 	default:
 		id.mu.Unlock()
-		return fmt.Errorf("rdmacm: resolve addr: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	id.dst = d
 	var ev *Event
@@ -331,15 +334,6 @@ func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) error {
 	}
 	id.mu.Unlock()
 	return id.complete(id.queue(ev))
-}
-
-// errnoOf extracts an errno from err (EINVAL when none).
-func errnoOf(err error) int {
-	var e syscall.Errno
-	if asErrno(err, &e) {
-		return int(e)
-	}
-	return int(syscall.EINVAL)
 }
 
 // queue enqueues an event of this id and returns it.
@@ -373,14 +367,14 @@ func (id *ID) complete(_ *Event) error {
 	case ev.Status == 0:
 		return nil
 	case ev.Event == EventRejected:
-		return fmt.Errorf("rdmacm: %v: %w", ev.Event, syscall.ECONNREFUSED)
+		return fmt.Errorf("%v: %w", ev.Event, syscall.ECONNREFUSED)
 	case ev.Status < 0:
 		if ev.Status == -1 && ev.Err != nil {
-			return fmt.Errorf("rdmacm: %v: %w", ev.Event, syscall.EPERM)
+			return fmt.Errorf("%v: %w", ev.Event, syscall.EPERM)
 		}
-		return fmt.Errorf("rdmacm: %v: %w", ev.Event, syscall.Errno(-ev.Status))
+		return fmt.Errorf("%v: %w", ev.Event, syscall.Errno(-ev.Status))
 	default:
-		return fmt.Errorf("rdmacm: %v: %w", ev.Event, syscall.Errno(ev.Status))
+		return fmt.Errorf("%v: %w", ev.Event, syscall.Errno(ev.Status))
 	}
 }
 
@@ -389,29 +383,30 @@ func (id *ID) complete(_ *Event) error {
 // missing CQs are created (sized by the WR capacities) and belong to the id.
 // attr.CreateFlags may hold verbs.CreateBlockSelfMcastLB. A zero QPType
 // means the id's (UD); ids of connected port spaces (PS_TCP) get EINVAL.
-func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) error {
+func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) (err error) {
+	defer wrapErr(&err, "rdma_create_qp", nil)
 	if attr == nil {
-		return fmt.Errorf("rdmacm: create qp: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.qp != nil || id.dev == nil {
-		return fmt.Errorf("rdmacm: create qp: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	if pd == nil {
 		pd = id.dev.pd
 	}
 	if pd.Context().Device() != id.dev.ctx.Device() {
-		return fmt.Errorf("rdmacm: create qp: pd of another device: %w", syscall.EINVAL)
+		return fmt.Errorf("pd of another device: %w", syscall.EINVAL)
 	}
 	qkey, err := id.defaultQKey()
 	if err != nil {
-		return fmt.Errorf("rdmacm: create qp: %w", err)
+		return err
 	}
 	if id.qpType != verbs.QPTypeUD {
 		// librdmacm would run the connected-QP init path, which this
 		// UD-only stack does not have.
-		return fmt.Errorf("rdmacm: create qp: %v id: %w", id.ps, syscall.EINVAL)
+		return fmt.Errorf("%v id: %w", id.ps, syscall.EINVAL)
 	}
 	a := *attr
 	if a.QPType == 0 {
@@ -427,19 +422,19 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) error {
 	}
 	if a.SendCQ == nil {
 		if a.SendCQ, err = mk(a.Cap.MaxSendWR); err != nil {
-			return fmt.Errorf("rdmacm: create qp: %w", err)
+			return err
 		}
 	}
 	if a.RecvCQ == nil {
 		if a.RecvCQ, err = mk(a.Cap.MaxRecvWR); err != nil {
 			destroyCQs(own)
-			return fmt.Errorf("rdmacm: create qp: %w", err)
+			return err
 		}
 	}
 	qp, err := pd.CreateQP(&a)
 	if err != nil {
 		destroyCQs(own)
-		return fmt.Errorf("rdmacm: create qp: %w", err)
+		return err
 	}
 	steps := []struct {
 		attr verbs.QPAttr
@@ -453,7 +448,7 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) error {
 		if err := qp.Modify(&s.attr, s.mask); err != nil {
 			qp.Destroy()
 			destroyCQs(own)
-			return fmt.Errorf("rdmacm: create qp: %w", err)
+			return err
 		}
 	}
 	id.qp, id.ownCQs, id.sendCQ, id.recvCQ = qp, own, a.SendCQ, a.RecvCQ
@@ -495,13 +490,14 @@ func (id *ID) defaultQKey() (uint32, error) {
 }
 
 // DestroyQP destroys the id's QP (rdma_destroy_qp).
-func (id *ID) DestroyQP() error {
+func (id *ID) DestroyQP() (err error) {
+	defer wrapErr(&err, "rdma_destroy_qp", nil)
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.qp == nil {
-		return fmt.Errorf("rdmacm: destroy qp: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
-	err := id.qp.Destroy()
+	err = id.qp.Destroy()
 	id.qp = nil
 	return err
 }
@@ -510,11 +506,12 @@ func (id *ID) DestroyQP() error {
 // the id's undelivered events, and waits until every event already
 // retrieved for it is acked. The QP should be destroyed first; if it still
 // exists it is detached from the id's groups and destroyed.
-func (id *ID) Destroy() error {
+func (id *ID) Destroy() (err error) {
+	defer wrapErr(&err, "rdma_destroy_id", nil)
 	id.mu.Lock()
 	if id.state == stateDestroying {
 		id.mu.Unlock()
-		return fmt.Errorf("rdmacm: destroy id: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	id.state = stateDestroying
 	mcs := id.mcs

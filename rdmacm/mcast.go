@@ -1,7 +1,6 @@
 package rdmacm
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -32,9 +31,10 @@ type mcJoin struct {
 
 // JoinMulticast joins a multicast group as a full member
 // (rdma_join_multicast); ctx comes back in the event's PrivateData.
-func (id *ID) JoinMulticast(addr net.Addr, ctx any) error {
+func (id *ID) JoinMulticast(addr net.Addr, ctx any) (err error) {
+	defer wrapErr(&err, "rdma_join_multicast", addr)
 	if _, err := toSockaddr(addr); err != nil {
-		return fmt.Errorf("rdmacm: join multicast: %w", err)
+		return err
 	}
 	return id.join(addr, MCJoinFlagFullMember, ctx)
 }
@@ -44,21 +44,22 @@ func (id *ID) JoinMulticast(addr net.Addr, ctx any) error {
 // no JOIN_FLAGS bit or a flag ≥ 2 → EINVAL; nil or unsupported address →
 // EINVAL; then the id and address checks of the join itself (see README).
 // The result arrives as a MULTICAST_JOIN or MULTICAST_ERROR event.
-func (id *ID) JoinMulticastEx(attr *JoinMCAttrEx, ctx any) error {
+func (id *ID) JoinMulticastEx(attr *JoinMCAttrEx, ctx any) (err error) {
+	defer wrapJoinErr(&err, "rdma_join_multicast_ex", attr)
 	if attr == nil {
-		return fmt.Errorf("rdmacm: join multicast: nil attributes: %w", syscall.EINVAL)
+		return fmt.Errorf("nil attributes: %w", syscall.EINVAL)
 	}
 	if attr.CompMask >= JoinMCAttrReserved {
-		return fmt.Errorf("rdmacm: join multicast: comp_mask %#x: %w", attr.CompMask, syscall.EOPNOTSUPP)
+		return fmt.Errorf("comp_mask %#x: %w", attr.CompMask, syscall.EOPNOTSUPP)
 	}
 	if attr.CompMask&JoinMCAttrAddress == 0 {
-		return fmt.Errorf("rdmacm: join multicast: no address: %w", syscall.EINVAL)
+		return fmt.Errorf("no address: %w", syscall.EINVAL)
 	}
 	if attr.CompMask&JoinMCAttrJoinFlags == 0 || attr.JoinFlags >= MCJoinFlagReserved {
-		return fmt.Errorf("rdmacm: join multicast: join flags: %w", syscall.EINVAL)
+		return fmt.Errorf("join flags: %w", syscall.EINVAL)
 	}
 	if _, err := toSockaddr(attr.Addr); err != nil {
-		return fmt.Errorf("rdmacm: join multicast: %w", err)
+		return err
 	}
 	return id.join(attr.Addr, attr.JoinFlags, ctx)
 }
@@ -70,7 +71,7 @@ func (id *ID) join(addr net.Addr, flags uint32, ctx any) error {
 	id.mu.Unlock()
 	observeJoin(id, sa, flags, err)
 	if err != nil {
-		return fmt.Errorf("rdmacm: join multicast %v: %w", addr, err)
+		return err
 	}
 	return id.complete(nil)
 }
@@ -119,10 +120,11 @@ func (id *ID) processEvent(ev *Event) {
 // none → EADDRNOTAVAIL. The QP is detached, undelivered events of the join
 // are dropped, and the call waits until every retrieved event of the join
 // is acked.
-func (id *ID) LeaveMulticast(addr net.Addr) error {
+func (id *ID) LeaveMulticast(addr net.Addr) (err error) {
+	defer wrapErr(&err, "rdma_leave_multicast", addr)
 	sa, err := toSockaddr(addr)
 	if err != nil {
-		return fmt.Errorf("rdmacm: leave multicast: %w", err)
+		return err
 	}
 	id.mu.Lock()
 	var mc *mcJoin
@@ -136,7 +138,7 @@ func (id *ID) LeaveMulticast(addr net.Addr) error {
 	}
 	if mc == nil {
 		id.mu.Unlock()
-		return fmt.Errorf("rdmacm: leave multicast %v: %w", addr, syscall.EADDRNOTAVAIL)
+		return fmt.Errorf("not joined: %w", syscall.EADDRNOTAVAIL)
 	}
 	id.leaveLocked(mc)
 	id.mu.Unlock()
@@ -173,5 +175,3 @@ func (id *ID) leaveLocked(mc *mcJoin) {
 	id.ch.purgeLocked(func(ev *Event) bool { return ev.mc == mc })
 	id.ch.mu.Unlock()
 }
-
-func asErrno(err error, e *syscall.Errno) bool { return errors.As(err, e) }

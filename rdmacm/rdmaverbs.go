@@ -12,30 +12,33 @@ import (
 
 // RegMsgs registers a message buffer on the id's default PD for sends and
 // receives (rdma_reg_msgs).
-func (id *ID) RegMsgs(buf []byte) (*verbs.MR, error) {
+func (id *ID) RegMsgs(buf []byte) (_ *verbs.MR, err error) {
+	defer wrapErr(&err, "rdma_reg_msgs", nil)
 	pd := id.PD()
 	if pd == nil {
-		return nil, fmt.Errorf("rdmacm: reg msgs: unbound id: %w", syscall.EINVAL)
+		return nil, fmt.Errorf("unbound id: %w", syscall.EINVAL)
 	}
 	return pd.RegMR(buf, verbs.AccessLocalWrite)
 }
 
 // PostRecv posts one receive of length bytes at offset off of mr
 // (rdma_post_recv). The buffer needs 40 bytes of GRH area before the payload.
-func (id *ID) PostRecv(wrid uint64, mr *verbs.MR, off, length int) error {
+func (id *ID) PostRecv(wrid uint64, mr *verbs.MR, off, length int) (err error) {
+	defer wrapErr(&err, "rdma_post_recv", nil)
 	qp := id.QP()
 	if qp == nil || mr == nil {
-		return fmt.Errorf("rdmacm: post recv: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	return qp.PostRecv(&verbs.RecvWR{WRID: wrid, SGList: []verbs.SGE{mr.SGE(off, length)}})
 }
 
 // PostUDSend posts one UD send of length bytes at offset off of mr to the
 // remote QPN through ah, with the RDMA_UDP_QKEY Q_Key (rdma_post_ud_send).
-func (id *ID) PostUDSend(wrid uint64, mr *verbs.MR, off, length int, flags verbs.SendFlags, ah *verbs.AH, remoteQPN uint32) error {
+func (id *ID) PostUDSend(wrid uint64, mr *verbs.MR, off, length int, flags verbs.SendFlags, ah *verbs.AH, remoteQPN uint32) (err error) {
+	defer wrapErr(&err, "rdma_post_ud_send", nil)
 	qp := id.QP()
 	if qp == nil || mr == nil || ah == nil {
-		return fmt.Errorf("rdmacm: post ud send: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	wr := verbs.SendWR{
 		WRID:   wrid,
@@ -49,19 +52,21 @@ func (id *ID) PostUDSend(wrid uint64, mr *verbs.MR, off, length int, flags verbs
 
 // GetRecvComp waits for one receive completion (rdma_get_recv_comp). Like
 // the C helper it does not check the completion's status.
-func (id *ID) GetRecvComp(ctx context.Context) (verbs.WC, error) {
+func (id *ID) GetRecvComp(ctx context.Context) (_ verbs.WC, err error) {
+	defer wrapErr(&err, "rdma_get_recv_comp", nil)
 	return getComp(ctx, id.RecvCQ())
 }
 
 // GetSendComp waits for one send completion (rdma_get_send_comp).
-func (id *ID) GetSendComp(ctx context.Context) (verbs.WC, error) {
+func (id *ID) GetSendComp(ctx context.Context) (_ verbs.WC, err error) {
+	defer wrapErr(&err, "rdma_get_send_comp", nil)
 	return getComp(ctx, id.SendCQ())
 }
 
 func getComp(ctx context.Context, cq *verbs.CQ) (verbs.WC, error) {
 	var wc [1]verbs.WC
 	if cq == nil {
-		return wc[0], fmt.Errorf("rdmacm: get comp: no cq: %w", syscall.EINVAL)
+		return wc[0], fmt.Errorf("no cq: %w", syscall.EINVAL)
 	}
 	for {
 		n, err := cq.Poll(wc[:])

@@ -11,10 +11,11 @@ import (
 // sender of a received datagram (ibv_init_ah_from_wc). grh is the 40-byte
 // GRH area of the receive buffer. As in libibverbs, a datagram received on
 // a multicast group cannot be answered this way (EINVAL).
-func InitAHFromWC(ctx *Context, port uint8, wc *WC, grh []byte) (AHAttr, error) {
+func InitAHFromWC(ctx *Context, port uint8, wc *WC, grh []byte) (_ AHAttr, err error) {
+	defer wrap(&err, "ibv_init_ah_from_wc", "")
 	var ah AHAttr
 	if wc == nil {
-		return ah, fmt.Errorf("verbs: init ah from wc: %w", syscall.EINVAL)
+		return ah, syscall.EINVAL
 	}
 	ah.DLID = wc.SLID
 	ah.SL = wc.SL
@@ -24,7 +25,7 @@ func InitAHFromWC(ctx *Context, port uint8, wc *WC, grh []byte) (AHAttr, error) 
 		return ah, nil
 	}
 	if len(grh) < GRHLen {
-		return ah, fmt.Errorf("verbs: init ah from wc: short grh: %w", syscall.EINVAL)
+		return ah, fmt.Errorf("short grh: %w", syscall.EINVAL)
 	}
 	ah.IsGlobal = true
 	tbl, err := ctx.QueryGIDTable(port)
@@ -43,16 +44,16 @@ func InitAHFromWC(ctx *Context, port uint8, wc *WC, grh []byte) (AHAttr, error) 
 		// RoCEv2 over IPv4: 20 reserved bytes, then the IPv4 header.
 		ip := grh[20:40]
 		if ip[0]>>4 != 4 {
-			return ah, fmt.Errorf("verbs: init ah from wc: %w", syscall.EPROTONOSUPPORT)
+			return ah, syscall.EPROTONOSUPPORT
 		}
 		src := netip.AddrFrom4([4]byte(ip[12:16]))
 		dst := netip.AddrFrom4([4]byte(ip[16:20]))
 		if dst.IsMulticast() {
-			return ah, fmt.Errorf("verbs: init ah from wc: multicast destination: %w", syscall.EINVAL)
+			return ah, fmt.Errorf("multicast destination: %w", syscall.EINVAL)
 		}
 		idx, ok := find(netip.AddrFrom16(dst.As16()).As16())
 		if !ok {
-			return ah, fmt.Errorf("verbs: init ah from wc: no local gid for %v: %w", dst, syscall.EINVAL)
+			return ah, fmt.Errorf("no local gid for %v: %w", dst, syscall.EINVAL)
 		}
 		ah.GRH = GlobalRoute{DGID: netip.AddrFrom16(src.As16()).As16(), SGIDIndex: idx, HopLimit: ip[8], TrafficClass: ip[1]}
 		return ah, nil
@@ -61,11 +62,11 @@ func InitAHFromWC(ctx *Context, port uint8, wc *WC, grh []byte) (AHAttr, error) 
 	copy(sgid[:], grh[8:24])
 	copy(dgid[:], grh[24:40])
 	if dgid[0] == 0xff {
-		return ah, fmt.Errorf("verbs: init ah from wc: multicast destination: %w", syscall.EINVAL)
+		return ah, fmt.Errorf("multicast destination: %w", syscall.EINVAL)
 	}
 	idx, ok := find(dgid)
 	if !ok {
-		return ah, fmt.Errorf("verbs: init ah from wc: no local gid for %v: %w", dgid, syscall.EINVAL)
+		return ah, fmt.Errorf("no local gid for %v: %w", dgid, syscall.EINVAL)
 	}
 	w0 := binary.BigEndian.Uint32(grh[0:4])
 	ah.GRH = GlobalRoute{DGID: sgid, SGIDIndex: idx, HopLimit: grh[7], TrafficClass: uint8(w0 >> 20), FlowLabel: w0 & 0xfffff}
@@ -77,7 +78,7 @@ func InitAHFromWC(ctx *Context, port uint8, wc *WC, grh []byte) (AHAttr, error) 
 func (pd *PD) CreateAHFromWC(wc *WC, grh []byte, port uint8) (*AH, error) {
 	attr, err := InitAHFromWC(pd.ctx, port, wc, grh)
 	if err != nil {
-		return nil, err
+		return nil, OpError("ibv_create_ah_from_wc", "", err)
 	}
 	return pd.CreateAH(&attr)
 }

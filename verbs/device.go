@@ -83,11 +83,12 @@ func (d *Device) GUID() uint64 { return d.ops.Attr().NodeGUID }
 func (d *Device) Ops() DeviceOps { return d.ops }
 
 // Open opens the device (ibv_open_device).
-func (d *Device) Open() (*Context, error) {
+func (d *Device) Open() (_ *Context, err error) {
+	defer wrap(&err, "ibv_open_device", d.Name())
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return nil, fmt.Errorf("verbs: open %s: %w", d.Name(), syscall.ENODEV)
+		return nil, fmt.Errorf("device removed: %w", syscall.ENODEV)
 	}
 	ops, err := d.ops.Open()
 	if err != nil {
@@ -112,7 +113,10 @@ func (c *Context) Ops() ContextOps { return c.ops }
 func (c *Context) QueryDevice() DeviceAttr { return c.dev.ops.Attr() }
 
 // QueryPort returns a port's attributes (ibv_query_port).
-func (c *Context) QueryPort(port uint8) (PortAttr, error) { return c.ops.QueryPort(port) }
+func (c *Context) QueryPort(port uint8) (PortAttr, error) {
+	pa, err := c.ops.QueryPort(port)
+	return pa, OpError("ibv_query_port", c.dev.Name(), err)
+}
 
 // QueryGID returns the GID at index of a port (ibv_query_gid).
 func (c *Context) QueryGID(port uint8, index int) (GID, error) {
@@ -122,30 +126,33 @@ func (c *Context) QueryGID(port uint8, index int) (GID, error) {
 
 // QueryGIDEntry returns the GID table entry at index (ibv_query_gid_ex).
 func (c *Context) QueryGIDEntry(port uint8, index int) (GIDEntry, error) {
-	tbl, err := c.QueryGIDTable(port)
+	tbl, err := c.ops.QueryGIDTable(port)
 	if err != nil {
-		return GIDEntry{}, err
+		return GIDEntry{}, OpError("ibv_query_gid", c.dev.Name(), err)
 	}
 	for _, e := range tbl {
 		if e.Index == index {
 			return e, nil
 		}
 	}
-	return GIDEntry{}, fmt.Errorf("verbs: query gid %d/%d: %w", port, index, syscall.ENODATA)
+	return GIDEntry{}, OpError("ibv_query_gid", c.dev.Name(), fmt.Errorf("port %d index %d: %w", port, index, syscall.ENODATA))
 }
 
 // QueryGIDTable returns a port's GID table (ibv_query_gid_table).
-func (c *Context) QueryGIDTable(port uint8) ([]GIDEntry, error) { return c.ops.QueryGIDTable(port) }
+func (c *Context) QueryGIDTable(port uint8) ([]GIDEntry, error) {
+	tbl, err := c.ops.QueryGIDTable(port)
+	return tbl, OpError("ibv_query_gid_table", c.dev.Name(), err)
+}
 
 // Close closes the context (ibv_close_device). It fails with EBUSY while
 // protection domains or CQs of the context exist.
-func (c *Context) Close() error { return c.ops.Close() }
+func (c *Context) Close() error { return OpError("ibv_close_device", c.dev.Name(), c.ops.Close()) }
 
 // AllocPD allocates a protection domain (ibv_alloc_pd).
 func (c *Context) AllocPD() (*PD, error) {
 	ops, err := c.ops.AllocPD()
 	if err != nil {
-		return nil, err
+		return nil, OpError("ibv_alloc_pd", c.dev.Name(), err)
 	}
 	return &PD{ctx: c, ops: ops}, nil
 }
@@ -154,7 +161,7 @@ func (c *Context) AllocPD() (*PD, error) {
 func (c *Context) CreateCQ(cqe int) (*CQ, error) {
 	ops, err := c.ops.CreateCQ(cqe)
 	if err != nil {
-		return nil, err
+		return nil, OpError("ibv_create_cq", c.dev.Name(), err)
 	}
 	return &CQ{ctx: c, ops: ops, cap: cqe}, nil
 }

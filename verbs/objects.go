@@ -3,6 +3,7 @@ package verbs
 import (
 	"context"
 	"fmt"
+	"syscall"
 	"unsafe"
 )
 
@@ -20,7 +21,7 @@ func (pd *PD) Ops() PDOps { return pd.ops }
 
 // Dealloc frees the PD (ibv_dealloc_pd). It fails with EBUSY while memory
 // regions, QPs or address handles of the PD exist.
-func (pd *PD) Dealloc() error { return pd.ops.Dealloc() }
+func (pd *PD) Dealloc() error { return OpError("ibv_dealloc_pd", "", pd.ops.Dealloc()) }
 
 // RegMR registers buf (ibv_reg_mr). Receives need AccessLocalWrite. The
 // slice must not be resized or reused for other purposes while it is
@@ -28,7 +29,7 @@ func (pd *PD) Dealloc() error { return pd.ops.Dealloc() }
 func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	ops, err := pd.ops.RegMR(buf, access)
 	if err != nil {
-		return nil, err
+		return nil, OpError("ibv_reg_mr", "", err)
 	}
 	return &MR{pd: pd, ops: ops, buf: buf, addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))), lkey: ops.LKey()}, nil
 }
@@ -36,18 +37,24 @@ func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
 // CreateAH creates an address handle (ibv_create_ah). On an Ethernet (RoCE)
 // port the GRH is mandatory and its SGID index must exist.
 func (pd *PD) CreateAH(attr *AHAttr) (*AH, error) {
+	if attr == nil {
+		return nil, Errorf("ibv_create_ah", "", syscall.EINVAL)
+	}
 	ops, err := pd.ops.CreateAH(attr)
 	if err != nil {
-		return nil, err
+		return nil, OpError("ibv_create_ah", "", err)
 	}
 	return &AH{pd: pd, ops: ops, attr: *attr}, nil
 }
 
 // CreateQP creates a queue pair (ibv_create_qp / ibv_create_qp_ex).
 func (pd *PD) CreateQP(init *QPInitAttr) (*QP, error) {
+	if init == nil || init.SendCQ == nil || init.RecvCQ == nil {
+		return nil, OpError("ibv_create_qp", "", fmt.Errorf("missing attributes or CQ: %w", syscall.EINVAL))
+	}
 	ops, err := pd.ops.CreateQP(init)
 	if err != nil {
-		return nil, err
+		return nil, OpError("ibv_create_qp", "", err)
 	}
 	return &QP{
 		pd: pd, ops: ops, qpn: ops.Num(), sendCQ: init.SendCQ, recvCQ: init.RecvCQ,
@@ -72,7 +79,7 @@ func (mr *MR) PD() *PD { return mr.pd }
 
 // Dereg deregisters the region (ibv_dereg_mr). Receive WRs already posted
 // on it keep their reference; do not dereg memory a QP may still write.
-func (mr *MR) Dereg() error { return mr.ops.Dereg() }
+func (mr *MR) Dereg() error { return OpError("ibv_dereg_mr", "", mr.ops.Dereg()) }
 
 // LKey returns the local key.
 func (mr *MR) LKey() uint32 { return mr.lkey }
@@ -111,7 +118,7 @@ func (ah *AH) PD() *PD { return ah.pd }
 func (ah *AH) Ops() AHOps { return ah.ops }
 
 // Destroy destroys the address handle (ibv_destroy_ah).
-func (ah *AH) Destroy() error { return ah.ops.Destroy() }
+func (ah *AH) Destroy() error { return OpError("ibv_destroy_ah", "", ah.ops.Destroy()) }
 
 // CQ is a completion queue (struct ibv_cq). Poll is non-blocking; Wait
 // blocks until a completion is available, like a completion channel.
@@ -133,17 +140,28 @@ func (cq *CQ) Ops() CQOps { return cq.ops }
 // Poll moves up to len(wc) completions into wc and returns how many
 // (ibv_poll_cq). It fails with EOVERFLOW once completions were lost because
 // the CQ was full (the CQ then keeps that error, as an overrun CQ does).
-func (cq *CQ) Poll(wc []WC) (int, error) { return cq.ops.Poll(wc) }
+func (cq *CQ) Poll(wc []WC) (int, error) {
+	n, err := cq.ops.Poll(wc)
+	if err != nil {
+		return n, OpError("ibv_poll_cq", "", err)
+	}
+	return n, nil
+}
 
 // Len returns the number of completions waiting in the CQ.
 func (cq *CQ) Len() int { return cq.ops.Len() }
 
 // Wait blocks until the CQ holds a completion, or ctx ends (its error is
 // returned). Several goroutines may wait; each completion wakes one.
-func (cq *CQ) Wait(ctx context.Context) error { return cq.ops.Wait(ctx) }
+func (cq *CQ) Wait(ctx context.Context) error {
+	if err := cq.ops.Wait(ctx); err != nil {
+		return OpError("ibv_get_cq_event", "", err)
+	}
+	return nil
+}
 
 // Destroy destroys the CQ (ibv_destroy_cq); EBUSY while a QP uses it.
-func (cq *CQ) Destroy() error { return cq.ops.Destroy() }
+func (cq *CQ) Destroy() error { return OpError("ibv_destroy_cq", "", cq.ops.Destroy()) }
 
 // QP is a queue pair (struct ibv_qp). Only UD QPs are supported.
 type QP struct {
@@ -190,27 +208,43 @@ func (qp *QP) Query() QPAttr { return qp.ops.Query() }
 // Modify changes QP attributes and state (ibv_modify_qp). UD QPs walk
 // RESET → INIT (P_Key index, port, Q_Key) → RTR → RTS (SQ PSN); any state
 // may go to RESET or ERR. A wrong transition or mask gives EINVAL.
-func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error { return qp.ops.Modify(attr, mask) }
+func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
+	return OpError("ibv_modify_qp", "", qp.ops.Modify(attr, mask))
+}
 
 // PostRecv posts a chain of receive work requests (ibv_post_recv). Each
 // buffer must hold the 40-byte GRH area plus the payload. A failure names
 // the request it stopped at (BadWRError).
-func (qp *QP) PostRecv(wr *RecvWR) error { return qp.ops.PostRecv(wr) }
+func (qp *QP) PostRecv(wr *RecvWR) error {
+	if err := qp.ops.PostRecv(wr); err != nil {
+		return OpError("ibv_post_recv", "", err)
+	}
+	return nil
+}
 
 // PostSend posts a chain of send work requests (ibv_post_send). Sends on a
 // UD QP in RTS go out immediately; a signaled request (or every request
 // with SQSigAll) queues a send completion. A failure names the request it
 // stopped at (BadWRError); the requests before it were sent.
-func (qp *QP) PostSend(wr *SendWR) error { return qp.ops.PostSend(wr) }
+func (qp *QP) PostSend(wr *SendWR) error {
+	if err := qp.ops.PostSend(wr); err != nil {
+		return OpError("ibv_post_send", "", err)
+	}
+	return nil
+}
 
 // AttachMcast attaches the QP to a multicast group (ibv_attach_mcast).
-func (qp *QP) AttachMcast(gid GID, lid uint16) error { return qp.ops.AttachMcast(gid, lid) }
+func (qp *QP) AttachMcast(gid GID, lid uint16) error {
+	return OpError("ibv_attach_mcast", gid.String(), qp.ops.AttachMcast(gid, lid))
+}
 
 // DetachMcast detaches the QP from a multicast group (ibv_detach_mcast).
-func (qp *QP) DetachMcast(gid GID, lid uint16) error { return qp.ops.DetachMcast(gid, lid) }
+func (qp *QP) DetachMcast(gid GID, lid uint16) error {
+	return OpError("ibv_detach_mcast", gid.String(), qp.ops.DetachMcast(gid, lid))
+}
 
 // Destroy destroys the QP (ibv_destroy_qp).
-func (qp *QP) Destroy() error { return qp.ops.Destroy() }
+func (qp *QP) Destroy() error { return OpError("ibv_destroy_qp", "", qp.ops.Destroy()) }
 
 // BadWRError reports the work request a post failed on (C's bad_wr).
 type BadWRError struct {

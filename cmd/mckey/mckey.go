@@ -509,13 +509,8 @@ func (t *mckey) postRecvs(n *node) int {
 	return 0
 }
 
-func errnoOf(err error) int {
-	var e syscall.Errno
-	if errors.As(err, &e) {
-		return int(e)
-	}
-	return -1
-}
+// errnoOf is the errno of a failed call, as C's ret/errno.
+func errnoOf(err error) int { return int(verbs.ErrnoOf(err)) }
 
 func (t *mckey) postSends(n *node) int {
 	if !n.connected || t.cfg.messageCount == 0 {

@@ -14,7 +14,6 @@ package ib
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"net"
@@ -418,4 +417,4 @@ func (d *Device) shutdown() {
 	d.wg.Wait()
 }
 
-var errClosed = errors.New("ib: device closed")
+var errClosed = fmt.Errorf("ib: device closed: %w", syscall.ENODEV)

@@ -1,7 +1,6 @@
 package ib
 
 import (
-	"errors"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -283,7 +282,7 @@ func (sa *saClient) transact(method uint8, req *GroupRecord, mask uint64) (*Grou
 	tid := sa.tidBase | uint64(sa.tidSeq.Add(1))
 	resp, err := sa.roundTrip(tid, encodeMCMemberMAD(method, tid, req, mask))
 	if err != nil {
-		return nil, errnoStatus(err)
+		return nil, -int(verbs.ErrnoOf(err))
 	}
 	rec, status, err := decodeMCMemberMAD(resp)
 	if err != nil || status != 0 {
@@ -299,14 +298,6 @@ func (sa *saClient) classPortInfo() (sendOnly bool, err error) {
 		return false, err
 	}
 	return decodeClassPortInfoSendOnly(resp)
-}
-
-func errnoStatus(err error) int {
-	var e syscall.Errno
-	if errors.As(err, &e) {
-		return -int(e)
-	}
-	return -int(syscall.EIO)
 }
 
 // roundTrip sends a MAD to the SA (SM LID, QP1) and waits for the answer

@@ -1,7 +1,6 @@
 package rxe
 
 import (
-	"errors"
 	"net"
 	"net/netip"
 	"slices"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/provider/softverbs"
+	"github.com/softrdma/softrdma/verbs"
 )
 
 // membership is the device's IP multicast membership of one group on its
@@ -189,18 +189,18 @@ func (d *Device) joinLocked(m *membership) error {
 			return nil
 		}
 		if !isSocketFull(err) {
-			return d.errf(errnoOf(err, syscall.EINVAL), "join %v: %v", m.addr, err)
+			return d.errf(verbs.ErrnoOf(err), "join %v: %v", m.addr, err)
 		}
 		s.full = true
 	}
 	s, err := d.openRecvSockLocked(v6)
 	if err != nil {
-		return d.errf(errnoOf(err, syscall.ENODEV), "join %v: receive socket: %v", m.addr, err)
+		return d.errf(verbs.ErrnoOf(err), "join %v: receive socket: %v", m.addr, err)
 	}
 	if err := joinGroup(s.conn, m.addr, d.ifindex); err != nil {
 		s.conn.Close()
 		d.rsocks = slices.DeleteFunc(d.rsocks, func(x *recvSock) bool { return x == s })
-		return d.errf(errnoOf(err, syscall.EINVAL), "join %v: %v", m.addr, err)
+		return d.errf(verbs.ErrnoOf(err), "join %v: %v", m.addr, err)
 	}
 	s.add(m)
 	return nil
@@ -251,13 +251,4 @@ func (d *Device) openRecvSockLocked(v6 bool) (*recvSock, error) {
 func (d *Device) receiveLoop(rx *receiver) {
 	defer d.wg.Done()
 	rx.run()
-}
-
-// errnoOf returns the errno inside err, or def.
-func errnoOf(err error, def syscall.Errno) syscall.Errno {
-	var e syscall.Errno
-	if errors.As(err, &e) {
-		return e
-	}
-	return def
 }

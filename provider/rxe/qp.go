@@ -121,7 +121,7 @@ func (d *Device) openBlockLocked() (*sendBlock, error) {
 	src4, _ := d.info.Load().firstIPv4()
 	c4, p4, err := openSendConn(false, d.ifindex, src4)
 	if err != nil {
-		return nil, d.errf(errnoOf(err, syscall.ENOMEM), "send socket: %v", err)
+		return nil, d.errf(verbs.ErrnoOf(err), "send socket: %v", err)
 	}
 	b := &sendBlock{conn4: c4, port4: p4}
 	if b.raw4, err = c4.SyscallConn(); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/softrdma/softrdma/internal/mmsg"
 	"github.com/softrdma/softrdma/provider/softverbs"
+	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -256,7 +257,7 @@ func (q *qp) transmit(sc *sendScratch, k int, v6 bool, s []softverbs.UDSend, err
 // sendFailed records the failure of one datagram.
 func (q *qp) sendFailed(s *softverbs.UDSend, errp *error, err error) {
 	d := q.dev
-	*errp = d.errf(errnoOf(err, syscall.EIO), "send to %v: %v", s.AH.GRH.DGID.Addr(), err)
+	*errp = d.errf(verbs.ErrnoOf(err), "send to %v: %v", s.AH.GRH.DGID.Addr(), err)
 }
 
 // capturing reports whether a packet capture runs.

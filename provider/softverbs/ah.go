@@ -17,17 +17,17 @@ type AH struct {
 // port the GRH is mandatory and its SGID index must exist.
 func (pd *PD) CreateAH(attr *verbs.AHAttr) (verbs.AHOps, error) {
 	if attr == nil {
-		return nil, fmt.Errorf("verbs: create ah: %w", syscall.EINVAL)
+		return nil, syscall.EINVAL
 	}
 	if err := pd.checkAH(attr); err != nil {
-		return nil, fmt.Errorf("verbs: create ah: %w", err)
+		return nil, err
 	}
 	if err := pd.ctx.dev.take(objAH); err != nil {
-		return nil, fmt.Errorf("verbs: create ah: %w", err)
+		return nil, err
 	}
 	if err := pd.hold(0, 1); err != nil {
 		pd.ctx.dev.put(objAH)
-		return nil, fmt.Errorf("verbs: create ah: %w", err)
+		return nil, err
 	}
 	return &AH{pd: pd, attr: *attr}, nil
 }
@@ -57,7 +57,7 @@ func (ah *AH) PD() *PD { return ah.pd }
 // Destroy destroys the address handle (ibv_destroy_ah).
 func (ah *AH) Destroy() error {
 	if ah.dead {
-		return fmt.Errorf("verbs: destroy ah: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	ah.dead = true
 	ah.pd.hold(0, -1)

@@ -28,14 +28,14 @@ type CQ struct {
 // CreateCQ creates a CQ with room for at least cqe completions (ibv_create_cq).
 func (c *Context) CreateCQ(cqe int) (verbs.CQOps, error) {
 	if cqe < 1 || cqe > c.dev.drv.Attr().MaxCQE {
-		return nil, fmt.Errorf("verbs: create cq %d: %w", cqe, syscall.EINVAL)
+		return nil, fmt.Errorf("%d entries: %w", cqe, syscall.EINVAL)
 	}
 	if err := c.dev.take(objCQ); err != nil {
-		return nil, fmt.Errorf("verbs: create cq: %w", err)
+		return nil, err
 	}
 	if err := c.use(0, 1); err != nil {
 		c.dev.put(objCQ)
-		return nil, fmt.Errorf("verbs: create cq: %w", err)
+		return nil, err
 	}
 	return &CQ{ctx: c, cap: cqe, ring: make([]verbs.WC, cqe), bell: make(chan struct{}, 1)}, nil
 }
@@ -53,7 +53,7 @@ func (cq *CQ) Poll(wc []verbs.WC) (int, error) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.dead {
-		return 0, fmt.Errorf("verbs: poll cq: %w", syscall.EINVAL)
+		return 0, syscall.EINVAL
 	}
 	k := 0
 	for k < len(wc) && cq.n > 0 {
@@ -63,7 +63,7 @@ func (cq *CQ) Poll(wc []verbs.WC) (int, error) {
 		k++
 	}
 	if k == 0 && cq.overrun {
-		return 0, fmt.Errorf("verbs: poll cq: overrun: %w", syscall.EOVERFLOW)
+		return 0, fmt.Errorf("overrun: %w", syscall.EOVERFLOW)
 	}
 	return k, nil
 }
@@ -83,7 +83,7 @@ func (cq *CQ) Wait(ctx context.Context) error {
 		if cq.dead {
 			cq.wakeNext()
 			cq.mu.Unlock()
-			return fmt.Errorf("verbs: wait cq: %w", syscall.EINVAL)
+			return syscall.EINVAL
 		}
 		if cq.n > 0 || cq.overrun {
 			cq.wakeNext()
@@ -194,10 +194,10 @@ func (cq *CQ) Destroy() error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.dead {
-		return fmt.Errorf("verbs: destroy cq: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	if cq.qps > 0 {
-		return fmt.Errorf("verbs: destroy cq: %w", syscall.EBUSY)
+		return syscall.EBUSY
 	}
 	cq.dead = true
 	cq.wake()

@@ -116,7 +116,7 @@ type Context struct {
 // QueryPort returns a port's attributes (verbs.ContextOps).
 func (c *Context) QueryPort(port uint8) (verbs.PortAttr, error) {
 	if port == 0 || port > c.dev.drv.Attr().PhysPortCnt {
-		return verbs.PortAttr{}, fmt.Errorf("verbs: query port %d: %w", port, syscall.EINVAL)
+		return verbs.PortAttr{}, fmt.Errorf("port %d: %w", port, syscall.EINVAL)
 	}
 	return c.dev.drv.QueryPort(port)
 }
@@ -124,7 +124,7 @@ func (c *Context) QueryPort(port uint8) (verbs.PortAttr, error) {
 // QueryGIDTable returns a port's GID table (verbs.ContextOps).
 func (c *Context) QueryGIDTable(port uint8) ([]verbs.GIDEntry, error) {
 	if port == 0 || port > c.dev.drv.Attr().PhysPortCnt {
-		return nil, fmt.Errorf("verbs: query gid table %d: %w", port, syscall.EINVAL)
+		return nil, fmt.Errorf("port %d: %w", port, syscall.EINVAL)
 	}
 	return c.dev.drv.GIDTable(port)
 }
@@ -140,7 +140,7 @@ func (c *Context) queryGIDEntry(port uint8, index int) (verbs.GIDEntry, error) {
 			return e, nil
 		}
 	}
-	return verbs.GIDEntry{}, fmt.Errorf("verbs: query gid %d/%d: %w", port, index, syscall.ENODATA)
+	return verbs.GIDEntry{}, fmt.Errorf("gid %d/%d: %w", port, index, syscall.ENODATA)
 }
 
 // Close closes the context (verbs.ContextOps). It fails with EBUSY while
@@ -149,10 +149,10 @@ func (c *Context) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return fmt.Errorf("verbs: close device: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	if c.pds > 0 || c.cqs > 0 {
-		return fmt.Errorf("verbs: close device: %w", syscall.EBUSY)
+		return syscall.EBUSY
 	}
 	c.closed = true
 	return nil

@@ -24,11 +24,11 @@ type PD struct {
 // AllocPD allocates a protection domain (ibv_alloc_pd).
 func (c *Context) AllocPD() (verbs.PDOps, error) {
 	if err := c.dev.take(objPD); err != nil {
-		return nil, fmt.Errorf("verbs: alloc pd: %w", err)
+		return nil, err
 	}
 	if err := c.use(1, 0); err != nil {
 		c.dev.put(objPD)
-		return nil, fmt.Errorf("verbs: alloc pd: %w", err)
+		return nil, err
 	}
 	pd := &PD{ctx: c, mrs: map[uint32]*MR{}}
 	pd.mrView.Store(&map[uint32]*MR{})
@@ -44,10 +44,10 @@ func (pd *PD) Dealloc() error {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.dead {
-		return fmt.Errorf("verbs: dealloc pd: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	if len(pd.mrs) > 0 || pd.qps > 0 || pd.ahs > 0 {
-		return fmt.Errorf("verbs: dealloc pd: %w", syscall.EBUSY)
+		return syscall.EBUSY
 	}
 	pd.dead = true
 	pd.ctx.release(1, 0)
@@ -82,10 +82,10 @@ type MR struct {
 // RegMR registers buf (ibv_reg_mr). Receives need AccessLocalWrite.
 func (pd *PD) RegMR(buf []byte, access verbs.Access) (verbs.MROps, error) {
 	if len(buf) == 0 {
-		return nil, fmt.Errorf("verbs: reg mr: empty buffer: %w", syscall.EINVAL)
+		return nil, fmt.Errorf("empty buffer: %w", syscall.EINVAL)
 	}
 	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
-		return nil, fmt.Errorf("verbs: reg mr: remote write needs local write: %w", syscall.EINVAL)
+		return nil, fmt.Errorf("remote write needs local write: %w", syscall.EINVAL)
 	}
 	mr := &MR{
 		pd:     pd,
@@ -95,13 +95,13 @@ func (pd *PD) RegMR(buf []byte, access verbs.Access) (verbs.MROps, error) {
 		access: access,
 	}
 	if err := pd.ctx.dev.take(objMR); err != nil {
-		return nil, fmt.Errorf("verbs: reg mr: %w", err)
+		return nil, err
 	}
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.dead {
 		pd.ctx.dev.put(objMR)
-		return nil, fmt.Errorf("verbs: reg mr: %w", syscall.EINVAL)
+		return nil, syscall.EINVAL
 	}
 	pd.mrs[mr.lkey] = mr
 	pd.publishMRs()
@@ -123,7 +123,7 @@ func (mr *MR) Dereg() error {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.mrs[mr.lkey] != mr {
-		return fmt.Errorf("verbs: dereg mr: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	delete(pd.mrs, mr.lkey)
 	pd.publishMRs()
@@ -162,13 +162,13 @@ type seg struct {
 func (pd *PD) resolve(s verbs.SGE, write bool) (seg, error) {
 	mr := (*pd.mrView.Load())[s.LKey]
 	if mr == nil {
-		return seg{}, fmt.Errorf("verbs: sge lkey %#x: %w", s.LKey, syscall.EINVAL)
+		return seg{}, fmt.Errorf("sge lkey %#x: %w", s.LKey, syscall.EINVAL)
 	}
 	if write && mr.access&verbs.AccessLocalWrite == 0 {
-		return seg{}, fmt.Errorf("verbs: sge lkey %#x lacks local write: %w", s.LKey, syscall.EACCES)
+		return seg{}, fmt.Errorf("sge lkey %#x lacks local write: %w", s.LKey, syscall.EACCES)
 	}
 	if s.Addr < mr.addr || s.Addr+uint64(s.Length) > mr.addr+uint64(len(mr.buf)) || s.Addr+uint64(s.Length) < s.Addr {
-		return seg{}, fmt.Errorf("verbs: sge [%#x,+%d) outside mr: %w", s.Addr, s.Length, syscall.EINVAL)
+		return seg{}, fmt.Errorf("sge [%#x,+%d) outside mr: %w", s.Addr, s.Length, syscall.EINVAL)
 	}
 	return seg{mr: mr, off: int(s.Addr - mr.addr), n: int(s.Length)}, nil
 }

@@ -62,25 +62,25 @@ type recvWQE struct {
 // CreateQP creates a queue pair (ibv_create_qp / ibv_create_qp_ex).
 func (pd *PD) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
 	if init == nil || init.SendCQ == nil || init.RecvCQ == nil {
-		return nil, fmt.Errorf("verbs: create qp: missing cq: %w", syscall.EINVAL)
+		return nil, fmt.Errorf("missing cq: %w", syscall.EINVAL)
 	}
 	sendCQ, ok1 := init.SendCQ.Ops().(*CQ)
 	recvCQ, ok2 := init.RecvCQ.Ops().(*CQ)
 	if !ok1 || !ok2 || sendCQ.ctx != pd.ctx || recvCQ.ctx != pd.ctx {
-		return nil, fmt.Errorf("verbs: create qp: cq of another device: %w", syscall.EINVAL)
+		return nil, fmt.Errorf("cq of another device: %w", syscall.EINVAL)
 	}
 	if init.QPType != verbs.QPTypeUD {
-		return nil, fmt.Errorf("verbs: create qp: %v: %w", init.QPType, syscall.EOPNOTSUPP)
+		return nil, fmt.Errorf("%v: %w", init.QPType, syscall.EOPNOTSUPP)
 	}
 	if init.CreateFlags&^verbs.CreateBlockSelfMcastLB != 0 {
-		return nil, fmt.Errorf("verbs: create qp: create flags %#x: %w", uint32(init.CreateFlags), syscall.EOPNOTSUPP)
+		return nil, fmt.Errorf("create flags %#x: %w", uint32(init.CreateFlags), syscall.EOPNOTSUPP)
 	}
 	da := pd.ctx.dev.drv.Attr()
 	c := init.Cap
 	if c.MaxSendWR < 0 || c.MaxRecvWR < 0 || c.MaxSendWR > da.MaxQPWR || c.MaxRecvWR > da.MaxQPWR ||
 		c.MaxSendSGE < 0 || c.MaxRecvSGE < 0 || c.MaxSendSGE > da.MaxSGE || c.MaxRecvSGE > da.MaxSGE ||
 		c.MaxInlineData < 0 || c.MaxInlineData > da.MaxInlineData {
-		return nil, fmt.Errorf("verbs: create qp: capabilities %+v: %w", c, syscall.EINVAL)
+		return nil, fmt.Errorf("capabilities %+v: %w", c, syscall.EINVAL)
 	}
 	if c.MaxSendSGE == 0 {
 		c.MaxSendSGE = 1
@@ -97,17 +97,17 @@ func (pd *PD) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
 	}
 	qp.rxPort.Store(1)
 	if err := d.take(objQP); err != nil {
-		return nil, fmt.Errorf("verbs: create qp: %w", err)
+		return nil, err
 	}
 	if err := pd.hold(1, 0); err != nil {
 		d.put(objQP)
-		return nil, fmt.Errorf("verbs: create qp: %w", err)
+		return nil, err
 	}
 	drv, err := d.drv.CreateQP(DriverQPInit{Type: init.QPType, CreateFlags: init.CreateFlags})
 	if err != nil {
 		pd.hold(-1, 0)
 		d.put(objQP)
-		return nil, fmt.Errorf("verbs: create qp: %w", err)
+		return nil, err
 	}
 	qp.drv = drv
 	qp.bs, _ = drv.(BatchSender)
@@ -173,12 +173,12 @@ var udTransitions = map[[2]verbs.QPState][2]verbs.QPAttrMask{
 // may go to RESET or ERR. A wrong transition or mask gives EINVAL.
 func (qp *QP) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	if attr == nil {
-		return fmt.Errorf("verbs: modify qp: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if qp.dead {
-		return fmt.Errorf("verbs: modify qp: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	cur, next := qp.state, qp.state
 	if mask&verbs.QPAttrState != 0 {
@@ -186,26 +186,26 @@ func (qp *QP) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	}
 	if next == verbs.QPSReset || next == verbs.QPSErr {
 		if mask&verbs.QPAttrState == 0 || mask&^verbs.QPAttrState != 0 && next == verbs.QPSErr {
-			return fmt.Errorf("verbs: modify qp %v→%v: mask %#x: %w", cur, next, uint32(mask), syscall.EINVAL)
+			return fmt.Errorf("%v→%v: mask %#x: %w", cur, next, uint32(mask), syscall.EINVAL)
 		}
 	} else {
 		t, ok := udTransitions[[2]verbs.QPState{cur, next}]
 		if !ok {
-			return fmt.Errorf("verbs: modify qp %v→%v: %w", cur, next, syscall.EINVAL)
+			return fmt.Errorf("%v→%v: %w", cur, next, syscall.EINVAL)
 		}
 		if mask&t[0] != t[0] || mask&^(t[0]|t[1]|verbs.QPAttrState) != 0 {
-			return fmt.Errorf("verbs: modify qp %v→%v: mask %#x: %w", cur, next, uint32(mask), syscall.EINVAL)
+			return fmt.Errorf("%v→%v: mask %#x: %w", cur, next, uint32(mask), syscall.EINVAL)
 		}
 	}
 	if mask&verbs.QPAttrPort != 0 {
 		pa, err := qp.pd.ctx.QueryPort(attr.PortNum)
 		if err != nil {
-			return fmt.Errorf("verbs: modify qp: %w", err)
+			return err
 		}
 		qp.port = pa
 	}
 	if mask&verbs.QPAttrPKeyIdx != 0 && attr.PKeyIdx != 0 {
-		return fmt.Errorf("verbs: modify qp: pkey index %d: %w", attr.PKeyIdx, syscall.EINVAL)
+		return fmt.Errorf("pkey index %d: %w", attr.PKeyIdx, syscall.EINVAL)
 	}
 	na := qp.attr
 	if mask&verbs.QPAttrPort != 0 {
@@ -513,7 +513,7 @@ func (qp *QP) AttachMcast(gid verbs.GID, lid uint16) error {
 		err = qp.dev.attach(qp, gid, lid)
 	}
 	if err != nil {
-		return fmt.Errorf("verbs: attach mcast %v: %w", gid, err)
+		return err
 	}
 	return nil
 }
@@ -525,7 +525,7 @@ func (qp *QP) DetachMcast(gid verbs.GID, lid uint16) error {
 		err = qp.dev.detach(qp, gid, lid)
 	}
 	if err != nil {
-		return fmt.Errorf("verbs: detach mcast %v: %w", gid, err)
+		return err
 	}
 	return nil
 }
@@ -570,7 +570,7 @@ func (qp *QP) Destroy() error {
 	qp.mu.Lock()
 	if qp.dead {
 		qp.mu.Unlock()
-		return fmt.Errorf("verbs: destroy qp: %w", syscall.EINVAL)
+		return syscall.EINVAL
 	}
 	qp.dead = true
 	qp.mu.Unlock()
