@@ -19,7 +19,9 @@ import (
 // Collect returns a snapshot of the process: its devices, QPs, multicast
 // groups, CM ids, event channels and counters. It is what the endpoint
 // serves; a program may call it directly. Devices are seen only through
-// the verbs seam (Inspect, Counters), whatever their backend.
+// the verbs seam (Inspect, Counters), whatever their backend; the devices
+// listed are those the process made (not every interface's, which
+// verbs.DeviceList would create).
 func Collect() *Snapshot {
 	s := &Snapshot{PID: os.Getpid(), Time: time.Now().UTC(), Captures: activeCaptures()}
 	if len(os.Args) > 0 {
@@ -39,7 +41,7 @@ func Collect() *Snapshot {
 		}
 	}
 	var reports []devReport
-	for _, vd := range verbs.DeviceList() {
+	for _, vd := range verbs.DefaultHost().Devices() {
 		r, _ := vd.Inspect()
 		dr := devReport{name: vd.Name(), r: r}
 		s.Devices = append(s.Devices, device(vd, r, func(qpn uint32) uint64 { return owner[qpKey{vd.Name(), qpn}] }))

@@ -153,7 +153,7 @@ func (w *dropWatcher) run() {
 // scan notices new and vanished devices and logs counter increases.
 func (w *dropWatcher) scan(report bool) {
 	seen := map[*verbs.Device]bool{}
-	for _, d := range verbs.DeviceList() {
+	for _, d := range verbs.DefaultHost().Devices() {
 		seen[d] = true
 		schema, c, ok := d.Counters()
 		if !ok {

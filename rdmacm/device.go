@@ -24,22 +24,17 @@ type cmDevice struct {
 	sub func() // cancels the netdev event subscription
 }
 
-var cmDevices struct {
-	sync.Mutex
-	m map[*verbs.Device]*cmDevice
-}
-
 // deviceForAddr returns the CM device of the port a local address belongs
 // to (see portFinders).
-func deviceForAddr(a netip.Addr) (*cmDevice, error) {
-	p, err := portFor(a)
+func (cm *cmState) deviceForAddr(a netip.Addr) (*cmDevice, error) {
+	p, err := portFor(cm.host, a)
 	if err != nil {
 		return nil, err
 	}
-	cmDevices.Lock()
-	defer cmDevices.Unlock()
+	cm.devMu.Lock()
+	defer cm.devMu.Unlock()
 	vd := p.device()
-	if cd := cmDevices.m[vd]; cd != nil {
+	if cd := cm.devs[vd]; cd != nil {
 		return cd, nil
 	}
 	ctx, err := vd.Open()
@@ -52,10 +47,7 @@ func deviceForAddr(a netip.Addr) (*cmDevice, error) {
 		return nil, err
 	}
 	cd := &cmDevice{port: p, ctx: ctx, pd: pd, ids: map[*ID]struct{}{}}
-	if cmDevices.m == nil {
-		cmDevices.m = map[*verbs.Device]*cmDevice{}
-	}
-	cmDevices.m[vd] = cd
+	cm.devs[vd] = cd
 	return cd, nil
 }
 

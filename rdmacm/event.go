@@ -103,14 +103,19 @@ type EventChannel struct {
 	closed   bool
 	ids      int
 	private  bool // the private channel of a synchronous id
+	cm       *cmState
 }
 
 // CreateEventChannel opens an event channel (rdma_create_event_channel).
 func CreateEventChannel() (_ *EventChannel, err error) {
 	defer wrapErr(&err, "rdma_create_event_channel", nil)
-	ch := &EventChannel{ready: make(chan struct{})}
+	return newEventChannel(cmOf(verbs.DefaultHost())), nil
+}
+
+func newEventChannel(cm *cmState) *EventChannel {
+	ch := &EventChannel{ready: make(chan struct{}), cm: cm}
 	ch.cond = sync.NewCond(&ch.mu)
-	return ch, nil
+	return ch
 }
 
 // Close closes the channel (rdma_destroy_event_channel). Every id on it

@@ -177,44 +177,38 @@ func (id *ID) Event() *Event {
 }
 
 // boundPorts emulates the CM port spaces of this process.
-var boundPorts struct {
-	sync.Mutex
-	m map[portKey]int
-}
-
 type portKey struct {
 	ps   PortSpace
 	port uint16
 }
 
-func reservePort(ps PortSpace, port uint16) (uint16, error) {
-	boundPorts.Lock()
-	defer boundPorts.Unlock()
-	if boundPorts.m == nil {
-		boundPorts.m = map[portKey]int{}
-	}
+// reservePort binds a port of a port space on the host (any free one for
+// 0); EADDRINUSE when it is taken.
+func (cm *cmState) reservePort(ps PortSpace, port uint16) (uint16, error) {
+	cm.portMu.Lock()
+	defer cm.portMu.Unlock()
 	if port != 0 {
-		if boundPorts.m[portKey{ps, port}] > 0 {
+		if cm.ports[portKey{ps, port}] > 0 {
 			return 0, syscall.EADDRINUSE
 		}
-		boundPorts.m[portKey{ps, port}]++
+		cm.ports[portKey{ps, port}]++
 		return port, nil
 	}
 	for range 1 << 16 {
 		p := uint16(32768 + rand.IntN(28232))
-		if boundPorts.m[portKey{ps, p}] == 0 {
-			boundPorts.m[portKey{ps, p}]++
+		if cm.ports[portKey{ps, p}] == 0 {
+			cm.ports[portKey{ps, p}]++
 			return p, nil
 		}
 	}
 	return 0, syscall.EADDRNOTAVAIL
 }
 
-func releasePort(ps PortSpace, port uint16) {
-	boundPorts.Lock()
-	defer boundPorts.Unlock()
-	if boundPorts.m[portKey{ps, port}]--; boundPorts.m[portKey{ps, port}] <= 0 {
-		delete(boundPorts.m, portKey{ps, port})
+func (cm *cmState) releasePort(ps PortSpace, port uint16) {
+	cm.portMu.Lock()
+	defer cm.portMu.Unlock()
+	if cm.ports[portKey{ps, port}]--; cm.ports[portKey{ps, port}] <= 0 {
+		delete(cm.ports, portKey{ps, port})
 	}
 }
 
@@ -245,7 +239,7 @@ func (id *ID) bindLocked(sa sockaddr) error {
 	var dev *cmDevice
 	var gidx uint8
 	if !sa.ip.IsUnspecified() {
-		d, err := deviceForAddr(sa.ip.WithZone(""))
+		d, err := id.ch.cm.deviceForAddr(sa.ip.WithZone(""))
 		if err != nil {
 			return err
 		}
@@ -254,7 +248,7 @@ func (id *ID) bindLocked(sa sockaddr) error {
 		}
 		dev = d
 	}
-	port, err := reservePort(id.ps, sa.port)
+	port, err := id.ch.cm.reservePort(id.ps, sa.port)
 	if err != nil {
 		return err
 	}
@@ -527,7 +521,7 @@ func (id *ID) Destroy() (err error) {
 	id.ownCQs = nil
 	dev := id.dev
 	if id.src.isIP() {
-		releasePort(id.ps, id.src.port)
+		id.ch.cm.releasePort(id.ps, id.src.port)
 	}
 	id.mu.Unlock()
 	if dev != nil {

@@ -4,7 +4,6 @@ import (
 	"log/slog"
 	"net"
 	"slices"
-	"sync"
 	"sync/atomic"
 
 	"github.com/softrdma/softrdma/verbs"
@@ -111,22 +110,15 @@ func Stats() MulticastStats {
 	}
 }
 
-// handles numbers ids and channels for Inspect.
-var handles struct {
-	sync.Mutex
-	next uint64
-	ids  map[*ID]uint64
-	chs  map[*EventChannel]uint64
-}
-
-func handleOf[K comparable](m map[K]uint64, k K, seen map[K]bool) uint64 {
+// handleOf returns the handle Inspect gives k, numbering it when new.
+func handleOf[K comparable](next *uint64, m map[K]uint64, k K, seen map[K]bool) uint64 {
 	seen[k] = true
 	if h, ok := m[k]; ok {
 		return h
 	}
-	handles.next++
-	m[k] = handles.next
-	return handles.next
+	*next++
+	m[k] = *next
+	return *next
 }
 
 // stateNames are the kernel's rdma_cm_state names.
@@ -157,13 +149,17 @@ func stateName(s state) string {
 // no device and is not listed), of their event channels, and the
 // multicast counters. Each id is read under its own lock, so the snapshot
 // is consistent per id, not across ids.
-func Inspect() Inspection {
-	cmDevices.Lock()
-	cds := make([]*cmDevice, 0, len(cmDevices.m))
-	for _, cd := range cmDevices.m {
+func Inspect() Inspection { return InspectHost(verbs.DefaultHost()) }
+
+// InspectHost is Inspect for the ids of another host.
+func InspectHost(h *verbs.Host) Inspection {
+	cm := cmOf(h)
+	cm.devMu.Lock()
+	cds := make([]*cmDevice, 0, len(cm.devs))
+	for _, cd := range cm.devs {
 		cds = append(cds, cd)
 	}
-	cmDevices.Unlock()
+	cm.devMu.Unlock()
 	var ids []*ID
 	for _, cd := range cds {
 		cd.mu.Lock()
@@ -173,12 +169,9 @@ func Inspect() Inspection {
 		cd.mu.Unlock()
 	}
 
-	handles.Lock()
-	defer handles.Unlock()
-	if handles.ids == nil {
-		handles.ids = map[*ID]uint64{}
-		handles.chs = map[*EventChannel]uint64{}
-	}
+	cm.handleMu.Lock()
+	defer cm.handleMu.Unlock()
+	handles := cm
 	seenIDs := map[*ID]bool{}
 	seenChs := map[*EventChannel]bool{}
 	// Number new ids in a stable order: by their existing handle, new
@@ -201,11 +194,11 @@ func Inspect() Inspection {
 	var out Inspection
 	var chs []*EventChannel
 	for _, id := range ids {
-		info := IDInfo{Handle: handleOf(handles.ids, id, seenIDs)}
+		info := IDInfo{Handle: handleOf(&handles.next, handles.ids, id, seenIDs)}
 		if !seenChs[id.ch] {
 			chs = append(chs, id.ch)
 		}
-		info.Channel = handleOf(handles.chs, id.ch, seenChs)
+		info.Channel = handleOf(&handles.next, handles.chs, id.ch, seenChs)
 		info.PortSpace = id.ps
 		info.Sync = id.sync
 

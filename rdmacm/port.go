@@ -49,12 +49,12 @@ type netEvent struct {
 // first that owns the address wins: an InfiniBand port whose IPoIB
 // address it is, else the RoCEv2 device of the interface that owns it.
 // A finder returns a nil port when the address is not its.
-var portFinders = []func(netip.Addr) (port, error){ibPortFor, rxePortFor}
+var portFinders = []func(*verbs.Host, netip.Addr) (port, error){ibPortFor, rxePortFor}
 
-// portFor returns the port a local address belongs to.
-func portFor(a netip.Addr) (port, error) {
+// portFor returns the port of host h a local address belongs to.
+func portFor(h *verbs.Host, a netip.Addr) (port, error) {
 	for _, find := range portFinders {
-		p, err := find(a)
+		p, err := find(h, a)
 		if err != nil || p != nil {
 			return p, err
 		}

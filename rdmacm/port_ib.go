@@ -19,8 +19,8 @@ type ibPort struct{ p *ib.Device }
 
 // ibPortFor returns the IB port whose IPoIB address a is: an open one, or
 // one opened on the subnet that SOFTRDMA_SM names; nil when a is not an
-// IPoIB address.
-func ibPortFor(a netip.Addr) (port, error) {
+// IPoIB address. IB ports are the process's (not yet per host).
+func ibPortFor(_ *verbs.Host, a netip.Addr) (port, error) {
 	p := ib.ForAddr(a)
 	if p == nil {
 		var err error

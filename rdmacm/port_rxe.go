@@ -14,9 +14,9 @@ import (
 // cma_iboe_join_multicast, IP group memberships, netdev events.
 type rxePort struct{ d *rxe.Device }
 
-// rxePortFor returns the RoCEv2 device of the interface that owns a.
-func rxePortFor(a netip.Addr) (port, error) {
-	d, err := rxe.ForAddr(a)
+// rxePortFor returns host h's RoCEv2 device of the interface that owns a.
+func rxePortFor(h *verbs.Host, a netip.Addr) (port, error) {
+	d, err := rxe.On(h).ForAddr(a)
 	if err != nil {
 		return nil, err
 	}

@@ -16,62 +16,33 @@ import (
 	"syscall"
 )
 
-var registry struct {
-	sync.Mutex
-	devs []*Device
-}
-
 // Device is an RDMA device (struct ibv_device).
 type Device struct {
-	ops DeviceOps
+	ops  DeviceOps
+	host *Host
 
 	mu     sync.Mutex
 	closed bool
 }
 
-// RegisterDevice adds a backend's device to the device list and returns it.
-func RegisterDevice(ops DeviceOps) *Device {
-	dev := &Device{ops: ops}
-	registry.Lock()
-	registry.devs = append(registry.devs, dev)
-	registry.Unlock()
-	return dev
-}
+// RegisterDevice adds a backend's device to DefaultHost's device list and
+// returns it.
+func RegisterDevice(ops DeviceOps) *Device { return defaultHost.RegisterDevice(ops) }
 
-// UnregisterDevice removes a device from the device list. Open contexts
-// keep working until they are closed.
-func UnregisterDevice(dev *Device) {
-	registry.Lock()
-	defer registry.Unlock()
-	for i, d := range registry.devs {
-		if d == dev {
-			registry.devs = append(registry.devs[:i:i], registry.devs[i+1:]...)
-			break
-		}
-	}
-	dev.mu.Lock()
-	dev.closed = true
-	dev.mu.Unlock()
-}
+// UnregisterDevice removes a device from its host's device list. Open
+// contexts keep working until they are closed.
+func UnregisterDevice(dev *Device) { dev.host.UnregisterDevice(dev) }
 
-// DeviceList returns the devices that exist in this process
-// (ibv_get_device_list). RoCEv2 devices are created on demand, one per
-// network interface, by provider/rxe.
-func DeviceList() []*Device {
-	registry.Lock()
-	defer registry.Unlock()
-	return append([]*Device(nil), registry.devs...)
-}
+// DeviceList returns DefaultHost's devices (ibv_get_device_list): the
+// RoCEv2 device of every network interface, and the InfiniBand ports
+// opened.
+func DeviceList() []*Device { return defaultHost.DeviceList() }
 
-// DeviceByName returns the device with the given name, or nil.
-func DeviceByName(name string) *Device {
-	for _, d := range DeviceList() {
-		if d.Name() == name {
-			return d
-		}
-	}
-	return nil
-}
+// DeviceByName returns DefaultHost's device with the given name, or nil.
+func DeviceByName(name string) *Device { return defaultHost.DeviceByName(name) }
+
+// Host returns the host the device belongs to.
+func (d *Device) Host() *Host { return d.host }
 
 // Name returns the device name (ibv_get_device_name).
 func (d *Device) Name() string { return d.ops.Name() }

@@ -84,6 +84,7 @@ type Device struct {
 	guid    uint64
 	vdev    *verbs.Device
 	core    *softverbs.Device
+	reg     *Registry
 
 	info   atomic.Pointer[ifInfo]
 	infoMu sync.Mutex // serializes refreshes
@@ -103,7 +104,7 @@ type Device struct {
 	ev events
 }
 
-func newDevice(ifindex int, o Options) (*Device, error) {
+func newDevice(r *Registry, ifindex int, o Options) (*Device, error) {
 	info, err := loadIfInfo(ifindex)
 	if err != nil {
 		return nil, err
@@ -117,7 +118,9 @@ func newDevice(ifindex int, o Options) (*Device, error) {
 	}
 	d.info.Store(info)
 	d.ownPorts.Store(&[]uint16{})
-	d.core, d.vdev = softverbs.Register(d)
+	d.reg = r
+	d.core = softverbs.New(d)
+	d.vdev = r.host.RegisterDevice(d.core)
 	return d, nil
 }
 
@@ -239,11 +242,12 @@ func (d *Device) GIDTable(port uint8) ([]verbs.GIDEntry, error) {
 // QPs, drops every membership, closes every socket and waits for its
 // goroutines to exit. Closing a closed device does nothing.
 func (d *Device) Close() error {
-	registry.Lock()
-	if registry.devs[d.ifindex] == d {
-		delete(registry.devs, d.ifindex)
+	r := d.reg
+	r.mu.Lock()
+	if r.devs[d.ifindex] == d {
+		delete(r.devs, d.ifindex)
 	}
-	registry.Unlock()
+	r.mu.Unlock()
 
 	// The core detaches every QP first (its GroupDestroyed calls take d.mu).
 	d.core.Close()
@@ -270,7 +274,7 @@ func (d *Device) Close() error {
 
 	d.stopEvents()
 	d.wg.Wait()
-	verbs.UnregisterDevice(d.vdev)
+	r.host.UnregisterDevice(d.vdev)
 	return nil
 }
 

@@ -6,28 +6,86 @@ import (
 	"net/netip"
 	"sync"
 	"syscall"
+
+	"github.com/softrdma/softrdma/verbs"
 )
 
-// registry holds the devices of this process, one per interface index.
-var registry struct {
-	sync.Mutex
+// Registry is a host's RoCEv2 devices, one per interface index.
+type Registry struct {
+	host *verbs.Host
+	mu   sync.Mutex
 	devs map[int]*Device
 }
+
+type registryKey struct{}
+
+// On returns the RoCEv2 devices of a host (the package-level functions use
+// verbs.DefaultHost). Closing the host closes them.
+func On(h *verbs.Host) *Registry {
+	return h.Value(registryKey{}, func() any {
+		r := &Registry{host: h, devs: map[int]*Device{}}
+		h.OnClose(r.CloseAll)
+		return r
+	}).(*Registry)
+}
+
+func defaultRegistry() *Registry { return On(verbs.DefaultHost()) }
+
+// provider makes every interface's device exist for a host's device list.
+type provider struct{}
+
+// Discover creates the device of every network interface (verbs.Provider).
+func (provider) Discover(h *verbs.Host) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return
+	}
+	r := On(h)
+	for _, ifi := range ifs {
+		r.ForInterface(ifi.Index)
+	}
+}
+
+func init() { verbs.RegisterProvider(provider{}) }
 
 // ForInterface returns the device of interface ifindex, creating (and
 // registering with verbs) it on first use. An unknown interface gives an
 // error wrapping ENODEV.
-func ForInterface(ifindex int) (*Device, error) {
-	return ForInterfaceWithOptions(ifindex, Options{})
-}
+func ForInterface(ifindex int) (*Device, error) { return defaultRegistry().ForInterface(ifindex) }
 
 // ForInterfaceWithOptions is ForInterface with multicast limits. When the
 // device already exists and o is not the zero Options, its limits are
 // changed as with SetLimits.
 func ForInterfaceWithOptions(ifindex int, o Options) (*Device, error) {
-	registry.Lock()
-	defer registry.Unlock()
-	if d := registry.devs[ifindex]; d != nil {
+	return defaultRegistry().ForInterfaceWithOptions(ifindex, o)
+}
+
+// ForName returns the device of the interface named ifname (e.g. "lo"),
+// creating it on first use; ENODEV when there is no such interface.
+func ForName(ifname string) (*Device, error) { return defaultRegistry().ForName(ifname) }
+
+// ForAddr returns the device of the interface that owns the local address
+// a; see Registry.ForAddr.
+func ForAddr(a netip.Addr) (*Device, error) { return defaultRegistry().ForAddr(a) }
+
+// Devices returns the devices of verbs.DefaultHost.
+func Devices() []*Device { return defaultRegistry().Devices() }
+
+// CloseAll closes every device of verbs.DefaultHost (for tests and
+// shutdown).
+func CloseAll() { defaultRegistry().CloseAll() }
+
+// ForInterface returns the host's device of interface ifindex, creating
+// it on first use; ENODEV for an unknown interface.
+func (r *Registry) ForInterface(ifindex int) (*Device, error) {
+	return r.ForInterfaceWithOptions(ifindex, Options{})
+}
+
+// ForInterfaceWithOptions is ForInterface with multicast limits.
+func (r *Registry) ForInterfaceWithOptions(ifindex int, o Options) (*Device, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d := r.devs[ifindex]; d != nil {
 		if o != (Options{}) {
 			if err := d.SetLimits(o); err != nil {
 				return nil, err
@@ -38,38 +96,34 @@ func ForInterfaceWithOptions(ifindex int, o Options) (*Device, error) {
 	if o.MaxMcastGrp < 0 || o.MaxMcastQPAttach < 0 || o.MaxTotalMcastQP < 0 {
 		return nil, fmt.Errorf("rxe: limits %+v: %w", o, syscall.EINVAL)
 	}
-	d, err := newDevice(ifindex, o)
+	d, err := newDevice(r, ifindex, o)
 	if err != nil {
 		return nil, err
 	}
-	if registry.devs == nil {
-		registry.devs = map[int]*Device{}
-	}
-	registry.devs[ifindex] = d
+	r.devs[ifindex] = d
 	return d, nil
 }
 
-// ForName returns the device of the interface named ifname (e.g. "lo"),
-// creating it on first use; ENODEV when there is no such interface.
-func ForName(ifname string) (*Device, error) {
+// ForName returns the host's device of the interface named ifname.
+func (r *Registry) ForName(ifname string) (*Device, error) {
 	ifi, err := net.InterfaceByName(ifname)
 	if err != nil {
 		return nil, fmt.Errorf("rxe: interface %q: %v: %w", ifname, err, syscall.ENODEV)
 	}
-	return ForInterface(ifi.Index)
+	return r.ForInterface(ifi.Index)
 }
 
-// ForAddr returns the device of the interface that owns the local address
-// a (an IPv4-mapped address counts as IPv4; 127.0.0.0/8 and ::1 belong to
+// ForAddr returns the host's device of the interface that owns the local
+// address a (an IPv4-mapped address counts as IPv4; 127.0.0.0/8 and ::1 belong to
 // the loopback interface; a zone selects the interface of a link-local
 // address). EADDRNOTAVAIL when a is not a local address, ENODEV when the
 // interfaces cannot be listed.
-func ForAddr(a netip.Addr) (*Device, error) {
+func (r *Registry) ForAddr(a netip.Addr) (*Device, error) {
 	idx, err := ifindexOfAddr(a)
 	if err != nil {
 		return nil, err
 	}
-	return ForInterface(idx)
+	return r.ForInterface(idx)
 }
 
 // ifindexOfAddr finds the interface holding local address a.
@@ -112,20 +166,20 @@ func ifindexOfAddr(a netip.Addr) (int, error) {
 	return 0, fmt.Errorf("rxe: %v is not a local address: %w", a, syscall.EADDRNOTAVAIL)
 }
 
-// Devices returns the devices that exist in this process.
-func Devices() []*Device {
-	registry.Lock()
-	defer registry.Unlock()
-	out := make([]*Device, 0, len(registry.devs))
-	for _, d := range registry.devs {
+// Devices returns the host's devices that exist.
+func (r *Registry) Devices() []*Device {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*Device, 0, len(r.devs))
+	for _, d := range r.devs {
 		out = append(out, d)
 	}
 	return out
 }
 
-// CloseAll closes every device of the process (for tests and shutdown).
-func CloseAll() {
-	for _, d := range Devices() {
+// CloseAll closes every device of the host.
+func (r *Registry) CloseAll() {
+	for _, d := range r.Devices() {
 		d.Close()
 	}
 }

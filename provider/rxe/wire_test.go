@@ -173,10 +173,17 @@ func (c *packetCapture) close() { unix.Close(c.fd) }
 func (c *packetCapture) next(t *testing.T, group netip.Addr) []byte {
 	t.Helper()
 	buf := make([]byte, 70000)
+	deadline := time.Now().Add(5 * time.Second)
 	for {
 		n, _, err := unix.Recvfrom(c.fd, buf, 0)
+		if err == unix.EINTR && time.Now().Before(deadline) {
+			continue // a runtime signal, not the end of the wait
+		}
 		if err != nil {
 			t.Fatalf("packet capture: %v", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("packet capture: no RoCEv2 frame to %v within 5s", group)
 		}
 		b := buf[:n]
 		if n < 28 || b[0] != 0x45 || b[9] != 17 {

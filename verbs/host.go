@@ -1,0 +1,137 @@
+package verbs
+
+import (
+	"slices"
+	"sync"
+)
+
+// Host is one program's RDMA world: its device list (what
+// ibv_get_device_list returns) and the state that providers and the RDMA
+// CM keep for it. The package-level functions (DeviceList, RegisterDevice…)
+// use DefaultHost; a test builds an isolated Host with NewHost and closes
+// it, and nothing it did outlives it.
+type Host struct {
+	mu      sync.Mutex // devs, closers
+	devs    []*Device
+	closers []func()
+
+	valMu sync.Mutex // vals
+	vals  map[any]any
+}
+
+// NewHost returns an empty host.
+func NewHost() *Host { return &Host{vals: map[any]any{}} }
+
+var defaultHost = NewHost()
+
+// DefaultHost returns the host behind the package-level functions.
+func DefaultHost() *Host { return defaultHost }
+
+// Provider is a kind of device (a provider of rdma-core's providers/): it
+// makes the devices of a host exist, as ibv_get_device_list finds the
+// devices of every registered driver.
+type Provider interface {
+	// Discover registers the host's devices of this provider that do not
+	// exist yet.
+	Discover(h *Host)
+}
+
+var providers struct {
+	sync.Mutex
+	list []Provider
+}
+
+// RegisterProvider adds a provider to every host's device discovery (a
+// provider package calls it from init, like verbs_register_driver).
+func RegisterProvider(p Provider) {
+	providers.Lock()
+	providers.list = append(providers.list, p)
+	providers.Unlock()
+}
+
+// RegisterDevice adds a backend's device to the host's device list and
+// returns it.
+func (h *Host) RegisterDevice(ops DeviceOps) *Device {
+	dev := &Device{ops: ops, host: h}
+	h.mu.Lock()
+	h.devs = append(h.devs, dev)
+	h.mu.Unlock()
+	return dev
+}
+
+// UnregisterDevice removes a device from the host's device list. Open
+// contexts keep working until they are closed; Open fails with ENODEV.
+func (h *Host) UnregisterDevice(dev *Device) {
+	h.mu.Lock()
+	h.devs = slices.DeleteFunc(h.devs, func(d *Device) bool { return d == dev })
+	h.mu.Unlock()
+	dev.mu.Lock()
+	dev.closed = true
+	dev.mu.Unlock()
+}
+
+// DeviceList returns the host's devices (ibv_get_device_list): every
+// provider first registers the devices it finds (the RoCEv2 device of
+// every network interface, the InfiniBand ports opened).
+func (h *Host) DeviceList() []*Device {
+	providers.Lock()
+	ps := slices.Clone(providers.list)
+	providers.Unlock()
+	for _, p := range ps {
+		p.Discover(h)
+	}
+	return h.Devices()
+}
+
+// Devices returns the devices registered so far, without discovery.
+func (h *Host) Devices() []*Device {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.devs)
+}
+
+// DeviceByName returns the device with the given name, or nil.
+func (h *Host) DeviceByName(name string) *Device {
+	for _, d := range h.DeviceList() {
+		if d.Name() == name {
+			return d
+		}
+	}
+	return nil
+}
+
+// Value returns the host's value for key, made by mk on first use: the
+// state a provider or the CM keeps per host (its registry of devices,
+// bound ports…). Keys are package-private types, as with context values.
+// mk may call OnClose and RegisterDevice, not Value.
+func (h *Host) Value(key any, mk func() any) any {
+	h.valMu.Lock()
+	defer h.valMu.Unlock()
+	v, ok := h.vals[key]
+	if !ok {
+		v = mk()
+		h.vals[key] = v
+	}
+	return v
+}
+
+// OnClose registers fn to run when the host is closed (a provider closes
+// its devices there), in reverse order of registration.
+func (h *Host) OnClose(fn func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closers = append(h.closers, fn)
+}
+
+// Close releases everything the host's providers hold: devices, sockets,
+// goroutines. The host can be used again afterwards (devices are made anew
+// on demand); for DefaultHost this is what a test's cleanup calls.
+func (h *Host) Close() {
+	h.mu.Lock()
+	cs := h.closers
+	h.closers = nil
+	h.mu.Unlock()
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i]()
+	}
+}
