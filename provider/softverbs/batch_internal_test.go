@@ -58,6 +58,7 @@ type fakeQP struct {
 	fail    map[int]error
 	discard bool // count, but do not keep, payloads
 	nsent   int
+	last    UDSend // the last datagram's header fields (no payload)
 }
 
 func (q *fakeQP) QPN() uint32 { return q.qpn }
@@ -67,6 +68,8 @@ func (q *fakeQP) Send(s *UDSend) error {
 	defer q.mu.Unlock()
 	n := q.nsent
 	q.nsent++
+	q.last = *s
+	q.last.Payload = nil
 	if !q.discard {
 		q.sent = append(q.sent, append([]byte(nil), s.Payload...))
 	}
