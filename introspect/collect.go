@@ -10,7 +10,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/softrdma/softrdma/provider/rxe"
+	"github.com/softrdma/softrdma/capture"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -314,4 +314,4 @@ func guidString(g uint64) string {
 }
 
 // activeCaptures is the number of packet captures running.
-func activeCaptures() int { return rxe.ActiveCaptures() }
+func activeCaptures() int { return capture.Active(nil) }

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 
+	"github.com/softrdma/softrdma/capture"
 	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/rdmacm"
@@ -453,7 +454,7 @@ func TestCaptureStream(t *testing.T) {
 	go func() {
 		defer close(done)
 		defer pw.Close()
-		n, cerr = c.Capture(ctxT(t), CaptureRequest{Device: "rxe_lo", Direction: rxe.CaptureSent, Count: 3}, pw, func() { close(started) })
+		n, cerr = c.Capture(ctxT(t), CaptureRequest{Device: "rxe_lo", Direction: capture.Sent, Count: 3}, pw, func() { close(started) })
 	}()
 	var buf bytes.Buffer
 	copied := make(chan struct{})
@@ -494,7 +495,7 @@ func TestCaptureStream(t *testing.T) {
 	if _, _, err := r.ReadPacketData(); err != io.EOF {
 		t.Errorf("more than 3 frames: %v", err)
 	}
-	if rxe.ActiveCaptures() != 0 {
+	if capture.Active(nil) != 0 {
 		t.Error("capture still running")
 	}
 }
@@ -512,18 +513,18 @@ func TestCaptureClientGone(t *testing.T) {
 		done <- err
 	}()
 	<-started
-	if rxe.ActiveCaptures() != 1 {
-		t.Errorf("%d captures", rxe.ActiveCaptures())
+	if capture.Active(nil) != 1 {
+		t.Errorf("%d captures", capture.Active(nil))
 	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("cancelled capture: %v", err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for rxe.ActiveCaptures() != 0 && time.Now().Before(deadline) {
+	for capture.Active(nil) != 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if rxe.ActiveCaptures() != 0 {
+	if capture.Active(nil) != 0 {
 		t.Error("capture survived its client")
 	}
 	// Close during a capture.
@@ -539,7 +540,7 @@ func TestCaptureClientGone(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not end the capture")
 	}
-	if rxe.ActiveCaptures() != 0 {
+	if capture.Active(nil) != 0 {
 		t.Error("capture survived Close")
 	}
 }

@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/softrdma/softrdma/provider/rxe"
+	"github.com/softrdma/softrdma/capture"
+	"github.com/softrdma/softrdma/verbs"
 )
 
 // EnvAddr is the environment variable FromEnv reads to turn the endpoint
@@ -345,7 +345,7 @@ func jsonView(view func(*Snapshot) any) http.HandlerFunc {
 // defaults (every device, both directions, no limit).
 type CaptureRequest struct {
 	Device    string
-	Direction rxe.CaptureDirection
+	Direction capture.Direction
 	Count     int
 	Duration  time.Duration
 	Snaplen   int
@@ -357,7 +357,7 @@ func (c CaptureRequest) query() string {
 	if c.Device != "" {
 		q = append(q, "device="+url.QueryEscape(c.Device))
 	}
-	if c.Direction != rxe.CaptureBoth {
+	if c.Direction != capture.Both {
 		q = append(q, "dir="+c.Direction.String())
 	}
 	if c.Count > 0 {
@@ -384,7 +384,7 @@ func parseCaptureRequest(q map[string][]string) (CaptureRequest, error) {
 		return ""
 	}
 	c.Device = get("device")
-	d, err := rxe.ParseCaptureDirection(get("dir"))
+	d, err := capture.ParseDirection(get("dir"))
 	if err != nil {
 		return c, err
 	}
@@ -428,7 +428,7 @@ func captureHandler(w http.ResponseWriter, r *http.Request) {
 	if req.Device != "" {
 		found := false
 		var names []string
-		for _, d := range rxe.Devices() {
+		for _, d := range verbs.DefaultHost().Devices() {
 			found = found || d.Name() == req.Device
 			names = append(names, d.Name())
 		}
@@ -445,7 +445,7 @@ func captureHandler(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/vnd.tcpdump.pcap")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)
-	c, err := rxe.StartCapture(flushWriter{w, rc}, rxe.CaptureOptions{
+	c, err := capture.Start(flushWriter{w, rc}, capture.Options{
 		Device: req.Device, Direction: req.Direction, Snaplen: req.Snaplen, MaxPackets: req.Count,
 	})
 	if err != nil {

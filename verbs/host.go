@@ -11,9 +11,11 @@ import (
 // use DefaultHost; a test builds an isolated Host with NewHost and closes
 // it, and nothing it did outlives it.
 type Host struct {
-	mu      sync.Mutex // devs, closers
-	devs    []*Device
-	closers []func()
+	mu        sync.Mutex // devs, closers, watchers
+	devs      []*Device
+	closers   []func()
+	watchers  map[int]func(*Device)
+	nextWatch int
 
 	valMu sync.Mutex // vals
 	vals  map[any]any
@@ -55,7 +57,14 @@ func (h *Host) RegisterDevice(ops DeviceOps) *Device {
 	dev := &Device{ops: ops, host: h}
 	h.mu.Lock()
 	h.devs = append(h.devs, dev)
+	ws := make([]func(*Device), 0, len(h.watchers))
+	for _, w := range h.watchers {
+		ws = append(ws, w)
+	}
 	h.mu.Unlock()
+	for _, w := range ws {
+		w(dev)
+	}
 	return dev
 }
 

@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/softrdma/softrdma/capture"
 	"github.com/softrdma/softrdma/introspect"
-	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -674,13 +674,19 @@ func (t *mckey) destroyNodes() {
 }
 
 // startCapture writes what every device of the process sends and receives
-// to a pcap file (--pcap); the returned function stops and closes it.
+// to a pcap file (--pcap): Ethernet frames of the RoCEv2 devices, or IB
+// packets of the InfiniBand ports when SOFTRDMA_SM names a subnet; the
+// returned function stops and closes it.
 func startCapture(path string) (func(), error) {
 	f, err := os.Create(path)
 	if err != nil {
 		return nil, err
 	}
-	c, err := rxe.StartCapture(f, rxe.CaptureOptions{})
+	lt := verbs.LinkTypeEthernet
+	if os.Getenv("SOFTRDMA_SM") != "" {
+		lt = verbs.LinkTypeInfiniBand
+	}
+	c, err := capture.Start(f, capture.Options{LinkType: lt})
 	if err != nil {
 		f.Close()
 		return nil, err

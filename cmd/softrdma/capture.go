@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/softrdma/softrdma/capture"
 	"github.com/softrdma/softrdma/introspect"
-	"github.com/softrdma/softrdma/provider/rxe"
 )
 
 func init() {
@@ -39,7 +39,7 @@ func captureCmd(args []string, stdout, stderr io.Writer) int {
 	if !parseArgs(fs, args, stderr) {
 		return 2
 	}
-	d, err := rxe.ParseCaptureDirection(*dir)
+	d, err := capture.ParseDirection(*dir)
 	if *file == "" || err != nil || *count < 0 || *dur < 0 || *snap < 0 {
 		if err != nil {
 			fmt.Fprintf(stderr, "softrdma capture: %v\n", err)
@@ -72,7 +72,7 @@ func captureCmd(args []string, stdout, stderr io.Writer) int {
 	if *dev != "" {
 		where = *dev
 	}
-	what := map[rxe.CaptureDirection]string{rxe.CaptureBoth: "sent and received", rxe.CaptureSent: "sent", rxe.CaptureReceived: "received"}[d]
+	what := map[capture.Direction]string{capture.Both: "sent and received", capture.Sent: "sent", capture.Received: "received"}[d]
 	req := introspect.CaptureRequest{Device: *dev, Direction: d, Count: *count, Duration: *dur, Snaplen: *snap}
 	start := time.Now()
 	_, err = c.Capture(ctx, req, pc, func() {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+	"time"
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
@@ -62,6 +63,9 @@ func (q *qp) Send(s *softverbs.UDSend) error {
 	if _, err := d.conn.WriteToUDP(pkt, d.sm); err != nil {
 		return fmt.Errorf("ib: send: %w", err)
 	}
+	if d.core.Tapping() {
+		d.core.Emit(verbs.Frame{Time: time.Now(), Data: pkt, Sent: true})
+	}
 	s.Wire = n
 	return nil
 }
@@ -109,6 +113,9 @@ func (d *Device) handlePacket(b []byte, self *qp, rx *receiveScratch) {
 	c := d.core
 	c.Count(softverbs.RcvdPkts, 1)
 	c.Count(softverbs.RcvdBytes, uint64(len(b)))
+	if self == nil && c.Tapping() {
+		c.Emit(verbs.Frame{Time: time.Now(), Data: b})
+	}
 	p := &rx.p
 	if err := fabric.Parse(b, p); err != nil {
 		switch {
@@ -151,3 +158,7 @@ func (d *Device) handlePacket(b []byte, self *qp, rx *receiveScratch) {
 	}
 	dg.Payload = nil // keep no reference to the packet buffer
 }
+
+// LinkType is the pcap link type of the port's frames: IB packets from
+// the LRH on (softverbs.LinkTyper).
+func (d *Device) LinkType() uint32 { return verbs.LinkTypeInfiniBand }

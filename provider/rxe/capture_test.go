@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
 
+	"github.com/softrdma/softrdma/capture"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -105,11 +107,11 @@ func TestCaptureLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	var buf syncBuffer
-	c, err := StartCapture(&buf, CaptureOptions{Device: d.Name()})
+	c, err := capture.Start(&buf, capture.Options{Device: d.Name()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := ActiveCaptures(); n != 1 {
+	if n := capture.Active(nil); n != 1 {
 		t.Errorf("ActiveCaptures = %d", n)
 	}
 	const n = 4
@@ -125,7 +127,7 @@ func TestCaptureLoopback(t *testing.T) {
 	if err := c.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if ActiveCaptures() != 0 {
+	if capture.Active(nil) != 0 {
 		t.Error("capture still active after Stop")
 	}
 	select {
@@ -180,10 +182,14 @@ func TestCaptureOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sent, recvd, other, limited syncBuffer
-	cs, _ := StartCapture(&sent, CaptureOptions{Direction: CaptureSent})
-	cr, _ := StartCapture(&recvd, CaptureOptions{Direction: CaptureReceived})
-	co, _ := StartCapture(&other, CaptureOptions{Device: "rxe_nosuch"})
-	cl, _ := StartCapture(&limited, CaptureOptions{MaxPackets: 3})
+	cs, _ := capture.Start(&sent, capture.Options{Direction: capture.Sent})
+	cr, _ := capture.Start(&recvd, capture.Options{Direction: capture.Received})
+	// A capture of another link type takes no RoCEv2 frame.
+	co, _ := capture.Start(&other, capture.Options{LinkType: verbs.LinkTypeInfiniBand})
+	if _, err := capture.Start(&other, capture.Options{Device: "rxe_nosuch"}); !capture.IsNoDevice(err) || !isErrno(err, syscall.ENODEV) {
+		t.Errorf("capture on a device the process lacks: %v", err)
+	}
+	cl, _ := capture.Start(&limited, capture.Options{MaxPackets: 3})
 	for range 3 {
 		if err := q.Send(&softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 7, Payload: []byte("x")}); err != nil {
 			t.Fatal(err)
@@ -196,7 +202,7 @@ func TestCaptureOptions(t *testing.T) {
 		t.Fatal("MaxPackets capture did not end")
 	}
 	eventually(t, "sent and received frames", func() bool { return cs.Stats().Packets == 3 && cr.Stats().Packets == 3 })
-	for _, c := range []*Capture{cs, cr, co, cl} {
+	for _, c := range []*capture.Capture{cs, cr, co, cl} {
 		if err := c.Stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -207,26 +213,28 @@ func TestCaptureOptions(t *testing.T) {
 	if n := len(readCapture(t, recvd.Bytes())); n != 3 {
 		t.Errorf("received: %d frames", n)
 	}
-	if n := len(readCapture(t, other.Bytes())); n != 0 {
-		t.Errorf("other device: %d frames", n)
+	if r, err := pcapgo.NewReader(bytes.NewReader(other.Bytes())); err != nil || uint32(r.LinkType()) != verbs.LinkTypeInfiniBand {
+		t.Errorf("InfiniBand capture: %v, link type %v", err, r.LinkType())
+	} else if _, _, err := r.ReadPacketData(); err != io.EOF {
+		t.Errorf("InfiniBand capture holds a frame (%v)", err)
 	}
 	if n := len(readCapture(t, limited.Bytes())); n != 3 {
 		t.Errorf("MaxPackets 3: %d frames", n)
 	}
-	for _, o := range []CaptureOptions{{Direction: 9}, {Snaplen: -1}, {MaxPackets: -1}, {Queue: -1}} {
-		if _, err := StartCapture(io.Discard, o); err == nil {
+	for _, o := range []capture.Options{{Direction: 9}, {Snaplen: -1}, {MaxPackets: -1}, {Queue: -1}} {
+		if _, err := capture.Start(io.Discard, o); err == nil {
 			t.Errorf("options %+v accepted", o)
 		}
 	}
-	if _, err := StartCapture(writerFunc(func([]byte) (int, error) { return 0, errors.New("broken pipe") }), CaptureOptions{}); err == nil || ActiveCaptures() != 0 {
-		t.Errorf("capture on a broken writer: %v, %d active", err, ActiveCaptures())
+	if _, err := capture.Start(writerFunc(func([]byte) (int, error) { return 0, errors.New("broken pipe") }), capture.Options{}); err == nil || capture.Active(nil) != 0 {
+		t.Errorf("capture on a broken writer: %v, %d active", err, capture.Active(nil))
 	}
-	for s, want := range map[string]CaptureDirection{"": CaptureBoth, "both": CaptureBoth, "tx": CaptureSent, "received": CaptureReceived} {
-		if got, err := ParseCaptureDirection(s); err != nil || got != want {
-			t.Errorf("ParseCaptureDirection(%q) = %v, %v", s, got, err)
+	for s, want := range map[string]capture.Direction{"": capture.Both, "both": capture.Both, "tx": capture.Sent, "received": capture.Received} {
+		if got, err := capture.ParseDirection(s); err != nil || got != want {
+			t.Errorf("capture.ParseDirection(%q) = %v, %v", s, got, err)
 		}
 	}
-	if _, err := ParseCaptureDirection("sideways"); err == nil {
+	if _, err := capture.ParseDirection("sideways"); err == nil {
 		t.Error("bad direction accepted")
 	}
 }
@@ -257,7 +265,7 @@ func TestCaptureNeverBlocksDatapath(t *testing.T) {
 	g := randGroup()
 	q := newQP(t, d, newFakeRx(), 0, 7)
 	w := &blockingWriter{release: make(chan struct{}), fail: true}
-	c, err := StartCapture(w, CaptureOptions{Direction: CaptureSent, Queue: 2})
+	c, err := capture.Start(w, capture.Options{Direction: capture.Sent, Queue: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +315,7 @@ func TestCaptureHooksIdle(t *testing.T) {
 func TestCaptureReceivedMalformed(t *testing.T) {
 	d := loDev(t)
 	var buf syncBuffer
-	c, err := StartCapture(&buf, CaptureOptions{})
+	c, err := capture.Start(&buf, capture.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -246,7 +246,7 @@ func (q *qp) transmit(sc *sendScratch, k int, v6 bool, s []softverbs.UDSend, err
 		sl := &sc.slots[j]
 		if errs[sl.idx] == nil {
 			s[sl.idx].Wire = sl.total
-			if capturing() {
+			if q.dev.core.Tapping() {
 				q.captureSlot(sl, s[sl.idx].Payload)
 			}
 		}
@@ -259,9 +259,6 @@ func (q *qp) sendFailed(s *softverbs.UDSend, errp *error, err error) {
 	d := q.dev
 	*errp = d.errf(verbs.ErrnoOf(err), "send to %v: %v", s.AH.GRH.DGID.Addr(), err)
 }
-
-// capturing reports whether a packet capture runs.
-func capturing() bool { return activeCaptures.Load() != nil }
 
 // captureSlot hands a sent datagram to the capture, assembled in one piece.
 func (q *qp) captureSlot(sl *sendSlot, payload []byte) {

@@ -16,8 +16,9 @@ import (
 // Device is a software device: a provider's Driver under the verbs core
 // (verbs.DeviceOps, verbs.CounterSource).
 type Device struct {
-	drv Driver
-	ctr counters
+	drv  Driver
+	ctr  counters
+	taps taps
 
 	mu      sync.Mutex // the tables below
 	closed  bool
