@@ -13,7 +13,10 @@ import (
 // Every datagram a device reads is counted in RcvdPkts, then exactly once
 // more: in one transport drop (MalformedDrops … ICRCErrors), as an SA MAD,
 // in NoGroupDrops / NoQPDrops, or once per receiving QP as Delivered or in
-// one per-QP drop (NotReadyDrops … CQFullDrops).
+// one per-QP drop (NotReadyDrops … CQFullDrops). On InfiniBand, datagrams
+// from a sender other than the SM count only in UntrustedDrops, and the
+// SM's control messages are not packets: a rejected one counts only in
+// ControlDrops.
 type Counter int
 
 // schema is the counter table, in declaration order.
