@@ -65,14 +65,14 @@ func TestIBPort(t *testing.T) {
 		t.Errorf("IB QPs %+v", d.QPs)
 	}
 	// The SA membership of a join appears in the groups view.
-	bc, ok := p.BroadcastGroup()
+	bc, ok := p.Multicast().BroadcastGroup()
 	if !ok {
 		t.Fatal("no broadcast group")
 	}
 	req := bc
 	req.MGID, req.PortGID, req.QKey, req.MLID, req.JoinState = mgid, p.PortGID(), 0x01234567, 0, 1
 	joined := make(chan int, 1)
-	m, err := p.JoinMulticast(req, 0x130C7, func(status int, _ *ib.GroupRecord) {
+	m, err := p.Multicast().Join(req, 0x130C7, func(status int, _ *ib.GroupRecord) {
 		select {
 		case joined <- status:
 		default:
@@ -81,7 +81,7 @@ func TestIBPort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.LeaveMulticast(m)
+	defer p.Multicast().Leave(m)
 	if st := <-joined; st != 0 {
 		t.Fatalf("join status %d", st)
 	}

@@ -2,6 +2,7 @@ package rdmacm
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"strings"
 	"syscall"
@@ -250,10 +251,28 @@ func TestIBRejectAndSharedMembership(t *testing.T) {
 	if err := b.LeaveMulticast(g); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the group is deleted after the last local member left", func() bool {
-		_, ok := members()
-		return !ok
-	})
+	// LeaveMulticast returned after the SA answered the Delete: no waiting.
+	if k, ok := members(); ok {
+		t.Fatalf("the SA still has the group (%d members of the port) when the last leave returned", k)
+	}
+	// Destroy, too, returns after the SA answered.
+	if err := b.JoinMulticast(g, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, b.Channel()); ev.Event != EventMulticastJoin {
+		t.Fatalf("%v %d", ev.Event, ev.Status)
+	} else {
+		ev.Ack()
+	}
+	if k, ok := members(); !ok || k != 1 {
+		t.Fatalf("rejoin: %d members, group exists %v", k, ok)
+	}
+	if err := b.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if k, ok := members(); ok {
+		t.Fatalf("the SA still has the group (%d members of the port) when Destroy returned", k)
+	}
 }
 
 // TestIBAssignedMGID: the zero address asks the SA for an MGID.
@@ -361,6 +380,35 @@ func TestIBSASilence(t *testing.T) {
 	n.sm.SetSADrop(false)
 	if err := id.LeaveMulticast(g); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestIBLeaveSASilence: a leave whose SA Delete is never answered returns
+// ETIMEDOUT after the SA timeout and its retry, and the join is gone.
+func TestIBLeaveSASilence(t *testing.T) {
+	n := startSM(t, sm.Config{SendOnlySupport: true})
+	openPort(t, n, "127.0.0.12", ib.Config{SATimeout: 200 * time.Millisecond, SARetries: 1})
+	ch, id := ibID(t, "127.0.0.12", PS_UDP)
+	g := UDPAddr(netip.MustParseAddr("230.3.3.4"))
+	if err := id.JoinMulticast(g, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, ch); ev.Event != EventMulticastJoin {
+		t.Fatalf("%v %d", ev.Event, ev.Status)
+	} else {
+		ev.Ack()
+	}
+	n.sm.SetSADrop(true)
+	start := time.Now()
+	err := id.LeaveMulticast(g)
+	if !errors.Is(err, syscall.ETIMEDOUT) {
+		t.Fatalf("leave with a silent SA: %v, want ETIMEDOUT", err)
+	}
+	if el := time.Since(start); el < 400*time.Millisecond {
+		t.Errorf("leave gave up after %v, before two SA timeouts", el)
+	}
+	if err := id.LeaveMulticast(g); !errors.Is(err, syscall.EADDRNOTAVAIL) {
+		t.Errorf("second leave: %v, want EADDRNOTAVAIL (the join is gone)", err)
 	}
 }
 

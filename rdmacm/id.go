@@ -499,7 +499,9 @@ func (id *ID) DestroyQP() (err error) {
 // Destroy destroys the id (rdma_destroy_id): it leaves every group, drops
 // the id's undelivered events, and waits until every event already
 // retrieved for it is acked. The QP should be destroyed first; if it still
-// exists it is detached from the id's groups and destroyed.
+// exists it is detached from the id's groups and destroyed. On InfiniBand
+// it waits for the SA Deletes of its joins; an SA that refuses or does not
+// answer gives its errno (the id is destroyed all the same).
 func (id *ID) Destroy() (err error) {
 	defer wrapErr(&err, "rdma_destroy_id", nil)
 	id.mu.Lock()
@@ -510,8 +512,11 @@ func (id *ID) Destroy() (err error) {
 	id.state = stateDestroying
 	mcs := id.mcs
 	id.mcs = nil
+	var waits []func() error
 	for _, mc := range mcs {
-		id.leaveLocked(mc)
+		if w := id.leaveLocked(mc); w != nil {
+			waits = append(waits, w)
+		}
 	}
 	if id.qp != nil {
 		id.qp.Destroy()
@@ -524,6 +529,14 @@ func (id *ID) Destroy() (err error) {
 		id.ch.cm.releasePort(id.ps, id.src.port)
 	}
 	id.mu.Unlock()
+	// The SA Deletes of the id's IB joins were started together: Destroy
+	// returns when all were answered or timed out.
+	var leaveErr error
+	for _, w := range waits {
+		if err := w(); err != nil && leaveErr == nil {
+			leaveErr = err
+		}
+	}
 	if dev != nil {
 		dev.detach(id)
 	}
@@ -543,7 +556,7 @@ func (id *ID) Destroy() (err error) {
 	if id.sync {
 		ch.Close()
 	}
-	return nil
+	return leaveErr
 }
 
 // deviceRemoved reports DEVICE_REMOVAL (the netdev went away).

@@ -119,7 +119,10 @@ func (id *ID) processEvent(ev *Event) {
 // this id whose address equals addr (family, address and port) is removed;
 // none → EADDRNOTAVAIL. The QP is detached, undelivered events of the join
 // are dropped, and the call waits until every retrieved event of the join
-// is acked.
+// is acked. On InfiniBand it also waits until the SA answered the Delete
+// of the join states no other local join needs; an SA that refuses or
+// does not answer gives its errno (EINVAL, ETIMEDOUT), the join being
+// removed all the same.
 func (id *ID) LeaveMulticast(addr net.Addr) (err error) {
 	defer wrapErr(&err, "rdma_leave_multicast", addr)
 	sa, err := toSockaddr(addr)
@@ -140,8 +143,11 @@ func (id *ID) LeaveMulticast(addr net.Addr) (err error) {
 		id.mu.Unlock()
 		return fmt.Errorf("not joined: %w", syscall.EADDRNOTAVAIL)
 	}
-	id.leaveLocked(mc)
+	wait := id.leaveLocked(mc)
 	id.mu.Unlock()
+	if wait != nil {
+		err = wait()
+	}
 
 	ch := id.ch
 	ch.mu.Lock()
@@ -156,12 +162,14 @@ func (id *ID) LeaveMulticast(addr net.Addr) (err error) {
 	for mc.eventsCompleted < mc.eventsReported {
 		ch.cond.Wait()
 	}
-	return nil
+	return err
 }
 
 // leaveLocked undoes a join: detach (errors ignored, as librdmacm), drop
-// the membership reference, and purge the join's undelivered events.
-func (id *ID) leaveLocked(mc *mcJoin) {
+// the membership reference, and purge the join's undelivered events. The
+// port's remaining wait (an SA Delete) is returned, to be called once
+// id.mu is released.
+func (id *ID) leaveLocked(mc *mcJoin) (wait func() error) {
 	observeLeave(id, mc)
 	mc.left.Store(true)
 	if id.qp != nil && !mc.sendOnly && !mc.mgid.IsZero() {
@@ -169,9 +177,10 @@ func (id *ID) leaveLocked(mc *mcJoin) {
 	}
 	if mc.held != nil {
 		// Waits for a running callback of the join; none runs afterwards.
-		id.dev.port.leave(mc)
+		wait = id.dev.port.leave(mc)
 	}
 	id.ch.mu.Lock()
 	id.ch.purgeLocked(func(ev *Event) bool { return ev.mc == mc })
 	id.ch.mu.Unlock()
+	return wait
 }

@@ -25,7 +25,9 @@ type port interface {
 	join(id *ID, mc *mcJoin) error
 	// leave releases what join took (id.mu is held). It returns when the
 	// port is done with the join: no callback of the join runs afterwards.
-	leave(mc *mcJoin)
+	// What the leave still waits for (an SA Delete) is the returned wait,
+	// called once id.mu is released; nil when there is nothing to wait for.
+	leave(mc *mcJoin) (wait func() error)
 	// subscribe delivers the port's netdev events to fn until cancel is
 	// called; ports without netdev events return a nil cancel.
 	subscribe(fn func(netEvent)) (cancel func())

@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/ib/mcast"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -42,7 +43,7 @@ func (ibPort) gidIndex(*verbs.Context, netip.Addr) (uint8, error) { return 0, ni
 // ipoibQKey is the Q_Key of the broadcast group the port joined at
 // activation.
 func (p ibPort) ipoibQKey() (uint32, error) {
-	bc, ok := p.p.BroadcastGroup()
+	bc, ok := p.p.Multicast().BroadcastGroup()
 	if !ok {
 		return 0, fmt.Errorf("no IPoIB broadcast group on %s: %w", p.p.Name(), syscall.EADDRNOTAVAIL)
 	}
@@ -55,7 +56,7 @@ func (p ibPort) ipoibQKey() (uint32, error) {
 // 4.9-5.11 and the man page), and the SA join runs asynchronously: its
 // answer becomes the join's event.
 func (p ibPort) join(id *ID, mc *mcJoin) error {
-	bc, ok := p.p.BroadcastGroup()
+	bc, ok := p.p.Multicast().BroadcastGroup()
 	if !ok {
 		return fmt.Errorf("no IPoIB broadcast group on %s: %w", p.p.Name(), syscall.EADDRNOTAVAIL)
 	}
@@ -72,7 +73,7 @@ func (p ibPort) join(id *ID, mc *mcJoin) error {
 	if _, err := id.defaultQKey(); err != nil {
 		return err
 	}
-	if mc.sendOnly && !p.p.SendOnlyFullMemberSupported() {
+	if mc.sendOnly && !p.p.Multicast().SendOnlyFullMemberSupported() {
 		return fmt.Errorf("SM does not support send-only full member joins: %w", syscall.EOPNOTSUPP)
 	}
 	req := bc
@@ -86,7 +87,7 @@ func (p ibPort) join(id *ID, mc *mcJoin) error {
 		mask = mad.CompIPoIBJoin
 	}
 	mc.qkey = id.qkey
-	m, err := p.p.JoinMulticast(req, mask, func(status int, rec *ib.GroupRecord) { ibJoinDone(id, mc, status, rec) })
+	m, err := p.p.Multicast().Join(req, mask, func(status int, rec *mcast.GroupRecord) { ibJoinDone(id, mc, status, rec) })
 	if err != nil {
 		return err
 	}
@@ -96,7 +97,7 @@ func (p ibPort) join(id *ID, mc *mcJoin) error {
 
 // ibJoinDone turns the SA's answer (or a later -ENETRESET) into the
 // join's event (cma_ib_mc_handler).
-func ibJoinDone(id *ID, mc *mcJoin, status int, rec *ib.GroupRecord) {
+func ibJoinDone(id *ID, mc *mcJoin, status int, rec *mcast.GroupRecord) {
 	if mc.left.Load() {
 		return
 	}
@@ -131,12 +132,15 @@ func ibJoinDone(id *ID, mc *mcJoin, status int, rec *ib.GroupRecord) {
 }
 
 // leave leaves the SA membership; it waits for a running callback of the
-// group, and none runs afterwards.
-func (p ibPort) leave(mc *mcJoin) {
-	if m, ok := mc.held.(*ib.Member); ok {
-		p.p.LeaveMulticast(m)
-	}
+// group, and none runs afterwards. The returned wait waits for the SA
+// Delete of the join states no other local join needs (ib/mcast).
+func (p ibPort) leave(mc *mcJoin) func() error {
+	m, ok := mc.held.(*mcast.Member)
 	mc.held = nil
+	if !ok {
+		return nil
+	}
+	return p.p.Multicast().StartLeave(m).Wait
 }
 
 // subscribe: an IB port reports its changes (reregister, LID change)

@@ -95,11 +95,12 @@ func (p rxePort) join(id *ID, mc *mcJoin) error {
 }
 
 // leave drops the join's reference on the IP group membership.
-func (p rxePort) leave(mc *mcJoin) {
+func (p rxePort) leave(mc *mcJoin) func() error {
 	if m, ok := mc.held.(rxeMembership); ok {
 		p.d.DecGroup(m.group)
 	}
 	mc.held, mc.netRef = nil, false
+	return nil
 }
 
 // subscribe turns the interface's netlink changes into the CM's netdev

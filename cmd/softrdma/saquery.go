@@ -47,7 +47,7 @@ type saMember struct {
 func saquery(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("saquery", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("sa", fabric.DefaultSAListen, "the SA's raw MAD address (softsm -sa-listen)")
+	addr := fs.String("sa", fabric.DefaultSAListen, "the SA's raw MAD address (softsm must run with -sa-listen ADDR)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	_ = fs.Bool("g", true, "list multicast groups (the only query; accepted for saquery compatibility)")
 	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for the SA")
@@ -127,7 +127,7 @@ func getTable(addr string, smKey uint64, timeout time.Duration) ([]saGroup, erro
 	for {
 		n, err := conn.Read(buf)
 		if err != nil {
-			return nil, fmt.Errorf("no answer from the SA at %s: %w", addr, err)
+			return nil, fmt.Errorf("no answer from the SA at %s (is softsm running with -sa-listen %s?): %w", addr, addr, err)
 		}
 		m := mad.MAD(append([]byte(nil), buf[:n]...))
 		if n != mad.Len || m.TID() != tid {

@@ -1,19 +1,22 @@
 // Command softsm runs the subnet manager of an emulated InfiniBand subnet:
 // SM (LIDs, epochs), SA (MCMemberRecord joins and leaves, ClassPortInfo)
 // and switch in one process. softrdma IB devices attach to its fabric
-// address; tools query the SA on its raw SA port.
+// address; with -sa-listen, tools query the SA on a raw SA port (a
+// diagnostic that acts for whichever port a record names: loopback only
+// unless -sa-allow-remote).
 //
 // Usage:
 //
-//	softsm [-listen 127.0.0.1:4792] [-sa-listen 127.0.0.1:4793]
+//	softsm [-listen 127.0.0.1:4792] [-sa-listen 127.0.0.1:4793 [-sa-allow-remote]]
 //	       [-port GUID]... [-state FILE] [-no-sendonly-support]
 //	       [-sa-delay D | -sa-timeout D] [-sa-drop] [-subnet-prefix P]
 //	       [-port-timeout D] [-v]
 //
-// When both sockets are bound it prints one line to stdout,
+// When its sockets are bound it prints one line to stdout,
 //
-//	softsm: listening fabric 127.0.0.1:4792 sa 127.0.0.1:4793
+//	softsm: listening fabric 127.0.0.1:4792 sa off
 //
+// (or "sa 127.0.0.1:4793" with the raw SA port)
 // and serves until SIGTERM or SIGINT, then exits 0. Pre-registered ports
 // (-port, repeatable) get LIDs 2, 3, … in order and GIDs <prefix>:<GUID>,
 // e.g. -port 0x100001 → LID 2, fe80::10:1. With -state FILE the GUID → LID
@@ -76,7 +79,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		timeout time.Duration
 	)
 	fs.StringVar(&cfg.Listen, "listen", fabric.DefaultListen, "fabric UDP `address` the ports attach to")
-	fs.StringVar(&cfg.SAListen, "sa-listen", fabric.DefaultSAListen, "raw SA UDP `address` (one datagram = one 256-byte SA MAD); empty disables it")
+	fs.StringVar(&cfg.SAListen, "sa-listen", "", "turn on the raw SA port (diagnostics, softrdma saquery) at UDP `address`, e.g. "+fabric.DefaultSAListen+
+		": one datagram = one 256-byte SA MAD, acting for the port the record names; loopback only unless -sa-allow-remote")
+	fs.BoolVar(&cfg.SAAllowRemote, "sa-allow-remote", false, "let -sa-listen bind a non-loopback address and answer non-loopback senders")
 	fs.Var(&ports, "port", "pre-register a port `GUID` (repeatable, or comma-separated); LIDs are assigned in order from 2")
 	fs.StringVar(&cfg.StateFile, "state", "", "keep GUID → LID assignments in `file` across restarts")
 	fs.BoolVar(&noSend, "no-sendonly-support", false, "clear ClassPortInfo CapabilityMask2 bit 12 and refuse SendOnlyFullMember joins")
@@ -84,7 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&timeout, "sa-timeout", 0, "same as -sa-delay: how long the SA takes before it answers")
 	fs.BoolVar(&cfg.SADrop, "sa-drop", false, "never answer SA MADs (tests of SA silence)")
 	fs.StringVar(&prefix, "subnet-prefix", "0xfe80000000000000", "subnet `prefix` (64-bit)")
-	fs.DurationVar(&cfg.PortTimeout, "port-timeout", fabric.PortTimeout, "forget a port silent for `duration`")
+	fs.DurationVar(&cfg.PortTimeout, "port-timeout", fabric.PortTimeout, "forget a port silent for `duration` (> 0)")
 	fs.BoolVar(&verbose, "v", false, "log attaches, detaches, SA requests and drops to stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -100,6 +105,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if timeout > 0 {
 		cfg.SADelay = timeout
+	}
+	if cfg.PortTimeout <= 0 {
+		fmt.Fprintf(stderr, "softsm: bad -port-timeout %v: must be positive\n", cfg.PortTimeout)
+		return 2
 	}
 	cfg.SubnetPrefix = p
 	cfg.Ports = ports

@@ -13,13 +13,21 @@
 //	           KeepaliveInterval as keepalive
 //	port_info  SM → port, the answer to every attach: LID, SMLID,
 //	           SubnetPrefix, PKeys [0xffff], Epoch (random per SM start),
-//	           MTU 4 (2048), Rate 3 (10 Gb/s), State "active"
+//	           MTU 4 (2048), Rate 3 (10 Gb/s), State "active", and
+//	           ClientReregister when the SM registered the port anew
+//	           (first attach, or after it forgot the port)
 //	detach     port → SM when the port closes
 //
-// A port that sees a new Epoch knows the SM restarted (client reregister).
+// A port takes datagrams only from the SM's fabric address (the SM is also
+// the switch) and a port_info only when it names the port's GUID, a unicast
+// LID other than SMLID, a unicast SMLID, an MTU enum 1..5, State "active"
+// and a non-zero Epoch. A port that sees a new Epoch knows the SM
+// restarted (client reregister).
 // The SM forgets a port silent for PortTimeout; its memberships are removed
-// as by a leave of all bits. LIDs start at FirstLID and stay with a GUID for
-// the SM's lifetime (and across restarts with a state file); the SM and the
+// as by a leave of all bits, and the port's next port_info carries
+// ClientReregister. LIDs start at FirstLID and stay with a GUID while the
+// SM runs (and across restarts with a state file) until every unicast LID
+// was handed out; then LIDs of forgotten ports are reused. The SM and the
 // SA are at SMLID.
 //
 // An IB PACKET is LRH | [GRH when LNH = 3] | BTH | DETH | [ImmDt] | payload
@@ -93,6 +101,9 @@ type Control struct {
 	MTU          uint8    `json:"mtu,omitempty"` // IB MTU enum
 	Rate         uint8    `json:"rate,omitempty"`
 	State        string   `json:"state,omitempty"` // "active"
+	// ClientReregister (port_info) tells a port that the SM registered it
+	// anew: memberships it held are gone (PortInfo's ClientReregister bit).
+	ClientReregister bool `json:"client_reregister,omitempty"`
 }
 
 // ErrNotControl reports a datagram without the Magic prefix.

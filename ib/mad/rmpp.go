@@ -30,10 +30,15 @@ import "errors"
 var (
 	// ErrNotRMPP reports a MAD without the RMPP Active flag or not of type DATA.
 	ErrNotRMPP = errors.New("mad: not an RMPP DATA segment")
-	// ErrRMPPSegment reports an inconsistent segment (number 0, a second
-	// first segment, a TID mismatch, a bad payload length).
+	// ErrRMPPSegment reports an inconsistent segment (number 0 or above
+	// MaxRMPPSegments, a second first or last segment, a segment after the
+	// last, a TID mismatch, a bad payload length).
 	ErrRMPPSegment = errors.New("mad: inconsistent RMPP segment")
 )
+
+// MaxRMPPSegments bounds one transfer: at most this many segments (13 MB
+// of SA data) are held; a segment numbered above it is refused.
+const MaxRMPPSegments = 1 << 16
 
 // RMPPSegments splits data (the concatenated records) into RMPP DATA
 // segments. hdr supplies bytes 0..55 of every segment (common header and
@@ -81,6 +86,7 @@ type Reassembler struct {
 	last   uint32
 	tid    uint64
 	lastPL uint32
+	maxNum uint32 // highest segment number held
 	init   bool
 }
 
@@ -95,7 +101,7 @@ func (r *Reassembler) Add(seg MAD) (done bool, data []byte, err error) {
 		return false, nil, ErrNotRMPP
 	}
 	num := seg.SegmentNumber()
-	if num == 0 {
+	if num == 0 || num > MaxRMPPSegments || (r.last != 0 && num > r.last) {
 		return false, nil, ErrRMPPSegment
 	}
 	if !r.init {
@@ -113,13 +119,17 @@ func (r *Reassembler) Add(seg MAD) (done bool, data []byte, err error) {
 		r.first = append(MAD(nil), seg[:Len]...)
 	}
 	if flags&RMPPFlagLast != 0 {
-		r.last = num
-		r.lastPL = seg.PayloadLength()
-		if r.lastPL > RMPPDataLen || r.lastPL < RMPPDataLen-SADataLen {
+		pl := seg.PayloadLength()
+		if (r.last != 0 && r.last != num) || pl > RMPPDataLen || pl < RMPPDataLen-SADataLen {
 			return false, nil, ErrRMPPSegment
 		}
+		if r.maxNum > num {
+			return false, nil, ErrRMPPSegment // a segment after the last one
+		}
+		r.last, r.lastPL = num, pl
 	}
 	r.segs[num] = append([]byte(nil), seg[SAHeaderEnd:Len]...)
+	r.maxNum = max(r.maxNum, num)
 	if r.first == nil || r.last == 0 || uint32(len(r.segs)) < r.last {
 		return false, nil, nil
 	}

@@ -392,18 +392,8 @@ func realizable(comp uint64, rec *mad.MCMemberFields, port *Port) bool {
 
 // newMLID honours a requested MLID in [0xC000, MaxMLID] that is free
 // (whether or not the MLID component is set), else returns the lowest
-// free one, or 0 when none is left.
-func (s *SA) newMLID(requested uint16) uint16 {
-	if requested >= wire.MulticastLIDBase && requested <= s.cfg.MaxMLID && !s.mlidInUse(requested) {
-		return requested
-	}
-	for mlid := uint32(wire.MulticastLIDBase); mlid <= uint32(s.cfg.MaxMLID); mlid++ {
-		if !s.mlidInUse(uint16(mlid)) {
-			return uint16(mlid)
-		}
-	}
-	return 0
-}
+// free one, or 0 when none is left; O(log n) (see mlids).
+func (s *SA) newMLID(requested uint16) uint16 { return s.mlids.alloc(requested) }
 
 // otherCompFieldsMatch compares the comp-masked Q_Key, P_Key (same base,
 // one of the two full), TClass, SL, FlowLabel and HopLimit with a group's

@@ -170,6 +170,7 @@ type SA struct {
 	groups  map[wire.GID]*group
 	counter uint32 // SA-assigned MGID counter, as OpenSM's uniq_count
 	version uint64
+	mlids   *mlids
 }
 
 // New returns an SA holding only the IPoIB broadcast group
@@ -193,7 +194,9 @@ func New(cfg Config) *SA {
 		prefix: cfg.SubnetPrefix,
 		ports:  make(map[uint64]*Port),
 		groups: make(map[wire.GID]*group),
+		mlids:  newMLIDs(cfg.MaxMLID),
 	}
+	s.mlids.take(BroadcastMLID)
 	s.groups[BroadcastMGID] = &group{
 		rec: mad.MCMemberFields{
 			MGID: BroadcastMGID, QKey: BroadcastQKey, MLID: BroadcastMLID,
@@ -374,16 +377,8 @@ func (s *SA) cleanup(g *group) {
 	clear(g.members)
 	if !g.wellKnown {
 		delete(s.groups, g.rec.MGID)
+		s.mlids.release(g.rec.MLID)
 	}
-}
-
-func (s *SA) mlidInUse(mlid uint16) bool {
-	for _, g := range s.groups {
-		if g.rec.MLID == mlid {
-			return true
-		}
-	}
-	return false
 }
 
 // hasPKey reports whether the port (nil: anonymous, in every partition)

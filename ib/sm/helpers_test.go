@@ -64,6 +64,13 @@ type fakePort struct {
 
 func newFakePort(t *testing.T, sm netip.AddrPort, guid uint64) *fakePort {
 	t.Helper()
+	return newFakePortOpts(t, sm, guid, true)
+}
+
+// newFakePortOpts opens a fake port, attaching it when attach is set.
+func newFakePortOpts(t *testing.T, smAddr interface{ String() string }, guid uint64, attach bool) *fakePort {
+	t.Helper()
+	sm := netip.MustParseAddrPort(smAddr.String())
 	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +80,9 @@ func newFakePort(t *testing.T, sm netip.AddrPort, guid uint64) *fakePort {
 	p.wg.Add(1)
 	go p.readLoop()
 	t.Cleanup(p.close)
-	p.attach()
+	if attach {
+		p.attach()
+	}
 	return p
 }
 

@@ -11,10 +11,21 @@
 // port holding only send-only bits, never back to the sender; a unicast
 // DLID goes to the port with that LID; anything else is dropped.
 //
-// Raw SA port: one datagram of exactly 256 bytes is one SA MAD; every
-// response MAD (one, or the RMPP segments of a GetTableResp) goes back to
-// the sender as one datagram. Such a request counts as coming from the port
-// whose GUID is the record's PortGID.
+// Identity: a port is its GUID, bound to the UDP address it attached from
+// while it is registered. An attach for a registered GUID from another
+// address is refused (counted) until the port detaches or expires; a
+// detach counts only from the port's own address. A port registering again
+// after it was forgotten (expired or detached) gets ClientReregister in its
+// port_info, so it learns that its memberships are gone.
+//
+// LIDs: see lidAlloc; when none is free the attach is refused (counted).
+//
+// Raw SA port (off unless Config.SAListen is set; loopback only unless
+// Config.SAAllowRemote): a diagnostic. One datagram of exactly 256 bytes
+// is one SA MAD; every response MAD (one, or the RMPP segments of a
+// GetTableResp) goes back to the sender as one datagram. Such a request
+// acts for the port whose GUID is the record's PortGID: whoever can reach
+// the raw port can join and leave for any port.
 package sm
 
 import (
@@ -46,8 +57,12 @@ type Config struct {
 	// Listen is the fabric UDP address (fabric.DefaultListen if empty;
 	// port 0 picks a free port).
 	Listen string
-	// SAListen is the raw SA UDP address; empty disables the raw port.
+	// SAListen is the raw SA UDP address; empty (the default) disables the
+	// raw port. It must be a loopback address unless SAAllowRemote.
 	SAListen string
+	// SAAllowRemote lets the raw SA port bind a non-loopback address and
+	// take requests from non-loopback sources.
+	SAAllowRemote bool
 	// SendOnlySupport advertises ClassPortInfo CapabilityMask2 bit 12 and
 	// accepts SendOnlyFullMember joins.
 	SendOnlySupport bool
@@ -69,6 +84,8 @@ type Config struct {
 	PortTimeout time.Duration
 	// MaxMLID caps MLID allocation (0 → 0xFFFE).
 	MaxMLID uint16
+	// MaxLID caps unicast LID allocation (0 → 0xBFFF).
+	MaxLID uint16
 	// Logf, if set, receives one line per event (attach, detach, SA
 	// request, drop reason).
 	Logf func(format string, args ...any)
@@ -105,8 +122,12 @@ type Stats struct {
 	// UnknownSource counts IB packets from addresses with no attached port.
 	UnknownSource uint64
 	// RawSARequests counts MADs on the raw SA port; RawSADrops those
-	// dropped (not 256 bytes, or SA silenced).
+	// dropped (not 256 bytes, SA silenced, or a non-loopback source).
 	RawSARequests, RawSADrops uint64
+	// RefusedAttaches counts attaches for a GUID registered at another
+	// address; ForeignDetaches detaches from an address that is not the
+	// named port's; NoLIDAttaches attaches refused because no LID was free.
+	RefusedAttaches, ForeignDetaches, NoLIDAttaches uint64
 }
 
 type portCounters struct {
@@ -136,7 +157,7 @@ type SM struct {
 
 	mu      sync.Mutex
 	sa      *sa.SA
-	lids    map[uint64]uint16 // every GUID ever given a LID
+	lids    *lidAlloc
 	byGUID  map[uint64]*port
 	byAddr  map[netip.AddrPort]*port
 	byLID   map[uint16]*port
@@ -147,8 +168,9 @@ type SM struct {
 	timers  map[*time.Timer]struct{}
 	closed  bool
 
-	unknownSrc, rawReqs, rawDrops atomic.Uint64
-	saDrop                        atomic.Bool // Config.SADrop, changeable with SetSADrop
+	unknownSrc, rawReqs, rawDrops             atomic.Uint64
+	refusedAttach, foreignDetach, noLIDAttach atomic.Uint64
+	saDrop                                    atomic.Bool // Config.SADrop, changeable with SetSADrop
 
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -166,11 +188,20 @@ func New(cfg Config) (*SM, error) {
 	if cfg.SMGUID == 0 {
 		cfg.SMGUID = DefaultSMGUID
 	}
+	if cfg.PortTimeout < 0 {
+		return nil, fmt.Errorf("sm: port timeout %v: must not be negative", cfg.PortTimeout)
+	}
+	if cfg.SAListen != "" && !cfg.SAAllowRemote {
+		ap, err := netip.ParseAddrPort(cfg.SAListen)
+		if err != nil || !ap.Addr().IsLoopback() {
+			return nil, fmt.Errorf("sm: raw SA address %q: not a loopback address (the raw SA port acts for any port; widen it explicitly)", cfg.SAListen)
+		}
+	}
 	s := &SM{
 		cfg:     cfg,
 		prefix:  cfg.SubnetPrefix,
 		timeout: cfg.PortTimeout,
-		lids:    make(map[uint64]uint16),
+		lids:    newLIDAlloc(cfg.MaxLID),
 		byGUID:  make(map[uint64]*port),
 		byAddr:  make(map[netip.AddrPort]*port),
 		byLID:   make(map[uint16]*port),
@@ -202,11 +233,16 @@ func New(cfg Config) (*SM, error) {
 		if s.byGUID[guid] != nil {
 			continue
 		}
-		p := &port{guid: guid, lid: s.lidFor(guid), pre: true}
+		lid, err := s.lids.lidFor(guid)
+		if err != nil {
+			return nil, fmt.Errorf("sm: pre-registered port %#x: %w", guid, err)
+		}
+		p := &port{guid: guid, lid: lid, pre: true}
 		s.byGUID[guid] = p
 		s.byLID[p.lid] = p
 		s.sa.AddPort(sa.Port{GUID: guid, MTU: fabric.PortMTU, Rate: fabric.PortRate})
 	}
+	s.lids.idleAll(func(g uint64) bool { return s.byGUID[g] != nil })
 	if err := s.saveState(); err != nil {
 		return nil, err
 	}
@@ -302,27 +338,35 @@ func (s *SM) Close() error {
 }
 
 func (s *SM) expiryLoop(ctx context.Context) {
-	t := time.NewTicker(min(s.timeout/5, 500*time.Millisecond))
+	t := time.NewTicker(max(min(s.timeout/5, 500*time.Millisecond), time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			s.mu.Lock()
-			if s.closed {
-				s.mu.Unlock()
+			if !s.expire(now) {
 				return
 			}
-			for _, p := range s.sortedPorts() {
-				if p.attached() && now.Sub(p.lastSeen) > s.timeout {
-					s.logf("port %#x (LID %d) silent for %v: forgotten", p.guid, p.lid, s.timeout)
-					s.detachLocked(p)
-				}
-			}
-			s.mu.Unlock()
 		}
 	}
+}
+
+// expire forgets the ports silent since before now - PortTimeout; false
+// once the SM is closed.
+func (s *SM) expire(now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	for _, p := range s.sortedPorts() {
+		if p.attached() && now.Sub(p.lastSeen) > s.timeout {
+			s.logf("port %#x (LID %d) silent for %v: forgotten", p.guid, p.lid, s.timeout)
+			s.detachLocked(p)
+		}
+	}
+	return true
 }
 
 func (s *SM) fabricLoop() error {
@@ -357,11 +401,16 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 			s.logf("attach without GUID from %v", from)
 			return
 		}
-		lid := s.attach(c.GUID, c.NodeDesc, from)
+		lid, rereg, err := s.attach(c.GUID, c.NodeDesc, from)
+		if err != nil {
+			s.logf("attach of %#x from %v refused: %v", c.GUID, from, err)
+			return
+		}
 		reply := fabric.EncodeControl(&fabric.Control{
 			Type: fabric.TypePortInfo, GUID: c.GUID, LID: lid, SMLID: fabric.SMLID,
 			SubnetPrefix: s.prefix, PKeys: []uint16{fabric.DefaultPKey}, Epoch: s.epoch,
 			MTU: fabric.PortMTU, Rate: fabric.PortRate, State: fabric.StateActive,
+			ClientReregister: rereg,
 		})
 		if _, err := s.fabric.WriteToUDPAddrPort(reply, from); err != nil {
 			s.logf("port_info to %v: %v", from, err)
@@ -371,6 +420,9 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 		if p := s.byAddr[from]; p != nil && (c.GUID == 0 || c.GUID == p.guid) {
 			s.logf("port %#x (LID %d) detached", p.guid, p.lid)
 			s.detachLocked(p)
+		} else {
+			s.foreignDetach.Add(1)
+			s.logf("detach of %#x from %v ignored: not the port's address", c.GUID, from)
 		}
 		s.mu.Unlock()
 	default:
@@ -378,29 +430,46 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 	}
 }
 
-// attach registers or refreshes a port and returns its LID.
-func (s *SM) attach(guid uint64, desc string, from netip.AddrPort) uint16 {
+// errLive refuses an attach for a GUID registered at another address.
+var errLive = errors.New("the GUID is registered at another address")
+
+// attach registers or refreshes a port and returns its LID, and whether
+// the port registers anew (its memberships, if it had any, are gone).
+func (s *SM) attach(guid uint64, desc string, from netip.AddrPort) (lid uint16, rereg bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now()
 	p := s.byGUID[guid]
+	if p != nil && p.attached() && p.addr != from {
+		if now.Sub(p.lastSeen) <= s.timeout {
+			s.refusedAttach.Add(1)
+			return 0, false, fmt.Errorf("%w (%v)", errLive, p.addr)
+		}
+		s.logf("port %#x (LID %d) silent for %v: forgotten", p.guid, p.lid, s.timeout)
+		s.detachLocked(p)
+		p = s.byGUID[guid]
+	}
+	if other := s.byAddr[from]; other != nil && other != p {
+		// The socket's own owner attaches another GUID: its old port goes.
+		s.logf("port %#x replaced by %#x at %v", other.guid, guid, from)
+		s.detachLocked(other)
+	}
 	if p == nil {
-		p = &port{guid: guid, lid: s.lidFor(guid)}
+		lid, err := s.lids.lidFor(guid)
+		if err != nil {
+			s.noLIDAttach.Add(1)
+			return 0, false, err
+		}
+		p = &port{guid: guid, lid: lid}
 		s.byGUID[guid] = p
 		s.byLID[p.lid] = p
 		if err := s.saveState(); err != nil {
 			s.logf("state file: %v", err)
 		}
 	}
-	if other := s.byAddr[from]; other != nil && other != p {
-		s.logf("port %#x replaced by %#x at %v", other.guid, guid, from)
-		s.detachLocked(other)
-	}
-	if p.addr != from {
-		if p.attached() {
-			delete(s.byAddr, p.addr)
-		} else {
-			s.logf("port %#x attached at %v: LID %d %q", guid, from, p.lid, desc)
-		}
+	rereg = !p.attached()
+	if rereg {
+		s.logf("port %#x attached at %v: LID %d %q", guid, from, p.lid, desc)
 		p.addr = from
 		s.byAddr[from] = p
 		s.mftAddr = true
@@ -409,8 +478,8 @@ func (s *SM) attach(guid uint64, desc string, from netip.AddrPort) uint16 {
 		s.sa.AddPort(sa.Port{GUID: guid, MTU: fabric.PortMTU, Rate: fabric.PortRate})
 	}
 	p.desc = desc
-	p.lastSeen = time.Now()
-	return p.lid
+	p.lastSeen = now
+	return p.lid, rereg, nil
 }
 
 // detachLocked removes a port's attachment and memberships; ports that
@@ -426,25 +495,9 @@ func (s *SM) detachLocked(p *port) {
 		s.sa.RemovePort(p.guid)
 		delete(s.byGUID, p.guid)
 		delete(s.byLID, p.lid)
+		s.lids.forget(p.guid)
 	}
 	s.mftAddr = true
-}
-
-// lidFor returns the GUID's LID, assigning the lowest free one.
-func (s *SM) lidFor(guid uint64) uint16 {
-	if lid, ok := s.lids[guid]; ok {
-		return lid
-	}
-	used := make(map[uint16]bool, len(s.lids))
-	for _, l := range s.lids {
-		used[l] = true
-	}
-	lid := uint16(fabric.FirstLID)
-	for used[lid] {
-		lid++
-	}
-	s.lids[guid] = lid
-	return lid
 }
 
 // rebuildMFT recomputes the multicast forwarding table when the SA or the
@@ -607,7 +660,7 @@ func (s *SM) rawSALoop() error {
 			return err
 		}
 		s.rawReqs.Add(1)
-		if n != mad.Len || s.saDrop.Load() {
+		if n != mad.Len || s.saDrop.Load() || (!s.cfg.SAAllowRemote && !from.Addr().Unmap().IsLoopback()) {
 			s.rawDrops.Add(1)
 			continue
 		}
@@ -660,7 +713,8 @@ func (s *SM) sortedPorts() []*port {
 func (s *SM) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := Stats{UnknownSource: s.unknownSrc.Load(), RawSARequests: s.rawReqs.Load(), RawSADrops: s.rawDrops.Load()}
+	st := Stats{UnknownSource: s.unknownSrc.Load(), RawSARequests: s.rawReqs.Load(), RawSADrops: s.rawDrops.Load(),
+		RefusedAttaches: s.refusedAttach.Load(), ForeignDetaches: s.foreignDetach.Load(), NoLIDAttaches: s.noLIDAttach.Load()}
 	for _, p := range s.sortedPorts() {
 		st.Ports = append(st.Ports, PortStats{
 			GUID: p.guid, LID: p.lid, NodeDesc: p.desc, Attached: p.attached(), Addr: p.addr, PreRegistered: p.pre,
@@ -698,10 +752,10 @@ func (s *SM) loadState() error {
 	}
 	for k, lid := range st.LIDs {
 		var guid uint64
-		if _, err := fmt.Sscanf(k, "0x%x", &guid); err != nil || lid < fabric.FirstLID || lid >= wire.MulticastLIDBase {
+		if _, err := fmt.Sscanf(k, "0x%x", &guid); err != nil || !validUnicast(lid) || lid > s.lids.max {
 			return fmt.Errorf("state file %s: bad entry %q: %d", s.cfg.StateFile, k, lid)
 		}
-		s.lids[guid] = lid
+		s.lids.bind(guid, lid)
 	}
 	return nil
 }
@@ -711,8 +765,8 @@ func (s *SM) saveState() error {
 	if s.cfg.StateFile == "" {
 		return nil
 	}
-	st := stateFile{Version: 1, LIDs: make(map[string]uint16, len(s.lids))}
-	for guid, lid := range s.lids {
+	st := stateFile{Version: 1, LIDs: make(map[string]uint16, len(s.lids.byGUID))}
+	for guid, lid := range s.lids.byGUID {
 		st.LIDs[fmt.Sprintf("%#x", guid)] = lid
 	}
 	b, err := json.MarshalIndent(&st, "", "  ")

@@ -1,9 +1,9 @@
 // Package ib is softrdma's InfiniBand provider: a host channel adapter
 // port attached to an emulated subnet (ib/sm: subnet manager, SA and
 // switch in one process) over UDP. It implements softverbs.Driver with the
-// InfiniBand rules (LIDs, multicast LIDs from 0xC000, P_Keys, an SA-backed
-// multicast join engine) and sends real IB packets (LRH/GRH/BTH/DETH/
-// ICRC/VCRC) to the switch.
+// InfiniBand rules (LIDs, multicast LIDs from 0xC000, P_Keys) and sends
+// real IB packets (LRH/GRH/BTH/DETH/ICRC/VCRC) to the switch. Its SA client
+// and multicast join engine are package ib/mcast (Device.Multicast).
 //
 // A port is opened with Open (or by the RDMA CM when SOFTRDMA_SM names a
 // subnet manager); the local address of its fabric socket plays the role
@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/ib/mcast"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -65,6 +66,11 @@ const (
 // PortEvent is delivered to subscribers of a device.
 type PortEvent struct{ Kind PortEventKind }
 
+var engineEvent = map[PortEventKind]mcast.EventKind{
+	ClientReregister: mcast.ClientReregister, LIDChange: mcast.LIDChange,
+	PortError: mcast.PortError, PortActive: mcast.PortActive,
+}
+
 var registry struct {
 	sync.Mutex
 	devs []*Device
@@ -73,13 +79,14 @@ var registry struct {
 
 // Device is an InfiniBand port of this process on an emulated subnet.
 type Device struct {
-	cfg  Config
-	name string
-	guid uint64
-	vdev *verbs.Device
-	core *softverbs.Device
-	conn *net.UDPConn
-	sm   *net.UDPAddr
+	cfg    Config
+	name   string
+	guid   uint64
+	vdev   *verbs.Device
+	core   *softverbs.Device
+	conn   *net.UDPConn
+	sm     *net.UDPAddr
+	smAddr netip.AddrPort // sm, unmapped: the only source the port trusts
 
 	mu       sync.Mutex
 	lid      uint16
@@ -97,7 +104,7 @@ type Device struct {
 	nextQPN  uint32
 	closed   bool
 
-	sa     *saClient
+	mc     *mcast.Engine
 	events chan PortEvent
 	done   chan struct{}
 	wg     sync.WaitGroup
@@ -128,6 +135,7 @@ func Open(cfg Config) (*Device, error) {
 	}
 	d := &Device{
 		cfg: cfg, conn: conn, sm: sm, guid: cfg.GUID,
+		smAddr:   netip.AddrPortFrom(sm.AddrPort().Addr().Unmap(), sm.AddrPort().Port()),
 		activeCh: make(chan struct{}), subs: map[int]func(PortEvent){},
 		qpns: map[uint32]bool{}, nextQPN: 2,
 		done: make(chan struct{}), events: make(chan PortEvent, 16),
@@ -138,7 +146,7 @@ func Open(cfg Config) (*Device, error) {
 		d.guid = h.Sum64()&0x0000ffffffffffff | 0x0002c90000000000
 	}
 	d.core = softverbs.New(d)
-	d.sa = newSAClient(d)
+	d.mc = mcast.New(d, mcast.Config{Timeout: cfg.SATimeout, Retries: cfg.SARetries})
 	registry.Lock()
 	d.name = cfg.Name
 	if d.name == "" {
@@ -159,7 +167,7 @@ func Open(cfg Config) (*Device, error) {
 		d.shutdown()
 		return nil, fmt.Errorf("ib: open %s: no answer from the subnet manager at %s: %w", d.name, cfg.SM, syscall.ETIMEDOUT)
 	}
-	d.sa.refresh()
+	d.mc.Refresh()
 	d.vdev = verbs.RegisterDevice(d.core)
 	registry.Lock()
 	registry.devs = append(registry.devs, d)
@@ -210,6 +218,19 @@ func CloseAll() {
 
 // Name returns the device name.
 func (d *Device) Name() string { return d.name }
+
+// Multicast returns the port's SA client and multicast join engine.
+func (d *Device) Multicast() *mcast.Engine { return d.mc }
+
+// Memberships returns the port's SA memberships (Multicast().Memberships).
+func (d *Device) Memberships() []Membership { return d.mc.Memberships() }
+
+// SMLID returns the subnet manager's LID (mcast.Port).
+func (d *Device) SMLID() uint16 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.smLID
+}
 
 // GUID returns the port GUID.
 func (d *Device) GUID() uint64 { return d.guid }
@@ -340,14 +361,11 @@ func (d *Device) portInfo(c *fabric.Control) {
 	d.mu.Lock()
 	first := d.lid == 0 && !d.active && d.epoch == 0
 	wasActive := d.active
-	epochChanged := d.epoch != 0 && c.Epoch != d.epoch
+	epochChanged := d.epoch != 0 && (c.Epoch != d.epoch || c.ClientReregister)
 	lidChanged := d.lid != 0 && c.LID != d.lid
 	d.lid, d.smLID, d.prefix, d.epoch = c.LID, c.SMLID, c.SubnetPrefix, c.Epoch
 	d.mtu, d.rate = c.MTU, c.Rate
-	if d.mtu == 0 {
-		d.mtu = uint8(verbs.MTU2048)
-	}
-	d.active = c.State == "active" || c.State == ""
+	d.active = true
 	d.lastSeen = time.Now()
 	d.mu.Unlock()
 	var kind PortEventKind
@@ -364,9 +382,12 @@ func (d *Device) portInfo(c *fabric.Control) {
 	default:
 		return
 	}
-	// Off the receive goroutine: the multicast engine may wait for SA
-	// answers that only the receive goroutine can deliver.
-	d.events <- PortEvent{Kind: kind}
+	// Off the receive goroutine: subscribers may take their time. Close
+	// ends the wait (the event loop is gone then).
+	select {
+	case d.events <- PortEvent{Kind: kind}:
+	case <-d.done:
+	}
 }
 
 // eventLoop hands port events to the multicast engine and subscribers, in
@@ -376,7 +397,7 @@ func (d *Device) eventLoop() {
 	for {
 		select {
 		case ev := <-d.events:
-			d.sa.portEvent(ev.Kind)
+			d.mc.Event(engineEvent[ev.Kind])
 			d.emit(ev)
 		case <-d.done:
 			return
@@ -413,8 +434,6 @@ func (d *Device) Close() error {
 func (d *Device) shutdown() {
 	close(d.done)
 	d.conn.Close()
-	d.sa.close()
+	d.mc.Close()
 	d.wg.Wait()
 }
-
-var errClosed = fmt.Errorf("ib: device closed: %w", syscall.ENODEV)

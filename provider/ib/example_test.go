@@ -29,10 +29,10 @@ func Example() {
 	}
 	defer port.Close()
 	pa, _ := port.QueryPort(1)
-	bc, _ := port.BroadcastGroup()
+	bc, _ := port.Multicast().BroadcastGroup()
 	fmt.Printf("LID %d, SM LID %d, %v, %v\n", port.LID(), pa.SMLID, pa.State, pa.LinkLayer)
 	fmt.Printf("IPoIB broadcast group %v MLID %#x Q_Key %#x\n", bc.MGID, bc.MLID, bc.QKey)
-	fmt.Println("send-only full member support:", port.SendOnlyFullMemberSupported())
+	fmt.Println("send-only full member support:", port.Multicast().SendOnlyFullMemberSupported())
 	// Output:
 	// LID 2, SM LID 1, PORT_ACTIVE, InfiniBand
 	// IPoIB broadcast group ff12:401b:ffff::ffff:ffff MLID 0xc000 Q_Key 0xb1b

@@ -12,6 +12,7 @@ import (
 	"github.com/softrdma/softrdma/provider/softverbs"
 
 	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/ib/mcast"
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/verbs"
@@ -95,9 +96,9 @@ func openPort(t *testing.T, s *sm.SM, local string) *port {
 }
 
 // join joins the port to mgid with a JoinState and waits for the answer.
-func (p *port) join(t *testing.T, mgid verbs.GID, state uint8) (*ib.Member, *ib.GroupRecord) {
+func (p *port) join(t *testing.T, mgid verbs.GID, state uint8) (*mcast.Member, *ib.GroupRecord) {
 	t.Helper()
-	bc, ok := p.dev.BroadcastGroup()
+	bc, ok := p.dev.Multicast().BroadcastGroup()
 	if !ok {
 		t.Fatal("no broadcast group")
 	}
@@ -108,7 +109,7 @@ func (p *port) join(t *testing.T, mgid verbs.GID, state uint8) (*ib.Member, *ib.
 		rec    *ib.GroupRecord
 	}
 	ch := make(chan res, 1)
-	m, err := p.dev.JoinMulticast(req, mad.CompCreateRequired, func(status int, rec *ib.GroupRecord) {
+	m, err := p.dev.Multicast().Join(req, mad.CompCreateRequired, func(status int, rec *ib.GroupRecord) {
 		select {
 		case ch <- res{status, rec}:
 		default:

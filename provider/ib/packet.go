@@ -88,7 +88,7 @@ func (d *Device) receiveLoop() {
 	buf := make([]byte, 65536)
 	var rx receiveScratch
 	for {
-		n, _, err := d.conn.ReadFromUDP(buf)
+		n, from, err := d.conn.ReadFromUDPAddrPort(buf)
 		if err != nil {
 			select {
 			case <-d.done:
@@ -97,8 +97,12 @@ func (d *Device) receiveLoop() {
 			}
 			continue
 		}
+		if !d.fromSM(from) {
+			d.core.Count(softverbs.UntrustedDrops, 1)
+			continue
+		}
 		b := buf[:n]
-		if isControl(b) {
+		if fabric.IsControl(b) {
 			d.control(b)
 			continue
 		}
@@ -136,7 +140,9 @@ func (d *Device) handlePacket(b []byte, self *qp, rx *receiveScratch) {
 			return
 		}
 		c.Count(softverbs.SAMADs, 1)
-		d.sa.receive(ud.Payload)
+		if !d.mc.Receive(p.LRH.SLID(), ud.DETH.SrcQP(), ud.Payload) {
+			c.Count(softverbs.SAStrayDrops, 1)
+		}
 		return
 	}
 	rx.info = softverbs.IBRecvInfo{SLID: p.LRH.SLID(), SL: p.LRH.SL(), GRH: p.Global()}

@@ -13,7 +13,10 @@ import (
 // Every datagram a device reads is counted in RcvdPkts, then exactly once
 // more: in one transport drop (MalformedDrops … ICRCErrors), as an SA MAD,
 // in NoGroupDrops / NoQPDrops, or once per receiving QP as Delivered or in
-// one per-QP drop (NotReadyDrops … CQFullDrops).
+// one per-QP drop (NotReadyDrops … CQFullDrops). On InfiniBand, datagrams
+// from a sender other than the SM count only in UntrustedDrops, and the
+// SM's control messages are not packets: a rejected one counts only in
+// ControlDrops.
 type Counter int
 
 // schema is the counter table, in declaration order.
@@ -42,6 +45,8 @@ var (
 	OversizedSendDrops = def("oversized_send_drops", qp, drp, "oversized_send", "Sends larger than the active MTU, completed without being sent (as rxe does).")
 	SAMADs             = def("sa_mads", dev, "sa_mads_total", "", "MADs for the port's GSI QP handed to the SA client (InfiniBand).")
 	UntrustedDrops     = def("untrusted_drops", dev, drp, "untrusted", "Datagrams from a sender the port does not trust (InfiniBand: not its SM).")
+	ControlDrops       = def("control_drops", dev, drp, "bad_control", "Control messages from the SM that are malformed, not a port_info, or carry invalid port_info fields (InfiniBand).")
+	SAStrayDrops       = def("sa_stray_drops", dev, drp, "sa_stray", "SA MADs that answer no pending request: TID, response method, attribute or source differ (InfiniBand).")
 	MalformedDrops     = def("malformed_drops", dev, drp, "malformed", "Packets that do not parse (InfiniBand: bad LRH, GRH or BTH).")
 	TruncatedDrops     = def("truncated_drops", dev, drp, "truncated", "Datagrams shorter than their headers and ICRC.")
 	TVerDrops          = def("tver_drops", dev, drp, "tver", "Datagrams with a BTH transport version other than 0.")

@@ -63,7 +63,7 @@ func TestIBAcrossHosts(t *testing.T) {
 	tp := newTopo(t)
 	smHost := tp.addHost(4)
 	tp.captureAll()
-	sm := startProc(t, smHost.ns, buildSoftsm(t), "-listen", smHost.addr.String()+":4792", "-sa-listen", smHost.addr.String()+":4793")
+	sm := startProc(t, smHost.ns, buildSoftsm(t), "-listen", smHost.addr.String()+":4792", "-sa-listen", smHost.addr.String()+":4793", "-sa-allow-remote")
 	sm.WaitLine(fmt.Sprintf("softsm: listening fabric %v:4792 sa %v:4793", smHost.addr, smHost.addr), 20*time.Second)
 	env := "SOFTRDMA_SM=" + smHost.addr.String() + ":4792"
 	ib := func(h *host, args ...string) *nettest.Proc {

@@ -1,13 +1,12 @@
-package ib
+package mcast
 
 import (
 	"errors"
 
-	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
 )
 
-var errBadMAD = errors.New("ib: malformed SA MAD")
+var errBadMAD = errors.New("mcast: malformed SA MAD")
 
 // encodeMCMemberMAD builds an SA MAD carrying an MCMemberRecord.
 func encodeMCMemberMAD(method uint8, tid uint64, r *GroupRecord, mask uint64) []byte {
@@ -39,23 +38,4 @@ func decodeClassPortInfoSendOnly(b []byte) (bool, error) {
 		return false, errBadMAD
 	}
 	return m.ClassPortInfo().SendOnlyFullMemberSupported(), nil
-}
-
-// madTID returns the transaction ID of an SA MAD.
-func madTID(b []byte) (uint64, bool) {
-	if len(b) < mad.Len || mad.MAD(b).MgmtClass() != mad.ClassSubnAdm {
-		return 0, false
-	}
-	return mad.MAD(b).TID(), true
-}
-
-func isControl(b []byte) bool { return fabric.IsControl(b) }
-
-// control handles a control message from the SM.
-func (d *Device) control(b []byte) {
-	c, err := fabric.DecodeControl(b)
-	if err != nil || c.Type != fabric.TypePortInfo {
-		return
-	}
-	d.portInfo(c)
 }

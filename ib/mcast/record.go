@@ -1,4 +1,4 @@
-package ib
+package mcast
 
 import (
 	"github.com/softrdma/softrdma/ib/mad"

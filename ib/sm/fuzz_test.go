@@ -1,0 +1,125 @@
+package sm
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/wire"
+)
+
+// FuzzSMDatagrams drives an SM (no goroutines: its handlers are called
+// directly) with a sequence of datagrams decoded from the input: attach,
+// detach, SA joins and leaves over the fabric, raw bytes, from one of four
+// addresses, for one of six GUIDs, with expiry steps. After every step:
+// no two registered ports share a LID, every LID is unicast (2..0xBFFF),
+// byLID/byAddr agree with the ports, and the SA holds memberships only of
+// attached ports, or of pre-registered ports (they exist without a client
+// process, as ports an SM knows from its configuration: another port of
+// their partition may join them by proxy, as in OpenSM).
+func FuzzSMDatagrams(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 2, 0, 1, 0, 0, 1, 1, 1, 0, 3, 1, 0, 0})
+	f.Add([]byte{0, 0, 0, 1, 0, 0, 0, 1, 0, 2, 0, 1, 4, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 3})
+	f.Add([]byte{0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 2, 0, 0, 3, 5, 0, 0, 0, 0, 1, 0, 0})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		s, err := New(Config{Listen: "127.0.0.1:0", SendOnlySupport: true, MaxLID: 5, PortTimeout: time.Second, Ports: []uint64{0x10}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		guids := []uint64{0x10, 0x11, 0x12, 0x13, 0x14, 0x15}
+		addrs := make([]netip.AddrPort, 4)
+		for i := range addrs {
+			// Unbound loopback ports: the SM's answers go nowhere.
+			addrs[i] = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(1+i))
+		}
+		now := time.Now()
+		for len(in) >= 4 && len(in) < 4096 {
+			op, a, g, x := in[0]%6, addrs[in[1]%4], guids[in[2]%6], in[3]
+			in = in[4:]
+			switch op {
+			case 0:
+				s.handleControl(fabric.EncodeControl(&fabric.Control{Type: fabric.TypeAttach, GUID: g}), a)
+			case 1:
+				s.handleControl(fabric.EncodeControl(&fabric.Control{Type: fabric.TypeDetach, GUID: g}), a)
+			case 2, 3: // an SA join (2) or leave (3) for g with join state x
+				method := uint8(mad.MethodSet)
+				comp := uint64(mad.CompCreateRequired)
+				if op == 3 {
+					method, comp = mad.MethodDelete, mad.CompJoinRequired
+				}
+				mgid := wire.GID{0xff, 0x12, 0x40, 0x01, 0xff, 0xff, 15: x >> 4}
+				s.handlePacket(saPacket(s, a, mcReq(method, comp, mgid, g, x&0x0f)), a)
+			case 4: // raw bytes as a packet or a control message
+				n := min(int(x), len(in))
+				b := in[:n]
+				in = in[n:]
+				if x&1 == 0 {
+					b = append([]byte(fabric.Magic), b...)
+				}
+				s.handlePacket(b, a)
+				if fabric.IsControl(b) {
+					s.handleControl(b, a)
+				}
+			case 5: // time passes
+				now = now.Add(time.Duration(x) * 50 * time.Millisecond)
+				s.expire(now)
+			}
+			checkSM(t, s)
+		}
+	})
+}
+
+// saPacket wraps an SA MAD in a UD packet from the port at a (SLID: its
+// LID, or 2 when none is attached there) to the SA.
+func saPacket(s *SM, a netip.AddrPort, m mad.MAD) []byte {
+	s.mu.Lock()
+	slid := uint16(2)
+	if p := s.byAddr[a]; p != nil {
+		slid = p.lid
+	}
+	s.mu.Unlock()
+	p := fabric.UDPacket{DLID: fabric.SMLID, SLID: slid,
+		UD: wire.UDHeader{PKey: 0xffff, DestQP: fabric.SAQPN, QKey: fabric.SAQKey, SrcQP: 1}}
+	b := make([]byte, fabric.PacketLen(len(m), false, false))
+	return b[:fabric.EncodeUD(b, &p, m)]
+}
+
+func checkSM(t *testing.T, s *SM) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := map[uint16]uint64{}
+	for guid, p := range s.byGUID {
+		if p.guid != guid || !validUnicast(p.lid) || p.lid > s.lids.max {
+			t.Fatalf("port %#x has LID %#x", guid, p.lid)
+		}
+		if o, ok := seen[p.lid]; ok {
+			t.Fatalf("ports %#x and %#x share LID %d", o, guid, p.lid)
+		}
+		seen[p.lid] = guid
+		if s.byLID[p.lid] != p {
+			t.Fatalf("byLID[%d] is not port %#x", p.lid, guid)
+		}
+		if p.attached() && s.byAddr[p.addr] != p {
+			t.Fatalf("byAddr[%v] is not port %#x", p.addr, guid)
+		}
+	}
+	for a, p := range s.byAddr {
+		if s.byGUID[p.guid] != p || p.addr != a {
+			t.Fatalf("byAddr[%v] holds a stale port %#x", a, p.guid)
+		}
+	}
+	for _, g := range s.sa.Groups() {
+		if !wire.IsMulticastLID(g.Rec.MLID) {
+			t.Fatalf("group %v has MLID %#x", g.Rec.MGID, g.Rec.MLID)
+		}
+		for _, m := range g.Members {
+			p := s.byGUID[m.GUID]
+			if p == nil || !(p.attached() || p.pre) {
+				t.Fatalf("group %v holds port %#x, which is not attached", g.Rec.MGID, m.GUID)
+			}
+		}
+	}
+}

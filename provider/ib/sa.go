@@ -1,0 +1,41 @@
+package ib
+
+import (
+	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/ib/mcast"
+	"github.com/softrdma/softrdma/provider/softverbs"
+	"github.com/softrdma/softrdma/wire"
+)
+
+// GroupRecord is a decoded MCMemberRecord (mcast.GroupRecord).
+type GroupRecord = mcast.GroupRecord
+
+// IPoIBBroadcastMGID is the default partition's IPoIB IPv4 broadcast group.
+var IPoIBBroadcastMGID = mcast.IPoIBBroadcastMGID
+
+// SendSA implements mcast.Port: it sends a MAD to the SA as a UD packet to
+// the SM LID, QP1.
+func (d *Device) SendSA(m []byte) error {
+	d.mu.Lock()
+	lid, smLID := d.lid, d.smLID
+	d.mu.Unlock()
+	p := fabric.UDPacket{
+		DLID: smLID, SLID: lid,
+		UD: wire.UDHeader{PKey: 0xffff, DestQP: gsiQPN, QKey: gsiQKey, SrcQP: gsiQPN},
+	}
+	b := make([]byte, fabric.PacketLen(len(m), false, false))
+	n := fabric.EncodeUD(b, &p, m)
+	_, err := d.conn.WriteToUDP(b[:n], d.sm)
+	return err
+}
+
+// control handles a control message from the SM: only a valid port_info
+// is taken.
+func (d *Device) control(b []byte) {
+	c, err := fabric.DecodeControl(b)
+	if err != nil || c.Type != fabric.TypePortInfo || d.validPortInfo(c) != nil {
+		d.core.Count(softverbs.ControlDrops, 1)
+		return
+	}
+	d.portInfo(c)
+}

@@ -1,0 +1,51 @@
+package ib
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/wire"
+)
+
+// A port trusts only its subnet manager: every datagram on the fabric
+// socket must come from the SM's fabric address (the SM is also the
+// switch, so every IB packet comes from there too). Datagrams from any
+// other address are dropped and counted (ForeignDrops), control messages
+// or packets alike. A port_info is taken only when its fields are sane
+// (validPortInfo); otherwise it is dropped and counted (BadControlDrops).
+// SA answers are further matched by the join engine (TID, response
+// method, attribute, source LID and QP).
+
+// fromSM reports whether a datagram's source is the port's SM.
+func (d *Device) fromSM(from netip.AddrPort) bool {
+	return netip.AddrPortFrom(from.Addr().Unmap(), from.Port()) == d.smAddr
+}
+
+// unicastLID reports whether lid may be a port's LID: not 0, not a
+// multicast LID, not the permissive LID.
+func unicastLID(lid uint16) bool { return lid != 0 && lid < wire.MulticastLIDBase }
+
+// validPortInfo checks a port_info from the SM: it names this port, gives
+// it a unicast LID other than the SM's, a unicast SM LID, an MTU the port
+// supports (256..4096) and the active state.
+func (d *Device) validPortInfo(c *fabric.Control) error {
+	switch {
+	case c.GUID != d.guid:
+		return fmt.Errorf("port_info for GUID %#x", c.GUID)
+	case !unicastLID(c.LID):
+		return fmt.Errorf("port_info LID %#x is not a unicast LID", c.LID)
+	case !unicastLID(c.SMLID):
+		return fmt.Errorf("port_info SM LID %#x is not a unicast LID", c.SMLID)
+	case c.LID == c.SMLID:
+		return fmt.Errorf("port_info LID %#x is the SM's", c.LID)
+	case verbs.MTU(c.MTU) < verbs.MTU256 || verbs.MTU(c.MTU) > verbs.MTU4096:
+		return fmt.Errorf("port_info MTU %d", c.MTU)
+	case c.State != fabric.StateActive:
+		return fmt.Errorf("port_info state %q", c.State)
+	case c.Epoch == 0:
+		return fmt.Errorf("port_info without an epoch")
+	}
+	return nil
+}
