@@ -20,12 +20,13 @@ type ibPort struct{ p *ib.Device }
 
 // ibPortFor returns the IB port whose IPoIB address a is: an open one, or
 // one opened on the subnet that SOFTRDMA_SM names; nil when a is not an
-// IPoIB address. IB ports are the process's (not yet per host).
-func ibPortFor(_ *verbs.Host, a netip.Addr) (port, error) {
-	p := ib.ForAddr(a)
+// IPoIB address.
+func ibPortFor(h *verbs.Host, a netip.Addr) (port, error) {
+	r := ib.On(h)
+	p := r.ForAddr(a)
 	if p == nil {
 		var err error
-		if p, err = ib.OpenFromEnv(a); err != nil {
+		if p, err = r.OpenFromEnv(a); err != nil {
 			return nil, err
 		}
 	}

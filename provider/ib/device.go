@@ -19,7 +19,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,6 +48,9 @@ type Config struct {
 	SARetries int
 	// ActivateTimeout bounds how long Open waits for the SM (default 5 s).
 	ActivateTimeout time.Duration
+	// Host is the host whose device list the port joins (nil:
+	// verbs.DefaultHost).
+	Host *verbs.Host
 }
 
 // PortEventKind is an asynchronous port event (enum ib_event_type subset).
@@ -71,11 +76,31 @@ var engineEvent = map[PortEventKind]mcast.EventKind{
 	PortError: mcast.PortError, PortActive: mcast.PortActive,
 }
 
-var registry struct {
-	sync.Mutex
+// Registry is a host's InfiniBand ports.
+type Registry struct {
+	host *verbs.Host
+	mu   sync.Mutex
 	devs []*Device
-	n    int
+	env  sync.Mutex // serializes OpenFromEnv
 }
+
+// names numbers ports softib0, softib1… across the process, so that two
+// hosts' ports (one process) never share a name on the subnet.
+var names atomic.Int64
+
+type registryKey struct{}
+
+// On returns the InfiniBand ports of a host (the package-level functions
+// use verbs.DefaultHost). Closing the host closes them.
+func On(h *verbs.Host) *Registry {
+	return h.Value(registryKey{}, func() any {
+		r := &Registry{host: h}
+		h.OnClose(r.CloseAll)
+		return r
+	}).(*Registry)
+}
+
+func defaultRegistry() *Registry { return On(verbs.DefaultHost()) }
 
 // Device is an InfiniBand port of this process on an emulated subnet.
 type Device struct {
@@ -83,6 +108,7 @@ type Device struct {
 	name   string
 	guid   uint64
 	vdev   *verbs.Device
+	reg    *Registry
 	core   *softverbs.Device
 	conn   *net.UDPConn
 	sm     *net.UDPAddr
@@ -126,6 +152,9 @@ func Open(cfg Config) (*Device, error) {
 	if cfg.SARetries <= 0 {
 		cfg.SARetries = 1
 	}
+	if cfg.Host == nil {
+		cfg.Host = verbs.DefaultHost()
+	}
 	if cfg.ActivateTimeout <= 0 {
 		cfg.ActivateTimeout = 5 * time.Second
 	}
@@ -147,13 +176,10 @@ func Open(cfg Config) (*Device, error) {
 	}
 	d.core = softverbs.New(d)
 	d.mc = mcast.New(d, mcast.Config{Timeout: cfg.SATimeout, Retries: cfg.SARetries})
-	registry.Lock()
 	d.name = cfg.Name
 	if d.name == "" {
-		d.name = fmt.Sprintf("softib%d", registry.n)
+		d.name = fmt.Sprintf("softib%d", names.Add(1)-1)
 	}
-	registry.n++
-	registry.Unlock()
 
 	d.wg.Add(3)
 	go d.receiveLoop()
@@ -168,18 +194,30 @@ func Open(cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("ib: open %s: no answer from the subnet manager at %s: %w", d.name, cfg.SM, syscall.ETIMEDOUT)
 	}
 	d.mc.Refresh()
-	d.vdev = verbs.RegisterDevice(d.core)
-	registry.Lock()
-	registry.devs = append(registry.devs, d)
-	registry.Unlock()
+	r := On(cfg.Host)
+	d.reg = r
+	d.vdev = r.host.RegisterDevice(d.core)
+	r.mu.Lock()
+	r.devs = append(r.devs, d)
+	r.mu.Unlock()
 	return d, nil
 }
 
-// ForAddr returns the open port whose local address is a, or nil.
-func ForAddr(a netip.Addr) *Device {
-	registry.Lock()
-	defer registry.Unlock()
-	for _, d := range registry.devs {
+// ForAddr returns the open port of verbs.DefaultHost whose local address
+// is a, or nil.
+func ForAddr(a netip.Addr) *Device { return defaultRegistry().ForAddr(a) }
+
+// OpenFromEnv is Registry.OpenFromEnv on verbs.DefaultHost.
+func OpenFromEnv(a netip.Addr) (*Device, error) { return defaultRegistry().OpenFromEnv(a) }
+
+// CloseAll closes every port of verbs.DefaultHost (tests).
+func CloseAll() { defaultRegistry().CloseAll() }
+
+// ForAddr returns the host's open port whose local address is a, or nil.
+func (r *Registry) ForAddr(a netip.Addr) *Device {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, d := range r.devs {
 		if d.cfg.Local == a.Unmap().WithZone("") {
 			return d
 		}
@@ -187,30 +225,28 @@ func ForAddr(a netip.Addr) *Device {
 	return nil
 }
 
-// OpenFromEnv returns the port for local address a on the subnet named by
-// the SOFTRDMA_SM environment variable (opening it on first use), or nil
-// when the variable is unset.
-func OpenFromEnv(a netip.Addr) (*Device, error) {
+// OpenFromEnv returns the host's port for local address a on the subnet
+// named by the SOFTRDMA_SM environment variable (opening it on first use),
+// or nil when the variable is unset.
+func (r *Registry) OpenFromEnv(a netip.Addr) (*Device, error) {
 	sm := os.Getenv("SOFTRDMA_SM")
 	if sm == "" {
 		return nil, nil
 	}
-	envMu.Lock()
-	defer envMu.Unlock()
-	if d := ForAddr(a); d != nil {
+	r.env.Lock()
+	defer r.env.Unlock()
+	if d := r.ForAddr(a); d != nil {
 		return d, nil
 	}
-	return Open(Config{SM: sm, Local: a.Unmap().WithZone("")})
+	return Open(Config{SM: sm, Local: a.Unmap().WithZone(""), Host: r.host})
 }
 
-var envMu sync.Mutex
-
-// CloseAll closes every port of the process (tests).
-func CloseAll() {
-	registry.Lock()
-	devs := registry.devs
-	registry.devs = nil
-	registry.Unlock()
+// CloseAll closes every port of the host.
+func (r *Registry) CloseAll() {
+	r.mu.Lock()
+	devs := r.devs
+	r.devs = nil
+	r.mu.Unlock()
 	for _, d := range devs {
 		d.Close()
 	}
@@ -414,16 +450,11 @@ func (d *Device) Close() error {
 	}
 	d.closed = true
 	d.mu.Unlock()
-	registry.Lock()
-	for i, x := range registry.devs {
-		if x == d {
-			registry.devs = append(registry.devs[:i:i], registry.devs[i+1:]...)
-			break
-		}
-	}
-	registry.Unlock()
-	if d.vdev != nil {
-		verbs.UnregisterDevice(d.vdev)
+	if r := d.reg; r != nil {
+		r.mu.Lock()
+		r.devs = slices.DeleteFunc(r.devs, func(x *Device) bool { return x == d })
+		r.mu.Unlock()
+		r.host.UnregisterDevice(d.vdev)
 	}
 	d.core.Close()
 	d.sendControl(&fabric.Control{Type: "detach", GUID: d.guid})
