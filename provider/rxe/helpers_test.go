@@ -136,36 +136,36 @@ func (q *tqp) Send(s *softverbs.UDSend) error {
 	return nil
 }
 
-// newQP creates a UD QP in RTS with the given Q_Key on d, whose received
-// datagrams go to rx.
-func newQP(t *testing.T, d *Device, rx *fakeRx, flags verbs.CreateFlags, qkey uint32) *tqp {
-	t.Helper()
-	ctx, err := d.Verbs().Open()
-	if err != nil {
-		t.Fatal(err)
+// qpObjects are a test QP in RTS and the objects under it.
+type qpObjects struct {
+	ctx      *verbs.Context
+	pd       *verbs.PD
+	scq, rcq *verbs.CQ
+	qp       *verbs.QP
+}
+
+// rtsQP creates a UD QP in RTS with the given Q_Key on d, with a receive
+// CQ of rcqe entries; close releases everything.
+func rtsQP(tb testing.TB, d *Device, flags verbs.CreateFlags, qkey uint32, rcqe int) *qpObjects {
+	tb.Helper()
+	o := &qpObjects{}
+	var err error
+	if o.ctx, err = d.Verbs().Open(); err != nil {
+		tb.Fatal(err)
 	}
-	pd, err := ctx.AllocPD()
-	if err != nil {
-		t.Fatal(err)
+	if o.pd, err = o.ctx.AllocPD(); err != nil {
+		tb.Fatal(err)
 	}
-	scq, err := ctx.CreateCQ(16)
-	if err != nil {
-		t.Fatal(err)
+	if o.scq, err = o.ctx.CreateCQ(16); err != nil {
+		tb.Fatal(err)
 	}
-	rcq, err := ctx.CreateCQ(4096)
-	if err != nil {
-		t.Fatal(err)
+	if o.rcq, err = o.ctx.CreateCQ(rcqe); err != nil {
+		tb.Fatal(err)
 	}
-	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: scq, RecvCQ: rcq, QPType: verbs.QPTypeUD, CreateFlags: flags,
+	o.qp, err = o.pd.CreateQP(&verbs.QPInitAttr{SendCQ: o.scq, RecvCQ: o.rcq, QPType: verbs.QPTypeUD, CreateFlags: flags,
 		Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 64}})
 	if err != nil {
-		t.Fatal(err)
-	}
-	q := &tqp{t: t, qp: qp, pd: pd, scq: scq}
-	for _, info := range d.core.QPs() {
-		if info.QPN == qp.Num() {
-			q.drv = info.Transport
-		}
+		tb.Fatal(err)
 	}
 	for _, st := range []verbs.QPState{verbs.QPSInit, verbs.QPSRTR, verbs.QPSRTS} {
 		attr := verbs.QPAttr{State: st, QKey: qkey, PortNum: 1}
@@ -176,10 +176,29 @@ func newQP(t *testing.T, d *Device, rx *fakeRx, flags verbs.CreateFlags, qkey ui
 		if st == verbs.QPSRTS {
 			mask |= verbs.QPAttrSQPSN
 		}
-		if err := qp.Modify(&attr, mask); err != nil {
-			t.Fatal(err)
+		if err := o.qp.Modify(&attr, mask); err != nil {
+			tb.Fatal(err)
 		}
 	}
+	return o
+}
+
+// close destroys the QP and the objects under it.
+func (o *qpObjects) close() {
+	o.qp.Destroy()
+	o.scq.Destroy()
+	o.rcq.Destroy()
+	o.pd.Dealloc()
+	o.ctx.Close()
+}
+
+// newQP creates a UD QP in RTS with the given Q_Key on d, whose received
+// datagrams go to rx.
+func newQP(t *testing.T, d *Device, rx *fakeRx, flags verbs.CreateFlags, qkey uint32) *tqp {
+	t.Helper()
+	o := rtsQP(t, d, flags, qkey, 4096)
+	qp, pd, rcq := o.qp, o.pd, o.rcq
+	q := &tqp{t: t, qp: qp, pd: pd, scq: o.scq, drv: transportQP(t, d, qp.Num())}
 	size := rx.bufLen
 	if size == 0 {
 		size = verbs.GRHLen + 9000
@@ -230,12 +249,9 @@ func newQP(t *testing.T, d *Device, rx *fakeRx, flags verbs.CreateFlags, qkey ui
 	t.Cleanup(func() {
 		close(stop)
 		<-done
-		qp.Destroy()
+		o.qp.Destroy()
 		mr.Dereg()
-		scq.Destroy()
-		rcq.Destroy()
-		pd.Dealloc()
-		ctx.Close()
+		o.close()
 	})
 	return q
 }
@@ -376,39 +392,8 @@ type manualQP struct {
 // newManualQP creates a UD QP in RTS on d with 64 posted receive WRs.
 func newManualQP(tb testing.TB, d *Device, flags verbs.CreateFlags, qkey uint32) *manualQP {
 	tb.Helper()
-	ctx, err := d.Verbs().Open()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pd, err := ctx.AllocPD()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	scq, err := ctx.CreateCQ(16)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	rcq, err := ctx.CreateCQ(256)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: scq, RecvCQ: rcq, QPType: verbs.QPTypeUD, CreateFlags: flags,
-		Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 64}})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, st := range []verbs.QPState{verbs.QPSInit, verbs.QPSRTR, verbs.QPSRTS} {
-		mask := verbs.QPAttrState
-		if st == verbs.QPSInit {
-			mask |= verbs.QPAttrQKey | verbs.QPAttrPort | verbs.QPAttrPKeyIdx
-		}
-		if st == verbs.QPSRTS {
-			mask |= verbs.QPAttrSQPSN
-		}
-		if err := qp.Modify(&verbs.QPAttr{State: st, QKey: qkey, PortNum: 1}, mask); err != nil {
-			tb.Fatal(err)
-		}
-	}
+	o := rtsQP(tb, d, flags, qkey, 256)
+	qp, pd, rcq := o.qp, o.pd, o.rcq
 	const size = verbs.GRHLen + 4096
 	mr, err := pd.RegMR(make([]byte, 64*size), verbs.AccessLocalWrite)
 	if err != nil {
@@ -425,10 +410,7 @@ func newManualQP(tb testing.TB, d *Device, flags verbs.CreateFlags, qkey uint32)
 	tb.Cleanup(func() {
 		qp.Destroy()
 		mr.Dereg()
-		scq.Destroy()
-		rcq.Destroy()
-		pd.Dealloc()
-		ctx.Close()
+		o.close()
 	})
 	return m
 }
