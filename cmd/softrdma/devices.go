@@ -197,8 +197,13 @@ func printDevice(w io.Writer, d introspect.Device, verbose bool) {
 	kv("\t", "max_total_mcast_qp_attach", l.MaxTotalMcastQPAttach)
 	if verbose {
 		u := d.Usage
-		kv("\t", "in_use", fmt.Sprintf("%d QPs, %d mcast groups, %d attachments, %d IP memberships, %d recv / %d send sockets",
-			u.QPs, u.McastGroups, u.McastAttachments, u.IPMemberships, u.RecvSockets, u.SendSockets))
+		if d.Kind == "ib" {
+			kv("\t", "in_use", fmt.Sprintf("%d QPs, %d mcast groups, %d attachments, %d SA memberships",
+				u.QPs, u.McastGroups, u.McastAttachments, u.SAMemberships))
+		} else {
+			kv("\t", "in_use", fmt.Sprintf("%d QPs, %d mcast groups, %d attachments, %d IP memberships, %d recv / %d send sockets",
+				u.QPs, u.McastGroups, u.McastAttachments, u.IPMemberships, u.RecvSockets, u.SendSockets))
+		}
 	}
 	for _, p := range d.Ports {
 		fmt.Fprintf(w, "\t\tport:\t%d\n", p.Port)
@@ -218,10 +223,6 @@ func printDevice(w io.Writer, d introspect.Device, verbose bool) {
 			kv("\t\t\t", fmt.Sprintf("GID[%3d]", g.Index), fmt.Sprintf("%s, %s", g.GID, g.Type))
 		}
 	}
-	if d.Kind != "rxe" {
-		fmt.Fprintln(w)
-		return
-	}
 	if len(d.QPs) == 0 {
 		kv("\t", "qps", "none")
 	} else {
@@ -239,7 +240,11 @@ func printDevice(w io.Writer, d introspect.Device, verbose bool) {
 		if len(q.Groups) > 0 {
 			groups = strings.Join(q.Groups, ",")
 		}
-		fmt.Fprintf(w, "\t\tqpn %#06x  %s %-5s qkey %#08x  port %d  udp_sport %d  groups %s", q.QPN, q.Type, q.State, q.QKey, q.Port, q.SrcPort, groups)
+		sport := ""
+		if d.Kind == "rxe" {
+			sport = fmt.Sprintf("  udp_sport %d", q.SrcPort)
+		}
+		fmt.Fprintf(w, "\t\tqpn %#06x  %s %-5s qkey %#08x  port %d%s  groups %s", q.QPN, q.Type, q.State, q.QKey, q.Port, sport, groups)
 		if len(extra) > 0 {
 			fmt.Fprintf(w, "  (%s)", strings.Join(extra, ", "))
 		}
