@@ -14,7 +14,7 @@ import (
 	"github.com/softrdma/softrdma/rdmacm"
 )
 
-const exitChildEnv = "SOFTRDMA_IB_EXIT_CHILD"
+const exitChildEnv = "IBTEST_EXIT_CHILD" // not SOFTRDMA_: TestMains clear those
 
 // TestExitLeavesNothing: a process that joins a group through the RDMA CM
 // on an IB port, destroys its id and exits at once (without closing the
