@@ -118,32 +118,29 @@ func (s *Server) guard(h http.Handler) http.Handler {
 	})
 }
 
-// hostAllowed reports whether a request's Host names this TCP endpoint:
-// its own IP or "localhost", with its port (a missing port means 80).
+// hostAllowed reports whether a request's Host names this TCP endpoint
+// (see hostMatches).
 func (s *Server) hostAllowed(host string) bool {
 	return hostMatches(host, s.addr)
 }
 
 // hostMatches reports whether the Host header host names the loopback
-// listener at addr ("IP:PORT").
+// listener at addr ("IP:PORT"): "IP:PORT" or "localhost:PORT" (an IPv6 IP
+// in brackets), or, for port 80, also without the port; letter case
+// aside, nothing else.
 func hostMatches(host, addr string) bool {
-	lip, lport, err := net.SplitHostPort(addr)
-	if err != nil || host == "" {
+	ip, port, err := net.SplitHostPort(addr)
+	if err != nil {
 		return false
 	}
-	h, p, err := net.SplitHostPort(host)
-	if err != nil {
-		// No port: the whole of host is the name (a bracketed IPv6
-		// literal keeps its brackets).
-		h, p = host, "80"
-		if strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
-			h = h[1 : len(h)-1]
-		} else if strings.ContainsAny(h, "[]:") {
-			return false
+	names := []string{net.JoinHostPort(ip, port), net.JoinHostPort("localhost", port)}
+	if port == "80" {
+		names = append(names, strings.TrimSuffix(net.JoinHostPort(ip, port), ":80"), "localhost")
+	}
+	for _, n := range names {
+		if strings.EqualFold(host, n) {
+			return true
 		}
 	}
-	if p != lport {
-		return false
-	}
-	return strings.EqualFold(h, "localhost") || h == lip
+	return false
 }

@@ -36,6 +36,9 @@ type Client struct {
 // wrapping ErrAnswerTooLarge.
 const MaxAnswer = 64 << 20
 
+// answerLimit is MaxAnswer; tests lower it to stream less.
+var answerLimit int64 = MaxAnswer
+
 // Errors of a Client.
 var (
 	// ErrUntrustedEndpoint reports a Unix socket served by a process other
@@ -289,12 +292,12 @@ func (c *Client) Snapshot(ctx context.Context) (*Snapshot, error) {
 // readAnswer reads and closes a response body of at most MaxAnswer bytes.
 func (c *Client) readAnswer(resp *http.Response, what string) ([]byte, error) {
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswer+1))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, answerLimit+1))
 	if err != nil {
 		return nil, fmt.Errorf("introspect: %s: %s: %w", c.target, what, err)
 	}
-	if len(b) > MaxAnswer {
-		return nil, fmt.Errorf("introspect: %s: %s larger than %d bytes: %w", c.target, what, MaxAnswer, ErrAnswerTooLarge)
+	if int64(len(b)) > answerLimit {
+		return nil, fmt.Errorf("introspect: %s: %s larger than %d bytes: %w", c.target, what, answerLimit, ErrAnswerTooLarge)
 	}
 	return b, nil
 }

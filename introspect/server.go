@@ -243,7 +243,9 @@ func Handler() http.Handler {
 	return recoverer(mux)
 }
 
-// recoverer turns a panic in a handler into a 500 (never a crash).
+// recoverer turns a panic in a handler into a 500 (never a crash). It
+// also answers the target "*", which ServeMux would refuse without a JSON
+// body.
 func recoverer(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
@@ -254,6 +256,10 @@ func recoverer(h http.Handler) http.Handler {
 				httpError(w, http.StatusInternalServerError, fmt.Sprintf("internal error: %v", v))
 			}
 		}()
+		if r.RequestURI == "*" {
+			httpError(w, http.StatusNotFound, `no such path "*" (GET / lists them)`)
+			return
+		}
 		h.ServeHTTP(w, r)
 	})
 }
