@@ -749,3 +749,29 @@ func TestConnectionLimit(t *testing.T) {
 		t.Errorf("after a connection closed: %v", err)
 	}
 }
+
+// TestSocketPathTooLong: a path the socket address cannot hold, or whose
+// private name next to it would not fit, is a clear error and leaves
+// nothing behind.
+func TestSocketPathTooLong(t *testing.T) {
+	dir := t.TempDir()
+	// A directory whose name brings a one-letter socket name to exactly
+	// the limit: the socket's path fits, its private name does not.
+	sub := filepath.Join(dir, strings.Repeat("d", maxSunPath-len(dir)-3))
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{filepath.Join(dir, strings.Repeat("x", 120)), filepath.Join(sub, "a")} {
+		if srv, err := Start("unix:" + path); !errors.Is(err, syscall.ENAMETOOLONG) {
+			if err == nil {
+				srv.Close()
+			}
+			t.Errorf("%d-byte path: %v, want ENAMETOOLONG", len(path), err)
+		}
+	}
+	for _, d := range []string{dir, sub} {
+		if ents, _ := os.ReadDir(d); len(ents) != map[string]int{dir: 1, sub: 0}[d] {
+			t.Errorf("left behind in %s: %v", d, ents)
+		}
+	}
+}

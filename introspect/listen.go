@@ -19,12 +19,18 @@ import (
 // file EEXIST. Closing the listener removes path if it is still this
 // socket. No process-wide state (umask) is touched.
 func listenUnix(path string) (net.Listener, error) {
-	dir, err := os.MkdirTemp(filepath.Dir(path), ".softrdma-")
+	if len(path) > maxSunPath {
+		return nil, fmt.Errorf("socket path %s: %d bytes, at most %d: %w", path, len(path), maxSunPath, syscall.ENAMETOOLONG)
+	}
+	dir, err := os.MkdirTemp(filepath.Dir(path), ".s")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
 	private := filepath.Join(dir, "s")
+	if len(private) > maxSunPath {
+		return nil, fmt.Errorf("socket path %s: the private name %s next to it is %d bytes, at most %d: %w", path, private, len(private), maxSunPath, syscall.ENAMETOOLONG)
+	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: private, Net: "unix"})
 	if err != nil {
 		return nil, err
@@ -46,6 +52,10 @@ func listenUnix(path string) (net.Listener, error) {
 	}
 	return &unixListener{UnixListener: ln, path: path, fi: fi}, nil
 }
+
+// maxSunPath is the longest path a Unix socket address holds
+// (sizeof(sun_path) - 1).
+const maxSunPath = 107
 
 // linkNoReplace links the socket at private to path. An existing stale
 // socket at path is removed and the link tried once more.
