@@ -86,7 +86,12 @@ func Start(addr string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("introspect: listen %s %s: %w", network, a, err)
 	}
-	return Serve(ln)
+	s, err := Serve(ln)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // Serve serves the endpoint on a listener the caller opened (which
@@ -95,7 +100,7 @@ func Start(addr string) (*Server, error) {
 // served; on any other listener a request needs the token (taken from
 // SOFTRDMA_DEBUG_TOKEN, else made up: see Token) and a Host header naming
 // the listener. At most MaxConns connections are served at once; more
-// wait in the listen backlog.
+// wait in the listen backlog. On an error ln stays open.
 func Serve(ln net.Listener) (*Server, error) {
 	s := &Server{network: ln.Addr().Network(), addr: ln.Addr().String(), served: make(chan struct{})}
 	if s.network != "unix" {
