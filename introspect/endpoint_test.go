@@ -546,13 +546,18 @@ func TestTCPTokenAndHost(t *testing.T) {
 		t.Errorf("unix: %v", err)
 	}
 
-	// The token from the environment, checked.
+	// The token from the environment, checked; a refused one leaves no
+	// listener behind.
+	listening := len(listeningInodes(t))
 	for _, bad := range []string{"short", strings.Repeat("a", 15), "has space in it 0123456789", strings.Repeat("é", 10)} {
 		t.Setenv(EnvToken, bad)
 		if s, err := Start("127.0.0.1:0"); err == nil {
 			s.Close()
 			t.Errorf("token %q accepted", bad)
 		}
+	}
+	if n := len(listeningInodes(t)); n != listening {
+		t.Errorf("%d listening sockets after refused tokens, %d before", n, listening)
 	}
 	t.Setenv(EnvToken, "0123456789abcdef-env")
 	s2, err := Start("[::1]:0")
