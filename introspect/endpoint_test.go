@@ -780,3 +780,18 @@ func TestSocketPathTooLong(t *testing.T) {
 		}
 	}
 }
+
+// TestCaptureIdleEnd: a capture that idles past the write timeout (no
+// frames) still ends cleanly at its duration: the client gets the pcap
+// header and no error.
+func TestCaptureIdleEnd(t *testing.T) {
+	old := captureWriteTimeout
+	captureWriteTimeout = 100 * time.Millisecond
+	t.Cleanup(func() { captureWriteTimeout = old })
+	_, c := startServer(t)
+	var out bytes.Buffer
+	n, err := c.Capture(ctxT(t), CaptureRequest{Direction: rxe.CaptureReceived, Snaplen: 64, Duration: 500 * time.Millisecond}, &out, nil)
+	if err != nil || n != 24 {
+		t.Errorf("idle capture: %d bytes, %v; want the 24-byte header and no error", n, err)
+	}
+}

@@ -488,6 +488,9 @@ func captureHandler(w http.ResponseWriter, r *http.Request) {
 	case <-timeout:
 	}
 	c.Stop()
+	// The end of the response gets a deadline of its own: the last
+	// frame's may have passed while the capture idled.
+	rc.SetWriteDeadline(time.Now().Add(captureWriteTimeout))
 }
 
 // flushWriter flushes the response after every write, so frames reach
