@@ -795,3 +795,31 @@ func TestCaptureIdleEnd(t *testing.T) {
 		t.Errorf("idle capture: %d bytes, %v; want the 24-byte header and no error", n, err)
 	}
 }
+
+// TestHostMatches: the Host values a TCP endpoint accepts, IPv4 and IPv6,
+// with and without the default port.
+func TestHostMatches(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		yes  []string
+		no   []string
+	}{
+		{"127.0.0.1:4000", []string{"127.0.0.1:4000", "localhost:4000", "LOCALHOST:4000"},
+			[]string{"", "127.0.0.1", "localhost", "[127.0.0.1]:4000", "[localhost]:4000", "127.0.0.1:04000", "127.0.0.1:4000.", "evil:4000", "127.0.0.1:4000\x00"}},
+		{"[::1]:4000", []string{"[::1]:4000", "localhost:4000"},
+			[]string{"::1:4000", "[::1]", "[0:0::1]:4000", "[::1%lo]:4000", "127.0.0.1:4000"}},
+		{"127.0.0.1:80", []string{"127.0.0.1:80", "127.0.0.1", "localhost", "localhost:80"}, []string{"127.0.0.1:8080", "[127.0.0.1]"}},
+		{"[::1]:80", []string{"[::1]:80", "[::1]", "localhost"}, []string{"::1", "[::1]:8080"}},
+	} {
+		for _, h := range tc.yes {
+			if !hostMatches(h, tc.addr) {
+				t.Errorf("%s: Host %q refused", tc.addr, h)
+			}
+		}
+		for _, h := range tc.no {
+			if hostMatches(h, tc.addr) {
+				t.Errorf("%s: Host %q accepted", tc.addr, h)
+			}
+		}
+	}
+}
