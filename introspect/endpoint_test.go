@@ -21,7 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrdma/softrdma/provider/rxe"
+	"github.com/softrdma/softrdma/capture"
 )
 
 // This file tests the endpoint's trust model and limits (issue 11 item 7).
@@ -700,15 +700,15 @@ func TestCaptureStalledReader(t *testing.T) {
 			break
 		}
 	}
-	if rxe.ActiveCaptures() != 1 {
-		t.Fatalf("%d captures running", rxe.ActiveCaptures())
+	if capture.Active(nil) != 1 {
+		t.Fatalf("%d captures running", capture.Active(nil))
 	}
 	// Stop reading; send until the capture gives up.
 	deadline := time.Now().Add(20 * time.Second)
-	for rxe.ActiveCaptures() != 0 && time.Now().Before(deadline) {
+	for capture.Active(nil) != 0 && time.Now().Before(deadline) {
 		s.sendOnly.send(t, 50, 0)
 	}
-	if rxe.ActiveCaptures() != 0 {
+	if capture.Active(nil) != 0 {
 		t.Fatal("a capture whose client stopped reading still runs")
 	}
 	for len(captureSlots) != 0 && time.Now().Before(deadline) {
@@ -790,7 +790,7 @@ func TestCaptureIdleEnd(t *testing.T) {
 	t.Cleanup(func() { captureWriteTimeout = old })
 	_, c := startServer(t)
 	var out bytes.Buffer
-	n, err := c.Capture(ctxT(t), CaptureRequest{Direction: rxe.CaptureReceived, Snaplen: 64, Duration: 500 * time.Millisecond}, &out, nil)
+	n, err := c.Capture(ctxT(t), CaptureRequest{Direction: capture.Received, Snaplen: 64, Duration: 500 * time.Millisecond}, &out, nil)
 	if err != nil || n != 24 {
 		t.Errorf("idle capture: %d bytes, %v; want the 24-byte header and no error", n, err)
 	}

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/softrdma/softrdma/provider/rxe"
+	"github.com/softrdma/softrdma/capture"
 )
 
 // fuzzAddr and fuzzToken are the TCP endpoint FuzzRequest plays.
@@ -142,7 +142,7 @@ func FuzzRequest(f *testing.F) {
 			if err != nil {
 				fail("served a capture whose parameters do not parse: " + err.Error())
 			}
-			if cr.Count < 0 || cr.Duration < 0 || cr.Snaplen < 0 || cr.Snaplen > maxCaptureSnaplen || cr.Direction > rxe.CaptureReceived {
+			if cr.Count < 0 || cr.Duration < 0 || cr.Snaplen < 0 || cr.Snaplen > maxCaptureSnaplen || cr.Direction > capture.Received {
 				fail("capture parameters out of range")
 			}
 			q2, err := url.ParseQuery(cr.query())
