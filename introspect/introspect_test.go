@@ -770,6 +770,7 @@ func TestAddresses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		c.SetToken(srv.Token())
 		if _, err := c.Snapshot(ctxT(t)); err != nil {
 			t.Errorf("%s: %v", srv.Addr(), err)
 		}

@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -47,6 +46,8 @@ func socketDir() string {
 // Server is a running introspection endpoint.
 type Server struct {
 	network, addr string
+	token         string // TCP: what requests must carry
+	tokenFromEnv  bool   // the token came from SOFTRDMA_DEBUG_TOKEN
 	ln            net.Listener
 	srv           *http.Server
 	ctx           context.Context
@@ -64,9 +65,13 @@ type Server struct {
 //	127.0.0.1:PORT        loopback TCP (also [::1]:PORT, localhost:PORT; port 0 picks one)
 //
 // Any other host is refused: the endpoint never listens off the machine.
-// A Unix socket is created with mode 0600; a stale socket file (nobody
-// listening) is replaced, a live one gives EADDRINUSE. The endpoint serves
-// HTTP: GET / lists the paths.
+// A Unix socket has mode 0600 from the moment its name exists (it is bound
+// in a private directory and linked into place); a stale socket file
+// (nobody listening) is replaced, a live one gives EADDRINUSE, any other
+// file EEXIST. Only processes of this process's effective uid (or root)
+// are served on it. A TCP endpoint serves only requests whose Host names
+// it and that carry its token (see Token and SOFTRDMA_DEBUG_TOKEN). The
+// endpoint serves HTTP: GET / lists the paths.
 func Start(addr string) (*Server, error) {
 	network, a, err := ParseAddr(addr)
 	if err != nil {
@@ -81,28 +86,54 @@ func Start(addr string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("introspect: listen %s %s: %w", network, a, err)
 	}
-	return Serve(ln)
+	s, err := Serve(ln)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // Serve serves the endpoint on a listener the caller opened (which
-// should not be reachable from other machines); Close closes it.
+// should not be reachable from other machines); Close closes it. On a
+// Unix listener only peers of this process's effective uid or root are
+// served; on any other listener a request needs the token (taken from
+// SOFTRDMA_DEBUG_TOKEN, else made up: see Token) and a Host header naming
+// the listener. At most MaxConns connections are served at once; more
+// wait in the listen backlog. On an error ln stays open.
 func Serve(ln net.Listener) (*Server, error) {
-	s := &Server{network: ln.Addr().Network(), addr: ln.Addr().String(), ln: ln, served: make(chan struct{})}
+	s := &Server{network: ln.Addr().Network(), addr: ln.Addr().String(), served: make(chan struct{})}
+	if s.network != "unix" {
+		var err error
+		if s.token, s.tokenFromEnv, err = tokenFromEnv(); err != nil {
+			return nil, err
+		}
+	}
+	lim := newLimitListener(ln, MaxConns)
+	s.ln = lim
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.srv = &http.Server{
-		Handler:           s.track(Handler()),
+		Handler:           s.track(s.guard(Handler())),
 		ReadHeaderTimeout: 10 * time.Second,
+		WriteTimeout:      responseWriteTimeout,
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    16 << 10,
 		BaseContext:       func(net.Listener) context.Context { return s.ctx },
+		ConnContext:       connContext,
+		ConnState:         lim.connState,
 		ErrorLog:          log.New(io.Discard, "", 0),
 	}
 	go func() {
 		defer close(s.served)
-		s.srv.Serve(ln)
+		s.srv.Serve(lim)
 	}()
 	return s, nil
 }
+
+// Token returns the token requests to a TCP endpoint must carry
+// ("Authorization: Bearer TOKEN", what Dial sends from
+// SOFTRDMA_DEBUG_TOKEN); "" for a Unix socket.
+func (s *Server) Token() string { return s.token }
 
 // ParseAddr checks an endpoint address (see Start) and returns its network
 // ("unix" or "tcp") and address. A TCP address must name a loopback IP or
@@ -135,29 +166,6 @@ func ParseAddr(addr string) (network, address string, err error) {
 		return "", "", fmt.Errorf("introspect: address %q: bad port", addr)
 	}
 	return "tcp", net.JoinHostPort(ip.Unmap().String(), port), nil
-}
-
-// listenUnix listens on a Unix socket at path, replacing a stale socket.
-func listenUnix(path string) (net.Listener, error) {
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("%s exists and is not a socket: %w", path, syscall.EEXIST)
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("%s: another process serves it: %w", path, syscall.EADDRINUSE)
-		}
-		os.Remove(path)
-	}
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	return ln, nil
 }
 
 // Addr returns the endpoint's address in the form Start and Dial take:
@@ -240,7 +248,9 @@ func Handler() http.Handler {
 	return recoverer(mux)
 }
 
-// recoverer turns a panic in a handler into a 500 (never a crash).
+// recoverer turns a panic in a handler into a 500 (never a crash). It
+// also answers the target "*", which ServeMux would refuse without a JSON
+// body.
 func recoverer(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
@@ -251,6 +261,10 @@ func recoverer(h http.Handler) http.Handler {
 				httpError(w, http.StatusInternalServerError, fmt.Sprintf("internal error: %v", v))
 			}
 		}()
+		if r.RequestURI == "*" {
+			httpError(w, http.StatusNotFound, `no such path "*" (GET / lists them)`)
+			return
+		}
 		h.ServeHTTP(w, r)
 	})
 }
@@ -441,7 +455,18 @@ func captureHandler(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/vnd.tcpdump.pcap")
 		return
 	}
+	select {
+	case captureSlots <- struct{}{}:
+		defer func() { <-captureSlots }()
+	default:
+		w.Header().Set("Retry-After", "5")
+		httpError(w, http.StatusServiceUnavailable, fmt.Sprintf("process %d already streams %d captures, the most it serves at once; end one and retry", os.Getpid(), MaxCaptures))
+		return
+	}
 	rc := http.NewResponseController(w)
+	// The server's WriteTimeout does not bound a stream; each write has
+	// its own deadline instead (flushWriter).
+	rc.SetWriteDeadline(time.Time{})
 	w.Header().Set("Content-Type", "application/vnd.tcpdump.pcap")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)
@@ -463,10 +488,14 @@ func captureHandler(w http.ResponseWriter, r *http.Request) {
 	case <-timeout:
 	}
 	c.Stop()
+	// The end of the response gets a deadline of its own: the last
+	// frame's may have passed while the capture idled.
+	rc.SetWriteDeadline(time.Now().Add(captureWriteTimeout))
 }
 
 // flushWriter flushes the response after every write, so frames reach
-// the client as they are captured.
+// the client as they are captured. A write the client does not take
+// within captureWriteTimeout fails, which ends the capture.
 type flushWriter struct {
 	w  io.Writer
 	rc *http.ResponseController
@@ -474,6 +503,7 @@ type flushWriter struct {
 
 // Write writes p to the response and flushes it.
 func (f flushWriter) Write(p []byte) (int, error) {
+	f.rc.SetWriteDeadline(time.Now().Add(captureWriteTimeout)) // unsupported by a ResponseRecorder: no deadline there
 	n, err := f.w.Write(p)
 	if err == nil {
 		err = f.rc.Flush()
@@ -481,8 +511,13 @@ func (f flushWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// announce is where FromEnv prints a TCP endpoint's address and token.
+var announce io.Writer = os.Stderr
+
 // FromEnv turns on what the environment asks for: the endpoint when
-// SOFTRDMA_DEBUG_ADDR is set (see Start), structured logs when
+// SOFTRDMA_DEBUG_ADDR is set (see Start; a TCP endpoint's address and
+// token, unless the token came from SOFTRDMA_DEBUG_TOKEN, are printed on
+// standard error), structured logs when
 // SOFTRDMA_LOG is set (see LogFromEnv). With neither set it does nothing
 // and nothing listens. The returned stop function undoes both; it is never
 // nil. On an error the parts that worked stay on.
@@ -493,6 +528,12 @@ func FromEnv() (stop func(), err error) {
 	if a := os.Getenv(EnvAddr); a != "" {
 		if srv, err = Start(a); err != nil {
 			errs = append(errs, fmt.Errorf("%s=%s: %w", EnvAddr, a, err))
+		} else if srv.token != "" {
+			if srv.tokenFromEnv {
+				fmt.Fprintf(announce, "softrdma: introspection endpoint http://%s (token from %s)\n", srv.addr, EnvToken)
+			} else {
+				fmt.Fprintf(announce, "softrdma: introspection endpoint http://%s token %s (give it to the tools as %s=%s)\n", srv.addr, srv.token, EnvToken, srv.token)
+			}
 		}
 	}
 	if stopLog, err = LogFromEnv(); err != nil {

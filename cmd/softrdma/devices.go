@@ -77,7 +77,7 @@ func (t *target) client() (*introspect.Client, error) {
 	case 0:
 		return nil, fmt.Errorf("no process with an endpoint found; start one with %s=unix, or give -addr", introspect.EnvAddr)
 	case 1:
-		return introspect.Dial("unix:" + eps[0].Path)
+		return introspect.ForPID(eps[0].PID)
 	}
 	var pids []string
 	for _, e := range eps {

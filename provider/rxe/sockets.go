@@ -248,7 +248,9 @@ func parseRxMeta(m *rxMeta, name []byte, oob []byte, v6 bool) {
 			m.src = netip.AddrFrom16([16]byte(name[8:24]))
 		}
 	}
-	for len(oob) > 0 {
+	// ParseOneSocketControlMessage reads a header without checking that
+	// one fits: a shorter tail is not a message.
+	for len(oob) >= unix.SizeofCmsghdr {
 		h, data, rest, err := unix.ParseOneSocketControlMessage(oob)
 		if err != nil {
 			return
