@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/softrdma/softrdma/verbs"
 )
 
 // captureGrace is how long past its duration a Client waits for a
@@ -14,7 +16,7 @@ const captureGrace = 10 * time.Second
 // pcapGuard passes a capture stream through to w while checking that it
 // is the bounded pcap an endpoint writes: a little-endian classic pcap
 // header (microsecond or nanosecond) of version 2.4, a snaplen of at most
-// maxCaptureSnaplen and Ethernet frames, records no longer than the
+// maxCaptureSnaplen and Ethernet or InfiniBand frames, records no longer than the
 // snaplen and, when frames > 0, no more than that many records. Anything
 // else is an error wrapping ErrAnswerTooLarge.
 type pcapGuard struct {
@@ -61,8 +63,9 @@ func (g *pcapGuard) check(b []byte) error {
 				return fmt.Errorf("not a little-endian pcap stream (magic %#08x): %w", magic, ErrAnswerTooLarge)
 			}
 			g.snaplen = binary.LittleEndian.Uint32(h[16:20])
-			if v := binary.LittleEndian.Uint16(h[4:6]); v != 2 || g.snaplen > maxCaptureSnaplen || binary.LittleEndian.Uint32(h[20:24]) != 1 {
-				return fmt.Errorf("pcap header: version %d, snaplen %d, link type %d (want 2, at most %d, Ethernet): %w",
+			lt := binary.LittleEndian.Uint32(h[20:24])
+			if v := binary.LittleEndian.Uint16(h[4:6]); v != 2 || g.snaplen > maxCaptureSnaplen || (lt != verbs.LinkTypeEthernet && lt != verbs.LinkTypeInfiniBand) {
+				return fmt.Errorf("pcap header: version %d, snaplen %d, link type %d (want 2, at most %d, Ethernet or InfiniBand): %w",
 					v, g.snaplen, binary.LittleEndian.Uint32(h[20:24]), maxCaptureSnaplen, ErrAnswerTooLarge)
 			}
 			g.global = true
