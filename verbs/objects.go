@@ -235,12 +235,18 @@ func (qp *QP) PostSend(wr *SendWR) error {
 
 // AttachMcast attaches the QP to a multicast group (ibv_attach_mcast).
 func (qp *QP) AttachMcast(gid GID, lid uint16) error {
-	return OpError("ibv_attach_mcast", gid.String(), qp.ops.AttachMcast(gid, lid))
+	if err := qp.ops.AttachMcast(gid, lid); err != nil {
+		return OpError("ibv_attach_mcast", gid.String(), err)
+	}
+	return nil
 }
 
 // DetachMcast detaches the QP from a multicast group (ibv_detach_mcast).
 func (qp *QP) DetachMcast(gid GID, lid uint16) error {
-	return OpError("ibv_detach_mcast", gid.String(), qp.ops.DetachMcast(gid, lid))
+	if err := qp.ops.DetachMcast(gid, lid); err != nil {
+		return OpError("ibv_detach_mcast", gid.String(), err)
+	}
+	return nil
 }
 
 // Destroy destroys the QP (ibv_destroy_qp).

@@ -20,12 +20,13 @@ type Device struct {
 	ctr  counters
 	taps taps
 
-	mu      sync.Mutex // the tables below
-	closed  bool
-	qps     map[uint32]*QP
-	groups  map[verbs.GID]*Group
-	nattach int
-	objs    [numObj]int // PDs, CQs, MRs, AHs, QPs, against the device's limits
+	mu        sync.Mutex // the tables below
+	closed    bool
+	qps       map[uint32]*QP
+	groups    map[verbs.GID]*Group
+	nattach   int
+	attachSeq uint64      // orders a QP's attachments
+	objs      [numObj]int // PDs, CQs, MRs, AHs, QPs, against the device's limits
 
 	qpView    *cowMap[uint32, *QP]       // read by the receive path
 	groupView *cowMap[verbs.GID, *Group] // read by the receive path

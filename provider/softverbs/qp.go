@@ -26,7 +26,7 @@ type QP struct {
 	dev       *Device
 	blockSelf bool
 	ctr       counters
-	groups    []Attachment // attach order (dev.mu)
+	groups    map[Attachment]uint64 // attachments and their attach sequence (dev.mu)
 
 	// What the receive path reads without locks.
 	rxState atomic.Uint32 // verbs.QPState

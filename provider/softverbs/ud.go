@@ -1,6 +1,7 @@
 package softverbs
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -104,7 +105,11 @@ func (d *Device) attach(q *QP, gid verbs.GID, lid uint16) error {
 	}
 	g.list = append(g.list, member{q, lid})
 	g.publish()
-	q.groups = append(q.groups, Attachment{gid, lid})
+	if q.groups == nil {
+		q.groups = map[Attachment]uint64{}
+	}
+	d.attachSeq++
+	q.groups[Attachment{gid, lid}] = d.attachSeq
 	d.nattach++
 	return nil
 }
@@ -131,7 +136,7 @@ func (d *Device) detach(q *QP, gid verbs.GID, lid uint16) error {
 func (d *Device) detachLocked(q *QP, g *Group, lid uint16) {
 	g.list = slices.DeleteFunc(g.list, func(m member) bool { return m == member{q, lid} })
 	g.publish()
-	q.groups = slices.DeleteFunc(q.groups, func(a Attachment) bool { return a == Attachment{g.MGID, lid} })
+	delete(q.groups, Attachment{g.MGID, lid})
 	d.nattach--
 	if len(g.list) > 0 {
 		return
@@ -141,11 +146,21 @@ func (d *Device) detachLocked(q *QP, g *Group, lid uint16) {
 	d.drv.GroupDestroyed(g)
 }
 
+// attachments returns q's attachments in attach order (dev.mu held).
+func (q *QP) attachments() []Attachment {
+	out := make([]Attachment, 0, len(q.groups))
+	for a := range q.groups {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(a, b Attachment) int { return cmp.Compare(q.groups[a], q.groups[b]) })
+	return out
+}
+
 // detachAllLocked detaches q from every group.
 func (d *Device) detachAllLocked(q *QP) {
-	for len(q.groups) > 0 {
-		a := q.groups[len(q.groups)-1]
-		d.detachLocked(q, d.groups[a.MGID], a.LID)
+	as := q.attachments()
+	for i := len(as) - 1; i >= 0; i-- { // newest first
+		d.detachLocked(q, d.groups[as[i].MGID], as[i].LID)
 	}
 }
 
@@ -322,7 +337,7 @@ func (d *Device) QPs() []QPInfo {
 		out = append(out, QPInfo{
 			QPN: q.qpn, State: verbs.QPState(q.rxState.Load()), QKey: q.rxQKey.Load(),
 			Port: uint8(q.rxPort.Load()), BlockSelfMcastLB: q.blockSelf,
-			Groups: slices.Clone(q.groups), Counters: q.ctr.values(), Transport: q.drv,
+			Groups: q.attachments(), Counters: q.ctr.values(), Transport: q.drv,
 		})
 	}
 	slices.SortFunc(out, func(a, b QPInfo) int { return int(a.QPN) - int(b.QPN) })
