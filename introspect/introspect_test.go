@@ -29,6 +29,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/softrdma/softrdma/capture"
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/rdmacm"
@@ -37,6 +38,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testenv.ClearSoftRDMA()
 	code := m.Run()
 	rxe.CloseAll()
 	if code == 0 {
@@ -650,7 +652,7 @@ func listeningInodes(t *testing.T) []string {
 	ours := map[string]bool{}
 	fds, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
-		t.Skipf("no /proc/self/fd: %v", err)
+		testenv.Require(t, "no /proc/self/fd: %v", err)
 	}
 	for _, fd := range fds {
 		l, err := os.Readlink("/proc/self/fd/" + fd.Name())

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/softrdma/softrdma/internal/testenv"
 )
 
 // Paths of the binaries TestMain builds.
@@ -42,6 +44,7 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
+	testenv.ClearSoftRDMA()
 	dir, err := os.MkdirTemp("", "mckey-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "mckey test:", err)
@@ -111,9 +114,10 @@ func start(t testing.TB, name, bin string, args ...string) *proc {
 	t.Helper()
 	p := &proc{t: t, name: name, done: make(chan struct{}), notify: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = testenv.CleanEnv()
 	if raceEnabled && os.Getenv("GORACE") == "" {
 		// A race-built child sleeps 1s before a zero exit unless told otherwise.
-		p.cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=100")
+		p.cmd.Env = append(p.cmd.Env, "GORACE=atexit_sleep_ms=100")
 	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	p.cmd.Stderr = &p.stderr

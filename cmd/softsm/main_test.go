@@ -18,6 +18,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/wire"
 	"go.uber.org/goleak"
 )
@@ -27,6 +28,7 @@ var softsmBin string
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
 func testMain(m *testing.M) int {
+	testenv.ClearSoftRDMA()
 	dir, err := os.MkdirTemp("", "softsm-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -68,6 +70,7 @@ func start(t *testing.T, args ...string) *proc {
 	args = append([]string{"-listen", "127.0.0.1:0", "-sa-listen", "127.0.0.1:0"}, args...)
 	p := &proc{cmd: exec.Command(softsmBin, args...), done: make(chan error, 1)}
 	p.cmd.Stderr = &p.stderr
+	p.cmd.Env = testenv.CleanEnv()
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {
