@@ -112,9 +112,16 @@ type proc struct {
 // failed.
 func start(t testing.TB, name, bin string, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, name, nil, bin, args...)
+}
+
+// startEnv is start with env ("NAME=value") added to the child's
+// environment, which is the test's less every SOFTRDMA_* variable.
+func startEnv(t testing.TB, name string, env []string, bin string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, name: name, done: make(chan struct{}), notify: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = testenv.CleanEnv()
+	p.cmd.Env = testenv.CleanEnv(env...)
 	if raceEnabled && os.Getenv("GORACE") == "" {
 		// A race-built child sleeps 1s before a zero exit unless told otherwise.
 		p.cmd.Env = append(p.cmd.Env, "GORACE=atexit_sleep_ms=100")
