@@ -135,9 +135,7 @@ func TestSignalLeaves(t *testing.T) {
 			sock := filepath.Join(t.TempDir(), "mckey.sock")
 			p := startEnv(t, "receiver", []string{"SOFTRDMA_DEBUG_ADDR=unix:" + sock, "SOFTRDMA_LOG=info,json"},
 				mckeyBin, "-m", g, "-b", "127.0.0.1", "-C", "5", "--join-pause", "100ms")
-			if p.waitLine(regexp.MustCompile(`^receiving data transfers$`), lineTimeout) == nil {
-				t.Fatalf("receiver did not start receiving: %q %s", p.allLines(), p.stderr.String())
-			}
+			p.waitLine(regexp.MustCompile(`^receiving data transfers$`), lineTimeout)
 			if _, err := os.Stat(sock); err != nil {
 				t.Fatalf("endpoint socket: %v", err)
 			}
