@@ -110,13 +110,8 @@ func errnoRet(err error) int {
 	return -1
 }
 
-// run is mckey with its arguments (args[0] is the program name); it
-// returns the exit status.
-func run(args []string, out, errOut io.Writer) int {
-	return runContext(context.Background(), args, out, errOut)
-}
-
-// runContext is run until ctx is canceled (by a signal): then mckey stops
+// runContext is mckey with its arguments (args[0] is the program name),
+// returning the exit status; when ctx is canceled (by a signal) mckey stops
 // waiting, leaves its groups and returns.
 func runContext(ctx context.Context, args []string, out, errOut io.Writer) int {
 	cfg := config{connections: 1, messageSize: 100, messageCount: 10, ps: rdmacm.PS_UDP, loopback: true, joinPause: 3 * time.Second}
