@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -158,4 +159,46 @@ func TestSocketFallbackTmp(t *testing.T) {
 	}
 	rx.cmd.Process.Signal(os.Interrupt)
 	waitFor(t, path+" removed", 20*time.Second, func() bool { _, err := os.Stat(path); return os.IsNotExist(err) })
+}
+
+// TestReadmeStatWatch runs the README's `stat -w` example as written: a
+// receiver with an endpoint, `softrdma stat -w` (the only process with an
+// endpoint, no -p), and a sender of 5 messages: the deltas add up to 5
+// delivered to the receiver's QP, and at least 5 received on rxe_lo.
+func TestReadmeStatWatch(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("XDG_RUNTIME_DIR", dir)
+	g := randomGroup() // the README's 239.1.2.3 could meet another test's traffic
+	rx := startMckey(t, "receiver", []string{"XDG_RUNTIME_DIR=" + dir, introspect.EnvAddr + "=unix"}, "-m", g, "-b", "127.0.0.1", "-C", "1000")
+	rx.waitLine("receiving data transfers")
+	var out, errOut lockedBuffer
+	done := make(chan int, 1)
+	go func() { done <- run([]string{"stat", "-w", "300ms", "-n", "8"}, &out, &errOut) }()
+	waitFor(t, "stat's header", 20*time.Second, func() bool { return strings.Contains(out.String(), "changes every 300ms") })
+	tx := startMckey(t, "sender", nil, "-m", g, "-b", "127.0.0.1", "-s", "-C", "5", "--join-pause", "0")
+	tx.wait()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("stat -w: exit %d: %s", code, errOut.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("stat -w -n 8 did not end")
+	}
+	sum := map[string]int{}
+	re := regexp.MustCompile(`^  (rxe_lo(?:/0x[0-9a-f]+)?)\s+(rcvd_pkts|delivered)\s+\+(\d+)\s+[0-9.]+/s\s+\d+$`)
+	for _, l := range strings.Split(out.String(), "\n") {
+		if m := re.FindStringSubmatch(l); m != nil {
+			n, _ := strconv.Atoi(m[3])
+			key := "device " + m[2]
+			if strings.Contains(m[1], "/") {
+				key = "qp " + m[2]
+			}
+			sum[key] += n
+		}
+	}
+	// Other processes' datagrams to port 4791 may reach the device too.
+	if sum["device rcvd_pkts"] < 5 || sum["qp delivered"] != 5 {
+		t.Errorf("deltas %v, want 5 received on rxe_lo and 5 delivered to the QP:\n%s", sum, out.String())
+	}
 }
