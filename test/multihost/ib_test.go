@@ -73,7 +73,7 @@ func TestIBAcrossHosts(t *testing.T) {
 	joined := "mckey: joined dgid: ff12:4001:ffff::60b:c0d mlid 0xc001 sl 0"
 	var rx []*nettest.Proc
 	for _, h := range []*host{tp.h(2), tp.h(3)} {
-		p := ib(h, "-m", group, "-b", h.addr.String(), "-C", "20", "-S", "1024", "--join-pause", "1s", "--timeout", "15s", "--verify")
+		p := ib(h, "-m", group, "-b", h.addr.String(), "-C", "20", "-S", "1024", "--join-pause", "1s", "--timeout", "60s", "--verify")
 		p.WaitLine(joined, 20*time.Second)
 		rx = append(rx, p)
 	}

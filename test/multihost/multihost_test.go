@@ -112,9 +112,20 @@ func TestIGMP(t *testing.T) {
 		}
 	}()
 
-	full := tp.mckey(h1, "-m", g1.String(), "-b", h1.addr.String(), "-C", "0", "--join-pause", "3s")
+	// The members that must stay joined until the test lets them go are
+	// receivers of one message; poke sends it (as a send-only member, which
+	// sends no IGMP) when the test wants them to leave and exit.
+	stay := func(h *host, g netip.Addr) *nettest.Proc {
+		return tp.mckey(h, "-m", g.String(), "-b", h.addr.String(), "-C", "1", "--timeout", "120s", "--join-pause", "0s")
+	}
+	poke := func(h *host, g netip.Addr, p *nettest.Proc) {
+		t.Helper()
+		tp.mckey(h, "-m", g.String(), "-b", h.addr.String(), "-s", "-o", "-C", "1", "--join-pause", "0s").ExpectExit(0, exitTimeout)
+		p.ExpectExit(0, exitTimeout)
+	}
+	full := stay(h1, g1)
 	sendOnly := tp.mckey(h2, "-m", g2.String(), "-b", h2.addr.String(), "-o", "-C", "0", "--join-pause", "3s")
-	last := tp.mckey(h3, "-m", g3.String(), "-b", h3.addr.String(), "-C", "0", "--join-pause", "6s")
+	last := stay(h3, g3)
 	full.WaitLine(joinedLine(g1), lineTimeout)
 	sendOnly.WaitLine(joinedLine(g2), lineTimeout)
 	last.WaitLine(joinedLine(g3), lineTimeout)
@@ -147,7 +158,7 @@ func TestIGMP(t *testing.T) {
 	tp.waitIGMPUsers(h3, g3, 1)
 	c3 := tp.caps[h3.port]
 	if last.Exited() {
-		t.Fatalf("the last member of %v in %v exited before the check; the machine is too slow for this test", g3, h3)
+		t.Fatalf("the last member of %v in %v exited before it was let go:\n%s", g3, h3, last.Output())
 	}
 	for _, e := range nettest.IGMPAbout(c3.Synced(t, wireTimeout), h3.addr, g3) {
 		if e.Leave() {
@@ -156,7 +167,7 @@ func TestIGMP(t *testing.T) {
 	}
 
 	// h1 leaves: the leave shows, after the report.
-	full.ExpectExit(0, exitTimeout)
+	poke(h1, g1, full)
 	if fs, ok := c1.WaitFor(wireTimeout, func(fs []nettest.Frame) bool {
 		for _, e := range nettest.IGMPAbout(fs, h1.addr, g1) {
 			if e.Leave() {
@@ -182,7 +193,7 @@ func TestIGMP(t *testing.T) {
 	}
 
 	// h3: the last member leaving sends the leave.
-	last.ExpectExit(0, exitTimeout)
+	poke(h3, g3, last)
 	if _, ok := c3.WaitFor(wireTimeout, func(fs []nettest.Frame) bool {
 		for _, e := range nettest.IGMPAbout(fs, h3.addr, g3) {
 			if e.Leave() {
@@ -218,7 +229,7 @@ func TestDataAcrossHosts(t *testing.T) {
 			tp.captureAll()
 			h1, h2 := tp.h(1), tp.h(2)
 			g := randGroups(1)[0]
-			recv := tp.mckey(h2, "-m", g.String(), "-b", h2.addr.String(), "--verify", "--timeout", "10s",
+			recv := tp.mckey(h2, "-m", g.String(), "-b", h2.addr.String(), "--verify", "--timeout", "60s",
 				"-C", "20", "-S", "512", "--join-pause", "1s")
 			recv.WaitLine(joinedLine(g), lineTimeout)
 			args := []string{"-m", g.String(), "-b", h1.addr.String(), "-s", "-C", "20", "-S", "512", "--join-pause", "1s"}
@@ -280,7 +291,7 @@ func TestSnooping(t *testing.T) {
 	gs := randGroups(2)
 	g, unreg := gs[0], gs[1]
 
-	recv := tp.mckey(h2, "-m", g.String(), "-b", h2.addr.String(), "--verify", "--timeout", "10s",
+	recv := tp.mckey(h2, "-m", g.String(), "-b", h2.addr.String(), "--verify", "--timeout", "60s",
 		"-C", "20", "-S", "256", "--join-pause", "1s")
 	recv.WaitLine(joinedLine(g), lineTimeout)
 	tp.waitMDB(g, h2.port, true, wireTimeout)
@@ -381,8 +392,8 @@ func TestTwoGroups(t *testing.T) {
 	gs := randGroups(2)
 	g1, g2 := gs[0], gs[1]
 
-	r1 := tp.mckey(h2, "-m", g1.String(), "-b", h2.addr.String(), "--verify", "--timeout", "10s", "-C", "20", "-S", "256", "--join-pause", "1s")
-	r2 := tp.mckey(h3, "-m", g2.String(), "-b", h3.addr.String(), "--verify", "--timeout", "10s", "-C", "20", "-S", "512", "--join-pause", "1s")
+	r1 := tp.mckey(h2, "-m", g1.String(), "-b", h2.addr.String(), "--verify", "--timeout", "60s", "-C", "20", "-S", "256", "--join-pause", "1s")
+	r2 := tp.mckey(h3, "-m", g2.String(), "-b", h3.addr.String(), "--verify", "--timeout", "60s", "-C", "20", "-S", "512", "--join-pause", "1s")
 	r1.WaitLine(joinedLine(g1), lineTimeout)
 	r2.WaitLine(joinedLine(g2), lineTimeout)
 	tp.waitMDB(g1, h2.port, true, wireTimeout)
