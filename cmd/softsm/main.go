@@ -89,7 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&timeout, "sa-timeout", 0, "same as -sa-delay: how long the SA takes before it answers")
 	fs.BoolVar(&cfg.SADrop, "sa-drop", false, "never answer SA MADs (tests of SA silence)")
 	fs.StringVar(&prefix, "subnet-prefix", "0xfe80000000000000", "subnet `prefix` (64-bit)")
-	fs.DurationVar(&cfg.PortTimeout, "port-timeout", fabric.PortTimeout, "forget a port silent for `duration` (> 0)")
+	fs.DurationVar(&cfg.PortTimeout, "port-timeout", fabric.PortTimeout, "forget a port silent for `duration` (longer than the ports' 1s keepalive)")
 	fs.BoolVar(&verbose, "v", false, "log attaches, detaches, SA requests and drops to stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
