@@ -1,9 +1,9 @@
 // Package testenv holds the rules every softrdma test follows about its
 // environment: a missing prerequisite skips a test on a developer's machine
-// but fails it under CI=true, and tests start from an environment with no
-// SOFTRDMA_* variable (an inherited SOFTRDMA_SM would make the in-process
-// RDMA CM bind to an InfiniBand subnet, an inherited SOFTRDMA_DEBUG_ADDR
-// would open endpoints).
+// but fails it under CI=true, and tests start from an environment without
+// the variables softrdma reads (an inherited SOFTRDMA_SM would make the
+// in-process RDMA CM bind to an InfiniBand subnet, an inherited
+// SOFTRDMA_DEBUG_ADDR would open endpoints).
 //
 // It is meant for tests only.
 package testenv
@@ -33,44 +33,49 @@ func Require(t testing.TB, format string, args ...any) {
 	t.Skip(msg)
 }
 
-// cleared reports whether a variable is one ClearSoftRDMA and CleanEnv
-// remove: every SOFTRDMA_* variable except the test harness's own, which
-// configure the tests and are never read by softrdma itself
-// (SOFTRDMA_ARTIFACTS, SOFTRDMA_INTEROP_*, SOFTRDMA_TEST_*).
+// Vars are the environment variables softrdma itself reads (a new one must
+// be added here): an inherited one changes what the tests exercise.
+var Vars = []string{"SOFTRDMA_SM", "SOFTRDMA_DEBUG_ADDR", "SOFTRDMA_LOG"}
+
+// ChildEnv marks the environment of a child process a test prepared
+// (CleanEnv adds it): the child's ClearSoftRDMA keeps what its parent set.
+const ChildEnv = Prefix + "TEST_CHILD=1"
+
 func cleared(name string) bool {
-	switch {
-	case !strings.HasPrefix(name, Prefix),
-		name == Prefix+"ARTIFACTS",
-		strings.HasPrefix(name, Prefix+"INTEROP_"),
-		strings.HasPrefix(name, Prefix+"TEST_"):
-		return false
+	for _, v := range Vars {
+		if name == v {
+			return true
+		}
 	}
-	return true
+	return false
 }
 
-// ClearSoftRDMA unsets every SOFTRDMA_* variable softrdma reads
-// (SOFTRDMA_SM, SOFTRDMA_DEBUG_ADDR, SOFTRDMA_LOG…) in this process.
+// ClearSoftRDMA unsets the variables softrdma reads (Vars) in this
+// process, unless a test prepared this process's environment (ChildEnv).
 // TestMains call it first, so that the tests do not depend on the shell
-// they run in.
+// they run in. Other variables, such as a test's own markers for the
+// children it starts, are kept: clearing them would make a child run the
+// parent's test again.
 func ClearSoftRDMA() {
-	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); cleared(k) {
-			os.Unsetenv(k)
-		}
+	if k, v, _ := strings.Cut(ChildEnv, "="); os.Getenv(k) == v {
+		return
+	}
+	for _, k := range Vars {
+		os.Unsetenv(k)
 	}
 }
 
 // CleanEnv returns this process's environment without the variables
-// ClearSoftRDMA removes, followed by extra ("NAME=value"): the environment
-// of a child process a test starts.
+// softrdma reads, followed by ChildEnv and extra ("NAME=value"): the
+// environment of a child process a test starts.
 func CleanEnv(extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); !cleared(k) {
+		if k, _, _ := strings.Cut(kv, "="); !cleared(k) && kv != ChildEnv {
 			env = append(env, kv)
 		}
 	}
-	return append(env, extra...)
+	return append(append(env, ChildEnv), extra...)
 }
 
 // BenchEnv names the variable that, set to 1, runs the tests that start a
