@@ -14,12 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/verbs"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
+	testenv.ClearSoftRDMA()
 	code := m.Run()
 	rxe.CloseAll()
 	if code == 0 {

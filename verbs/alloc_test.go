@@ -45,6 +45,7 @@ func TestDataPathAllocs(t *testing.T) {
 		if err := tx.PostSend(swr); err != nil {
 			t.Fatal(err)
 		}
+		deadline := time.Now().Add(10 * time.Second)
 		for got := 0; got < 2; {
 			n, err := e.cq.Poll(wc[:])
 			if err != nil {
@@ -52,6 +53,9 @@ func TestDataPathAllocs(t *testing.T) {
 			}
 			got += n
 			if n == 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of 2 completions after 10s", got)
+				}
 				runtime.Gosched()
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -17,6 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testenv.ClearSoftRDMA()
 	code := m.Run()
 	rxe.CloseAll()
 	if code == 0 {

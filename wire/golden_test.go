@@ -15,9 +15,9 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 )
 
-// rxeTestdata is the folder of real rxe captures, relative to this package
-// (<clone>/wire → <clone>/../shared/testdata/rxe).
-const rxeTestdata = "../../shared/testdata/rxe"
+// rxeTestdata is the folder of real rxe captures in the repository,
+// relative to this package (<clone>/wire → <clone>/testdata/rxe).
+const rxeTestdata = "../testdata/rxe"
 
 // roceFrame is one IPv4/UDP/4791 frame of a capture.
 type roceFrame struct {
@@ -90,13 +90,10 @@ func readRoCEFrames(t testing.TB, path string) (frames []roceFrame, total int) {
 	}
 }
 
-// rxeCaptures returns the capture files, skipping the test when the shared
-// testdata folder is not checked out beside the repository.
+// rxeCaptures returns the capture files of the repository's testdata; a
+// missing folder fails the test (the captures are part of the repository).
 func rxeCaptures(t testing.TB) []string {
 	t.Helper()
-	if _, err := os.Stat(rxeTestdata); err != nil {
-		t.Skipf("rxe captures not found at %s (expected <clone>/../shared/testdata/rxe): %v", rxeTestdata, err)
-	}
 	files, err := filepath.Glob(filepath.Join(rxeTestdata, "*.pcap"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no pcap files in %s (%v)", rxeTestdata, err)

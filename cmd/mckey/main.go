@@ -32,13 +32,39 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
 )
 
 func main() {
-	os.Exit(run(os.Args, lineWriter{os.Stdout}, lineWriter{os.Stderr}) & 0xff)
+	// SIGINT and SIGTERM cancel the run: mckey leaves its groups, closes
+	// its devices and its introspection endpoint (removing the socket),
+	// then dies of the same signal, so its parent sees the status
+	// rdma-core's mckey, which handles no signal, gives.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	var got atomic.Value
+	go func() {
+		if s, ok := <-sigs; ok {
+			got.Store(s)
+			cancel()
+		}
+	}()
+	code := runContext(ctx, os.Args, lineWriter{os.Stdout}, lineWriter{os.Stderr})
+	if s, ok := got.Load().(syscall.Signal); ok {
+		signal.Reset(s)
+		syscall.Kill(os.Getpid(), s)
+		time.Sleep(time.Second) // the signal ends the process first
+		os.Exit(128 + int(s))
+	}
+	os.Exit(code & 0xff)
 }
 
 // lineWriter writes through at once (no buffering).
@@ -58,5 +84,18 @@ func usage(out io.Writer, argv0 string) {
 	fmt.Fprintf(out, "\t[-p port_space - %#x for UDP (default), %#x for IPOIB]\n", 0x111, 0x2)
 	fmt.Fprintf(out, "\t[-o join as a send-only full-member]\n")
 	fmt.Fprintf(out, "\t[-l join without multicast loopback]\n")
-	fmt.Fprintf(out, "\textensions: [--iface name] [--timeout duration] [--no-imm] [--verify] [--join-pause duration] [--pcap file]\n")
+	fmt.Fprintf(out, "\textensions (not in rdma-core's mckey):\n")
+	for _, e := range extensions {
+		fmt.Fprintf(out, "\t[--%s]\n\t %s\n", e.usage, e.help)
+	}
+}
+
+// extensions describes the long options that are not rdma-core's.
+var extensions = []struct{ name, usage, help string }{
+	{"iface", "iface name", "bind to the first IPv4 (else IPv6) address of interface name, when -b is absent"},
+	{"timeout", "timeout duration", "a receiver gives up after duration (e.g. 5s) without a message: status -110; 0 waits forever"},
+	{"no-imm", "no-imm", "send SEND without immediate data (rdma-core always sends SEND_WITH_IMM)"},
+	{"verify", "verify", "check every completion: status, byte_len = 40 + size, imm = sender QPN, the payload pattern this mckey sends"},
+	{"join-pause", "join-pause duration", "pause that long after joining instead of 3s"},
+	{"pcap", "pcap file", "write every frame the process's devices send and receive to a pcap file (tshark decodes port 4791)"},
 }

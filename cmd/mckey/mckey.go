@@ -53,6 +53,7 @@ type node struct {
 }
 
 type mckey struct {
+	ctx          context.Context // canceled by SIGINT/SIGTERM
 	cfg          config
 	out, errOut  io.Writer
 	channel      *rdmacm.EventChannel
@@ -84,8 +85,12 @@ func strtol0(s string) int64 {
 	return 0
 }
 
-// strerror renders an error the way glibc's strerror renders its errno.
+// strerror renders an error the way glibc's strerror renders its errno
+// (perror after a call that set none prints "Success").
 func strerror(err error) string {
+	if err == nil {
+		return "Success"
+	}
 	var e syscall.Errno
 	if !errors.As(err, &e) {
 		return err.Error()
@@ -105,7 +110,10 @@ func errnoRet(err error) int {
 	return -1
 }
 
-func run(args []string, out, errOut io.Writer) int {
+// runContext is mckey with its arguments (args[0] is the program name),
+// returning the exit status; when ctx is canceled (by a signal) mckey stops
+// waiting, leaves its groups and returns.
+func runContext(ctx context.Context, args []string, out, errOut io.Writer) int {
 	cfg := config{connections: 1, messageSize: 100, messageCount: 10, ps: rdmacm.PS_UDP, loopback: true, joinPause: 3 * time.Second}
 	opts, _, err := getopt(args[1:], "m:M:sb:c:C:S:p:ol",
 		map[string]bool{"iface": true, "timeout": true, "no-imm": false, "verify": false, "join-pause": true, "pcap": true})
@@ -140,13 +148,13 @@ func run(args []string, out, errOut io.Writer) int {
 		case "iface":
 			cfg.iface = o.arg
 		case "timeout":
-			cfg.timeout, perr = time.ParseDuration(o.arg)
+			cfg.timeout, perr = parseDuration(o.arg)
 		case "no-imm":
 			cfg.noImm = true
 		case "verify":
 			cfg.verify = true
 		case "join-pause":
-			cfg.joinPause, perr = time.ParseDuration(o.arg)
+			cfg.joinPause, perr = parseDuration(o.arg)
 		case "pcap":
 			cfg.pcap = o.arg
 		}
@@ -168,6 +176,13 @@ func run(args []string, out, errOut io.Writer) int {
 		fmt.Fprintf(out, "unmapped multicast address requires binding to source address\n")
 		return 1
 	}
+	if cfg.unmapped {
+		// rdma-core would join MGID :: after inet_pton failed.
+		if _, err := verbs.ParseGID(cfg.dst); err != nil {
+			fmt.Fprintf(errOut, "mckey: -M %s: not an IPv6 address (an MGID such as ff12:401b::1)\n", cfg.dst)
+			return 1
+		}
+	}
 	// Observability (extensions): SOFTRDMA_DEBUG_ADDR / SOFTRDMA_LOG, --pcap.
 	stopIntrospect, err := introspect.FromEnv()
 	if err != nil {
@@ -182,21 +197,43 @@ func run(args []string, out, errOut io.Writer) int {
 		}
 		defer stopCapture()
 	}
-	t := &mckey{cfg: cfg, out: out, errOut: errOut, connectsLeft: cfg.connections}
+	t := &mckey{ctx: ctx, cfg: cfg, out: out, errOut: errOut, connectsLeft: cfg.connections}
 	t.channel, err = rdmacm.CreateEventChannel()
 	if err != nil {
 		fmt.Fprintf(errOut, "failed to create RDMA CM event channel: %s\n", strerror(err))
 		return 1
 	}
+	defer t.channel.Close()
+	if cfg.connections < 0 {
+		// rdma-core's malloc of a negative count fails.
+		fmt.Fprintf(out, "mckey: unable to allocate memory for test nodes\n")
+		return 1
+	}
 	if err := t.allocNodes(); err != nil {
+		// rdma-core exits silently here; say why.
+		fmt.Fprintf(errOut, "mckey: rdma_create_id (port space %#x): %s\n", int(cfg.ps), strerror(err))
 		return 1
 	}
 	ret := t.run()
+	if ctx.Err() != nil {
+		// Interrupted: the groups are left; the caller dies of the signal.
+		t.destroyNodes()
+		fmt.Fprintf(errOut, "mckey: interrupted: left %d group(s)\n", len(t.nodes))
+		return ret
+	}
 	fmt.Fprintf(out, "test complete\n")
 	t.destroyNodes()
-	t.channel.Close()
 	fmt.Fprintf(out, "return status %d\n", ret)
 	return ret
+}
+
+// parseDuration parses a duration flag; negative durations are refused.
+func parseDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err == nil && d < 0 {
+		err = fmt.Errorf("negative duration %s", s)
+	}
+	return d, err
 }
 
 // ifaceAddr returns the first IPv4 (else IPv6) address of an interface.
@@ -292,6 +329,7 @@ func (t *mckey) run() int {
 		if t.srcAddr != nil {
 			if err := n.cm.BindAddr(t.srcAddr); err != nil {
 				fmt.Fprintf(t.errOut, "mckey: addr bind failure: %s\n", strerror(err))
+				t.bindHint(err)
 				t.connectError()
 				return -1
 			}
@@ -306,6 +344,7 @@ func (t *mckey) run() int {
 		}
 		if ret != 0 {
 			fmt.Fprintf(t.errOut, "mckey: resolve addr failure: %s\n", strerror(err))
+			t.joinHint(err)
 			t.connectError()
 			return ret
 		}
@@ -336,7 +375,7 @@ func (t *mckey) run() int {
 // transfer runs the part after every id joined: the background event
 // reader, the pause, and the data transfers.
 func (t *mckey) transfer() int {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -354,7 +393,11 @@ func (t *mckey) transfer() int {
 	}()
 	defer func() { cancel(); <-done }()
 
-	time.Sleep(t.cfg.joinPause)
+	select {
+	case <-time.After(t.cfg.joinPause):
+	case <-t.ctx.Done():
+		return -int(syscall.EINTR)
+	}
 	if t.cfg.messageCount == 0 {
 		return 0
 	}
@@ -378,8 +421,11 @@ func (t *mckey) transfer() int {
 func (t *mckey) connectEvents() int {
 	ret := 0
 	for t.connectsLeft > 0 && ret == 0 {
-		ev, err := t.channel.GetEvent(context.Background())
+		ev, err := t.channel.GetEvent(t.ctx)
 		if err != nil {
+			if t.ctx.Err() != nil {
+				return -int(syscall.EINTR)
+			}
 			fmt.Fprintf(t.errOut, "rdma_get_cm_event: %s\n", strerror(err))
 			return -1
 		}
@@ -399,6 +445,9 @@ func (t *mckey) cmaHandler(ev *rdmacm.Event) int {
 		return t.joinHandler(n, &ev.Param)
 	case rdmacm.EventAddrError, rdmacm.EventRouteError, rdmacm.EventMulticastError:
 		fmt.Fprintf(t.out, "mckey: event: %s, error: %d\n", ev.Event, ev.Status)
+		if ev.Event == rdmacm.EventAddrError {
+			t.addrErrorHint(ev.Status)
+		}
 		t.connectError()
 		return ev.Status
 	}
@@ -543,6 +592,9 @@ func (t *mckey) addrHandler(n *node) (int, error) {
 	}
 	if ret, err := t.initNode(n); ret != 0 {
 		t.connectError()
+		if err == nil {
+			err = syscall.ENOMEM // the message buffer (malloc sets errno)
+		}
 		return ret, err
 	}
 	if !t.cfg.sender {
@@ -558,6 +610,9 @@ func (t *mckey) addrHandler(n *node) (int, error) {
 	attr := rdmacm.JoinMCAttrEx{CompMask: rdmacm.JoinMCAttrAddress | rdmacm.JoinMCAttrJoinFlags, JoinFlags: flags, Addr: t.dstAddr}
 	if err := n.cm.JoinMulticastEx(&attr, n); err != nil {
 		fmt.Fprintf(t.errOut, "mckey: failure joining: %s\n", strerror(err))
+		if !t.cfg.unmapped {
+			t.joinHint(err)
+		}
 		t.connectError()
 		return -1, err
 	}
@@ -606,13 +661,15 @@ func (t *mckey) pollCQs() int {
 			if k > 0 || done >= t.cfg.messageCount {
 				continue
 			}
-			ctx := context.Background()
-			cancel := context.CancelFunc(func() {})
+			ctx, cancel := t.ctx, context.CancelFunc(func() {})
 			if t.cfg.timeout > 0 {
 				ctx, cancel = context.WithTimeout(ctx, t.cfg.timeout)
 			}
 			err = n.cq.Wait(ctx)
 			cancel()
+			if t.ctx.Err() != nil {
+				return -int(syscall.EINTR)
+			}
 			if err != nil {
 				fmt.Fprintf(t.out, "mckey: receive timeout: %d of %d messages\n", done, t.cfg.messageCount)
 				return -int(syscall.ETIMEDOUT)

@@ -81,7 +81,7 @@ func TestOutputWithoutPeer(t *testing.T) {
 		name:   "address not local",
 		args:   []string{"-m", g, "-b", "198.51.100.1"}, // TEST-NET-2: bind fails, nothing is sent
 		stdout: concat(server, failed),
-		stderr: []string{"mckey: addr bind failure: Cannot assign requested address"},
+		stderr: []string{"mckey: addr bind failure: Cannot assign requested address", "mckey: -b 198.51.100.1: no interface of this host has that address"},
 		code:   255,
 	}, {
 		name:   "message larger than active mtu",

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/softrdma/softrdma/internal/testenv"
 )
 
 // Paths of the binaries TestMain builds.
@@ -42,6 +44,7 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
+	testenv.ClearSoftRDMA()
 	dir, err := os.MkdirTemp("", "mckey-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "mckey test:", err)
@@ -109,11 +112,19 @@ type proc struct {
 // failed.
 func start(t testing.TB, name, bin string, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, name, nil, bin, args...)
+}
+
+// startEnv is start with env ("NAME=value") added to the child's
+// environment, which is the test's less every SOFTRDMA_* variable.
+func startEnv(t testing.TB, name string, env []string, bin string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, name: name, done: make(chan struct{}), notify: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = testenv.CleanEnv(env...)
 	if raceEnabled && os.Getenv("GORACE") == "" {
 		// A race-built child sleeps 1s before a zero exit unless told otherwise.
-		p.cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=100")
+		p.cmd.Env = append(p.cmd.Env, "GORACE=atexit_sleep_ms=100")
 	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	p.cmd.Stderr = &p.stderr

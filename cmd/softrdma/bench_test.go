@@ -10,15 +10,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/softrdma/softrdma/internal/testenv"
 )
 
 // TestBenchQuick builds the binary and runs `softrdma bench -quick -json`
 // (its receivers are the binary re-executed): every line is a JSON object,
 // every part reports, and every case has a ratio. No timing is asserted.
 func TestBenchQuick(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
+	testenv.RequireBench(t)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "softrdma")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {

@@ -27,7 +27,7 @@ func init() {
 func captureCmd(args []string, stdout, stderr io.Writer) int {
 	var t target
 	fs := newFlagSet("capture", "[-p PID | -addr ADDR] -w FILE [-i DEVICE] [-dir both|sent|received] [-c COUNT] [-d DURATION] [-s SNAPLEN]",
-		"Turns on packet capture in a running process and writes the frames it sends and\nreceives (Ethernet/IP/UDP/RoCEv2 with the real ICRC) to a pcap file, until COUNT\nframes, DURATION or Ctrl-C. Read it with tshark or Wireshark: port 4791 decodes as RoCE.", stderr)
+		"Turns on packet capture in a running process and writes the frames it sends and\nreceives (Ethernet/IP/UDP/RoCEv2 with the real ICRC) to a pcap file, until COUNT\nframes, DURATION, Ctrl-C or the exit of the process (\"process N exited\", status 0). Read it with tshark or Wireshark: port 4791 decodes as RoCE.", stderr)
 	fs.IntVar(&t.pid, "p", 0, "`PID` of the process (its endpoint: SOFTRDMA_DEBUG_ADDR=unix)")
 	fs.StringVar(&t.addr, "addr", "", "endpoint `address`: unix:PATH or 127.0.0.1:PORT (instead of -p)")
 	file := fs.String("w", "", "write the pcap to `FILE` (- for standard output)")
@@ -55,6 +55,18 @@ func captureCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer c.Close()
+	// The target's PID, to tell its exit from a broken endpoint.
+	pid := t.pid
+	if pid == 0 {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s, err := c.Snapshot(sctx)
+		cancel()
+		if err != nil {
+			fmt.Fprintf(stderr, "softrdma capture: %v\n", err)
+			return 1
+		}
+		pid = s.PID
+	}
 
 	var out io.Writer = stdout
 	var f *os.File
@@ -82,6 +94,14 @@ func captureCmd(args []string, stdout, stderr io.Writer) int {
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
+	}
+	// The endpoint ends a capture cleanly when its process exits; a capture
+	// that ends before its count and duration, not by Ctrl-C, lost its
+	// process or its connection.
+	early := ctx.Err() == nil && (*count == 0 || pc.frames < *count) && (*dur == 0 || time.Since(start) < *dur)
+	if early && processExited(pid) {
+		fmt.Fprintf(stderr, "softrdma capture: process %d exited\n", pid)
+		err = nil
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "softrdma capture: %v\n", err)

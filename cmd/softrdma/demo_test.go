@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/internal/testenv"
 )
 
 func TestDemo(t *testing.T) {
@@ -47,7 +49,7 @@ func TestDemoBadFlags(t *testing.T) {
 // socket holds UDP 4791, as a root test run would.
 func TestDemoUnprivileged(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to start a process as nobody")
+		testenv.Require(t, "needs root to start a process as nobody")
 	}
 	dir, err := os.MkdirTemp("", "softrdma-demo-")
 	if err != nil {
@@ -73,6 +75,7 @@ func TestDemoUnprivileged(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "-count", "2")
+	cmd.Env = testenv.CleanEnv()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/introspect"
 	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/wire"
@@ -46,6 +47,7 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
+	testenv.ClearSoftRDMA()
 	dir, err := os.MkdirTemp("", "softrdma-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -113,8 +115,8 @@ func startMckey(t *testing.T, name string, env []string, args ...string) *child 
 	t.Helper()
 	c := &child{t: t, name: name, done: make(chan struct{})}
 	c.cmd = exec.Command(mckeyBin, args...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "SOFTRDMA_") && !strings.HasPrefix(kv, "XDG_RUNTIME_DIR=") {
+	for _, kv := range testenv.CleanEnv() {
+		if !strings.HasPrefix(kv, "XDG_RUNTIME_DIR=") {
 			c.cmd.Env = append(c.cmd.Env, kv)
 		}
 	}
@@ -516,7 +518,7 @@ func listening(t *testing.T, pid int) []string {
 	base := fmt.Sprintf("/proc/%d", pid)
 	fds, err := os.ReadDir(base + "/fd")
 	if err != nil {
-		t.Skipf("cannot read %s/fd: %v", base, err)
+		testenv.Require(t, "cannot read %s/fd: %v", base, err)
 	}
 	for _, fd := range fds {
 		if l, err := os.Readlink(base + "/fd/" + fd.Name()); err == nil && strings.HasPrefix(l, "socket:[") {

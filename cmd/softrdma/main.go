@@ -46,7 +46,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
 		name, args = args[0], args[1:]
 	}
-	if name == "help" {
+	if name == "help" || len(args) > 0 && name == "demo" && isHelp(args[0]) {
 		usage(stdout)
 		return 0
 	}
@@ -59,8 +59,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return c.run(args, stdout, stderr)
 }
 
+// isHelp reports whether a first argument asks for the usage.
+func isHelp(a string) bool { return a == "-h" || a == "-help" || a == "--help" }
+
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: softrdma [command] [flags]   (softrdma COMMAND -h for its flags)")
+	fmt.Fprintln(w, "With no command, softrdma runs the demo. Commands:")
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)

@@ -63,7 +63,7 @@ type statSample struct {
 func statCmd(args []string, stdout, stderr io.Writer) int {
 	var t target
 	fs := newFlagSet("stat", "[-p PID | -addr ADDR] [-d DEVICE] [-qp=false] [-a] [-w INTERVAL [-n COUNT]] [--json]",
-		"Shows every counter of the devices and their QPs. With -w it prints, every interval,\nthe counters that changed: the increase, the rate per second and the total.", stderr)
+		"Shows every counter of the devices and their QPs. With -w it prints, every interval,\nthe counters that changed: the increase, the rate per second and the total, until\nCOUNT intervals, Ctrl-C, or the process exits (\"process N exited\", status 0).", stderr)
 	t.flags(fs)
 	dev := fs.String("d", "", "show only `DEVICE`")
 	qps := fs.Bool("qp", true, "show the counters of each QP too")
@@ -151,9 +151,14 @@ func statCmd(args []string, stdout, stderr io.Writer) int {
 			return 0
 		case <-tick.C:
 		}
+		pid := s.PID
 		s, err := fetch()
 		if err != nil {
 			if ctx.Err() != nil {
+				return 0
+			}
+			if processExited(pid) {
+				fmt.Fprintf(stderr, "softrdma stat: process %d exited\n", pid)
 				return 0
 			}
 			fmt.Fprintf(stderr, "softrdma stat: %v\n", err)

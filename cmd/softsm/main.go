@@ -89,13 +89,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&timeout, "sa-timeout", 0, "same as -sa-delay: how long the SA takes before it answers")
 	fs.BoolVar(&cfg.SADrop, "sa-drop", false, "never answer SA MADs (tests of SA silence)")
 	fs.StringVar(&prefix, "subnet-prefix", "0xfe80000000000000", "subnet `prefix` (64-bit)")
-	fs.DurationVar(&cfg.PortTimeout, "port-timeout", fabric.PortTimeout, "forget a port silent for `duration` (> 0)")
+	fs.DurationVar(&cfg.PortTimeout, "port-timeout", fabric.PortTimeout, "forget a port silent for `duration` (longer than the ports' 1s keepalive)")
 	fs.BoolVar(&verbose, "v", false, "log attaches, detaches, SA requests and drops to stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() != 0 {
 		fmt.Fprintf(stderr, "softsm: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if msg := checkDurations(cfg.PortTimeout, cfg.SADelay, timeout); msg != "" {
+		fmt.Fprintf(stderr, "softsm: %s\n", msg)
 		return 2
 	}
 	p, err := strconv.ParseUint(prefix, 0, 64)
@@ -105,10 +109,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if timeout > 0 {
 		cfg.SADelay = timeout
-	}
-	if cfg.PortTimeout <= 0 {
-		fmt.Fprintf(stderr, "softsm: bad -port-timeout %v: must be positive\n", cfg.PortTimeout)
-		return 2
 	}
 	cfg.SubnetPrefix = p
 	cfg.Ports = ports
@@ -141,4 +141,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// checkDurations validates the duration flags: a port timeout must outlast
+// the ports' keepalive interval (else every port is forgotten between two
+// keepalives), and no delay is negative.
+func checkDurations(portTimeout, saDelay, saTimeout time.Duration) string {
+	switch {
+	case portTimeout <= fabric.KeepaliveInterval:
+		return fmt.Sprintf("-port-timeout %v: must be longer than the ports' keepalive interval (%v)", portTimeout, fabric.KeepaliveInterval)
+	case saDelay < 0:
+		return fmt.Sprintf("-sa-delay %v: negative duration", saDelay)
+	case saTimeout < 0:
+		return fmt.Sprintf("-sa-timeout %v: negative duration", saTimeout)
+	}
+	return ""
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/wire"
 	"go.uber.org/goleak"
 )
@@ -27,6 +28,7 @@ var softsmBin string
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
 func testMain(m *testing.M) int {
+	testenv.ClearSoftRDMA()
 	dir, err := os.MkdirTemp("", "softsm-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -59,15 +61,17 @@ type proc struct {
 	cmd        *exec.Cmd
 	fabric, sa netip.AddrPort
 	stderr     bytes.Buffer
-	done       chan error
+	done       chan struct{} // closed once the process was waited for
+	err        error         // its exit, once done is closed
 }
 
 // start runs softsm on free loopback ports and waits for its ready line.
 func start(t *testing.T, args ...string) *proc {
 	t.Helper()
 	args = append([]string{"-listen", "127.0.0.1:0", "-sa-listen", "127.0.0.1:0"}, args...)
-	p := &proc{cmd: exec.Command(softsmBin, args...), done: make(chan error, 1)}
+	p := &proc{cmd: exec.Command(softsmBin, args...), done: make(chan struct{})}
 	p.cmd.Stderr = &p.stderr
+	p.cmd.Env = testenv.CleanEnv()
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {
@@ -90,7 +94,8 @@ func start(t *testing.T, args ...string) *proc {
 			lines <- sc.Text()
 		}
 		io.Copy(io.Discard, out)
-		p.done <- p.cmd.Wait()
+		p.err = p.cmd.Wait()
+		close(p.done)
 	}()
 	select {
 	case l := <-lines:
@@ -110,9 +115,9 @@ func (p *proc) stop(t *testing.T) {
 	t.Helper()
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case err := <-p.done:
-		if err != nil {
-			t.Fatalf("softsm exit: %v; stderr: %s", err, p.stderr.String())
+	case <-p.done:
+		if p.err != nil {
+			t.Fatalf("softsm exit: %v; stderr: %s", p.err, p.stderr.String())
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("softsm did not exit on SIGTERM")

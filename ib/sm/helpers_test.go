@@ -11,11 +11,15 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/wire"
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testenv.ClearSoftRDMA()
+	goleak.VerifyTestMain(m)
+}
 
 const waitTimeout = 3 * time.Second
 

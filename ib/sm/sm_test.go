@@ -185,6 +185,8 @@ func TestRawSAPort(t *testing.T) {
 	if rs := rawSA(t, s.SAAddr(), m[:100], 200*time.Millisecond); rs != nil {
 		t.Fatal("short MAD answered")
 	}
+	// The SA counts the short datagram when it handles it: wait for it.
+	waitFor(t, func() bool { st := s.Stats(); return st.RawSARequests >= 2 && st.RawSADrops >= 1 })
 	if st := s.Stats(); st.RawSARequests != 2 || st.RawSADrops != 1 {
 		t.Fatalf("raw counters %+v", st)
 	}
@@ -323,9 +325,21 @@ func TestPortTimeout(t *testing.T) {
 	group := mgid("ff12:4001:ffff::601:203")
 	mustStatus(t, a.sa(mcReq(mad.MethodSet, mad.CompCreateRequired, group, a.guid, 1), false), 0)
 	mustStatus(t, b.sa(mcReq(mad.MethodSet, mad.CompCreateRequired, group, b.guid, 2), false), 0)
-	// B keeps sending keepalives, A falls silent.
-	deadline := time.Now().Add(time.Second)
-	for time.Now().Before(deadline) {
+	// B keeps sending keepalives (every 100ms, well within the timeout), A
+	// falls silent; wait until the SM forgot A.
+	aKnown := func() bool {
+		for _, p := range s.Stats().Ports {
+			if p.GUID == 0xA {
+				return true
+			}
+		}
+		return false
+	}
+	deadline := time.Now().Add(waitTimeout)
+	for aKnown() {
+		if time.Now().After(deadline) {
+			t.Fatalf("A still registered %v after it fell silent (PortTimeout 300ms)", waitTimeout)
+		}
 		b.attach()
 		time.Sleep(100 * time.Millisecond)
 	}

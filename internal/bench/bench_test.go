@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/rdmacm"
 	"golang.org/x/sys/unix"
 )
@@ -25,6 +26,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	testenv.ClearSoftRDMA()
 	os.Exit(m.Run())
 }
 
@@ -34,6 +36,7 @@ var lo = netip.MustParseAddr("127.0.0.1")
 // receiver process and checks that every part reports and that each JSON
 // line parses. It asserts no timing.
 func TestQuick(t *testing.T) {
+	testenv.RequireBench(t)
 	cfg := QuickConfig()
 	cfg.Groups = 100
 	cfg.RxCommand = []string{os.Args[0]}
@@ -69,6 +72,48 @@ func TestQuick(t *testing.T) {
 		t.Errorf("fan-out delivered nothing: %+v", f)
 	}
 	if g := rep.Groups; g.Held != g.Groups || !g.Delivered {
+		t.Errorf("groups: %+v", g)
+	}
+}
+
+// TestSmoke runs the parts that stay in this process (ICRC, allocations,
+// join/leave, groups, QP memory) at their smallest, in the default run:
+// every part reports a JSON line with its ratio, and the groups are held
+// and deliver. The multi-process fan-out runs in TestQuick.
+func TestSmoke(t *testing.T) {
+	cfg := QuickConfig()
+	cfg.Parts = []string{PartICRC, PartAllocs, PartControl}
+	cfg.Groups, cfg.QPs, cfg.JoinSamples, cfg.AllocRuns = 20, 10, 10, 5
+	var table, js bytes.Buffer
+	cfg.Table, cfg.JSON = &table, &js
+	rep, err := Run(cfg)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, table.String())
+	}
+	kinds := map[string]int{}
+	sc := bufio.NewScanner(&js)
+	for sc.Scan() {
+		var v struct {
+			Kind  string   `json:"kind"`
+			Ratio *float64 `json:"ratio"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		if v.Kind != "target" && v.Ratio == nil {
+			t.Errorf("line without ratio: %s", sc.Text())
+		}
+		kinds[v.Kind]++
+	}
+	for _, k := range []string{"icrc", "join", "groups", "qp", "allocs"} {
+		if kinds[k] == 0 {
+			t.Errorf("no %q line in:\n%s", k, js.String())
+		}
+	}
+	if kinds["fanout"] != 0 || len(rep.Fanout) != 0 {
+		t.Errorf("fan-out ran although not asked for")
+	}
+	if g := rep.Groups; g.Groups != 20 || g.Held != g.Groups || !g.Delivered {
 		t.Errorf("groups: %+v", g)
 	}
 }

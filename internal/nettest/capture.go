@@ -2,6 +2,7 @@ package nettest
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -30,10 +31,13 @@ type Capture struct {
 	h    *pcapgo.EthernetHandle
 	done chan struct{}
 
-	mu      sync.Mutex
-	frames  []Frame
-	changed chan struct{} // closed and replaced on every frame
-	err     error
+	mu       sync.Mutex
+	frames   []Frame
+	changed  chan struct{} // closed and replaced on every frame
+	err      error         // the read error that ended the reader, unless Stop did
+	stopping bool          // Stop closed the handle
+	queued   uint64        // frames the kernel queued to the socket (PACKET_STATISTICS)
+	drops    uint64        // frames the kernel dropped (socket buffer full)
 }
 
 // StartCapture opens a capture on iface in namespace ns. It stops in a
@@ -70,6 +74,9 @@ func StartCapture(t testing.TB, ns, iface string, keep Artifacts) *Capture {
 	go c.loop(w)
 	t.Cleanup(func() {
 		c.Stop()
+		if err := c.Health(); err != nil {
+			t.Logf("%v", err)
+		}
 		if err := bw.Flush(); err != nil {
 			t.Errorf("pcap %s: %v", c.Path, err)
 		}
@@ -87,7 +94,9 @@ func (c *Capture) loop(w *pcapgo.Writer) {
 		data, ci, err := c.h.ReadPacketData()
 		if err != nil {
 			c.mu.Lock()
-			c.err = err
+			if !c.stopping {
+				c.err = err
+			}
 			c.mu.Unlock()
 			return
 		}
@@ -112,8 +121,83 @@ func (c *Capture) Stop() {
 		return
 	default:
 	}
+	c.mu.Lock()
+	c.statsLocked()
+	c.stopping = true
+	c.mu.Unlock()
 	c.h.Close()
 	<-c.done
+}
+
+// statsLocked adds the kernel's counters since the last call (reading
+// them resets them) to queued and drops; c.mu is held.
+func (c *Capture) statsLocked() {
+	if c.stopping {
+		return
+	}
+	st, err := c.h.Stats()
+	if err != nil {
+		if c.err == nil {
+			c.err = err
+		}
+		return
+	}
+	// tp_packets counts the dropped frames too.
+	c.queued += uint64(st.Packets) - uint64(st.Drops)
+	c.drops += uint64(st.Drops)
+}
+
+// Health reports whether the capture saw every frame of its interface so
+// far: nil, or the reader's error or the number of frames the kernel
+// dropped.
+func (c *Capture) Health() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.statsLocked()
+	return c.healthLocked()
+}
+
+func (c *Capture) healthLocked() error {
+	switch {
+	case c.err != nil:
+		return fmt.Errorf("capture on %s: read: %w", c.Iface, c.err)
+	case c.drops > 0:
+		return fmt.Errorf("capture on %s: the kernel dropped %d frames (socket buffer full)", c.Iface, c.drops)
+	}
+	return nil
+}
+
+// Synced waits until the reader has read every frame the kernel queued to
+// the capture so far, and returns the frames. It fails the test when the
+// capture is unhealthy (a read error, dropped frames) or does not catch up
+// within timeout: a check that a frame is absent must use Synced, since a
+// capture that missed frames proves no absence.
+func (c *Capture) Synced(t testing.TB, timeout time.Duration) []Frame {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		c.mu.Lock()
+		c.statsLocked()
+		err := c.healthLocked()
+		caughtUp := uint64(len(c.frames)) >= c.queued
+		ch := c.changed
+		fs := append([]Frame(nil), c.frames...)
+		c.mu.Unlock()
+		if err != nil {
+			t.Fatalf("%v: cannot prove what is absent", err)
+		}
+		if caughtUp {
+			return fs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("capture on %s: read %d of %d queued frames after %v", c.Iface, len(fs), c.queued, timeout)
+		}
+		select {
+		case <-ch:
+		case <-c.done:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // Snapshot returns the frames captured so far.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/rdmacm"
 )
@@ -29,7 +30,8 @@ func TestExitLeavesNothing(t *testing.T) {
 	}
 	s := startSM(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestExitLeavesNothing$")
-	cmd.Env = []string{exitChildEnv + "=1", "SOFTRDMA_SM=" + s.FabricAddr().String(), "PATH=" + os.Getenv("PATH")}
+	// testenv.ChildEnv: the child's TestMain keeps the SOFTRDMA_SM set here.
+	cmd.Env = []string{testenv.ChildEnv, exitChildEnv + "=1", "SOFTRDMA_SM=" + s.FabricAddr().String(), "PATH=" + os.Getenv("PATH")}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -14,12 +14,14 @@ import (
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/mcast"
 	"github.com/softrdma/softrdma/ib/sm"
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/verbs"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
+	testenv.ClearSoftRDMA()
 	code := m.Run()
 	ib.CloseAll()
 	if code == 0 {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -20,13 +21,13 @@ import (
 // an address and then the interface.
 func TestNetEvents(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("creating a veth pair needs root")
+		testenv.Require(t, "creating a veth pair needs root")
 	}
 	name := fmt.Sprintf("srxd%06x", rand.IntN(1<<24))
 	la := netlink.NewLinkAttrs()
 	la.Name = name
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: name + "p"}); err != nil {
-		t.Skipf("cannot create a veth pair: %v", err)
+		testenv.Require(t, "cannot create a veth pair: %v", err)
 	}
 	link, err := netlink.LinkByName(name)
 	if err != nil {

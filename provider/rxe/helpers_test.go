@@ -16,12 +16,16 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testenv.ClearSoftRDMA()
+	goleak.VerifyTestMain(m)
+}
 
 // delivery is one datagram received by a test QP.
 type delivery struct {
@@ -330,7 +334,7 @@ func igmpHas(t *testing.T, ifname string, group netip.Addr) bool {
 	t.Helper()
 	b, err := os.ReadFile("/proc/net/igmp")
 	if err != nil {
-		t.Skipf("no /proc/net/igmp: %v", err)
+		testenv.Require(t, "no /proc/net/igmp: %v", err)
 	}
 	a := group.As4()
 	// The kernel prints the __be32 group with %08X: host byte order.

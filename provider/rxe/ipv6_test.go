@@ -12,12 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
 
-const netnsEnv = "SOFTRDMA_RXE_TEST_IN_NETNS"
+const netnsEnv = "SOFTRDMA_TEST_RXE_IN_NETNS"
 
 // inNetns re-runs the named test in a new network namespace (unshare -n)
 // and reports whether the caller is that child. Outside it skips unless
@@ -28,19 +29,19 @@ func inNetns(t *testing.T, test string) bool {
 		return true
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace (IPv6 multicast does not work on lo)")
+		testenv.Require(t, "needs root to create a network namespace (IPv6 multicast does not work on lo)")
 	}
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
-		t.Skip("no unshare")
+		testenv.Require(t, "no unshare: %v", err)
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("no ip command")
+		testenv.Require(t, "no ip command: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, unshare, "-n", os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), netnsEnv+"=1")
+	cmd.Env = testenv.CleanEnv(netnsEnv + "=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("in a network namespace: %v\n%s", err, out)
@@ -134,7 +135,7 @@ func igmp6Has(t *testing.T, ifname string, group netip.Addr) bool {
 	t.Helper()
 	b, err := os.ReadFile("/proc/net/igmp6")
 	if err != nil {
-		t.Skipf("no /proc/net/igmp6: %v", err)
+		testenv.Require(t, "no /proc/net/igmp6: %v", err)
 	}
 	g := group.As16()
 	want := fmt.Sprintf("%x", g[:])

@@ -11,11 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
 
-const childGroupEnv = "SOFTRDMA_RXE_TEST_CHILD_GROUP"
+const childGroupEnv = "SOFTRDMA_TEST_RXE_CHILD_GROUP"
 
 // TestTwoProcesses exchanges datagrams with a second process on lo: both
 // bind UDP 4791 (SO_REUSEADDR), both receive the group, and their QPNs
@@ -36,7 +37,7 @@ func TestTwoProcesses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestTwoProcesses$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childGroupEnv+"="+g.String())
+	cmd.Env = testenv.CleanEnv(childGroupEnv + "=" + g.String())
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -13,13 +13,14 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/wire"
 )
 
-// rxeTestdata holds frames captured from real Linux Soft-RoCE
-// (<clone>/provider/rxe → <clone>/../shared/testdata/rxe).
-const rxeTestdata = "../../../shared/testdata/rxe"
+// rxeTestdata holds frames captured from real Linux Soft-RoCE, in the
+// repository (<clone>/provider/rxe → <clone>/testdata/rxe).
+const rxeTestdata = "../../testdata/rxe"
 
 // readRoCEFrames returns the IPv4 packets (IP header onwards) to UDP 4791
 // in a pcap file of Ethernet frames.
@@ -64,9 +65,6 @@ func readRoCEFrames(t *testing.T, path string) [][]byte {
 // private network namespace, and checks that the device accepts the good
 // ones (solving the unknown IP ID) and drops the negative vectors.
 func TestReplayRealRxeFrames(t *testing.T) {
-	if _, err := os.Stat(rxeTestdata); err != nil {
-		t.Skipf("rxe captures not found at %s: %v", rxeTestdata, err)
-	}
 	if !inNetns(t, "TestReplayRealRxeFrames") {
 		return
 	}
@@ -142,7 +140,7 @@ func newRawSender(t *testing.T) *rawSender {
 	t.Helper()
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
 	if err != nil {
-		t.Skipf("no raw socket: %v", err)
+		testenv.Require(t, "no raw socket: %v", err)
 	}
 	t.Cleanup(func() { unix.Close(fd) })
 	lo, err := net.InterfaceByName("lo")

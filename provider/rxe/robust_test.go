@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -240,15 +239,20 @@ func TestReceiveRobustness(t *testing.T) {
 		}
 		in.send(t, g, b)
 	}
-	eventually(t, "garbage read", func() bool { return d.Counters().Get(softverbs.RcvdPkts) >= before.Get(softverbs.RcvdPkts)+n })
-	time.Sleep(20 * time.Millisecond)
+	drops := func(c softverbs.Snapshot) uint64 {
+		return malformed(c) + c.Get(softverbs.ICRCErrors) + c.Get(softverbs.NoQPDrops) + c.Get(softverbs.NoGroupDrops) + c.Get(softverbs.QKeyViolations) + c.Get(softverbs.PKeyViolations)
+	}
+	// RcvdPkts counts a datagram before its verdict: wait for every verdict
+	// (a drop, or a delivery, which would fail below).
+	eventually(t, "garbage read and judged", func() bool {
+		c := d.Counters()
+		return c.Get(softverbs.RcvdPkts) >= before.Get(softverbs.RcvdPkts)+n &&
+			drops(c)-drops(before)+c.Get(softverbs.Delivered)-before.Get(softverbs.Delivered) >= n
+	})
 	rx.none(t, 0)
 	after := d.Counters()
 	if after.Get(softverbs.Delivered) != before.Get(softverbs.Delivered) {
 		t.Errorf("garbage delivered")
-	}
-	drops := func(c softverbs.Snapshot) uint64 {
-		return malformed(c) + c.Get(softverbs.ICRCErrors) + c.Get(softverbs.NoQPDrops) + c.Get(softverbs.NoGroupDrops) + c.Get(softverbs.QKeyViolations) + c.Get(softverbs.PKeyViolations)
 	}
 	if drops(after)-drops(before) != n {
 		t.Errorf("%d of %d garbage datagrams counted as drops", drops(after)-drops(before), n)

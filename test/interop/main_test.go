@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/internal/testenv"
 )
 
 // nsTag starts the name of every namespace of this package: sri-<pid>-….
@@ -42,6 +43,7 @@ var (
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
 func testMain(m *testing.M) int {
+	testenv.ClearSoftRDMA()
 	skipReason = checkPrereqs()
 	var dir string
 	if skipReason == "" {

@@ -1,7 +1,6 @@
 package multihost
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/internal/nettest"
 )
 
@@ -73,7 +73,7 @@ func TestIBAcrossHosts(t *testing.T) {
 	joined := "mckey: joined dgid: ff12:4001:ffff::60b:c0d mlid 0xc001 sl 0"
 	var rx []*nettest.Proc
 	for _, h := range []*host{tp.h(2), tp.h(3)} {
-		p := ib(h, "-m", group, "-b", h.addr.String(), "-C", "20", "-S", "1024", "--join-pause", "1s", "--timeout", "15s", "--verify")
+		p := ib(h, "-m", group, "-b", h.addr.String(), "-C", "20", "-S", "1024", "--join-pause", "1s", "--timeout", "60s", "--verify")
 		p.WaitLine(joined, 20*time.Second)
 		rx = append(rx, p)
 	}
@@ -91,26 +91,63 @@ func TestIBAcrossHosts(t *testing.T) {
 	if !nettest.HasLine(tx.Output(), joined) {
 		t.Errorf("sender:\n%s", tx.Output())
 	}
-	// IB joins go to the SA, never to IGMP.
+	// IB joins go to the SA, never to IGMP (an absence: the captures must
+	// have read everything queued to them, without drops).
 	for _, h := range []*host{tp.h(1), tp.h(2), tp.h(3)} {
-		if ev := nettest.IGMPAbout(tp.caps[h.port].Snapshot(), h.addr, netip.MustParseAddr(group)); len(ev) > 0 {
+		if ev := nettest.IGMPAbout(tp.caps[h.port].Synced(t, wireTimeout), h.addr, netip.MustParseAddr(group)); len(ev) > 0 {
 			t.Errorf("%v sent IGMP for an IB group: %v", h, ev)
 		}
 	}
-	// The data went through the SM host's switch: h1 sent to the SM, which
-	// forwarded to h2 and h3 (fabric datagrams are UDP to/from port 4792).
-	fromSM := func(port string) int {
-		n := 0
-		for _, f := range tp.caps[port].Snapshot() {
-			if ip, ok := nettest.ParseIPv4(f); ok && ip.Src == smHost.addr && ip.Proto == 17 && len(ip.Payload) >= 8 && binary.BigEndian.Uint16(ip.Payload[0:2]) == 4792 {
-				n++
-			}
-		}
-		return n
+	// Delivery is proven where the data is: each receiver verified its 20
+	// messages above. The path is proven on the wire: every IB packet of a
+	// port goes to the SM host, which as the switch forwards it to the
+	// members. The receivers got 20 messages each, so 20 IB data packets
+	// (1024-byte payloads) from the SM crossed p2 and p3, and 20 from h1 to
+	// the SM crossed p1; wait until the captures have read them (their
+	// reader runs behind under load), and fail on a capture that dropped.
+	want := func(src, dst netip.Addr) func([]nettest.Frame) bool {
+		return func(fs []nettest.Frame) bool { return ibData(fs, src, dst, 1024) >= 20 }
 	}
-	for _, port := range []string{"p2", "p3"} {
-		if n := fromSM(port); n < 20 {
-			t.Errorf("only %d fabric datagrams from the SM on %s", n, port)
+	for _, c := range []struct {
+		port     string
+		src, dst netip.Addr
+	}{
+		{"p1", tp.h(1).addr, smHost.addr},
+		{"p2", smHost.addr, tp.h(2).addr},
+		{"p3", smHost.addr, tp.h(3).addr},
+	} {
+		cp := tp.caps[c.port]
+		if fs, ok := cp.WaitFor(wireTimeout, want(c.src, c.dst)); !ok {
+			t.Errorf("%d IB data packets %v → %v on %s within %v, want 20 (capture: %v)", ibData(fs, c.src, c.dst, 1024), c.src, c.dst, c.port, wireTimeout, cp.Health())
 		}
 	}
+	// Nothing went from h1 straight to a receiver.
+	fs := tp.caps["p1"].Synced(t, wireTimeout)
+	for _, h := range []*host{tp.h(2), tp.h(3)} {
+		if n := ibData(fs, tp.h(1).addr, h.addr, -1); n != 0 {
+			t.Errorf("h1 sent %d IB packets straight to %v, bypassing the SM", n, h)
+		}
+	}
+}
+
+// ibData counts the IB packets (fabric datagrams that are not control
+// messages) from src to dst in UDP datagrams, with a UD payload of size
+// bytes (any size when size < 0).
+func ibData(fs []nettest.Frame, src, dst netip.Addr, size int) int {
+	n := 0
+	for _, f := range fs {
+		ip, ok := nettest.ParseIPv4(f)
+		if !ok || ip.Src != src || ip.Dst != dst || ip.Proto != 17 || len(ip.Payload) < 8 {
+			continue
+		}
+		b := ip.Payload[8:]
+		var p fabric.Packet
+		if fabric.IsControl(b) || fabric.Parse(b, &p) != nil {
+			continue
+		}
+		if size < 0 || len(p.UD.Payload) == size {
+			n++
+		}
+	}
+	return n
 }

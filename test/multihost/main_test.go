@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/internal/testenv"
 	"go.uber.org/goleak"
 )
 
@@ -30,6 +31,7 @@ var (
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
 func testMain(m *testing.M) int {
+	testenv.ClearSoftRDMA()
 	switch {
 	case os.Geteuid() != 0:
 		skipReason = "multi-host tests need root to create network namespaces (euid " + strconv.Itoa(os.Geteuid()) + ")"
@@ -77,6 +79,6 @@ func testMain(m *testing.M) int {
 func requireEnv(t *testing.T) {
 	t.Helper()
 	if skipReason != "" {
-		t.Skip(skipReason)
+		testenv.Require(t, "%s", skipReason)
 	}
 }

@@ -72,14 +72,14 @@ func checkRoCE(t *testing.T, frames []nettest.RoCEFrame, src, group netip.Addr, 
 }
 
 // waitRoCE waits until capture c holds count RoCEv2 frames src → group,
-// then a little longer to catch extra ones, and returns them all.
+// then until it has read every frame the kernel queued to it (so extra
+// frames already sent show too), and returns them all.
 func waitRoCE(t *testing.T, c *nettest.Capture, src, group netip.Addr, count int) []nettest.RoCEFrame {
 	t.Helper()
 	if _, ok := c.WaitFor(wireTimeout, nettest.RoCECount(src, group, count)); !ok {
-		t.Errorf("capture %s: fewer than %d RoCEv2 frames %v → %v within %v", c.Iface, count, src, group, wireTimeout)
+		t.Errorf("capture %s: fewer than %d RoCEv2 frames %v → %v within %v (%v)", c.Iface, count, src, group, wireTimeout, c.Health())
 	}
-	time.Sleep(200 * time.Millisecond)
-	return nettest.RoCEFrames(c.Snapshot(), src, group)
+	return nettest.RoCEFrames(c.Synced(t, wireTimeout), src, group)
 }
 
 func logIGMP(t *testing.T, c *nettest.Capture) {
@@ -112,9 +112,20 @@ func TestIGMP(t *testing.T) {
 		}
 	}()
 
-	full := tp.mckey(h1, "-m", g1.String(), "-b", h1.addr.String(), "-C", "0", "--join-pause", "3s")
+	// The members that must stay joined until the test lets them go are
+	// receivers of one message; poke sends it (as a send-only member, which
+	// sends no IGMP) when the test wants them to leave and exit.
+	stay := func(h *host, g netip.Addr) *nettest.Proc {
+		return tp.mckey(h, "-m", g.String(), "-b", h.addr.String(), "-C", "1", "--timeout", "120s", "--join-pause", "0s")
+	}
+	poke := func(h *host, g netip.Addr, p *nettest.Proc) {
+		t.Helper()
+		tp.mckey(h, "-m", g.String(), "-b", h.addr.String(), "-s", "-o", "-C", "1", "--join-pause", "0s").ExpectExit(0, exitTimeout)
+		p.ExpectExit(0, exitTimeout)
+	}
+	full := stay(h1, g1)
 	sendOnly := tp.mckey(h2, "-m", g2.String(), "-b", h2.addr.String(), "-o", "-C", "0", "--join-pause", "3s")
-	last := tp.mckey(h3, "-m", g3.String(), "-b", h3.addr.String(), "-C", "0", "--join-pause", "6s")
+	last := stay(h3, g3)
 	full.WaitLine(joinedLine(g1), lineTimeout)
 	sendOnly.WaitLine(joinedLine(g2), lineTimeout)
 	last.WaitLine(joinedLine(g3), lineTimeout)
@@ -141,19 +152,22 @@ func TestIGMP(t *testing.T) {
 
 	// h3: the first of two members leaving sends no leave.
 	first.ExpectExit(0, exitTimeout)
-	time.Sleep(700 * time.Millisecond)
+	// Wait until the kernel of h3 dropped the first process's membership
+	// (one user of the group left): had it sent a leave, it would be on the
+	// wire by then.
+	tp.waitIGMPUsers(h3, g3, 1)
 	c3 := tp.caps[h3.port]
 	if last.Exited() {
-		t.Fatalf("the last member of %v in %v exited before the check; the machine is too slow for this test", g3, h3)
+		t.Fatalf("the last member of %v in %v exited before it was let go:\n%s", g3, h3, last.Output())
 	}
-	for _, e := range nettest.IGMPAbout(c3.Snapshot(), h3.addr, g3) {
+	for _, e := range nettest.IGMPAbout(c3.Synced(t, wireTimeout), h3.addr, g3) {
 		if e.Leave() {
 			t.Errorf("%v sent a leave for %v while another process was still a member: %v", h3, g3, e)
 		}
 	}
 
 	// h1 leaves: the leave shows, after the report.
-	full.ExpectExit(0, exitTimeout)
+	poke(h1, g1, full)
 	if fs, ok := c1.WaitFor(wireTimeout, func(fs []nettest.Frame) bool {
 		for _, e := range nettest.IGMPAbout(fs, h1.addr, g1) {
 			if e.Leave() {
@@ -179,7 +193,7 @@ func TestIGMP(t *testing.T) {
 	}
 
 	// h3: the last member leaving sends the leave.
-	last.ExpectExit(0, exitTimeout)
+	poke(h3, g3, last)
 	if _, ok := c3.WaitFor(wireTimeout, func(fs []nettest.Frame) bool {
 		for _, e := range nettest.IGMPAbout(fs, h3.addr, g3) {
 			if e.Leave() {
@@ -194,7 +208,7 @@ func TestIGMP(t *testing.T) {
 	// The send-only member: nothing about G2 from h2, on any port.
 	sendOnly.ExpectExit(0, exitTimeout)
 	for _, h := range tp.hosts {
-		for _, e := range nettest.IGMPAbout(tp.caps[h.port].Snapshot(), h2.addr, g2) {
+		for _, e := range nettest.IGMPAbout(tp.caps[h.port].Synced(t, wireTimeout), h2.addr, g2) {
 			t.Errorf("send-only member %v sent IGMP about %v: %v", h2, g2, e)
 		}
 	}
@@ -215,7 +229,7 @@ func TestDataAcrossHosts(t *testing.T) {
 			tp.captureAll()
 			h1, h2 := tp.h(1), tp.h(2)
 			g := randGroups(1)[0]
-			recv := tp.mckey(h2, "-m", g.String(), "-b", h2.addr.String(), "--verify", "--timeout", "10s",
+			recv := tp.mckey(h2, "-m", g.String(), "-b", h2.addr.String(), "--verify", "--timeout", "60s",
 				"-C", "20", "-S", "512", "--join-pause", "1s")
 			recv.WaitLine(joinedLine(g), lineTimeout)
 			args := []string{"-m", g.String(), "-b", h1.addr.String(), "-s", "-C", "20", "-S", "512", "--join-pause", "1s"}
@@ -244,7 +258,7 @@ func TestDataAcrossHosts(t *testing.T) {
 
 			// IGMP: the receiver reported; the sender only when a full member.
 			reported := func(h *host) bool {
-				for _, e := range nettest.IGMPAbout(tp.caps[h.port].Snapshot(), h.addr, g) {
+				for _, e := range nettest.IGMPAbout(tp.caps[h.port].Synced(t, wireTimeout), h.addr, g) {
 					if e.Join() {
 						return true
 					}
@@ -258,7 +272,7 @@ func TestDataAcrossHosts(t *testing.T) {
 				t.Errorf("sender %v (send-only %v): IGMP report for %v on the wire = %v", h1, sendOnly, g, got)
 			}
 			if sendOnly {
-				for _, e := range nettest.IGMPAbout(tp.caps[h1.port].Snapshot(), h1.addr, g) {
+				for _, e := range nettest.IGMPAbout(tp.caps[h1.port].Synced(t, wireTimeout), h1.addr, g) {
 					t.Errorf("send-only sender %v sent IGMP about %v: %v", h1, g, e)
 				}
 			}
@@ -277,7 +291,7 @@ func TestSnooping(t *testing.T) {
 	gs := randGroups(2)
 	g, unreg := gs[0], gs[1]
 
-	recv := tp.mckey(h2, "-m", g.String(), "-b", h2.addr.String(), "--verify", "--timeout", "10s",
+	recv := tp.mckey(h2, "-m", g.String(), "-b", h2.addr.String(), "--verify", "--timeout", "60s",
 		"-C", "20", "-S", "256", "--join-pause", "1s")
 	recv.WaitLine(joinedLine(g), lineTimeout)
 	tp.waitMDB(g, h2.port, true, wireTimeout)
@@ -293,13 +307,13 @@ func TestSnooping(t *testing.T) {
 	}
 	checkRoCE(t, waitRoCE(t, tp.caps[h1.port], h1.addr, g, 20), h1.addr, g, 256, 20)
 	checkRoCE(t, waitRoCE(t, tp.caps[h2.port], h1.addr, g, 20), h1.addr, g, 256, 20)
-	if n := len(nettest.RoCEFrames(tp.caps[h3.port].Snapshot(), netip.Addr{}, g)); n != 0 {
+	if n := len(nettest.RoCEFrames(tp.caps[h3.port].Synced(t, wireTimeout), netip.Addr{}, g)); n != 0 {
 		t.Errorf("%d frames for %v forwarded to %s (%v, not a member)", n, g, h3.port, h3)
 	}
 
 	// h3's port does see frames the bridge forwards: h2's IGMPv3 report
 	// (to the link-local 224.0.0.22, which a bridge floods).
-	if len(nettest.IGMPAbout(tp.caps[h3.port].Snapshot(), h2.addr, g)) == 0 {
+	if len(nettest.IGMPAbout(tp.caps[h3.port].Synced(t, wireTimeout), h2.addr, g)) == 0 {
 		t.Errorf("capture on %s saw no forwarded IGMP report of %v: the capture does not see forwarded frames", h3.port, h2)
 	}
 
@@ -309,7 +323,7 @@ func TestSnooping(t *testing.T) {
 	ctl.ExpectExit(0, exitTimeout)
 	checkRoCE(t, waitRoCE(t, tp.caps[h1.port], h1.addr, unreg, 5), h1.addr, unreg, 64, 5)
 	for _, h := range []*host{h2, h3} {
-		if n := len(nettest.RoCEFrames(tp.caps[h.port].Snapshot(), netip.Addr{}, unreg)); n != 0 {
+		if n := len(nettest.RoCEFrames(tp.caps[h.port].Synced(t, wireTimeout), netip.Addr{}, unreg)); n != 0 {
 			t.Errorf("%d frames of %v (no members) forwarded to %s", n, unreg, h.port)
 		}
 	}
@@ -360,7 +374,7 @@ func TestMTU(t *testing.T) {
 	}
 	// The refused runs never joined: no IGMP about the group from anyone.
 	for _, h := range tp.hosts {
-		for _, e := range nettest.IGMPAbout(tp.caps[h.port].Snapshot(), h.addr, g) {
+		for _, e := range nettest.IGMPAbout(tp.caps[h.port].Synced(t, wireTimeout), h.addr, g) {
 			t.Errorf("IGMP about %v from %v: %v", g, h, e)
 		}
 	}
@@ -378,8 +392,8 @@ func TestTwoGroups(t *testing.T) {
 	gs := randGroups(2)
 	g1, g2 := gs[0], gs[1]
 
-	r1 := tp.mckey(h2, "-m", g1.String(), "-b", h2.addr.String(), "--verify", "--timeout", "10s", "-C", "20", "-S", "256", "--join-pause", "1s")
-	r2 := tp.mckey(h3, "-m", g2.String(), "-b", h3.addr.String(), "--verify", "--timeout", "10s", "-C", "20", "-S", "512", "--join-pause", "1s")
+	r1 := tp.mckey(h2, "-m", g1.String(), "-b", h2.addr.String(), "--verify", "--timeout", "60s", "-C", "20", "-S", "256", "--join-pause", "1s")
+	r2 := tp.mckey(h3, "-m", g2.String(), "-b", h3.addr.String(), "--verify", "--timeout", "60s", "-C", "20", "-S", "512", "--join-pause", "1s")
 	r1.WaitLine(joinedLine(g1), lineTimeout)
 	r2.WaitLine(joinedLine(g2), lineTimeout)
 	tp.waitMDB(g1, h2.port, true, wireTimeout)
@@ -406,7 +420,7 @@ func TestTwoGroups(t *testing.T) {
 		size        int
 	}{{h2, g1, g2, 256}, {h3, g2, g1, 512}} {
 		checkRoCE(t, waitRoCE(t, tp.caps[c.h.port], h1.addr, c.want, 20), h1.addr, c.want, c.size, 20)
-		fs := nettest.NotFrom(tp.caps[c.h.port].Snapshot(), c.h.addr)
+		fs := nettest.NotFrom(tp.caps[c.h.port].Synced(t, wireTimeout), c.h.addr)
 		if n := len(nettest.RoCEFrames(fs, netip.Addr{}, c.other)); n != 0 {
 			t.Errorf("%d frames of %v forwarded to %v (a member of %v only)", n, c.other, c.h, c.want)
 		}

@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/net/ipv4"
 
 	"github.com/softrdma/softrdma/internal/nettest"
 )
@@ -33,7 +37,6 @@ type topo struct {
 	hosts []*host
 	caps  map[string]*nettest.Capture // per switch port, when capturing
 
-	querierAt time.Time // when the bridge's own querier takes effect
 }
 
 // h returns host i (1-based).
@@ -102,7 +105,6 @@ func newTopo(t *testing.T) *topo {
 		"mcast_last_member_count", "2", "mcast_last_member_interval", "50")
 	sw("link", "set", "br0", "up")
 	sw("link", "set", "br0", "type", "bridge", "mcast_querier", "1")
-	tp.querierAt = time.Now().Add(500 * time.Millisecond)
 	for _, h := range tp.hosts {
 		run(t, "ip", "-n", h.ns, "link", "set", "lo", "up")
 		sw("link", "add", h.port, "mtu", "1500", "type", "veth", "peer", "name", "eth0", "netns", h.ns)
@@ -131,10 +133,105 @@ func (tp *topo) captureAll() {
 }
 
 // waitQuerier waits until the bridge's own querier is in effect, that is
-// until the snooping bridge stops flooding multicast of known groups.
+// until the snooping bridge stops flooding multicast: it sends probe
+// datagrams from h1 to a group nobody joined until one reaches p1 and not
+// p3. (The bridge forwards a frame while it handles its arrival on p1, so
+// once p1's capture holds the probe, p3's capture has it queued if it was
+// flooded.) Needs captureAll.
 func (tp *topo) waitQuerier() {
-	// Margin for timer slack on a loaded machine.
-	time.Sleep(time.Until(tp.querierAt.Add(700 * time.Millisecond)))
+	t := tp.t
+	t.Helper()
+	h1 := tp.h(1)
+	probe := randGroups(1)[0]
+	deadline := time.Now().Add(wireTimeout)
+	for i := 0; ; i++ {
+		payload := fmt.Sprintf("softrdma querier probe %d", i)
+		err := nettest.InNetns(h1.ns, func() error { return sendUDP(probe, payload) })
+		if err != nil {
+			t.Fatalf("querier probe from %v: %v", h1, err)
+		}
+		if _, ok := tp.caps[h1.port].WaitFor(wireTimeout, func(fs []nettest.Frame) bool { return hasUDPPayload(fs, probe, payload) }); !ok {
+			t.Fatalf("querier probe %d not seen on %s", i, h1.port)
+		}
+		if !hasUDPPayload(tp.caps["p3"].Synced(t, wireTimeout), probe, payload) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the bridge still floods multicast %v after its querier was switched on", wireTimeout)
+		}
+		time.Sleep(50 * time.Millisecond) // the next probe
+	}
+}
+
+// sendUDP sends one datagram to group:9 out of eth0 (in the namespace
+// InNetns entered).
+func sendUDP(group netip.Addr, payload string) error {
+	c, err := net.ListenPacket("udp4", "0.0.0.0:0")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ifi, err := net.InterfaceByName("eth0")
+	if err != nil {
+		return err
+	}
+	pc := ipv4.NewPacketConn(c)
+	if err := pc.SetMulticastInterface(ifi); err != nil {
+		return err
+	}
+	_, err = c.WriteTo([]byte(payload), &net.UDPAddr{IP: group.AsSlice(), Port: 9})
+	return err
+}
+
+// hasUDPPayload reports whether a UDP datagram to group carrying payload
+// is among the frames.
+func hasUDPPayload(fs []nettest.Frame, group netip.Addr, payload string) bool {
+	for _, f := range fs {
+		if ip, ok := nettest.ParseIPv4(f); ok && ip.Dst == group && ip.Proto == 17 && len(ip.Payload) >= 8 && string(ip.Payload[8:]) == payload {
+			return true
+		}
+	}
+	return false
+}
+
+// waitIGMPUsers waits until h's kernel lists users sockets joined to group
+// on eth0 (/proc/net/igmp of its namespace).
+func (tp *topo) waitIGMPUsers(h *host, group netip.Addr, users int) {
+	t := tp.t
+	t.Helper()
+	a := group.As4()
+	// The kernel prints the __be32 group with %08X: in host byte order.
+	want := fmt.Sprintf("%08X", uint32(a[0])|uint32(a[1])<<8|uint32(a[2])<<16|uint32(a[3])<<24)
+	deadline := time.Now().Add(wireTimeout)
+	last := -1
+	for {
+		out, err := exec.Command("ip", "netns", "exec", h.ns, "cat", "/proc/net/igmp").Output()
+		if err != nil {
+			t.Fatalf("/proc/net/igmp of %v: %v", h, err)
+		}
+		last = 0
+		in := false
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 {
+				continue
+			}
+			if line[0] != '\t' && line[0] != ' ' {
+				in = len(f) >= 2 && f[1] == "eth0"
+				continue
+			}
+			if in && len(f) >= 2 && f[0] == want {
+				last, _ = strconv.Atoi(f[1])
+			}
+		}
+		if last == users {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v: %d users of %v on eth0 after %v, want %d", h, last, group, wireTimeout, users)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // mdb returns the bridge's multicast database.

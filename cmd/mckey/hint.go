@@ -1,0 +1,73 @@
+package main
+
+// Hints: rdma-core's mckey reports a failure as an errno or an event status
+// only. softrdma's mckey prints those lines unchanged and adds, on stderr,
+// one line that names the cause: the subnet manager SOFTRDMA_SM names, or
+// the interface the route lookup picked when -b is absent.
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+)
+
+// errNotSupp is the kernel's ENOTSUPP (524): an AF_IB address on a RoCE port.
+const errNotSupp = syscall.Errno(524)
+
+// bindHint explains a failed rdma_bind_addr of -b.
+func (t *mckey) bindHint(err error) {
+	if sm := os.Getenv("SOFTRDMA_SM"); sm != "" {
+		switch {
+		case errors.Is(err, syscall.ETIMEDOUT):
+			fmt.Fprintf(t.errOut, "mckey: no subnet manager answered at SOFTRDMA_SM=%s (is softsm running and listening there?)\n", sm)
+		case errors.Is(err, syscall.EINVAL):
+			fmt.Fprintf(t.errOut, "mckey: SOFTRDMA_SM=%s: %v (SOFTRDMA_SM is softsm's fabric address, host:port)\n", sm, err)
+		default:
+			fmt.Fprintf(t.errOut, "mckey: -b %s as a port of the InfiniBand subnet at SOFTRDMA_SM=%s: %v\n", t.cfg.src, sm, err)
+		}
+		return
+	}
+	if errors.Is(err, syscall.EADDRNOTAVAIL) {
+		fmt.Fprintf(t.errOut, "mckey: -b %s: no interface of this host has that address\n", t.cfg.src)
+	}
+}
+
+// joinHint explains a failed join or unmapped-address setup.
+func (t *mckey) joinHint(err error) {
+	if t.cfg.unmapped && errors.Is(err, errNotSupp) && os.Getenv("SOFTRDMA_SM") == "" {
+		fmt.Fprintf(t.errOut, "mckey: -M %s: an unmapped (AF_IB) group needs an InfiniBand port, and -b %s is on RoCE (SOFTRDMA_SM is unset)\n", t.cfg.dst, t.cfg.src)
+	}
+}
+
+// addrErrorHint explains an ADDR_ERROR event of rdma_resolve_addr: without
+// -b the RDMA CM takes the interface the kernel's route lookup picks for
+// the group, as rdma-core does.
+func (t *mckey) addrErrorHint(status int) {
+	if t.cfg.src != "" {
+		fmt.Fprintf(t.errOut, "mckey: resolving %s from -b %s failed: %s\n", t.cfg.dst, t.cfg.src, strerror(syscall.Errno(-status)))
+		return
+	}
+	fmt.Fprintf(t.errOut, "mckey: no -b: %s; name the local address with -b or the interface with --iface\n", routeOf(t.cfg.dst))
+}
+
+// routeOf describes what the kernel's route lookup picks for dst.
+func routeOf(dst string) string {
+	ip := net.ParseIP(dst)
+	if ip == nil {
+		return fmt.Sprintf("%s is not an IP address", dst)
+	}
+	routes, err := netlink.RouteGet(ip)
+	if err != nil || len(routes) == 0 {
+		return fmt.Sprintf("the route lookup for %s found no interface (%v)", dst, err)
+	}
+	r := routes[0]
+	name := fmt.Sprintf("ifindex %d", r.LinkIndex)
+	if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
+		name = l.Attrs().Name
+	}
+	return fmt.Sprintf("the route lookup for %s picked interface %s (source %v)", dst, name, r.Src)
+}
