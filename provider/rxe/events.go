@@ -1,11 +1,12 @@
 package rxe
 
 import (
+	"bytes"
 	"maps"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync"
-	"sync/atomic"
 
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/vishvananda/netlink"
@@ -54,13 +55,46 @@ type events struct {
 	live   bool          // the watcher receives link and address changes
 	exited chan struct{}
 
-	dispatching atomic.Bool // the watcher is inside a callback
+	// The dispatch in progress: dmu guards it, dcond signals its end.
+	dmu        sync.Mutex
+	dcond      *sync.Cond
+	dispatchBy uint64 // the goroutine running callbacks (0: none)
+}
+
+// goid returns the current goroutine's id (from its stack header): the
+// watcher must know whether a cancel comes from inside one of its own
+// callbacks, which it must not wait for.
+func goid() uint64 {
+	var buf [32]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b = bytes.TrimPrefix(b, []byte("goroutine "))
+	var id uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			break
+		}
+		id = id*10 + uint64(c-'0')
+	}
+	return id
+}
+
+// waitDispatch waits until no callback runs, unless the caller is the
+// goroutine running them (a callback cancelling or closing).
+func (e *events) waitDispatch() {
+	self := goid()
+	e.dmu.Lock()
+	defer e.dmu.Unlock()
+	for e.dispatchBy != 0 && e.dispatchBy != self {
+		e.dcond.Wait()
+	}
 }
 
 // Watch calls fn for every change of the device's interface (removal,
-// address added or removed) until cancel is called. Callbacks run on one
-// watcher goroutine, in order; the netlink subscription runs only while
-// subscribers exist. If netlink is unavailable no event is ever delivered.
+// address added or removed) until cancel is called; when cancel returns fn
+// is not running and is not called again (cancel from inside fn does not
+// wait for itself). Callbacks run on one watcher goroutine, in order; the
+// netlink subscription runs only while subscribers exist. If netlink is
+// unavailable no event is ever delivered.
 func (d *Device) Watch(fn func(NetEvent)) (cancel func()) {
 	e := &d.ev
 	e.mu.Lock()
@@ -86,6 +120,7 @@ func (d *Device) Watch(fn func(NetEvent)) (cancel func()) {
 			}
 			e.mu.Unlock()
 			stopWatcher(e, done, exited)
+			e.waitDispatch()
 		})
 	}
 }
@@ -99,16 +134,20 @@ func (d *Device) stopEvents() {
 	e.done, e.exited = nil, nil
 	e.mu.Unlock()
 	stopWatcher(e, done, exited)
+	e.waitDispatch()
 }
 
 // stopWatcher closes done and waits for the watcher to exit, unless the
-// caller may be the watcher itself (a callback cancelling or closing).
+// caller is the one running callbacks (a callback cancelling or closing).
 func stopWatcher(e *events, done, exited chan struct{}) {
 	if done == nil {
 		return
 	}
 	close(done)
-	if !e.dispatching.Load() {
+	e.dmu.Lock()
+	self := e.dispatchBy != 0 && e.dispatchBy == goid()
+	e.dmu.Unlock()
+	if !self {
 		<-exited
 	}
 }
@@ -191,9 +230,21 @@ func (d *Device) emit(done chan struct{}, ev NetEvent) {
 	for i, id := range ids {
 		fns[i] = e.subs[id]
 	}
+	// Marked as dispatching before e.mu is released: a cancel that
+	// removes its subscriber after the snapshot waits for this dispatch.
+	e.dmu.Lock()
+	if e.dcond == nil {
+		e.dcond = sync.NewCond(&e.dmu)
+	}
+	e.dispatchBy = goid()
+	e.dmu.Unlock()
 	e.mu.Unlock()
-	e.dispatching.Store(true)
-	defer e.dispatching.Store(false)
+	defer func() {
+		e.dmu.Lock()
+		e.dispatchBy = 0
+		e.dcond.Broadcast()
+		e.dmu.Unlock()
+	}()
 	for _, fn := range fns {
 		fn(ev)
 	}

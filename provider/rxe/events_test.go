@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -107,5 +108,50 @@ func TestNetEvents(t *testing.T) {
 	expect(NetdevRemoved, netip.Addr{})
 	if pa, _ := d.QueryPort(1); pa.State != verbs.PortDown {
 		t.Errorf("port of a removed interface %v", pa.State)
+	}
+}
+
+// TestCancelWaitsForCallback: cancel does not return while the callback
+// runs (on the watcher), and a callback that cancels itself does not
+// wait for itself.
+func TestCancelWaitsForCallback(t *testing.T) {
+	d := loDev(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var finished atomic.Bool
+	cancel := d.Watch(func(NetEvent) {
+		close(entered)
+		<-release
+		finished.Store(true)
+	})
+	d.ev.mu.Lock()
+	done := d.ev.done
+	d.ev.mu.Unlock()
+	go d.emit(done, NetEvent{Kind: AddrAdded})
+	<-entered
+	stopped := make(chan struct{})
+	go func() { cancel(); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("cancel returned while the callback runs")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	<-stopped
+	if !finished.Load() {
+		t.Fatal("cancel returned before the callback finished")
+	}
+
+	// A callback cancelling itself returns.
+	var self func()
+	returned := make(chan struct{})
+	self = d.Watch(func(NetEvent) { self(); close(returned) })
+	d.ev.mu.Lock()
+	done = d.ev.done
+	d.ev.mu.Unlock()
+	go d.emit(done, NetEvent{Kind: AddrAdded})
+	select {
+	case <-returned:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a callback cancelling itself hangs")
 	}
 }

@@ -204,3 +204,26 @@ func TestManyGroups(t *testing.T) {
 		t.Errorf("sockets %d memberships %d left", len(d.rsocks), len(d.mships))
 	}
 }
+
+// TestMembershipLimit: the RDMA CM's IP memberships are bounded by
+// max_mcast_grp like verbs groups, with ENOMEM.
+func TestMembershipLimit(t *testing.T) {
+	d := loDevOpts(t, Options{MaxMcastGrp: 2})
+	g1, g2, g3 := randGroup(), randGroup(), randGroup()
+	for _, g := range []netip.Addr{g1, g2} {
+		if err := d.IncGroup(g); err != nil {
+			t.Fatal(err)
+		}
+		defer d.DecGroup(g)
+	}
+	if err := d.IncGroup(g3); !isErrno(err, syscall.ENOMEM) {
+		t.Errorf("third membership: %v, want ENOMEM", err)
+		d.DecGroup(g3)
+	}
+	// Another reference on a group held is not a new membership.
+	if err := d.IncGroup(g1); err != nil {
+		t.Errorf("second reference: %v", err)
+	} else {
+		d.DecGroup(g1)
+	}
+}

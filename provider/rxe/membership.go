@@ -96,6 +96,11 @@ func (d *Device) membershipLocked(group netip.Addr) (*membership, error) {
 	if m := d.mships[group]; m != nil {
 		return m, nil
 	}
+	// Memberships are bounded like groups (max_mcast_grp): each holds a
+	// kernel membership, and every 20 a socket and a goroutine.
+	if len(d.mships) >= d.limits.MaxMcastGrp {
+		return nil, d.errf(syscall.ENOMEM, "join %v: %d IP memberships (max_mcast_grp)", group, len(d.mships))
+	}
 	m := &membership{addr: group}
 	if err := d.joinLocked(m); err != nil {
 		return nil, err
