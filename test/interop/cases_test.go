@@ -110,15 +110,15 @@ func TestGuestReceivesOurSender(t *testing.T) {
 				sameFrames(t, l.hostPort+" → "+g1.port, sent, waitRoCE(t, caps[g1.port], l.hostAddr, g, total))
 				noRoCE(t, caps[g2.port], g, g2.name+" is no member (snooping)")
 
-				if got := reported(caps[l.hostPort], l.hostAddr, g); got == sendOnly {
+				if got := reported(t, caps[l.hostPort], l.hostAddr, g); got == sendOnly {
 					t.Errorf("softrdma sender (send-only %v): IGMP report for %v on the wire = %v", sendOnly, g, got)
 				}
 				if sendOnly {
-					for _, e := range nettest.IGMPAbout(caps[l.hostPort].Snapshot(), l.hostAddr, g) {
+					for _, e := range nettest.IGMPAbout(caps[l.hostPort].Synced(t, wireTimeout), l.hostAddr, g) {
 						t.Errorf("send-only softrdma sender sent IGMP about %v: %v", g, e)
 					}
 				}
-				if !reported(caps[g1.port], g1.addr, g) {
+				if !reported(t, caps[g1.port], g1.addr, g) {
 					t.Errorf("no IGMP report for %v from the rdma-core receiver %v", g, g1)
 				}
 				note.set("rdma-core mckey received %d msgs (%d sizes 1..1024B, %d per size, %d senders); rcvd_pkts +%d; frames byte-valid, only on %s",
@@ -213,15 +213,15 @@ func TestOurReceiverFromGuest(t *testing.T) {
 			}
 			sameFrames(t, g1.port+" → "+l.hostPort, sent, waitRoCE(t, caps[l.hostPort], g1.addr, g, total))
 			noRoCE(t, caps[g2.port], g, g2.name+" is no member (snooping)")
-			if got := reported(caps[g1.port], g1.addr, g); got == sendOnly {
+			if got := reported(t, caps[g1.port], g1.addr, g); got == sendOnly {
 				t.Errorf("rdma-core sender (send-only %v): IGMP report for %v on the wire = %v", sendOnly, g, got)
 			}
 			if sendOnly {
-				for _, e := range nettest.IGMPAbout(caps[g1.port].Snapshot(), g1.addr, g) {
+				for _, e := range nettest.IGMPAbout(caps[g1.port].Synced(t, wireTimeout), g1.addr, g) {
 					t.Errorf("send-only rdma-core sender sent IGMP about %v: %v", g, e)
 				}
 			}
-			if !reported(caps[l.hostPort], l.hostAddr, g) {
+			if !reported(t, caps[l.hostPort], l.hostAddr, g) {
 				t.Errorf("no IGMP report for %v from the softrdma receiver", g)
 			}
 			note.set("softrdma mckey received %d msgs from 3 rdma-core senders (1, 100, 1024B); rxe frames: %s", total, strings.Join(descs, "; "))
@@ -325,7 +325,7 @@ func TestTwoGroupsTwoGuests(t *testing.T) {
 		{g2.port, g2.addr, []netip.Addr{G2, G3, G4}, []netip.Addr{G1}},
 		{l.hostPort, l.hostAddr, []netip.Addr{G4}, []netip.Addr{G1, G2, G3}},
 	} {
-		fs := nettest.NotFrom(caps[c.port].Snapshot(), c.src)
+		fs := nettest.NotFrom(caps[c.port].Synced(t, wireTimeout), c.src)
 		for _, g := range c.want {
 			if len(nettest.RoCEFrames(fs, netip.Addr{}, g)) == 0 {
 				t.Errorf("no frames of %v forwarded to %s (a member)", g, c.port)
@@ -521,7 +521,7 @@ func TestIGMP(t *testing.T) {
 		src, group netip.Addr
 	}{{"rdma-core (" + g2.name + ")", g2.addr, G2}, {"softrdma", l.hostAddr, G4}} {
 		for port, cp := range caps {
-			for _, e := range nettest.IGMPAbout(cp.Snapshot(), c.src, c.group) {
+			for _, e := range nettest.IGMPAbout(cp.Synced(t, wireTimeout), c.src, c.group) {
 				t.Errorf("send-only %s member sent IGMP about %v (seen on %s): %v", c.who, c.group, port, e)
 			}
 		}
@@ -588,10 +588,10 @@ func TestSnoopingFollowsMembership(t *testing.T) {
 	// g1's receiver has left G1: once the bridge forgot the membership,
 	// G1's frames go nowhere.
 	l.waitMDB(t, G1, g1.port, false, wireTimeout)
-	before := len(nettest.RoCEFrames(caps[g1.port].Snapshot(), l.hostAddr, G1))
+	before := len(nettest.RoCEFrames(caps[g1.port].Synced(t, wireTimeout), l.hostAddr, G1))
 	l.mckey(t, "-m", G1.String(), "-b", l.hostAddr.String(), "-s", "-o", "-C", "5", "-S", "200", "--join-pause", "100ms").ExpectExit(0, exitTimeout)
 	waitRoCE(t, caps[l.hostPort], l.hostAddr, G1, 15)
-	if after := len(nettest.RoCEFrames(caps[g1.port].Snapshot(), l.hostAddr, G1)); after != before {
+	if after := len(nettest.RoCEFrames(caps[g1.port].Synced(t, wireTimeout), l.hostAddr, G1)); after != before {
 		t.Errorf("%d frames of %v forwarded to %s after its member left", after-before, G1, g1.port)
 	}
 	note.set("G1 (rdma-core member) only to %s, none after the leave; G2 (softrdma member) only to %s; G3 (no member) nowhere", g1.port, l.hostPort)

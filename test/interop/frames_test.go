@@ -133,20 +133,21 @@ func waitRoCE(t *testing.T, c *nettest.Capture, src, group netip.Addr, count int
 			len(nettest.RoCEFrames(c.Snapshot(), src, group)))
 	}
 	time.Sleep(300 * time.Millisecond)
-	return nettest.RoCEFrames(c.Snapshot(), src, group)
+	return nettest.RoCEFrames(c.Synced(t, wireTimeout), src, group)
 }
 
 // noRoCE fails the test when capture c holds frames to group.
 func noRoCE(t *testing.T, c *nettest.Capture, group netip.Addr, why string) {
 	t.Helper()
-	if n := len(nettest.RoCEFrames(c.Snapshot(), netip.Addr{}, group)); n != 0 {
+	if n := len(nettest.RoCEFrames(c.Synced(t, wireTimeout), netip.Addr{}, group)); n != 0 {
 		t.Errorf("%d RoCEv2 frames to %v on %s: %s", n, group, c.Iface, why)
 	}
 }
 
 // reported reports whether src sent an IGMP membership report for group.
-func reported(c *nettest.Capture, src, group netip.Addr) bool {
-	for _, e := range nettest.IGMPAbout(c.Snapshot(), src, group) {
+func reported(t *testing.T, c *nettest.Capture, src, group netip.Addr) bool {
+	t.Helper()
+	for _, e := range nettest.IGMPAbout(c.Synced(t, wireTimeout), src, group) {
 		if e.Join() {
 			return true
 		}
