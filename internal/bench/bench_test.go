@@ -48,21 +48,7 @@ func TestQuick(t *testing.T) {
 		t.Fatalf("%v\n%s", err, table.String())
 	}
 	t.Log("\n" + table.String())
-	kinds := map[string]int{}
-	sc := bufio.NewScanner(&js)
-	for sc.Scan() {
-		var v struct {
-			Kind  string   `json:"kind"`
-			Ratio *float64 `json:"ratio"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
-			t.Fatalf("line %q: %v", sc.Text(), err)
-		}
-		if v.Kind != "target" && v.Ratio == nil {
-			t.Errorf("line without ratio: %s", sc.Text())
-		}
-		kinds[v.Kind]++
-	}
+	kinds := lineKinds(t, js.Bytes())
 	for _, k := range []string{"fanout", "icrc", "join", "groups", "qp", "allocs", "target"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %q line", k)
@@ -90,21 +76,7 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, table.String())
 	}
-	kinds := map[string]int{}
-	sc := bufio.NewScanner(&js)
-	for sc.Scan() {
-		var v struct {
-			Kind  string   `json:"kind"`
-			Ratio *float64 `json:"ratio"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
-			t.Fatalf("line %q: %v", sc.Text(), err)
-		}
-		if v.Kind != "target" && v.Ratio == nil {
-			t.Errorf("line without ratio: %s", sc.Text())
-		}
-		kinds[v.Kind]++
-	}
+	kinds := lineKinds(t, js.Bytes())
 	for _, k := range []string{"icrc", "join", "groups", "qp", "allocs"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %q line in:\n%s", k, js.String())
@@ -279,4 +251,26 @@ func BenchmarkJoinLeave(b *testing.B) {
 			}
 		})
 	}
+}
+
+// lineKinds counts the bench's JSON lines by kind; every line but a
+// target's must carry a ratio.
+func lineKinds(t *testing.T, js []byte) map[string]int {
+	t.Helper()
+	kinds := map[string]int{}
+	sc := bufio.NewScanner(bytes.NewReader(js))
+	for sc.Scan() {
+		var v struct {
+			Kind  string   `json:"kind"`
+			Ratio *float64 `json:"ratio"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		if v.Kind != "target" && v.Ratio == nil {
+			t.Errorf("line without ratio: %s", sc.Text())
+		}
+		kinds[v.Kind]++
+	}
+	return kinds
 }
