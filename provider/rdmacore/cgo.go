@@ -1,0 +1,6 @@
+//go:build rdmacore && cgo
+
+package rdmacore
+
+// #cgo LDFLAGS: -lrdmacm -libverbs
+import "C"
