@@ -31,6 +31,12 @@ func (cm *cmState) deviceForAddr(a netip.Addr) (*cmDevice, error) {
 	if err != nil {
 		return nil, err
 	}
+	return cm.deviceForPort(p)
+}
+
+// deviceForPort returns the CM device of a port, opening the device on
+// first use.
+func (cm *cmState) deviceForPort(p port) (*cmDevice, error) {
 	cm.devMu.Lock()
 	defer cm.devMu.Unlock()
 	vd := p.device()

@@ -91,6 +91,7 @@ type Event struct {
 	ch       *EventChannel
 	reported bool
 	acked    bool
+	kack     func() error // acks the librdmacm event of a kernel id
 }
 
 // EventChannel is an event channel (struct rdma_event_channel).
@@ -104,18 +105,33 @@ type EventChannel struct {
 	ids      int
 	private  bool // the private channel of a synchronous id
 	cm       *cmState
+	backend  Backend
+
+	// The librdmacm channel of the kernel ids (kernel.go), made on first
+	// use, its reader's exit, and the tokens of its ids and joins.
+	kc    kernelChannel
+	kdone chan struct{}
+	kids  map[uint64]*ID
+	kmcs  map[uint64]*mcJoin
+	ktok  uint64
 }
 
 // CreateEventChannel opens an event channel (rdma_create_event_channel).
 func CreateEventChannel() (_ *EventChannel, err error) {
 	defer wrapErr(&err, "rdma_create_event_channel", nil)
-	return newEventChannel(cmOf(verbs.DefaultHost())), nil
+	return newEventChannel(cmOf(verbs.DefaultHost()))
 }
 
-func newEventChannel(cm *cmState) *EventChannel {
-	ch := &EventChannel{ready: make(chan struct{}), cm: cm}
+// newEventChannel makes a channel of the CM state cm, with the backend
+// BackendEnv sets.
+func newEventChannel(cm *cmState) (*EventChannel, error) {
+	b, err := envBackend()
+	if err != nil {
+		return nil, err
+	}
+	ch := &EventChannel{ready: make(chan struct{}), cm: cm, backend: b}
 	ch.cond = sync.NewCond(&ch.mu)
-	return ch
+	return ch, nil
 }
 
 // Close closes the channel (rdma_destroy_event_channel). Every id on it
@@ -123,15 +139,20 @@ func newEventChannel(cm *cmState) *EventChannel {
 func (ch *EventChannel) Close() (err error) {
 	defer wrapErr(&err, "rdma_destroy_event_channel", nil)
 	ch.mu.Lock()
-	defer ch.mu.Unlock()
 	if ch.closed {
+		ch.mu.Unlock()
 		return syscall.EINVAL
 	}
 	if ch.ids > 0 {
+		ch.mu.Unlock()
 		return fmt.Errorf("%d ids left: %w", ch.ids, syscall.EBUSY)
 	}
 	ch.closed = true
 	close(ch.ready)
+	kc, done := ch.kc, ch.kdone
+	ch.mu.Unlock()
+	// Outside ch.mu: the reader takes it for an event it is delivering.
+	ch.closeKernel(kc, done)
 	return nil
 }
 
@@ -220,6 +241,11 @@ func (ch *EventChannel) Len() int {
 func (ch *EventChannel) enqueue(ev *Event) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
+	ch.enqueueLocked(ev)
+}
+
+// enqueueLocked appends an event (ch.mu is held).
+func (ch *EventChannel) enqueueLocked(ev *Event) {
 	ev.ch = ch
 	ch.queue = append(ch.queue, ev)
 	if len(ch.queue) == 1 {
@@ -228,12 +254,15 @@ func (ch *EventChannel) enqueue(ev *Event) {
 	}
 }
 
-// purge drops queued events that match.
+// purgeLocked drops queued events that match; the librdmacm event behind
+// a kernel id's event is acked (the kernel would have dropped it unread).
 func (ch *EventChannel) purgeLocked(match func(*Event) bool) {
 	q := ch.queue[:0]
 	for _, ev := range ch.queue {
 		if !match(ev) {
 			q = append(q, ev)
+		} else if ev.kack != nil {
+			ev.kack()
 		}
 	}
 	for i := len(q); i < len(ch.queue); i++ {
@@ -255,13 +284,26 @@ func (ev *Event) Ack() (err error) {
 	if ev.acked || !ev.reported {
 		return syscall.EINVAL
 	}
+	ev.ID.ackLocked(ev)
+	return nil
+}
+
+// ackLocked acks a retrieved event of the id (id.ch.mu is held): the
+// counts that leave and destroy wait on, and librdmacm's ack of a kernel
+// id's event.
+func (id *ID) ackLocked(ev *Event) {
+	if ev.acked {
+		return
+	}
 	ev.acked = true
-	ev.ID.eventsCompleted++
+	id.eventsCompleted++
 	if ev.mc != nil {
 		ev.mc.eventsCompleted++
 	}
-	ch.cond.Broadcast()
-	return nil
+	if ev.kack != nil {
+		ev.kack()
+	}
+	id.ch.cond.Broadcast()
 }
 
 // String describes the event like mckey's messages.

@@ -41,5 +41,5 @@ func cmOf(h *verbs.Host) *cmState {
 // host h (CreateEventChannel uses verbs.DefaultHost).
 func CreateEventChannelOn(h *verbs.Host) (_ *EventChannel, err error) {
 	defer wrapErr(&err, "rdma_create_event_channel", nil)
-	return newEventChannel(cmOf(h)), nil
+	return newEventChannel(cmOf(h))
 }

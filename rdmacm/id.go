@@ -50,15 +50,22 @@ type ID struct {
 	recvCQ   *verbs.CQ
 	mcs      []*mcJoin // oldest first; lookups go newest first, like librdmacm's list
 
+	// A kernel id (kernel.go): its librdmacm id, token and port.
+	k     kernelID
+	ktok  uint64
+	kport uint8
+
 	// guarded by ch.mu
 	eventsReported  int
 	eventsCompleted int
 	parked          *Event // the last event of a synchronous id
+	kdead           bool   // a kernel id being destroyed: its events are acked on arrival
 }
 
 // CreateID creates an id (rdma_create_id). A nil channel makes a
 // synchronous id: calls that produce an event wait for it and turn a
-// failure status into their error. ctx is returned by Context.
+// failure status into their error. ctx is returned by Context. On a
+// channel whose backend is BackendKernel the id is a librdmacm id at once.
 func CreateID(ch *EventChannel, ctx any, ps PortSpace) (_ *ID, err error) {
 	defer wrapErr(&err, "rdma_create_id", nil)
 	switch ps {
@@ -68,16 +75,34 @@ func CreateID(ch *EventChannel, ctx any, ps PortSpace) (_ *ID, err error) {
 	}
 	id := &ID{ch: ch, context: ctx, ps: ps, qpType: ps.qpType()}
 	if ch == nil {
-		ch, _ = CreateEventChannel()
+		if ch, err = CreateEventChannel(); err != nil {
+			return nil, err
+		}
 		ch.private = true
 		id.ch, id.sync = ch, true
 	}
 	ch.mu.Lock()
-	defer ch.mu.Unlock()
 	if ch.closed {
+		ch.mu.Unlock()
 		return nil, syscall.EBADF
 	}
 	ch.ids++
+	kern := ch.backend == BackendKernel
+	ch.mu.Unlock()
+	if kern {
+		id.mu.Lock()
+		_, err := id.toKernelLocked(nil)
+		id.mu.Unlock()
+		if err != nil {
+			ch.mu.Lock()
+			ch.ids--
+			ch.mu.Unlock()
+			if id.sync {
+				ch.Close()
+			}
+			return nil, err
+		}
+	}
 	return id, nil
 }
 
@@ -120,6 +145,9 @@ func (id *ID) PortNum() uint8 {
 	defer id.mu.Unlock()
 	if id.dev == nil {
 		return 0
+	}
+	if id.k != nil {
+		return id.kport
 	}
 	return 1
 }
@@ -221,15 +249,17 @@ func (id *ID) BindAddr(addr net.Addr) (err error) {
 	if err != nil {
 		return err
 	}
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if kern, err := id.toKernelLocked(&sa); err != nil {
+		return err
+	} else if kern {
+		return id.kernelBindLocked(&sa)
+	}
 	if !sa.isIP() {
 		return fmt.Errorf("AF_IB needs an InfiniBand device: %w", syscall.EINVAL)
 	}
-	id.mu.Lock()
-	defer id.mu.Unlock()
-	if err := id.bindLocked(sa); err != nil {
-		return err
-	}
-	return nil
+	return id.bindLocked(sa)
 }
 
 func (id *ID) bindLocked(sa sockaddr) error {
@@ -277,6 +307,9 @@ func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) 
 		if s, err = toSockaddr(src); err != nil {
 			return fmt.Errorf("src: %w", err)
 		}
+	}
+	if done, err := id.kernelResolve(src != nil, s, d, timeout); done {
+		return err
 	}
 	if !d.isIP() || (src != nil && !s.isIP()) {
 		return fmt.Errorf("AF_IB needs an InfiniBand device: %w", syscall.EINVAL)
@@ -393,8 +426,16 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) (err error) {
 	if pd.Context().Device() != id.dev.ctx.Device() {
 		return fmt.Errorf("pd of another device: %w", syscall.EINVAL)
 	}
-	qkey, err := id.defaultQKey()
-	if err != nil {
+	// INIT takes the P_Key index, port and Q_Key of the id: the kernel's
+	// (rdma_init_qp_attr) for a kernel id.
+	init := verbs.QPAttr{State: verbs.QPSInit, PortNum: 1}
+	initMask := verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey
+	if id.k != nil {
+		if init, initMask, err = id.k.initQPAttr(); err != nil {
+			return err
+		}
+		id.qkey = init.QKey
+	} else if init.QKey, err = id.defaultQKey(); err != nil {
 		return err
 	}
 	if id.qpType != verbs.QPTypeUD {
@@ -434,7 +475,7 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) (err error) {
 		attr verbs.QPAttr
 		mask verbs.QPAttrMask
 	}{
-		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: qkey}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
+		{init, initMask},
 		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
 		{verbs.QPAttr{State: verbs.QPSRTS, SQPSN: 0}, verbs.QPAttrState | verbs.QPAttrSQPSN},
 	}
@@ -525,10 +566,16 @@ func (id *ID) Destroy() (err error) {
 	destroyCQs(id.ownCQs)
 	id.ownCQs = nil
 	dev := id.dev
-	if id.src.isIP() {
+	if id.src.isIP() && id.k == nil {
 		id.ch.cm.releasePort(id.ps, id.src.port)
 	}
 	id.mu.Unlock()
+	if id.k != nil {
+		// librdmacm leaves the id's groups and waits for the acks.
+		if err := id.kernelDestroy(); err != nil && len(waits) == 0 {
+			waits = append(waits, func() error { return err })
+		}
+	}
 	// The SA Deletes of the id's IB joins were started together: Destroy
 	// returns when all were answered or timed out.
 	var leaveErr error
@@ -543,9 +590,8 @@ func (id *ID) Destroy() (err error) {
 	ch := id.ch
 	ch.mu.Lock()
 	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id })
-	if p := id.parked; p != nil && !p.acked {
-		p.acked = true
-		id.eventsCompleted++
+	if p := id.parked; p != nil {
+		id.ackLocked(p)
 	}
 	id.parked = nil
 	for id.eventsCompleted < id.eventsReported {

@@ -23,16 +23,21 @@ type mcJoin struct {
 	held     any         // what the port holds for the join (released by its leave)
 	netRef   bool        // the port holds a reference on the IP group membership (IGMP/MLD)
 	qkey     uint32      // the id's Q_Key when it joined
+	ktok     uint64      // the token of a kernel id's join
 
 	// guarded by id.ch.mu
 	eventsReported  int
 	eventsCompleted int
+	kleft           bool // left: a kernel join's events are acked on arrival
 }
 
 // JoinMulticast joins a multicast group as a full member
 // (rdma_join_multicast); ctx comes back in the event's PrivateData.
 func (id *ID) JoinMulticast(addr net.Addr, ctx any) (err error) {
 	defer wrapErr(&err, "rdma_join_multicast", addr)
+	if k := id.kernel(); k != nil {
+		return id.kernelJoin(k, false, JoinMCAttrEx{Addr: addr}, ctx)
+	}
 	if _, err := toSockaddr(addr); err != nil {
 		return err
 	}
@@ -48,6 +53,9 @@ func (id *ID) JoinMulticastEx(attr *JoinMCAttrEx, ctx any) (err error) {
 	defer wrapJoinErr(&err, "rdma_join_multicast_ex", attr)
 	if attr == nil {
 		return fmt.Errorf("nil attributes: %w", syscall.EINVAL)
+	}
+	if k := id.kernel(); k != nil {
+		return id.kernelJoin(k, true, *attr, ctx)
 	}
 	if attr.CompMask >= JoinMCAttrReserved {
 		return fmt.Errorf("comp_mask %#x: %w", attr.CompMask, syscall.EOPNOTSUPP)
@@ -95,6 +103,17 @@ func (id *ID) joinLocked(sa sockaddr, flags uint32, ctx any) error {
 // QP unless the join is send-only; a failed attach turns the event into
 // MULTICAST_ERROR with status -1.
 func (id *ID) processEvent(ev *Event) {
+	if id.k != nil && (ev.Event == EventAddrResolved || ev.Event == EventAddrChange) {
+		id.mu.Lock()
+		if ev.Event == EventAddrResolved && id.state != stateDestroying {
+			id.state = stateAddrResolved
+		}
+		if err := id.kernelRefreshLocked(); err != nil && ev.Status == 0 {
+			// The device is the kernel's but not in the device list.
+			ev.Event, ev.Status, ev.Err = EventAddrError, -int(verbs.ErrnoOf(err)), err
+		}
+		id.mu.Unlock()
+	}
 	if ev.mc == nil || ev.Event != EventMulticastJoin {
 		return
 	}
@@ -129,6 +148,9 @@ func (id *ID) LeaveMulticast(addr net.Addr) (err error) {
 	if err != nil {
 		return err
 	}
+	if k := id.kernel(); k != nil {
+		return id.kernelLeave(k, sa)
+	}
 	id.mu.Lock()
 	var mc *mcJoin
 	// Newest first, as librdmacm's list (joins are appended).
@@ -153,10 +175,8 @@ func (id *ID) LeaveMulticast(addr net.Addr) (err error) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	// A synchronous id's parked JOIN event would otherwise never be acked.
-	if p := id.parked; p != nil && p.mc == mc && !p.acked {
-		p.acked = true
-		id.eventsCompleted++
-		mc.eventsCompleted++
+	if p := id.parked; p != nil && p.mc == mc {
+		id.ackLocked(p)
 		id.parked = nil
 	}
 	for mc.eventsCompleted < mc.eventsReported {
@@ -180,6 +200,7 @@ func (id *ID) leaveLocked(mc *mcJoin) (wait func() error) {
 		wait = id.dev.port.leave(mc)
 	}
 	id.ch.mu.Lock()
+	mc.kleft = true
 	id.ch.purgeLocked(func(ev *Event) bool { return ev.mc == mc })
 	id.ch.mu.Unlock()
 	return wait

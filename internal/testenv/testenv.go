@@ -35,7 +35,7 @@ func Require(t testing.TB, format string, args ...any) {
 
 // Vars are the environment variables softrdma itself reads (a new one must
 // be added here): an inherited one changes what the tests exercise.
-var Vars = []string{"SOFTRDMA_SM", "SOFTRDMA_DEBUG_ADDR", "SOFTRDMA_LOG"}
+var Vars = []string{"SOFTRDMA_SM", "SOFTRDMA_DEBUG_ADDR", "SOFTRDMA_LOG", "SOFTRDMA_BACKEND"}
 
 // ChildEnv marks the environment of a child process a test prepared
 // (CleanEnv adds it): the child's ClearSoftRDMA keeps what its parent set.

@@ -1,0 +1,466 @@
+package rdmacm
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// This file is the CM's second stack: ids whose address a kernel RDMA
+// device owns (an RDMA NIC, the kernel's Soft-RoCE) are librdmacm ids, and
+// the kernel's CM does their work (bind, resolve, join, leave and their
+// checks and errnos); what librdmacm itself does on top (the attach of the
+// QP when a JOIN event is retrieved, the detach on leave, the waits for
+// acks) stays in this package and is shared with softrdma's ids. The
+// stack exists in builds with the rdmacore tag (kernel_rdmacore.go sets
+// kernel); without it every id is a softrdma id.
+
+// Backend chooses the RDMA stack of a channel's ids.
+type Backend uint8
+
+// Backends.
+const (
+	// BackendAuto gives an id bound to an address that a kernel RDMA
+	// device owns to the kernel's stack, and any other id to softrdma's
+	// devices (the default).
+	BackendAuto Backend = iota
+	// BackendSoft uses softrdma's devices only.
+	BackendSoft
+	// BackendKernel uses the kernel's RDMA stack only, from CreateID on:
+	// every call is librdmacm's. Builds without the rdmacore tag have no
+	// kernel stack: CreateID fails with ENODEV.
+	BackendKernel
+)
+
+// BackendEnv is the environment variable that sets the backend of new
+// event channels: "auto", "soft" or "kernel".
+const BackendEnv = "SOFTRDMA_BACKEND"
+
+var backendNames = [...]string{BackendAuto: "auto", BackendSoft: "soft", BackendKernel: "kernel"}
+
+// String returns "auto", "soft" or "kernel".
+func (b Backend) String() string {
+	if int(b) < len(backendNames) {
+		return backendNames[b]
+	}
+	return fmt.Sprintf("Backend(%d)", uint8(b))
+}
+
+// ParseBackend parses a backend name ("" is auto).
+func ParseBackend(s string) (Backend, error) {
+	if s == "" {
+		return BackendAuto, nil
+	}
+	for b, n := range backendNames {
+		if s == n {
+			return Backend(b), nil
+		}
+	}
+	return 0, fmt.Errorf("backend %q: want auto, soft or kernel: %w", s, syscall.EINVAL)
+}
+
+// KernelAvailable reports whether this build has the kernel's RDMA stack
+// (the rdmacore build tag with cgo). Whether the machine has a kernel
+// RDMA device is another matter: see verbs.DeviceList.
+func KernelAvailable() bool { return kernel != nil }
+
+// envBackend is the backend BackendEnv sets.
+func envBackend() (Backend, error) {
+	b, err := ParseBackend(os.Getenv(BackendEnv))
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", BackendEnv, err)
+	}
+	return b, nil
+}
+
+// SetBackend sets the backend of the ids created on the channel from now
+// on; it overrides BackendEnv.
+func (ch *EventChannel) SetBackend(b Backend) (err error) {
+	defer wrapErr(&err, "rdma_set_backend", nil)
+	if int(b) >= len(backendNames) {
+		return fmt.Errorf("backend %d: %w", b, syscall.EINVAL)
+	}
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.backend = b
+	return nil
+}
+
+// Backend returns the channel's backend.
+func (ch *EventChannel) Backend() Backend {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.backend
+}
+
+// kernelStack is librdmacm (kernel_rdmacore.go).
+type kernelStack interface {
+	// newChannel creates an event channel (rdma_create_event_channel).
+	newChannel() (kernelChannel, error)
+}
+
+// kernel is the kernel's stack, nil in builds without it.
+var kernel kernelStack
+
+// kernelChannel is a librdmacm event channel.
+type kernelChannel interface {
+	// createID creates an id whose events carry tok.
+	createID(tok uint64, ps PortSpace) (kernelID, error)
+	// ownerOf returns the name of the kernel device that owns a local
+	// address, or "".
+	ownerOf(a netip.Addr) string
+	// next waits for the next event; an error once the channel is closed.
+	next() (*kernelEvent, error)
+	// close ends next and destroys the channel.
+	close() error
+}
+
+// kernelID is a librdmacm id. Addresses are passed as given (nil: none),
+// so that librdmacm and the kernel make the checks.
+type kernelID interface {
+	bind(sa *sockaddr) error
+	resolveAddr(src, dst *sockaddr, timeout time.Duration) error
+	join(sa *sockaddr, tok uint64) error
+	joinEx(compMask, flags uint32, sa *sockaddr, tok uint64) error
+	leave(sa *sockaddr) error
+	// initQPAttr is rdma_init_qp_attr for the INIT state.
+	initQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error)
+	local() sockaddr
+	peer() sockaddr
+	// deviceName is the kernel device the id is bound to, or "".
+	deviceName() string
+	portNum() uint8
+	destroy() error
+}
+
+// kernelEvent is an event of a kernel channel.
+type kernelEvent struct {
+	typ          EventType
+	status       int
+	idTok, mcTok uint64
+	qpn, qkey    uint32
+	ah           verbs.AHAttr
+	ack          func() error
+}
+
+// kernelChannelLocked returns the channel's librdmacm channel, creating it
+// and its reader on first use (ch.mu is held).
+func (ch *EventChannel) kernelChannelLocked() (kernelChannel, error) {
+	if ch.kc != nil {
+		return ch.kc, nil
+	}
+	if kernel == nil {
+		return nil, fmt.Errorf("no kernel RDMA stack in this build (tag rdmacore): %w", syscall.ENODEV)
+	}
+	kc, err := kernel.newChannel()
+	if err != nil {
+		return nil, err
+	}
+	ch.kc, ch.kdone = kc, make(chan struct{})
+	ch.kids, ch.kmcs = map[uint64]*ID{}, map[uint64]*mcJoin{}
+	go ch.kernelReader(kc, ch.kdone)
+	return kc, nil
+}
+
+// kernelReader moves the events of the librdmacm channel into the
+// channel's queue. An event of an id being destroyed or of a join being
+// left is acked at once: it would have been dropped unread.
+func (ch *EventChannel) kernelReader(kc kernelChannel, done chan struct{}) {
+	defer close(done)
+	for {
+		kev, err := kc.next()
+		if err != nil {
+			return
+		}
+		ch.mu.Lock()
+		id := ch.kids[kev.idTok]
+		var mc *mcJoin
+		if kev.typ == EventMulticastJoin || kev.typ == EventMulticastError {
+			mc = ch.kmcs[kev.mcTok]
+		}
+		if ch.closed || id == nil || id.kdead || (mc == nil && kev.mcTok != 0) || (mc != nil && mc.kleft) {
+			ch.mu.Unlock()
+			kev.ack()
+			continue
+		}
+		ev := &Event{ID: id, Event: kev.typ, Status: kev.status, mc: mc, kack: kev.ack}
+		if mc != nil {
+			ev.Param = UDParam{PrivateData: mc.context, AHAttr: kev.ah, QPNum: kev.qpn, QKey: kev.qkey}
+		}
+		ch.enqueueLocked(ev)
+		ch.mu.Unlock()
+	}
+}
+
+// closeKernel ends the reader and destroys the librdmacm channel (every
+// id is destroyed, so no event is left to ack).
+func (ch *EventChannel) closeKernel(kc kernelChannel, done chan struct{}) {
+	if kc == nil {
+		return
+	}
+	kc.close()
+	<-done
+}
+
+// toKernelLocked decides whether the idle id goes to the kernel's stack
+// for local address a (nil: not known yet) and, if so, creates its
+// librdmacm id. It reports whether the id is a kernel id (id.mu is held).
+func (id *ID) toKernelLocked(a *sockaddr) (bool, error) {
+	if id.k != nil {
+		return true, nil
+	}
+	ch := id.ch
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	switch ch.backend {
+	case BackendSoft:
+		return false, nil
+	case BackendAuto:
+		if kernel == nil || id.state != stateIdle || a == nil || !a.isIP() || a.ip.IsUnspecified() {
+			return false, nil
+		}
+		kc, err := ch.kernelChannelLocked()
+		if err != nil || kc.ownerOf(a.ip.WithZone("")) == "" {
+			return false, nil // no kernel RDMA device, or not its address
+		}
+	}
+	kc, err := ch.kernelChannelLocked()
+	if err != nil {
+		return false, err
+	}
+	ch.ktok++
+	k, err := kc.createID(ch.ktok, id.ps)
+	if err != nil {
+		return false, err
+	}
+	id.k, id.ktok = k, ch.ktok
+	ch.kids[id.ktok] = id
+	return true, nil
+}
+
+// kernelBindLocked binds a kernel id (rdma_bind_addr) and takes the
+// address and device the kernel bound it to (id.mu is held).
+func (id *ID) kernelBindLocked(sa *sockaddr) error {
+	if err := id.k.bind(sa); err != nil {
+		return err
+	}
+	id.state = stateAddrBound
+	return id.kernelRefreshLocked()
+}
+
+// kernelRefreshLocked reads the addresses and device of a kernel id, after
+// a bind or a resolution (id.mu is held).
+func (id *ID) kernelRefreshLocked() error {
+	id.src, id.dst = id.k.local(), id.k.peer()
+	id.kport = id.k.portNum()
+	name := id.k.deviceName()
+	if name == "" || (id.dev != nil && id.dev.name() == name) {
+		return nil
+	}
+	vd := id.ch.cm.host.DeviceByName(name)
+	if vd == nil {
+		return fmt.Errorf("kernel device %s is not in the device list: %w", name, syscall.ENODEV)
+	}
+	cd, err := id.ch.cm.deviceForPort(kernelPort{vd})
+	if err != nil {
+		return err
+	}
+	if id.dev != nil {
+		id.dev.detach(id)
+	}
+	id.dev = cd
+	cd.attach(id)
+	return nil
+}
+
+// kernelPort is the port of a kernel device. The kernel's CM does the
+// port's work for kernel ids (GID lookup, joins, netdev events), so only
+// device is ever asked; the rest refuses.
+type kernelPort struct{ dev *verbs.Device }
+
+var errKernelPort = errors.New("the kernel's CM serves this device")
+
+func (p kernelPort) device() *verbs.Device { return p.dev }
+func (kernelPort) gidIndex(*verbs.Context, netip.Addr) (uint8, error) {
+	return 0, fmt.Errorf("%w: %w", errKernelPort, syscall.EINVAL)
+}
+func (kernelPort) ipoibQKey() (uint32, error) {
+	return 0, fmt.Errorf("%w: %w", errKernelPort, syscall.ENODEV)
+}
+func (kernelPort) join(*ID, *mcJoin) error {
+	return fmt.Errorf("%w: %w", errKernelPort, syscall.EINVAL)
+}
+func (kernelPort) leave(*mcJoin) func() error      { return nil }
+func (kernelPort) subscribe(func(netEvent)) func() { return nil }
+
+// kernelJoin is rdma_join_multicast(_ex) of a kernel id: the attributes go
+// to librdmacm as given. The join is recorded first, so that its event
+// finds it.
+func (id *ID) kernelJoin(k kernelID, ex bool, attr JoinMCAttrEx, ctx any) error {
+	var sa *sockaddr
+	if attr.Addr != nil {
+		s, err := toSockaddr(attr.Addr)
+		if err != nil {
+			return err
+		}
+		sa = &s
+	}
+	mc := &mcJoin{id: id, context: ctx, sendOnly: ex && attr.CompMask&JoinMCAttrJoinFlags != 0 && attr.JoinFlags == MCJoinFlagSendOnlyFullMember}
+	if sa != nil {
+		mc.addr = *sa
+	}
+	ch := id.ch
+	ch.mu.Lock()
+	ch.ktok++
+	mc.ktok = ch.ktok
+	ch.kmcs[mc.ktok] = mc
+	ch.mu.Unlock()
+	id.mu.Lock()
+	id.mcs = append(id.mcs, mc)
+	id.mu.Unlock()
+	var err error
+	if ex {
+		err = k.joinEx(attr.CompMask, attr.JoinFlags, sa, mc.ktok)
+	} else {
+		err = k.join(sa, mc.ktok)
+	}
+	flags := MCJoinFlagFullMember
+	if mc.sendOnly {
+		flags = MCJoinFlagSendOnlyFullMember
+	}
+	observeJoin(id, mc.addr, flags, err)
+	if err != nil {
+		id.mu.Lock()
+		if i := indexOf(id.mcs, mc); i >= 0 {
+			id.mcs = append(id.mcs[:i], id.mcs[i+1:]...)
+		}
+		id.mu.Unlock()
+		ch.mu.Lock()
+		delete(ch.kmcs, mc.ktok)
+		ch.mu.Unlock()
+		return err
+	}
+	return id.complete(nil)
+}
+
+func indexOf(mcs []*mcJoin, mc *mcJoin) int {
+	for i, m := range mcs {
+		if m == mc {
+			return i
+		}
+	}
+	return -1
+}
+
+// kernelLeave is rdma_leave_multicast of a kernel id: the QP is detached
+// here (librdmacm's id has no QP), the join's unread events are acked and
+// dropped, then librdmacm leaves and waits for the acks of the events
+// already retrieved. An address no join has is librdmacm's EADDRNOTAVAIL.
+func (id *ID) kernelLeave(k kernelID, sa sockaddr) error {
+	id.mu.Lock()
+	var mc *mcJoin
+	for i := len(id.mcs) - 1; i >= 0; i-- {
+		if id.mcs[i].addr == sa {
+			mc = id.mcs[i]
+			id.mcs = append(id.mcs[:i], id.mcs[i+1:]...)
+			break
+		}
+	}
+	if mc != nil {
+		id.leaveLocked(mc)
+	}
+	id.mu.Unlock()
+	if mc != nil {
+		id.ch.mu.Lock()
+		if p := id.parked; p != nil && p.mc == mc {
+			id.ackLocked(p)
+			id.parked = nil
+		}
+		id.ch.mu.Unlock()
+	}
+	err := k.leave(&sa)
+	if mc != nil {
+		id.ch.mu.Lock()
+		delete(id.ch.kmcs, mc.ktok)
+		id.ch.mu.Unlock()
+	}
+	return err
+}
+
+// kernelDestroy ends a kernel id after Destroy's common part: its unread
+// events are acked and dropped, later ones acked on arrival, and
+// librdmacm destroys the id, waiting for the acks of retrieved events.
+func (id *ID) kernelDestroy() error {
+	ch := id.ch
+	ch.mu.Lock()
+	id.kdead = true
+	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id })
+	if p := id.parked; p != nil {
+		id.ackLocked(p)
+		id.parked = nil
+	}
+	ch.mu.Unlock()
+	err := id.k.destroy()
+	ch.mu.Lock()
+	delete(ch.kids, id.ktok)
+	for tok, mc := range ch.kmcs {
+		if mc.id == id {
+			delete(ch.kmcs, tok)
+		}
+	}
+	ch.mu.Unlock()
+	return err
+}
+
+// kernel returns the id's librdmacm id, nil for a softrdma id.
+func (id *ID) kernel() kernelID {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.k
+}
+
+// kernelResolve is rdma_resolve_addr of a kernel id, or of an idle id
+// whose source (given, else the route's) a kernel device owns; done
+// reports whether the id is a kernel id.
+func (id *ID) kernelResolve(hasSrc bool, src, dst sockaddr, timeout time.Duration) (done bool, err error) {
+	id.mu.Lock()
+	var k kernelID
+	if id.k == nil && id.state == stateIdle && dst.isIP() {
+		a := src
+		if !hasSrc || src.ip.IsUnspecified() {
+			a = sockaddr{family: dst.family, ip: dst.ip}
+			if !dst.ip.IsLoopback() {
+				if a.ip, err = routeSource(dst.ip.WithZone("")); err != nil {
+					a = sockaddr{} // the softrdma path reports the failed lookup
+				}
+			}
+		}
+		if _, err := id.toKernelLocked(&a); err != nil {
+			id.mu.Unlock()
+			return true, err
+		}
+	}
+	k = id.k
+	id.mu.Unlock()
+	if k == nil {
+		return false, nil
+	}
+	var s *sockaddr
+	if hasSrc {
+		s = &src
+	}
+	if err := k.resolveAddr(s, &dst, timeout); err != nil {
+		return true, err
+	}
+	id.mu.Lock()
+	if id.state == stateIdle || id.state == stateAddrBound {
+		id.state = stateAddrQuery
+	}
+	id.mu.Unlock()
+	return true, id.complete(nil)
+}
