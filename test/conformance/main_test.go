@@ -1,0 +1,54 @@
+package conformance
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/verbs"
+	"go.uber.org/goleak"
+)
+
+// nsTag starts the names of this package's namespaces.
+const nsTag = "srconf"
+
+var nsPrefix = nettest.Prefix(nsTag)
+
+func TestMain(m *testing.M) { os.Exit(testMain(m)) }
+
+func testMain(m *testing.M) int {
+	testenv.ClearSoftRDMA()
+	nettest.SweepStale(nsTag)
+	code := m.Run()
+	verbs.DefaultHost().Close()
+	nettest.RemoveOwn(nsPrefix)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "conformance: leaked goroutines:", err)
+			code = 1
+		}
+	}
+	return code
+}
+
+// routelessNetns returns a network namespace with only lo up (no route
+// to anything but loopback), or why there is none.
+func routelessNetns() (name, why string) {
+	if os.Geteuid() != 0 {
+		return "", "needs root for a network namespace without routes"
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return "", "no iproute2: " + err.Error()
+	}
+	name = nsPrefix + "noroute"
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		return "", fmt.Sprintf("ip netns add: %v: %s", err, out)
+	}
+	if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		return "", fmt.Sprintf("ip link set lo up: %v: %s", err, out)
+	}
+	return name, ""
+}

@@ -1,0 +1,354 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// config is what the environment chose (see the package doc).
+type config struct {
+	backend rdmacm.Backend
+	addr    netip.Addr
+	unreach netip.Addr
+	// inNet runs a call where unreach has no route (nil: here).
+	inNet func(func() error) error
+	// noUnreach says why there is no unreachable address.
+	noUnreach string
+}
+
+func loadConfig(t *testing.T) config {
+	t.Helper()
+	c := config{backend: rdmacm.BackendSoft, addr: netip.MustParseAddr("127.0.0.1")}
+	if s := os.Getenv("SOFTRDMA_CONFORMANCE_BACKEND"); s != "" {
+		b, err := rdmacm.ParseBackend(s)
+		if err != nil || b == rdmacm.BackendAuto {
+			t.Fatalf("SOFTRDMA_CONFORMANCE_BACKEND=%q: want soft or kernel", s)
+		}
+		c.backend = b
+	}
+	if c.backend == rdmacm.BackendKernel && !rdmacm.KernelAvailable() {
+		t.Fatal("SOFTRDMA_CONFORMANCE_BACKEND=kernel needs a build with -tags rdmacore")
+	}
+	for _, v := range []struct {
+		env string
+		dst *netip.Addr
+	}{{"SOFTRDMA_CONFORMANCE_ADDR", &c.addr}, {"SOFTRDMA_CONFORMANCE_UNREACH", &c.unreach}} {
+		if s := os.Getenv(v.env); s != "" {
+			a, err := netip.ParseAddr(s)
+			if err != nil {
+				t.Fatalf("%s: %v", v.env, err)
+			}
+			*v.dst = a
+		}
+	}
+	if !c.unreach.IsValid() && c.backend == rdmacm.BackendSoft {
+		// On the host: a namespace without routes, where 192.0.2.1
+		// (TEST-NET-1) is unreachable.
+		ns, why := routelessNetns()
+		if ns == "" {
+			c.noUnreach = why
+		} else {
+			c.unreach = netip.MustParseAddr("192.0.2.1")
+			c.inNet = func(fn func() error) error { return nettest.InNetns(ns, fn) }
+		}
+	}
+	return c
+}
+
+// suite is one run of the cases on one backend.
+type suite struct {
+	config
+	groups sync.Map // group addresses handed out, to keep them distinct
+}
+
+// want is a case's expected outcome per backend; kernel "" means the same
+// as soft. A difference is listed in README's differences section.
+type want struct{ soft, kernel string }
+
+func (w want) of(b rdmacm.Backend) string {
+	if b == rdmacm.BackendKernel && w.kernel != "" {
+		return w.kernel
+	}
+	return w.soft
+}
+
+// same is a want that both backends share.
+func same(s string) want { return want{soft: s} }
+
+// run runs one case and prints its line.
+func (s *suite) run(t *testing.T, name string, fn func(t *testing.T) string) {
+	t.Run(name, func(t *testing.T) {
+		var seen string
+		t.Cleanup(func() {
+			res := "PASS"
+			switch {
+			case t.Skipped():
+				res = "SKIP"
+			case t.Failed():
+				res = "FAIL"
+			}
+			fmt.Printf("CONFORMANCE %-6s %-34s %s %s\n", s.backend, name, res, seen)
+		})
+		seen = fn(t)
+	})
+}
+
+// expect checks an outcome against the backend's and returns it.
+func (s *suite) expect(t *testing.T, what, got string, w want) string {
+	t.Helper()
+	if exp := w.of(s.backend); got != exp {
+		t.Errorf("%s: got %s, want %s (documented for %s)", what, got, exp, s.backend)
+	}
+	return what + "=" + got
+}
+
+// outcome names what a call did: OK, an errno name, or an unknown error.
+func outcome(err error) string {
+	if err == nil {
+		return "OK"
+	}
+	var e syscall.Errno
+	if !errors.As(err, &e) {
+		return "error(" + err.Error() + ")"
+	}
+	if n, ok := errnoNames[e]; ok {
+		return n
+	}
+	return fmt.Sprintf("errno%d", int(e))
+}
+
+var errnoNames = map[syscall.Errno]string{
+	syscall.EINVAL: "EINVAL", syscall.EOPNOTSUPP: "EOPNOTSUPP", syscall.EADDRNOTAVAIL: "EADDRNOTAVAIL",
+	syscall.ENODEV: "ENODEV", syscall.ENOMEM: "ENOMEM", syscall.ENETUNREACH: "ENETUNREACH",
+	syscall.ETIMEDOUT: "ETIMEDOUT", syscall.EAGAIN: "EAGAIN", syscall.EBUSY: "EBUSY",
+	syscall.EADDRINUSE: "EADDRINUSE", syscall.ENOSYS: "ENOSYS", syscall.EPERM: "EPERM",
+	syscall.EHOSTUNREACH: "EHOSTUNREACH", syscall.ENOENT: "ENOENT", rdmacm.ENOTSUPP: "ENOTSUPP(524)",
+	syscall.EAFNOSUPPORT: "EAFNOSUPPORT", syscall.EPROTONOSUPPORT: "EPROTONOSUPPORT",
+}
+
+// group returns a multicast group no other case of the run uses.
+func (s *suite) group(t *testing.T) netip.Addr {
+	t.Helper()
+	for {
+		g := netip.AddrFrom4([4]byte{239, byte(1 + rand.IntN(250)), byte(rand.IntN(256)), byte(1 + rand.IntN(250))})
+		if _, dup := s.groups.LoadOrStore(g, true); !dup {
+			return g
+		}
+	}
+}
+
+// channel returns an event channel of the backend, closed at the end.
+func (s *suite) channel(t *testing.T) *rdmacm.EventChannel {
+	t.Helper()
+	ch, err := rdmacm.CreateEventChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.SetBackend(s.backend); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ch.Close(); err != nil {
+			t.Errorf("close channel: %v", err)
+		}
+	})
+	return ch
+}
+
+// id creates an id on ch, destroyed at the end (unless the case did).
+func (s *suite) id(t *testing.T, ch *rdmacm.EventChannel, ps rdmacm.PortSpace) *rdmacm.ID {
+	t.Helper()
+	id, err := rdmacm.CreateID(ch, nil, ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroy(t, id) })
+	return id
+}
+
+// destroyed records ids a case destroyed itself.
+var destroyed sync.Map
+
+func destroy(t *testing.T, id *rdmacm.ID) {
+	if _, done := destroyed.LoadOrStore(id, true); done {
+		return
+	}
+	if qp := id.QP(); qp != nil {
+		id.DestroyQP()
+	}
+	if err := id.Destroy(); err != nil {
+		t.Errorf("destroy id: %v", err)
+	}
+}
+
+// bound returns a UD id bound to the configured address.
+func (s *suite) bound(t *testing.T, ch *rdmacm.EventChannel) *rdmacm.ID {
+	t.Helper()
+	id := s.id(t, ch, rdmacm.PS_UDP)
+	if err := id.BindAddr(rdmacm.UDPAddr(s.addr)); err != nil {
+		t.Fatalf("bind %v: %v", s.addr, err)
+	}
+	return id
+}
+
+// event waits for the next event of ch.
+func event(t *testing.T, ch *rdmacm.EventChannel) *rdmacm.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ev, err := ch.GetEvent(ctx)
+	if err != nil {
+		t.Fatalf("get event: %v", err)
+	}
+	return ev
+}
+
+// joinEx joins g with the extended call.
+func joinEx(id *rdmacm.ID, g netip.Addr, flags uint32, ctx any) error {
+	return id.JoinMulticastEx(&rdmacm.JoinMCAttrEx{
+		CompMask: rdmacm.JoinMCAttrAddress | rdmacm.JoinMCAttrJoinFlags, JoinFlags: flags, Addr: rdmacm.UDPAddr(g),
+	}, ctx)
+}
+
+// joined joins g and returns the acked JOIN event's parameters.
+func joined(t *testing.T, ch *rdmacm.EventChannel, id *rdmacm.ID, g netip.Addr, flags uint32) rdmacm.UDParam {
+	t.Helper()
+	if err := joinEx(id, g, flags, g); err != nil {
+		t.Fatalf("join %v: %v", g, err)
+	}
+	ev := event(t, ch)
+	defer ev.Ack()
+	if ev.Event != rdmacm.EventMulticastJoin || ev.ID != id {
+		t.Fatalf("join %v: event %v (status %d, err %v), want MULTICAST_JOIN of the id", g, ev.Event, ev.Status, ev.Err)
+	}
+	return ev.Param
+}
+
+// ep is a UD endpoint for data: the id's QP, a receive buffer ring and a
+// send buffer.
+type ep struct {
+	id       *rdmacm.ID
+	rmr, smr *verbs.MR
+	rbuf     []byte
+	slot     int
+}
+
+const slot = verbs.GRHLen + 256
+
+// endpoint creates the id's QP and posts n receives.
+func endpoint(t *testing.T, id *rdmacm.ID, n int, flags verbs.CreateFlags) *ep {
+	t.Helper()
+	if err := id.CreateQP(nil, &verbs.QPInitAttr{Cap: verbs.QPCap{MaxSendWR: n, MaxRecvWR: n, MaxSendSGE: 1, MaxRecvSGE: 1}, CreateFlags: flags}); err != nil {
+		t.Fatalf("create qp: %v", err)
+	}
+	e := &ep{id: id, rbuf: make([]byte, n*slot), slot: slot}
+	var err error
+	if e.rmr, err = id.RegMsgs(e.rbuf); err != nil {
+		t.Fatal(err)
+	}
+	if e.smr, err = id.RegMsgs(make([]byte, 256)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		destroy(t, id) // the QP goes before its MRs
+		e.rmr.Dereg()
+		e.smr.Dereg()
+	})
+	for i := range n {
+		if err := id.PostRecv(uint64(i), e.rmr, i*slot, slot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return e
+}
+
+// send sends n messages "<tag> i" to the group of p through a new AH.
+func (e *ep) send(t *testing.T, p rdmacm.UDParam, tag string, n int) {
+	t.Helper()
+	ah, err := e.id.PD().CreateAH(&p.AHAttr)
+	if err != nil {
+		t.Fatalf("create ah: %v", err)
+	}
+	defer ah.Destroy()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range n {
+		msg := fmt.Appendf(nil, "%s %d", tag, i)
+		copy(e.smr.Buf(), msg)
+		if err := e.id.PostUDSend(uint64(i), e.smr, 0, len(msg), verbs.SendSignaled, ah, p.QPNum); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+		wc, err := e.id.GetSendComp(ctx)
+		if err != nil || wc.Status != verbs.WCSuccess {
+			t.Fatalf("send completion: %v %v", wc.Status, err)
+		}
+	}
+}
+
+// recv waits for n messages and returns their payloads.
+func (e *ep) recv(t *testing.T, n int) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var got []string
+	for range n {
+		wc, err := e.id.GetRecvComp(ctx)
+		if err != nil {
+			t.Fatalf("receive %d of %d: %v (got %q)", len(got)+1, n, err, got)
+		}
+		if wc.Status != verbs.WCSuccess {
+			t.Fatalf("receive: %v", wc.Status)
+		}
+		off := int(wc.WRID) * e.slot
+		got = append(got, string(e.rbuf[off+verbs.GRHLen:off+int(wc.ByteLen)]))
+		e.id.PostRecv(wc.WRID, e.rmr, off, e.slot)
+	}
+	return got
+}
+
+// pending returns the completions queued on the id's receive CQ now.
+func (e *ep) pending() int { return e.id.RecvCQ().Len() }
+
+func messages(tag string, n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "%s %d;", tag, i)
+	}
+	return b.String()
+}
+
+func joinStrings(ss []string) string { return strings.Join(ss, ";") + ";" }
+
+// TestConformance runs every case on the configured backend.
+func TestConformance(t *testing.T) {
+	s := &suite{config: loadConfig(t)}
+	t.Logf("backend %s, address %v", s.backend, s.addr)
+	s.run(t, "join-validation", s.joinValidation)
+	s.run(t, "join-event", s.joinEvent)
+	s.run(t, "full-member-receives", s.fullMemberReceives)
+	s.run(t, "send-only-never-receives", s.sendOnly)
+	s.run(t, "manual-attach-without-qp", s.manualAttach)
+	s.run(t, "several-ids-one-group", s.severalIDs)
+	s.run(t, "leave-rules", s.leaveRules)
+	s.run(t, "destroy-with-joins", s.destroyWithJoins)
+	s.run(t, "resolve-unreachable", s.resolveUnreachable)
+	s.run(t, "ipv6-group-on-ipv4-id", s.ipv6Group)
+	s.run(t, "block-self-mcast-lb", s.blockSelfLB)
+	s.run(t, "join-leave-race", s.joinLeaveRace)
+}
+
+var _ net.Addr = (*rdmacm.IBAddr)(nil)
