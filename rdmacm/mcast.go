@@ -101,7 +101,8 @@ func (id *ID) joinLocked(sa sockaddr, flags uint32, ctx any) error {
 // processEvent runs librdmacm's event post-processing when an event is
 // retrieved: a MULTICAST_JOIN records the MGID/MLID and attaches the id's
 // QP unless the join is send-only; a failed attach turns the event into
-// MULTICAST_ERROR with status -1.
+// MULTICAST_ERROR with status -1, keeping its UD parameters (ah_attr,
+// qp_num, qkey), as librdmacm does.
 func (id *ID) processEvent(ev *Event) {
 	if id.k != nil && (ev.Event == EventAddrResolved || ev.Event == EventAddrChange) {
 		id.mu.Lock()
@@ -127,10 +128,11 @@ func (id *ID) processEvent(ev *Event) {
 	}
 	if err := id.qp.AttachMcast(mc.mgid, mc.mlid); err != nil {
 		observeAttachError(id, mc, err)
+		// librdmacm's ucma_process_join: the event becomes
+		// MULTICAST_ERROR with status -1; its UD parameters stay.
 		ev.Event = EventMulticastError
 		ev.Status = -1
 		ev.Err = err
-		ev.Param = UDParam{PrivateData: mc.context}
 	}
 }
 

@@ -263,7 +263,8 @@ func TestAttachOnRetrieval(t *testing.T) {
 }
 
 // TestAttachFailureBecomesError: a failed attach turns the JOIN event into
-// MULTICAST_ERROR with status -1; the join can still be left.
+// MULTICAST_ERROR with status -1 and its UD parameters; the join can still
+// be left.
 func TestAttachFailureBecomesError(t *testing.T) {
 	_, id := newID(t, PS_UDP)
 	withQP(t, id, 1, 64, 0)
@@ -280,6 +281,10 @@ func TestAttachFailureBecomesError(t *testing.T) {
 	}
 	if ev.Event != EventMulticastError || ev.Status != -1 || !errors.Is(ev.Err, syscall.EINVAL) || ev.Param.PrivateData != "c" {
 		t.Errorf("got %v status %d err %v ctx %v", ev.Event, ev.Status, ev.Err, ev.Param.PrivateData)
+	}
+	// librdmacm keeps the UD parameters of the failed JOIN event.
+	if p := ev.Param; p.QPNum != MulticastQPN || p.QKey != UDPQKey || p.AHAttr.GRH.DGID != verbs.GID(netip.MustParseAddr("::ffff:10.200.1.2").As16()) {
+		t.Errorf("UD params of the MULTICAST_ERROR: qpn %#x qkey %#x dgid %v, want the JOIN's", p.QPNum, p.QKey, p.AHAttr.GRH.DGID)
 	}
 	ev.Ack()
 	if err := id.LeaveMulticast(g); err != nil {

@@ -402,3 +402,22 @@ func (s *suite) joinLeaveRace(t *testing.T) string {
 	}
 	return s.expect(t, "workers-clean", fmt.Sprint(n), same(fmt.Sprint(workers)))
 }
+
+// attachFailure: a unicast "group" is joined, but attaching the QP to its
+// MGID fails when the event is retrieved: MULTICAST_ERROR with status -1,
+// the UD parameters kept, and the join can be left.
+func (s *suite) attachFailure(t *testing.T) string {
+	ch := s.channel(t)
+	g := netip.MustParseAddr("10.200.1.2")
+	e := endpoint(t, s.bound(t, ch), 1, 0)
+	err := joinEx(e.id, g, rdmacm.MCJoinFlagFullMember, "c")
+	got := "call=" + outcome(err)
+	if err == nil {
+		ev := event(t, ch)
+		p := ev.Param
+		got += fmt.Sprintf(" event=%v status=%d ctx=%v qpn=%#x qkey=%#x dgid=%v", ev.Event, ev.Status, p.PrivateData, p.QPNum, p.QKey, p.AHAttr.GRH.DGID)
+		ev.Ack()
+		got += " leave=" + outcome(e.id.LeaveMulticast(rdmacm.UDPAddr(g)))
+	}
+	return s.expect(t, "join", got, same("call=OK event=RDMA_CM_EVENT_MULTICAST_ERROR status=-1 ctx=c qpn=0xffffff qkey=0x1234567 dgid=::ffff:10.200.1.2 leave=OK"))
+}

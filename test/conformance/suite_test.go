@@ -348,6 +348,7 @@ func TestConformance(t *testing.T) {
 	s.run(t, "resolve-unreachable", s.resolveUnreachable)
 	s.run(t, "ipv6-group-on-ipv4-id", s.ipv6Group)
 	s.run(t, "block-self-mcast-lb", s.blockSelfLB)
+	s.run(t, "attach-failure", s.attachFailure)
 	s.run(t, "join-leave-race", s.joinLeaveRace)
 }
 
