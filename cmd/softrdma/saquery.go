@@ -104,7 +104,7 @@ func queryGroups(addr string, timeout time.Duration) ([]saGroup, error) {
 }
 
 // getTable sends SubnAdmGetTable(MCMemberRecord) to the raw SA port and
-// reassembles the RMPP answer.
+// reassembles the RMPP answer, acknowledging its segments.
 func getTable(addr string, smKey uint64, timeout time.Duration) ([]saGroup, error) {
 	ua, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
@@ -145,6 +145,13 @@ func getTable(addr string, smKey uint64, timeout time.Duration) ([]saGroup, erro
 		}
 		if err != nil {
 			return nil, err
+		}
+		// The SA's RMPP sender moves on only with our ACKs, which go out
+		// as the kernel's RMPP receiver sends them.
+		if a := r.Ack(); a != nil {
+			if _, err := conn.Write(a); err != nil {
+				return nil, err
+			}
 		}
 		if done {
 			return groupsOf(data), nil

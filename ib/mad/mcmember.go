@@ -15,6 +15,11 @@ const (
 	MCMemberRecordStride = 56
 	// MCMemberRecordWords is the AttributeOffset of an MCMemberRecord.
 	MCMemberRecordWords = MCMemberRecordStride / 8
+	// MCMemberRecordEchoOffset is the offset of the byte holding ProxyJoin
+	// and 7 reserved bits; it, the 2 reserved bytes and the 4 bytes of
+	// padding up to MCMemberRecordStride are what an SA answering with a
+	// copy of the request (OpenSM) echoes untouched.
+	MCMemberRecordEchoOffset = mcrProxy
 )
 
 // MCMemberRecord component mask bits (IBA 15.2.5.17; IB_SA_MCMEMBER_REC_*).

@@ -166,6 +166,17 @@ func (e *Engine) BroadcastGroup() (GroupRecord, bool) {
 	return *e.bcast, true
 }
 
+// GetTable sends SubnAdmGetTable(MCMemberRecord) with the record req and
+// component mask and returns the records of the answer (none for an empty
+// table), reassembled from its RMPP segments, whose receipt it
+// acknowledges to the SA as the kernel's RMPP receiver does. It waits for
+// the SA: Config.Timeout per try, Config.Retries resends. A non-zero SA
+// status other than ERR_NO_RECORDS gives an error wrapping EINVAL; a
+// silent SA ETIMEDOUT; a closed engine ENODEV.
+func (e *Engine) GetTable(req GroupRecord, mask uint64) ([]GroupRecord, error) {
+	return e.sa.getTable(&req, mask)
+}
+
 // Refresh reads the SA's ClassPortInfo and joins the IPoIB broadcast
 // group, as the port's activation (and a client reregister) does. It
 // waits for the SA.

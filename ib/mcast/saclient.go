@@ -1,6 +1,7 @@
 package mcast
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -16,7 +17,11 @@ import (
 // each timeout; an answer is taken only when it comes from the SA (source
 // LID = the port's SM LID, source QP 1) and carries the TID, the response
 // method and the attribute of a pending request. Anything else is counted
-// as stray and dropped.
+// as stray and dropped. An RMPP-active answer (a GetTableResp) is
+// reassembled, and its segments acknowledged to the SA as the kernel's RMPP
+// receiver (mad_rmpp.c) does; a completed transfer is kept for
+// rmppLinger so that segments resent after a lost final ACK are
+// acknowledged again.
 type saClient struct {
 	port    Port
 	timeout time.Duration
@@ -27,6 +32,7 @@ type saClient struct {
 
 	mu      sync.Mutex
 	pending map[uint64]*pending
+	recent  map[uint64]*finished // completed RMPP transfers, by TID
 	closed  bool
 
 	answers, stray atomic.Uint64
@@ -37,14 +43,33 @@ type pending struct {
 	method uint8  // the response method expected
 	attr   uint16 // the attribute of the request
 	smLID  uint16 // the SA's LID when the request was sent
-	ch     chan []byte
+	ch     chan answer
+	re     *mad.Reassembler // RMPP reassembly (GetTable), else nil
 }
+
+// answer is what a pending request gets: the answer MAD (the first
+// segment of an RMPP answer) and, for an RMPP answer, the record data.
+type answer struct {
+	m    []byte
+	data []byte
+}
+
+// finished is a completed RMPP transfer, kept to acknowledge again.
+type finished struct {
+	re    *mad.Reassembler
+	smLID uint16
+	at    time.Time
+}
+
+// rmppLinger is how long a completed RMPP transfer is remembered (the
+// kernel's cleanup delay, 10 s).
+const rmppLinger = 10 * time.Second
 
 func newSAClient(p Port, timeout time.Duration, retries int) *saClient {
 	return &saClient{
 		port: p, timeout: timeout, retries: retries,
 		tidBase: rand.Uint64() &^ 0xffffffff,
-		done:    make(chan struct{}), pending: map[uint64]*pending{},
+		done:    make(chan struct{}), pending: map[uint64]*pending{}, recent: map[uint64]*finished{},
 	}
 }
 
@@ -65,7 +90,7 @@ func (c *saClient) transact(method uint8, req *GroupRecord, mask uint64) (*Group
 	if err != nil {
 		return nil, -int(verbs.ErrnoOf(err))
 	}
-	rec, status, err := decodeMCMemberMAD(resp)
+	rec, status, err := decodeMCMemberMAD(resp.m)
 	if err != nil || status != 0 {
 		return nil, -int(syscall.EINVAL)
 	}
@@ -79,19 +104,53 @@ func (c *saClient) classPortInfo() (sendOnly bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	return decodeClassPortInfoSendOnly(resp)
+	return decodeClassPortInfoSendOnly(resp.m)
+}
+
+// getTable sends SubnAdmGetTable(MCMemberRecord) and returns the records
+// of the (RMPP) answer.
+func (c *saClient) getTable(req *GroupRecord, mask uint64) ([]GroupRecord, error) {
+	tid := c.newTID()
+	resp, err := c.roundTrip(tid, mad.AttrMCMemberRecord, encodeMCMemberMAD(mad.MethodGetTable, tid, req, mask))
+	if err != nil {
+		return nil, err
+	}
+	m := mad.MAD(resp.m)
+	if st := m.Status(); st != mad.StatusOK {
+		if st == mad.StatusNoRecords {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("mcast: SA GetTable status %#04x: %w", st, syscall.EINVAL)
+	}
+	data := resp.data
+	if data == nil {
+		data = m.SAData() // a plain (not RMPP) answer
+	}
+	if m.AttrOffset() == 0 {
+		return nil, nil
+	}
+	stride := int(m.AttrOffset()) * 8
+	if stride < mad.MCMemberRecordLen {
+		return nil, errBadMAD
+	}
+	var out []GroupRecord
+	for off := 0; off+mad.MCMemberRecordLen <= len(data); off += stride {
+		out = append(out, mad.MCMemberRecord(data[off:off+mad.MCMemberRecordLen]).Fields())
+	}
+	return out, nil
 }
 
 func (c *saClient) newTID() uint64 { return c.tidBase | uint64(c.tidSeq.Add(1)) }
 
 // roundTrip sends a request and waits for the answer with the same TID,
 // resending after each timeout up to retries times.
-func (c *saClient) roundTrip(tid uint64, attr uint16, req []byte) ([]byte, error) {
-	p := &pending{method: responseMethod(mad.MAD(req).Method()), attr: attr, smLID: c.port.SMLID(), ch: make(chan []byte, 1)}
+func (c *saClient) roundTrip(tid uint64, attr uint16, req []byte) (answer, error) {
+	rmpp := mad.MAD(req).Method() == mad.MethodGetTable
+	p := &pending{method: responseMethod(mad.MAD(req).Method()), attr: attr, smLID: c.port.SMLID(), ch: make(chan answer, 1)}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, syscall.ENODEV
+		return answer{}, syscall.ENODEV
 	}
 	c.pending[tid] = p
 	c.mu.Unlock()
@@ -103,19 +162,25 @@ func (c *saClient) roundTrip(tid uint64, attr uint16, req []byte) ([]byte, error
 	t := time.NewTimer(c.timeout)
 	defer t.Stop()
 	for try := 0; try <= c.retries; try++ {
+		if rmpp {
+			// A resent request starts the SA's transfer again.
+			c.mu.Lock()
+			p.re = &mad.Reassembler{}
+			c.mu.Unlock()
+		}
 		if err := c.port.SendSA(req); err != nil {
-			return nil, err
+			return answer{}, err
 		}
 		t.Reset(c.timeout)
 		select {
 		case resp := <-p.ch:
 			return resp, nil
 		case <-c.done:
-			return nil, syscall.ENODEV
+			return answer{}, syscall.ENODEV
 		case <-t.C:
 		}
 	}
-	return nil, syscall.ETIMEDOUT
+	return answer{}, syscall.ETIMEDOUT
 }
 
 // receive offers a MAD that arrived on QP1 from (slid, srcQP); it reports
@@ -125,6 +190,9 @@ func (c *saClient) receive(slid uint16, srcQP uint32, b []byte) bool {
 	if len(b) < mad.Len || m.MgmtClass() != mad.ClassSubnAdm || !m.IsResponse() || srcQP != mad.GSIQPN {
 		c.stray.Add(1)
 		return false
+	}
+	if m.RMPPFlags()&mad.RMPPFlagActive != 0 {
+		return c.receiveRMPP(slid, m[:mad.Len])
 	}
 	c.mu.Lock()
 	p := c.pending[m.TID()]
@@ -138,7 +206,53 @@ func (c *saClient) receive(slid uint16, srcQP uint32, b []byte) bool {
 		return false
 	}
 	c.answers.Add(1)
-	p.ch <- append([]byte(nil), b[:mad.Len]...)
+	p.ch <- answer{m: append([]byte(nil), b[:mad.Len]...)}
+	return true
+}
+
+// receiveRMPP takes one RMPP segment of an answer: it is reassembled and
+// acknowledged; the request is answered when the transfer is complete. A
+// segment of a transfer completed lately is only acknowledged again.
+func (c *saClient) receiveRMPP(slid uint16, m mad.MAD) bool {
+	tid := m.TID()
+	c.mu.Lock()
+	var re *mad.Reassembler
+	p := c.pending[tid]
+	ok := p != nil && p.re != nil && p.method == m.Method() && p.attr == m.AttrID() && p.smLID == slid
+	if ok {
+		re = p.re
+	} else if f := c.recent[tid]; f != nil && f.smLID == slid && time.Since(f.at) < rmppLinger {
+		re = f.re
+	}
+	if re == nil {
+		c.mu.Unlock()
+		c.stray.Add(1)
+		return false
+	}
+	done, data, err := re.Add(m)
+	ack := re.Ack()
+	if done {
+		delete(c.pending, tid)
+		now := time.Now()
+		for t, f := range c.recent {
+			if now.Sub(f.at) >= rmppLinger {
+				delete(c.recent, t)
+			}
+		}
+		c.recent[tid] = &finished{re: re, smLID: slid, at: now}
+	}
+	c.mu.Unlock()
+	if ack != nil {
+		c.port.SendSA(ack) // a lost ACK is made up for by the SA's retransmission
+	}
+	if err != nil || (!ok && ack == nil) {
+		c.stray.Add(1)
+		return false
+	}
+	if done {
+		c.answers.Add(1)
+		p.ch <- answer{m: append([]byte(nil), re.Header()...), data: data}
+	}
 	return true
 }
 

@@ -13,9 +13,13 @@ type status uint16
 // Handle processes one SA request MAD and returns the response MADs: one
 // MAD for Get/Set/Delete and errors, one or more RMPP segments for a
 // successful GetTable (see package mad). It returns nil when the request
-// is dropped without an answer: shorter than 256 bytes, base version ≠ 1,
-// class ≠ SubnAdm, a response method, or (over the fabric) a requester the
-// SA does not know.
+// is dropped without an answer, as OpenSM's SA MAD controller
+// (osm_sa_mad_ctrl.c) drops it: shorter than 256 bytes, base version ≠ 1,
+// class ≠ SubnAdm, a response method, an RMPP ACK, STOP or ABORT (those
+// belong to the RMPP sender, not the SA), a method other than
+// Get/GetTable/Set/Delete, an attribute the SA does not serve, a Set or
+// Delete of ClassPortInfo, or (over the fabric) a requester the SA does
+// not know.
 func (s *SA) Handle(req mad.MAD, from From) []mad.MAD {
 	if len(req) < mad.Len {
 		return nil
@@ -24,19 +28,36 @@ func (s *SA) Handle(req mad.MAD, from From) []mad.MAD {
 	if req.BaseVersion() != mad.BaseVersion || req.MgmtClass() != mad.ClassSubnAdm || req.IsResponse() {
 		return nil
 	}
-	if req.ClassVersion() != mad.SAClassVersion {
-		return errorReply(req, mad.StatusBadVersion)
+	if req.RMPPFlags()&mad.RMPPFlagActive != 0 && req.RMPPType() != mad.RMPPTypeData {
+		return nil
+	}
+	switch req.Method() {
+	case mad.MethodGet, mad.MethodGetTable, mad.MethodSet, mad.MethodDelete:
+	default:
+		return nil // ERR 1A05: unsupported method
 	}
 	switch req.AttrID() {
 	case mad.AttrClassPortInfo:
-		if req.Method() != mad.MethodGet {
-			return errorReply(req, mad.StatusReqInvalid)
+		// ClassPortInfo is class-version independent: OpenSM answers a
+		// version-1 Get as a version-2 one.
+		if v := req.ClassVersion(); v != mad.SAClassVersion && v != 1 {
+			return errorReply(req, mad.StatusBadVersion)
 		}
-		return []mad.MAD{s.classPortInfo(req)}
+		switch req.Method() {
+		case mad.MethodGet:
+			return []mad.MAD{s.classPortInfo(req)}
+		case mad.MethodGetTable:
+			return errorReply(req, mad.StatusReqInvalid)
+		default:
+			return nil // Set/Delete go to OpenSM's set dispatcher, which has no ClassPortInfo handler
+		}
 	case mad.AttrMCMemberRecord:
+		if req.ClassVersion() != mad.SAClassVersion {
+			return errorReply(req, mad.StatusBadVersion)
+		}
 		return s.mcmr(req, from)
 	default:
-		return errorReply(req, mad.StatusUnsupportedMethodAttr)
+		return nil // ERR 1A01: unsupported attribute
 	}
 }
 
@@ -77,8 +98,16 @@ func respHeader(req mad.MAD, attrOffset uint16) mad.MAD {
 	return r
 }
 
+// classPortInfo answers Get(ClassPortInfo) as OpenSM's cpi_rcv_respond:
+// the request's 56 header bytes are copied (class version, RMPP header
+// and AttributeOffset as sent), the method turned into GetResp and the
+// SM_Key zeroed; the ClassPortInfo itself says base version 1, class
+// version 2.
 func (s *SA) classPortInfo(req mad.MAD) mad.MAD {
-	r := respHeader(req, mad.ClassPortInfoLen/8)
+	r := mad.MAD(make([]byte, mad.Len))
+	copy(r[:mad.SAHeaderEnd], req[:mad.SAHeaderEnd])
+	r.SetMethod(req.Method() | mad.MethodResp)
+	r.SetSMKey(0)
 	c := r.ClassPortInfo()
 	c.SetBaseVersion(mad.BaseVersion)
 	c.SetClassVersion(mad.SAClassVersion)
@@ -132,6 +161,9 @@ func (s *SA) mcmr(req mad.MAD, from From) []mad.MAD {
 	r := respHeader(req, mad.MCMemberRecordWords)
 	resp.MTUSelector, resp.RateSelector, resp.PacketLifeTimeSelector = mad.SelExactly, mad.SelExactly, mad.SelExactly
 	r.MCMemberRecord().Encode(&resp)
+	// OpenSM answers a copy of the received record: the ProxyJoin bit, the
+	// reserved bits and bytes and the padding go back as they came.
+	copy(r.SAData()[mad.MCMemberRecordEchoOffset:mad.MCMemberRecordStride], req.SAData()[mad.MCMemberRecordEchoOffset:mad.MCMemberRecordStride])
 	return []mad.MAD{r}
 }
 
@@ -280,7 +312,8 @@ func (s *SA) create(comp uint64, rec mad.MCMemberFields, port *Port) (*group, st
 	gr.PortGID = wire.GID{}
 	gr.JoinState = 0
 	gr.ProxyJoin = false
-	gr.Scope = gr.MGID[1] & 0x0F
+	// The group keeps the requester's Scope nibble (OpenSM stores a copy of
+	// the request), whatever the MGID's scope.
 	gr.MTUSelector, gr.RateSelector, gr.PacketLifeTimeSelector = mad.SelExactly, mad.SelExactly, mad.SelExactly
 	g := &group{rec: gr, members: make(map[uint64]*Member)}
 	s.groups[gr.MGID] = g

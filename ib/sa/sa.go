@@ -10,11 +10,14 @@
 // MAD status word, reply method GetResp for Set, DeleteResp for Delete,
 // GetTableResp with AttributeOffset 0 for GetTable):
 //
-//	any MAD     base version ≠ 1, class ≠ 0x03 or a response method: dropped
-//	            class version ≠ 2 → 0x0004
-//	            attribute other than ClassPortInfo/MCMemberRecord → 0x000C
-//	CPI         method other than Get → 0x0200
-//	MCMR        method other than Get/GetTable/Set/Delete → 0x000C
+//	any MAD     base version ≠ 1, class ≠ 0x03, a response method, an RMPP
+//	            ACK/STOP/ABORT, a method other than Get/GetTable/Set/Delete
+//	            or an attribute other than ClassPortInfo/MCMemberRecord:
+//	            dropped, no answer (as OpenSM)
+//	CPI         class version other than 2 or 1 → 0x0004 (a version-1 Get
+//	            is answered as a version-2 one); Set or Delete: dropped;
+//	            GetTable → 0x0200
+//	MCMR        class version ≠ 2 → 0x0004
 //	Set/Delete  mask lacks MGID|PortGID|JoinState (0x10003) → 0x0600
 //	all MCMR    comp-masked MTU (with its selector) not 1..5, or Rate not
 //	            2..24 → 0x0200
@@ -50,10 +53,15 @@
 //	            with the stored one or has bits not held, proxy rule → 0x0200
 //	Get         no record → 0x0300; more than one → 0x0400
 //
-// A join ORs the bits into the member's JoinState and answers with the
-// group's Q_Key, MLID, TClass, P_Key, SL, FlowLabel, HopLimit, MTU, Rate
-// and PacketLifeTime (selectors 2 = exactly), the group's scope and the
-// member's combined JoinState; the PortGID is echoed as sent. A leave
+// A created group keeps the request's Scope nibble as sent (0 when the
+// request had 0), not the MGID's scope, as OpenSM stores a copy of the
+// request. A join ORs the bits into the member's JoinState and answers with
+// the group's Q_Key, MLID, TClass, P_Key, SL, FlowLabel, HopLimit, MTU,
+// Rate and PacketLifeTime (selectors 2 = exactly), the group's scope and
+// the member's combined JoinState; the PortGID, the ProxyJoin bit, the
+// reserved bits and bytes and the padding are echoed as sent (a leave's
+// answer echoes them too). ClassPortInfo is answered with the request's
+// header copied (AttributeOffset as sent, normally 0). A leave
 // clears the bits; a member left with no bits is removed, and when the
 // last full-type member (0x1 or 0x8) goes the group is deleted with all
 // its remaining members — except the well-known IPoIB broadcast group,

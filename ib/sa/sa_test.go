@@ -111,6 +111,7 @@ type ruleCase struct {
 	from   From
 	status uint16
 	method uint8
+	drop   bool // no answer (OpenSM sends none)
 	check  func(t *testing.T, s *SA, r mad.MAD)
 }
 
@@ -123,7 +124,7 @@ func TestRuleTable(t *testing.T) {
 			check: func(t *testing.T, s *SA, r mad.MAD) {
 				f := r.MCMemberRecord().Fields()
 				if f.MLID != 0xC001 || f.MTUSelector != 2 || f.MTU != mad.MTU2048 || f.RateSelector != 2 ||
-					f.Rate != mad.Rate10Gbps || f.PacketLifeTimeSelector != 2 || f.JoinState != 1 || f.Scope != 2 ||
+					f.Rate != mad.Rate10Gbps || f.PacketLifeTimeSelector != 2 || f.JoinState != 1 || f.Scope != 0 ||
 					f.QKey != 0x01234567 || f.MGID != mgidUDP || f.PortGID != portGID(guidA) {
 					t.Fatalf("record %+v", f)
 				}
@@ -425,7 +426,7 @@ func TestRuleTable(t *testing.T) {
 				c := r.ClassPortInfo()
 				if !c.SendOnlyFullMemberSupported() || binary.BigEndian.Uint32(c[4:])&0x00020000 == 0 ||
 					c.CapabilityMask() != mad.CapMaskUDMulticast || c.RespTimeValue() != DefaultRespTimeValue ||
-					c.BaseVersion() != 1 || c.ClassVersion() != 2 || r.AttrOffset() != 9 {
+					c.BaseVersion() != 1 || c.ClassVersion() != 2 || r.AttrOffset() != 0 {
 					t.Fatalf("ClassPortInfo % x", []byte(c))
 				}
 			}},
@@ -436,18 +437,50 @@ func TestRuleTable(t *testing.T) {
 					t.Fatal("bit 12 set")
 				}
 			}},
-		{name: "Set ClassPortInfo", ref: "29", cfg: on,
-			req: mad.NewSARequest(mad.MethodSet, mad.AttrClassPortInfo, 7, 0), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "unsupported MCMemberRecord method", ref: "§6.10", cfg: on,
-			req: req(mad.MethodGetMulti, full, udpJoin(mgidUDP, guidA, 1)), status: mad.StatusUnsupportedMethodAttr, method: mad.MethodGetMulti | mad.MethodResp},
-		{name: "unsupported attribute", ref: "§6.10", cfg: on,
-			req: mad.NewSARequest(mad.MethodGet, 0x0011, 7, 0), status: mad.StatusUnsupportedMethodAttr, method: mad.MethodGetResp},
-		{name: "bad class version", ref: "§6.10", cfg: on,
+		{name: "Set ClassPortInfo", ref: "OpenSM: no set handler for ClassPortInfo", cfg: on,
+			req: mad.NewSARequest(mad.MethodSet, mad.AttrClassPortInfo, 7, 0), drop: true},
+		{name: "Delete ClassPortInfo", ref: "OpenSM: no set handler for ClassPortInfo", cfg: on,
+			req: mad.NewSARequest(mad.MethodDelete, mad.AttrClassPortInfo, 7, 0), drop: true},
+		{name: "GetTable ClassPortInfo", ref: "osm_cpi_rcv_process", cfg: on,
+			req: mad.NewSARequest(mad.MethodGetTable, mad.AttrClassPortInfo, 7, 0), status: mad.StatusReqInvalid, method: mad.MethodGetTableResp},
+		{name: "unsupported MCMemberRecord method", ref: "OpenSM ERR 1A05", cfg: on,
+			req: req(mad.MethodGetMulti, full, udpJoin(mgidUDP, guidA, 1)), drop: true},
+		{name: "unsupported attribute", ref: "OpenSM ERR 1A01", cfg: on,
+			req: mad.NewSARequest(mad.MethodGet, 0x0011, 7, 0), drop: true},
+		{name: "unsupported attribute 0x0039", ref: "OpenSM ERR 1A01", cfg: on,
+			req: mad.NewSARequest(mad.MethodGet, 0x0039, 7, 0), drop: true},
+		{name: "ClassPortInfo class version 1", ref: "OpenSM cpi_rcv_respond", cfg: on,
 			req: func() mad.MAD {
 				m := mad.NewSARequest(mad.MethodGet, mad.AttrClassPortInfo, 7, 0)
 				m.SetClassVersion(1)
 				return m
+			}(), status: 0, method: mad.MethodGetResp,
+			check: func(t *testing.T, s *SA, r mad.MAD) {
+				c := r.ClassPortInfo()
+				if r.ClassVersion() != 1 || c.ClassVersion() != 2 || !c.SendOnlyFullMemberSupported() || r.AttrOffset() != 0 {
+					t.Fatalf("header version %d, ClassPortInfo % x", r.ClassVersion(), []byte(c))
+				}
+			}},
+		{name: "ClassPortInfo class version 3", ref: "§6.10", cfg: on,
+			req: func() mad.MAD {
+				m := mad.NewSARequest(mad.MethodGet, mad.AttrClassPortInfo, 7, 0)
+				m.SetClassVersion(3)
+				return m
 			}(), status: mad.StatusBadVersion, method: mad.MethodGetResp},
+		{name: "MCMemberRecord class version 1", ref: "§6.10", cfg: on,
+			req: func() mad.MAD {
+				m := req(mad.MethodGet, mad.CompMGID, udpJoin(mgidUDP, guidA, 0))
+				m.SetClassVersion(1)
+				return m
+			}(), status: mad.StatusBadVersion, method: mad.MethodGetResp},
+		{name: "RMPP ACK is not a request", ref: "mad_rmpp.c", cfg: on,
+			req: func() mad.MAD {
+				m := req(mad.MethodGetTable, 0, mad.MCMemberFields{})
+				m.SetRMPPVersion(mad.RMPPVersion1)
+				m.SetRMPPType(mad.RMPPTypeAck)
+				m.SetRMPPFlags(mad.RMPPFlagActive)
+				return m
+			}(), drop: true},
 		{name: "Get of no record", ref: "§6.10", cfg: on,
 			req: req(mad.MethodGet, mad.CompMGID, udpJoin(mgidUDP, guidA, 0)), status: mad.StatusNoRecords, method: mad.MethodGetResp},
 		{name: "Get of several records", ref: "§6.10", cfg: on,
@@ -487,6 +520,12 @@ func TestRuleTable(t *testing.T) {
 			from := c.from
 			if from == (From{}) {
 				from = raw
+			}
+			if c.drop {
+				if rs := s.Handle(c.req, from); rs != nil {
+					t.Fatalf("[%s] answered status %#04x, want no answer", c.ref, rs[0].Status())
+				}
+				return
 			}
 			r := one(t, s, c.req, from)
 			if r.Status() != c.status {
@@ -777,5 +816,69 @@ func TestRespTimeValueFor(t *testing.T) {
 	r := one(t, s, mad.NewSARequest(mad.MethodGet, mad.AttrClassPortInfo, 1, 0), raw)
 	if r.ClassPortInfo().RespTimeValue() != 20 {
 		t.Fatal("RespTimeValue")
+	}
+}
+
+// TestOpenSMScopeAndEcho: a created group keeps the requester's Scope
+// nibble (0 when the request had 0, whatever the MGID's scope), and the
+// answer to Set and Delete echoes the ProxyJoin bit, the reserved bits and
+// bytes and the padding of the request, as OpenSM's answer (a copy of the
+// received record) does.
+func TestOpenSMScopeAndEcho(t *testing.T) {
+	cases := []struct {
+		name      string
+		scope     uint8
+		comp      uint64
+		wantScope uint8
+	}{
+		{"scope 0 in the request", 0, 0, 0},
+		{"scope 0, comp-masked", 0, mad.CompScope, 0},
+		{"scope 5 with a link-local MGID", mad.ScopeSiteLocal, 0, mad.ScopeSiteLocal},
+		{"scope 2", mad.ScopeLinkLocal, mad.CompScope, mad.ScopeLinkLocal},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSA(Config{})
+			f := udpJoin(mgidUDP, guidA, 1)
+			f.Scope = c.scope
+			m := req(mad.MethodSet, mad.CompCreateRequired|c.comp, f)
+			echo := m.SAData()[mad.MCMemberRecordEchoOffset:mad.MCMemberRecordStride]
+			copy(echo, []byte{0x80 | 0x55, 0xA5, 0x5A, 1, 2, 3, 4}) // ProxyJoin + reserved bits, reserved, pad
+			want := append([]byte(nil), echo...)
+			r := one(t, s, m, raw)
+			if r.Status() != 0 {
+				t.Fatalf("status %#04x", r.Status())
+			}
+			if got := r.MCMemberRecord().Scope(); got != c.wantScope {
+				t.Errorf("answer scope %d, want %d", got, c.wantScope)
+			}
+			if got := groupOf(t, s, mgidUDP).Rec.Scope; got != c.wantScope {
+				t.Errorf("group scope %d, want %d", got, c.wantScope)
+			}
+			if got := r.SAData()[mad.MCMemberRecordEchoOffset:mad.MCMemberRecordStride]; string(got) != string(want) {
+				t.Errorf("join answer bytes 49..55 % x, want % x", got, want)
+			}
+			// A Get of the group reports the stored scope.
+			g := mustOK(t, s, req(mad.MethodGet, mad.CompMGID, udpJoin(mgidUDP, guidA, 0)), raw)
+			if g.Scope != c.wantScope {
+				t.Errorf("Get scope %d, want %d", g.Scope, c.wantScope)
+			}
+			// The leave's answer echoes them too.
+			d := req(mad.MethodDelete, mad.CompJoinRequired, udpJoin(mgidUDP, guidA, 1))
+			copy(d.SAData()[mad.MCMemberRecordEchoOffset:], []byte{0x80, 0xFF, 0x01, 9, 8, 7, 6})
+			want = append([]byte(nil), d.SAData()[mad.MCMemberRecordEchoOffset:mad.MCMemberRecordStride]...)
+			r = one(t, s, d, raw)
+			if r.Status() != 0 {
+				t.Fatalf("leave status %#04x", r.Status())
+			}
+			if got := r.SAData()[mad.MCMemberRecordEchoOffset:mad.MCMemberRecordStride]; string(got) != string(want) {
+				t.Errorf("leave answer bytes 49..55 % x, want % x", got, want)
+			}
+		})
+	}
+	// The IPoIB broadcast group has scope 2.
+	s := newSA(Config{})
+	if b := groupOf(t, s, BroadcastMGID); b.Rec.Scope != mad.ScopeLinkLocal {
+		t.Fatalf("broadcast scope %d", b.Rec.Scope)
 	}
 }

@@ -176,11 +176,14 @@ func (p *fakePort) send(dlid uint16, global bool, dgid wire.GID, destQP, qkey ui
 }
 
 // sa sends an SA MAD over the fabric (a GRH when global) and returns the
-// answer packets' MADs (all RMPP segments for a GetTable).
+// answer packets' MADs (all RMPP segments for a GetTable, acknowledged as
+// the kernel's RMPP receiver does).
 func (p *fakePort) sa(m mad.MAD, global bool) []mad.MAD {
 	p.t.Helper()
-	p.send(fabric.SMLID, global, fabric.PortGID(fabric.DefaultSubnetPrefix, DefaultSMGUID), fabric.SAQPN, fabric.SAQKey, m)
+	smGID := fabric.PortGID(fabric.DefaultSubnetPrefix, DefaultSMGUID)
+	p.send(fabric.SMLID, global, smGID, fabric.SAQPN, fabric.SAQKey, m)
 	var out []mad.MAD
+	var re mad.Reassembler
 	for {
 		b := p.recv(waitTimeout)
 		if b == nil {
@@ -202,8 +205,20 @@ func (p *fakePort) sa(m mad.MAD, global bool) []mad.MAD {
 		if r.TID() != m.TID() {
 			p.t.Fatalf("TID %#x, want %#x", r.TID(), m.TID())
 		}
-		out = append(out, r)
-		if r.RMPPFlags()&mad.RMPPFlagActive == 0 || r.RMPPFlags()&mad.RMPPFlagLast != 0 {
+		if r.RMPPFlags()&mad.RMPPFlagActive == 0 {
+			return append(out, r)
+		}
+		done, _, err := re.Add(r)
+		if err != nil {
+			p.t.Fatalf("RMPP segment: %v", err)
+		}
+		if a := re.Ack(); a != nil {
+			p.send(fabric.SMLID, global, smGID, fabric.SAQPN, fabric.SAQKey, a)
+		}
+		if uint32(len(out)) < r.SegmentNumber() {
+			out = append(out, r)
+		}
+		if done {
 			return out
 		}
 	}
@@ -232,7 +247,9 @@ func mcReq(method uint8, comp uint64, mgid wire.GID, guid uint64, js uint8) mad.
 }
 
 // rawSA sends one MAD to the raw SA port and collects the answer
-// datagrams (until a non-RMPP answer or the Last segment); nil on timeout.
+// datagrams (until a non-RMPP answer or the whole RMPP transfer, whose
+// segments it acknowledges as the kernel's RMPP receiver does); nil on
+// timeout.
 func rawSA(t *testing.T, addr netip.AddrPort, m []byte, timeout time.Duration) []mad.MAD {
 	t.Helper()
 	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -244,6 +261,7 @@ func rawSA(t *testing.T, addr netip.AddrPort, m []byte, timeout time.Duration) [
 		t.Fatal(err)
 	}
 	var out []mad.MAD
+	var re mad.Reassembler
 	buf := make([]byte, 4096)
 	for {
 		conn.SetReadDeadline(time.Now().Add(timeout))
@@ -262,8 +280,22 @@ func rawSA(t *testing.T, addr netip.AddrPort, m []byte, timeout time.Duration) [
 			t.Fatalf("answer of %d bytes", n)
 		}
 		r := append(mad.MAD(nil), buf[:n]...)
-		out = append(out, r)
-		if r.RMPPFlags()&mad.RMPPFlagActive == 0 || r.RMPPFlags()&mad.RMPPFlagLast != 0 {
+		if r.RMPPFlags()&mad.RMPPFlagActive == 0 {
+			return append(out, r)
+		}
+		done, _, err := re.Add(r)
+		if err != nil {
+			t.Fatalf("RMPP segment: %v", err)
+		}
+		if a := re.Ack(); a != nil {
+			if _, err := conn.WriteToUDPAddrPort(a, addr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if uint32(len(out)) < r.SegmentNumber() {
+			out = append(out, r)
+		}
+		if done {
 			return out
 		}
 	}

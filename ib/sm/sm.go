@@ -26,6 +26,17 @@
 // GetTableResp) goes back to the sender as one datagram. Such a request
 // acts for the port whose GUID is the record's PortGID: whoever can reach
 // the raw port can join and leave for any port.
+//
+// RMPP: a GetTableResp (always RMPP-active) is sent as the kernel's MAD
+// layer sends it for OpenSM (mad_rmpp.c): segment 1 first, then no segment
+// above the receiver's NewWindowLast; the receiver's ACKs (type ACK, method
+// GetTable, same TID, to QP1 or from the raw port's peer) move the window.
+// When no ACK moved it for Config.RMPPTimeout the unacknowledged segments
+// of the window go again, at most Config.RMPPRetries times in a row; then
+// the transfer is dropped. A bad ACK aborts the transfer with an RMPP
+// ABORT to the receiver; a STOP or ABORT from the receiver ends it. A new
+// GetTable with the same TID from the same requester replaces a transfer
+// in progress.
 package sm
 
 import (
@@ -52,6 +63,15 @@ import (
 // DefaultSMGUID is the SM port's GUID; its GID is fe80::1.
 const DefaultSMGUID = 1
 
+// RMPP defaults.
+const (
+	// DefaultRMPPTimeout is the wait for an RMPP ACK: the kernel's 2 s.
+	DefaultRMPPTimeout = 2 * time.Second
+	// DefaultRMPPRetries is how often an RMPP transfer is resent without
+	// progress before it is dropped.
+	DefaultRMPPRetries = 3
+)
+
 // Config configures a subnet manager.
 type Config struct {
 	// Listen is the fabric UDP address (fabric.DefaultListen if empty;
@@ -76,6 +96,14 @@ type Config struct {
 	SADelay time.Duration
 	// SADrop makes the SA never answer (nor process) any SA MAD.
 	SADrop bool
+	// RMPPTimeout is how long an RMPP transfer waits for an ACK that moves
+	// its window before sending the unacknowledged segments again (0 → 2 s,
+	// the kernel's wait for an RMPP ACK).
+	RMPPTimeout time.Duration
+	// RMPPRetries is how many times in a row an RMPP transfer is resent
+	// without progress before it is dropped (0 → DefaultRMPPRetries;
+	// negative → never resent).
+	RMPPRetries int
 	// SubnetPrefix is the subnet prefix (0 → fe80::).
 	SubnetPrefix uint64
 	// SMGUID is the SM port's GUID (0 → DefaultSMGUID).
@@ -128,6 +156,11 @@ type Stats struct {
 	// address; ForeignDetaches detaches from an address that is not the
 	// named port's; NoLIDAttaches attaches refused because no LID was free.
 	RefusedAttaches, ForeignDetaches, NoLIDAttaches uint64
+	// RMPPTransfers counts RMPP transfers (GetTable answers) started;
+	// RMPPRetransmits segments sent again after an ACK timeout;
+	// RMPPTimeouts transfers dropped after their retries; RMPPAborts
+	// transfers ended by a STOP or ABORT from the receiver or by a bad ACK.
+	RMPPTransfers, RMPPRetransmits, RMPPTimeouts, RMPPAborts uint64
 }
 
 type portCounters struct {
@@ -166,10 +199,13 @@ type SM struct {
 	mftAddr bool // attachments changed since the MFT was built
 	psn     uint32
 	timers  map[*time.Timer]struct{}
+	rmpp    map[rmppKey]*rmppXfer
 	closed  bool
 
 	unknownSrc, rawReqs, rawDrops             atomic.Uint64
 	refusedAttach, foreignDetach, noLIDAttach atomic.Uint64
+	rmppXfers, rmppRetrans, rmppTimeouts      atomic.Uint64
+	rmppAborts                                atomic.Uint64
 	saDrop                                    atomic.Bool // Config.SADrop, changeable with SetSADrop
 
 	closeOnce sync.Once
@@ -206,6 +242,16 @@ func New(cfg Config) (*SM, error) {
 		byAddr:  make(map[netip.AddrPort]*port),
 		byLID:   make(map[uint16]*port),
 		timers:  make(map[*time.Timer]struct{}),
+		rmpp:    make(map[rmppKey]*rmppXfer),
+	}
+	if s.cfg.RMPPTimeout <= 0 {
+		s.cfg.RMPPTimeout = DefaultRMPPTimeout
+	}
+	switch {
+	case s.cfg.RMPPRetries == 0:
+		s.cfg.RMPPRetries = DefaultRMPPRetries
+	case s.cfg.RMPPRetries < 0:
+		s.cfg.RMPPRetries = 0
 	}
 	if s.timeout == 0 {
 		s.timeout = fabric.PortTimeout
@@ -592,6 +638,7 @@ func (s *SM) saFromFabric(b []byte, p *port) {
 		return
 	}
 	req := append(mad.MAD(nil), pkt.UD.Payload[:mad.Len]...)
+	guid := p.guid
 	hdr := fabric.UDPacket{
 		SL: pkt.LRH.SL(), DLID: pkt.LRH.SLID(), SLID: fabric.SMLID,
 		UD: wire.UDHeader{PKey: pkt.UD.BTH.PKey(), DestQP: pkt.UD.DETH.SrcQP(), QKey: fabric.SAQKey, SrcQP: fabric.SAQPN},
@@ -601,29 +648,129 @@ func (s *SM) saFromFabric(b []byte, p *port) {
 		hdr.GRH = wire.IBGRHFields{TClass: pkt.GRH.TClass(), FlowLabel: pkt.GRH.FlowLabel(),
 			HopLmt: pkt.GRH.HopLmt(), SGID: pkt.GRH.DGID(), DGID: pkt.GRH.SGID()}
 	}
-	guid := p.guid
+	send := func(r mad.MAD) {
+		d := s.byGUID[guid]
+		if d == nil || !d.attached() {
+			return
+		}
+		h := hdr
+		h.UD.PSN = s.psn & 0xFFFFFF
+		s.psn++
+		out := make([]byte, fabric.PacketLen(len(r), false, h.Global))
+		fabric.EncodeUD(out, &h, r)
+		if _, err := s.fabric.WriteToUDPAddrPort(out, d.addr); err != nil {
+			s.logf("SA answer to %#x: %v", guid, err)
+			return
+		}
+		d.c.tx.Add(1)
+	}
+	key := rmppKey{guid: guid, tid: req.TID()}
+	if isRMPPControl(req) {
+		s.rmppReceive(key, req, send)
+		return
+	}
 	s.saLater(func() {
 		resps := s.sa.Handle(req, sa.From{GUID: guid})
 		if s.cfg.Logf != nil {
 			s.logf("SA %s from %#x → %s", describe(req), guid, describeResp(resps))
 		}
-		d := s.byGUID[guid]
-		if d == nil || !d.attached() {
-			return
-		}
-		for _, r := range resps {
-			h := hdr
-			h.UD.PSN = s.psn & 0xFFFFFF
-			s.psn++
-			out := make([]byte, fabric.PacketLen(len(r), false, h.Global))
-			fabric.EncodeUD(out, &h, r)
-			if _, err := s.fabric.WriteToUDPAddrPort(out, d.addr); err != nil {
-				s.logf("SA answer to %#x: %v", guid, err)
-				continue
-			}
-			d.c.tx.Add(1)
-		}
+		s.answer(key, resps, send)
 	})
+}
+
+// rmppKey names an RMPP transfer: its TID and the requester (a port over
+// the fabric, or a raw SA peer).
+type rmppKey struct {
+	guid uint64
+	raw  netip.AddrPort
+	tid  uint64
+}
+
+// rmppXfer is an RMPP transfer in progress.
+type rmppXfer struct {
+	snd   *mad.RMPPSender
+	send  func(mad.MAD)
+	timer *time.Timer
+}
+
+// isRMPPControl reports an RMPP ACK, STOP or ABORT (for the RMPP sender,
+// not the SA).
+func isRMPPControl(m mad.MAD) bool {
+	return m.RMPPFlags()&mad.RMPPFlagActive != 0 && m.RMPPType() != mad.RMPPTypeData
+}
+
+// answer sends the SA's response MADs: a plain MAD at once, the segments
+// of an RMPP-active answer through a windowed RMPP sender. Caller holds mu.
+func (s *SM) answer(key rmppKey, resps []mad.MAD, send func(mad.MAD)) {
+	if len(resps) == 0 {
+		return
+	}
+	if resps[0].RMPPFlags()&mad.RMPPFlagActive == 0 {
+		for _, r := range resps {
+			send(r)
+		}
+		return
+	}
+	if old := s.rmpp[key]; old != nil {
+		s.stopTimer(old.timer)
+	}
+	x := &rmppXfer{snd: mad.NewRMPPSender(resps, s.cfg.RMPPRetries), send: send}
+	s.rmpp[key] = x
+	s.rmppXfers.Add(1)
+	s.rmppSend(key, x, x.snd.Start())
+}
+
+// rmppSend sends segments of a transfer and (re)arms its ACK timer.
+// Caller holds mu.
+func (s *SM) rmppSend(key rmppKey, x *rmppXfer, segs []mad.MAD) {
+	for _, m := range segs {
+		x.send(m)
+	}
+	s.stopTimer(x.timer)
+	x.timer = s.after(s.cfg.RMPPTimeout, func() { s.rmppTimeout(key, x) })
+}
+
+// rmppTimeout resends the window's unacknowledged segments or drops the
+// transfer once its retries are used. Caller holds mu.
+func (s *SM) rmppTimeout(key rmppKey, x *rmppXfer) {
+	if s.rmpp[key] != x {
+		return
+	}
+	x.timer = nil
+	segs := x.snd.Timeout()
+	if done, _ := x.snd.Done(); done {
+		s.rmppTimeouts.Add(1)
+		delete(s.rmpp, key)
+		s.logf("RMPP transfer tid %#x: no ACK after %d retries (%d segments acknowledged): dropped", key.tid, s.cfg.RMPPRetries, x.snd.Acked())
+		return
+	}
+	s.rmppRetrans.Add(uint64(len(segs)))
+	s.rmppSend(key, x, segs)
+}
+
+// rmppReceive hands an RMPP ACK, STOP or ABORT to its transfer; one for
+// no transfer in progress is ignored. Caller holds mu.
+func (s *SM) rmppReceive(key rmppKey, m mad.MAD, reply func(mad.MAD)) {
+	x := s.rmpp[key]
+	if x == nil {
+		return
+	}
+	segs, progress, abort := x.snd.Receive(m)
+	if abort != nil {
+		reply(abort)
+	}
+	if done, err := x.snd.Done(); done {
+		s.stopTimer(x.timer)
+		delete(s.rmpp, key)
+		if err != nil {
+			s.rmppAborts.Add(1)
+			s.logf("RMPP transfer tid %#x: %v (RMPP type %d status %d)", key.tid, err, m.RMPPType(), m.RMPPStatus())
+		}
+		return
+	}
+	if progress || len(segs) > 0 {
+		s.rmppSend(key, x, segs)
+	}
 }
 
 // saLater runs f (under mu) now, or after SADelay on a timer. Caller holds mu.
@@ -633,20 +780,43 @@ func (s *SM) saLater(f func()) {
 		s.rebuildMFT()
 		return
 	}
-	s.wg.Add(1)
-	var t *time.Timer
-	t = time.AfterFunc(s.cfg.SADelay, func() {
-		defer s.wg.Done()
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		delete(s.timers, t)
-		if s.closed {
-			return
-		}
+	s.after(s.cfg.SADelay, func() {
 		f()
 		s.rebuildMFT()
 	})
+}
+
+// after runs f under mu after d unless the timer is stopped (stopTimer)
+// or the SM closes first. Caller holds mu.
+func (s *SM) after(d time.Duration, f func()) *time.Timer {
+	s.wg.Add(1)
+	var t *time.Timer
+	t = time.AfterFunc(d, func() {
+		defer s.wg.Done()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if _, ok := s.timers[t]; !ok || s.closed {
+			return // stopped, or the SM closed
+		}
+		delete(s.timers, t)
+		f()
+	})
 	s.timers[t] = struct{}{}
+	return t
+}
+
+// stopTimer cancels a timer of after (nil: none). Caller holds mu.
+func (s *SM) stopTimer(t *time.Timer) {
+	if t == nil {
+		return
+	}
+	if _, ok := s.timers[t]; !ok {
+		return
+	}
+	delete(s.timers, t)
+	if t.Stop() {
+		s.wg.Done()
+	}
 }
 
 func (s *SM) rawSALoop() error {
@@ -665,17 +835,24 @@ func (s *SM) rawSALoop() error {
 			continue
 		}
 		req := append(mad.MAD(nil), buf[:n]...)
+		send := func(r mad.MAD) {
+			if _, err := s.rawSA.WriteToUDPAddrPort(r, from); err != nil {
+				s.logf("raw SA answer to %v: %v", from, err)
+			}
+		}
+		key := rmppKey{raw: from, tid: req.TID()}
 		s.mu.Lock()
+		if isRMPPControl(req) {
+			s.rmppReceive(key, req, send)
+			s.mu.Unlock()
+			continue
+		}
 		s.saLater(func() {
 			resps := s.sa.Handle(req, sa.From{Raw: true})
 			if s.cfg.Logf != nil {
 				s.logf("SA %s from raw %v → %s", describe(req), from, describeResp(resps))
 			}
-			for _, r := range resps {
-				if _, err := s.rawSA.WriteToUDPAddrPort(r, from); err != nil {
-					s.logf("raw SA answer to %v: %v", from, err)
-				}
-			}
+			s.answer(key, resps, send)
 		})
 		s.mu.Unlock()
 	}
@@ -714,7 +891,8 @@ func (s *SM) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Stats{UnknownSource: s.unknownSrc.Load(), RawSARequests: s.rawReqs.Load(), RawSADrops: s.rawDrops.Load(),
-		RefusedAttaches: s.refusedAttach.Load(), ForeignDetaches: s.foreignDetach.Load(), NoLIDAttaches: s.noLIDAttach.Load()}
+		RefusedAttaches: s.refusedAttach.Load(), ForeignDetaches: s.foreignDetach.Load(), NoLIDAttaches: s.noLIDAttach.Load(),
+		RMPPTransfers: s.rmppXfers.Load(), RMPPRetransmits: s.rmppRetrans.Load(), RMPPTimeouts: s.rmppTimeouts.Load(), RMPPAborts: s.rmppAborts.Load()}
 	for _, p := range s.sortedPorts() {
 		st.Ports = append(st.Ports, PortStats{
 			GUID: p.guid, LID: p.lid, NodeDesc: p.desc, Attached: p.attached(), Addr: p.addr, PreRegistered: p.pre,
