@@ -113,16 +113,26 @@ const slot = 2048
 
 func (e *env) newQP(t *testing.T, flags verbs.CreateFlags) *udqp {
 	t.Helper()
-	u := &udqp{buf: make([]byte, 8*slot)}
+	return e.newQPOn(t, flags, nil, nil)
+}
+
+// newQPOn makes a QP with the given CQs (new ones when nil).
+func (e *env) newQPOn(t *testing.T, flags verbs.CreateFlags, scq, rcq *verbs.CQ) *udqp {
+	t.Helper()
+	u := &udqp{buf: make([]byte, 8*slot), scq: scq, rcq: rcq}
 	var err error
-	if u.scq, err = e.ctx.CreateCQ(64); err != nil {
-		t.Fatal(err)
+	if u.scq == nil {
+		if u.scq, err = e.ctx.CreateCQ(64); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { check(t, u.scq.Destroy()) })
 	}
-	t.Cleanup(func() { check(t, u.scq.Destroy()) })
-	if u.rcq, err = e.ctx.CreateCQ(64); err != nil {
-		t.Fatal(err)
+	if u.rcq == nil {
+		if u.rcq, err = e.ctx.CreateCQ(64); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { check(t, u.rcq.Destroy()) })
 	}
-	t.Cleanup(func() { check(t, u.rcq.Destroy()) })
 	if u.mr, err = e.pd.RegMR(u.buf, verbs.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
@@ -347,6 +357,9 @@ func TestLifecycleAndEBUSY(t *testing.T) {
 	}
 	if qp.Num() == 0 || qp.State() != verbs.QPSReset {
 		t.Errorf("new QP: num %d state %v", qp.Num(), qp.State())
+	}
+	if cDevice(dev) == nil || cContext(ctx) == nil || cPD(pd) == nil || cQP(qp) == nil || deviceNamed(dev.Name()) == nil || deviceNamed("no-such-device") != nil {
+		t.Errorf("C handles: %p %p %p %p", cDevice(dev), cContext(ctx), cPD(pd), cQP(qp))
 	}
 
 	wantErrno(t, "close with PD and CQ", ctx.Close(), "ibv_close_device", syscall.EBUSY)
@@ -716,5 +729,94 @@ func TestDataPathAllocs(t *testing.T) {
 	t.Logf("PostRecv+PostSend+Poll: %v allocations per message", allocs)
 	if allocs != 0 {
 		t.Errorf("%v allocations per message, want 0", allocs)
+	}
+}
+
+// TestConcurrentQPs: QPs sharing two CQs post from their own goroutines
+// while one goroutine waits on and polls both CQs (run it with -race).
+func TestConcurrentQPs(t *testing.T) {
+	e := newEnv(t)
+	const nqp, rounds = 4, 50
+	scq, err := e.ctx.CreateCQ(2 * nqp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { check(t, scq.Destroy()) })
+	rcq, err := e.ctx.CreateCQ(2 * nqp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { check(t, rcq.Destroy()) })
+	ah := e.selfAH(t)
+	qps := make([]*udqp, nqp)
+	done := map[uint32]chan verbs.WC{}
+	for i := range qps {
+		qps[i] = e.newQPOn(t, 0, scq, rcq)
+		done[qps[i].qp.Num()] = make(chan verbs.WC, 2)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	polled := make(chan error, 2)
+	for _, cq := range []*verbs.CQ{scq, rcq} {
+		go func() {
+			var wc [3]verbs.WC
+			for {
+				n, err := cq.Poll(wc[:])
+				if err != nil {
+					polled <- err
+					return
+				}
+				for _, w := range wc[:n] {
+					done[w.QPNum] <- w
+				}
+				if n > 0 {
+					continue
+				}
+				if err := cq.Wait(ctx); err != nil {
+					polled <- nil
+					return
+				}
+			}
+		}()
+	}
+	errs := make(chan error, nqp)
+	for _, u := range qps {
+		go func() {
+			ch := done[u.qp.Num()]
+			for r := range rounds {
+				rwr := verbs.RecvWR{WRID: uint64(r), SGList: []verbs.SGE{u.mr.SGE(0, slot)}}
+				if err := u.qp.PostRecv(&rwr); err != nil {
+					errs <- err
+					return
+				}
+				swr := verbs.SendWR{WRID: uint64(r), Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+					SGList: []verbs.SGE{u.mr.SGE(4*slot, 16)},
+					UD:     verbs.UDWR{AH: ah, RemoteQPN: u.qp.Num(), RemoteQKey: testQKey}}
+				if err := u.qp.PostSend(&swr); err != nil {
+					errs <- err
+					return
+				}
+				for range 2 {
+					select {
+					case w := <-ch:
+						if w.Status != verbs.WCSuccess || w.WRID != uint64(r) {
+							errs <- fmt.Errorf("QP %d round %d: completion %+v", u.qp.Num(), r, w)
+							return
+						}
+					case <-time.After(10 * time.Second):
+						errs <- fmt.Errorf("QP %d round %d: no completion", u.qp.Num(), r)
+						return
+					}
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range nqp {
+		check(t, <-errs)
+	}
+	cancel()
+	for range 2 {
+		check(t, <-polled)
 	}
 }
