@@ -242,6 +242,11 @@ func TestDeviceListAndAttr(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("%s listed %d times", dev.Name(), n)
 	}
+	// The provider serves every host, DefaultHost too (verbs.DeviceList).
+	t.Cleanup(verbs.DefaultHost().Close)
+	if d := verbs.DeviceByName(dev.Name()); d == nil || !IsKernelDevice(d) || d == dev {
+		t.Errorf("verbs.DeviceByName(%q) = %v", dev.Name(), d)
+	}
 	a := dev.Ops().Attr()
 	t.Logf("%s: %+v", dev.Name(), a)
 	if a.PhysPortCnt < 1 || a.MaxQP <= 0 || a.MaxCQE <= 0 || a.MaxSGE <= 0 || a.MaxMcastGrp <= 0 || a.MaxMcastQPAttach <= 0 || a.MaxTotalMcastQP <= 0 || a.NodeGUID == 0 {
@@ -819,4 +824,79 @@ func TestConcurrentQPs(t *testing.T) {
 	for range 2 {
 		check(t, <-polled)
 	}
+}
+
+// TestLongChains posts chains longer than one C batch (postBatch): they go
+// out in order, and a failure names its index in the whole chain.
+func TestLongChains(t *testing.T) {
+	e := newEnv(t)
+	const n = postBatch + 8
+	scq, err := e.ctx.CreateCQ(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { check(t, scq.Destroy()) })
+	rcq, err := e.ctx.CreateCQ(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { check(t, rcq.Destroy()) })
+	buf := make([]byte, n*64+4096)
+	mr, err := e.pd.RegMR(buf, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { check(t, mr.Dereg()) })
+	qp, err := e.pd.CreateQP(&verbs.QPInitAttr{SendCQ: scq, RecvCQ: rcq, QPType: verbs.QPTypeUD,
+		Cap: verbs.QPCap{MaxSendWR: 2 * n, MaxRecvWR: 2 * n, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { check(t, qp.Destroy()) })
+	toRTS(t, qp, e.port)
+	ah := e.selfAH(t)
+
+	recvs := make([]verbs.RecvWR, n)
+	sends := make([]verbs.SendWR, n)
+	for i := range n {
+		recvs[i] = verbs.RecvWR{WRID: uint64(1000 + i), SGList: []verbs.SGE{mr.SGE(i*64, 64)}}
+		sends[i] = verbs.SendWR{WRID: uint64(2000 + i), Opcode: verbs.WRSendWithImm, ImmData: uint32(i), Flags: verbs.SendSignaled,
+			SGList: []verbs.SGE{mr.SGE(n*64, 8)}, UD: verbs.UDWR{AH: ah, RemoteQPN: qp.Num(), RemoteQKey: testQKey}}
+		if i > 0 {
+			recvs[i-1].Next = &recvs[i]
+			sends[i-1].Next = &sends[i]
+		}
+	}
+	if err := qp.PostRecv(&recvs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.PostSend(&sends[0]); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if w := waitWC(t, scq); w.WRID != uint64(2000+i) || w.Status != verbs.WCSuccess {
+			t.Fatalf("send completion %d: %+v", i, w)
+		}
+	}
+	for i := range n {
+		// UD datagrams to oneself arrive in order.
+		if w := waitWC(t, rcq); w.WRID != uint64(1000+i) || w.ImmData != uint32(i) || w.Status != verbs.WCSuccess {
+			t.Fatalf("receive completion %d: %+v", i, w)
+		}
+	}
+	// A receive chain longer than the queue fails where the queue is full.
+	capRecv := qp.Query().Cap.MaxRecvWR
+	long := make([]verbs.RecvWR, capRecv+5)
+	for i := range long {
+		long[i] = verbs.RecvWR{WRID: uint64(i), SGList: []verbs.SGE{mr.SGE(0, 64)}}
+		if i > 0 {
+			long[i-1].Next = &long[i]
+		}
+	}
+	err = qp.PostRecv(&long[0])
+	var bw *verbs.BadWRError
+	if !errors.As(err, &bw) || !errors.Is(err, syscall.ENOMEM) || bw.Index < postBatch || bw.Index > capRecv {
+		t.Fatalf("receive chain of %d on a queue of %d: %v", len(long), capRecv, err)
+	}
+	t.Logf("receive chain of %d on a queue of %d: %v", len(long), capRecv, err)
 }
