@@ -386,7 +386,7 @@ func (q *cq) Destroy() error {
 	if q.qps > 0 {
 		err = verbs.Errorf("ibv_destroy_cq", "", syscall.EBUSY)
 	} else if rc := C.ibv_destroy_cq(q.c); rc != 0 {
-		err = verbs.Errorf("ibv_destroy_cq", "", errnoOf(int(rc)))
+		err = verbs.Errorf("ibv_destroy_cq", "", ibvErrno(int(rc)))
 	} else {
 		q.dead = true
 	}

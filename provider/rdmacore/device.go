@@ -67,7 +67,7 @@ func (d *device) queryAttr() (verbs.DeviceAttr, error) {
 	}
 	var a C.struct_ibv_device_attr
 	if rc := C.ibv_query_device(c, &a); rc != 0 {
-		return verbs.DeviceAttr{}, verbs.Errorf("ibv_query_device", d.name, errnoOf(int(rc)))
+		return verbs.DeviceAttr{}, verbs.Errorf("ibv_query_device", d.name, ibvErrno(int(rc)))
 	}
 	d.attr = verbs.DeviceAttr{
 		NodeGUID:         binary.BigEndian.Uint64((*[8]byte)(unsafe.Pointer(&a.node_guid))[:]),
@@ -116,9 +116,9 @@ func (d *device) Open() (verbs.ContextOps, error) {
 	return &kctx{dev: d, c: c}, nil
 }
 
-// errnoOf is the errno of a libibverbs call that returns 0 or an errno
+// ibvErrno is the errno of a libibverbs call that returns 0 or an errno
 // (the positive errno, -errno, or -1 with errno set), as sr_errno.
-func errnoOf(rc int) syscall.Errno {
+func ibvErrno(rc int) syscall.Errno {
 	return syscall.Errno(C.sr_errno(C.int(rc)))
 }
 
@@ -317,7 +317,7 @@ func (k *kctx) Close() error {
 		return verbs.Errorf("ibv_close_device", k.dev.name, syscall.EBUSY)
 	}
 	if rc := C.ibv_close_device(k.c); rc != 0 {
-		return verbs.Errorf("ibv_close_device", k.dev.name, errnoOf(int(rc)))
+		return verbs.Errorf("ibv_close_device", k.dev.name, ibvErrno(int(rc)))
 	}
 	k.closed = true
 	return nil

@@ -97,7 +97,7 @@ func (p *pd) Dealloc() error {
 		return verbs.Errorf("ibv_dealloc_pd", "", syscall.EINVAL)
 	}
 	if rc := C.ibv_dealloc_pd(p.c); rc != 0 {
-		return verbs.Errorf("ibv_dealloc_pd", "", errnoOf(int(rc)))
+		return verbs.Errorf("ibv_dealloc_pd", "", ibvErrno(int(rc)))
 	}
 	p.dead = true
 	_ = p.ctx.use(-1, 0)
@@ -128,7 +128,7 @@ func (m *mr) Dereg() error {
 		return verbs.Errorf("ibv_dereg_mr", "", syscall.EINVAL)
 	}
 	if rc := C.ibv_dereg_mr(m.c); rc != 0 {
-		return verbs.Errorf("ibv_dereg_mr", "", errnoOf(int(rc)))
+		return verbs.Errorf("ibv_dereg_mr", "", ibvErrno(int(rc)))
 	}
 	m.dead = true
 	m.pin.Unpin()
@@ -151,7 +151,7 @@ func (a *ah) Destroy() error {
 		return verbs.Errorf("ibv_destroy_ah", "", syscall.EINVAL)
 	}
 	if rc := C.ibv_destroy_ah(a.c); rc != 0 {
-		return verbs.Errorf("ibv_destroy_ah", "", errnoOf(int(rc)))
+		return verbs.Errorf("ibv_destroy_ah", "", ibvErrno(int(rc)))
 	}
 	a.dead.Store(true)
 	return nil

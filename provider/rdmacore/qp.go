@@ -154,7 +154,7 @@ func (q *qp) query() (verbs.QPAttr, error) {
 	var a C.struct_ibv_qp_attr
 	var ia C.struct_ibv_qp_init_attr
 	if rc := C.ibv_query_qp(q.c, &a, queryMask, &ia); rc != 0 {
-		return verbs.QPAttr{}, verbs.Errorf("ibv_query_qp", "", errnoOf(int(rc)))
+		return verbs.QPAttr{}, verbs.Errorf("ibv_query_qp", "", ibvErrno(int(rc)))
 	}
 	return verbs.QPAttr{
 		State:   verbs.QPState(a.qp_state),
@@ -209,7 +209,7 @@ func (q *qp) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	a.qkey = C.uint32_t(attr.QKey)
 	a.sq_psn = C.uint32_t(attr.SQPSN)
 	if rc := C.ibv_modify_qp(q.c, &a, C.int(mask)); rc != 0 {
-		return verbs.Errorf("ibv_modify_qp", "", errnoOf(int(rc)))
+		return verbs.Errorf("ibv_modify_qp", "", ibvErrno(int(rc)))
 	}
 	return nil
 }
@@ -351,7 +351,7 @@ func (q *qp) mcast(op string, gid verbs.GID, lid uint16) error {
 		rc = C.ibv_detach_mcast(q.c, &g, C.uint16_t(lid))
 	}
 	if rc != 0 {
-		return verbs.Errorf(op, gid.String(), errnoOf(int(rc)))
+		return verbs.Errorf(op, gid.String(), ibvErrno(int(rc)))
 	}
 	return nil
 }
@@ -364,7 +364,7 @@ func (q *qp) Destroy() error {
 		return verbs.Errorf("ibv_destroy_qp", "", syscall.EINVAL)
 	}
 	if rc := C.ibv_destroy_qp(q.c); rc != 0 {
-		return verbs.Errorf("ibv_destroy_qp", "", errnoOf(int(rc)))
+		return verbs.Errorf("ibv_destroy_qp", "", ibvErrno(int(rc)))
 	}
 	q.dead = true
 	_ = q.scq.hold(-1)
