@@ -84,6 +84,13 @@ func buildGoTest(t *testing.T, pkg string) string {
 // binary cannot be built or copied, or does not exit within goTestTimeout.
 func (g *guest) goTest(t *testing.T, pkg string, args ...string) (out string, rc int) {
 	t.Helper()
+	return g.goTestEnv(t, pkg, nil, args...)
+}
+
+// goTestEnv is goTest with environment variables (NAME=value) for the
+// test binary.
+func (g *guest) goTestEnv(t *testing.T, pkg string, env []string, args ...string) (out string, rc int) {
+	t.Helper()
 	bin := buildGoTest(t, pkg)
 	name := filepath.Base(bin)
 	if err := os.MkdirAll(filepath.Join(g.share, "bin"), 0o755); err != nil {
@@ -100,7 +107,11 @@ func (g *guest) goTest(t *testing.T, pkg string, args ...string) (out string, rc
 	for i, a := range args {
 		quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 	}
-	script := "cd /tmp && exec /ctl/bin/" + name + " " + strings.Join(quoted, " ") + " 2>&1"
+	var vars []string
+	for _, e := range env {
+		vars = append(vars, "'"+strings.ReplaceAll(e, "'", `'\''`)+"'")
+	}
+	script := "cd /tmp && exec env " + strings.Join(vars, " ") + " /ctl/bin/" + name + " " + strings.Join(quoted, " ") + " 2>&1"
 	c := g.start(t, name+" "+strings.Join(args, " "), script)
 	if err := c.poll(goTestTimeout, c.exited); err != nil {
 		c.kill()
