@@ -294,8 +294,11 @@ func (id *ID) bindLocked(sa sockaddr) error {
 // ResolveAddr resolves the destination address and binds the id to a
 // device (rdma_resolve_addr). With a nil or wildcard src the routing tables
 // pick the interface (so a multicast group usually resolves to the default
-// route's interface: pass src to choose). The result comes as an
-// ADDR_RESOLVED or ADDR_ERROR event; a synchronous id waits for it.
+// route's interface: pass src to choose). A destination without a route
+// fails the call (ENETUNREACH), as the kernel's rdma_resolve_ip does; a
+// route to an interface without an RDMA device is an ADDR_ERROR event.
+// The result comes as an ADDR_RESOLVED or ADDR_ERROR event; a synchronous
+// id waits for it.
 func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) {
 	defer wrapErr(&err, "rdma_resolve_addr", dst)
 	d, err := toSockaddr(dst)
@@ -317,26 +320,30 @@ func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) 
 	if src != nil && s.family != d.family {
 		return fmt.Errorf("address families differ: %w", syscall.EINVAL)
 	}
+	// The route lookup: the kernel's rdma_resolve_ip fails the call when
+	// there is no route (a multicast group from a given source needs none).
+	var routeSrc netip.Addr
+	if !d.ip.IsLoopback() && (src == nil || s.ip.IsUnspecified() || !d.ip.IsMulticast()) {
+		if routeSrc, err = routeSource(d.ip.WithZone("")); err != nil {
+			return fmt.Errorf("route to %v: %w", d.ip, err)
+		}
+	}
 	id.mu.Lock()
 	if id.state == stateIdle {
 		if src == nil || s.ip.IsUnspecified() {
-			// Bind to the source the route lookup picks.
-			var a netip.Addr
+			// Bind to the source the route lookup picked.
+			a := routeSrc
 			if d.ip.IsLoopback() {
 				a = d.ip
+			}
+			if src != nil {
+				s.ip = a
 			} else {
-				a, err = routeSource(d.ip.WithZone(""))
+				s = sockaddr{family: d.family, ip: a}
 			}
-			if err == nil {
-				if src != nil {
-					s.ip = a
-				} else {
-					s = sockaddr{family: d.family, ip: a}
-				}
-				err = id.bindLocked(s)
-			}
-			if err != nil {
-				// The kernel reports a failed lookup as ADDR_ERROR.
+			if err := id.bindLocked(s); err != nil {
+				// A route without an RDMA device: addr_handler's failed
+				// cma_acquire_dev, an ADDR_ERROR event.
 				id.mu.Unlock()
 				return id.complete(id.queue(&Event{ID: id, Event: EventAddrError, Status: -int(verbs.ErrnoOf(err))}))
 			}

@@ -346,6 +346,7 @@ func TestConformance(t *testing.T) {
 	s.run(t, "leave-rules", s.leaveRules)
 	s.run(t, "destroy-with-joins", s.destroyWithJoins)
 	s.run(t, "resolve-unreachable", s.resolveUnreachable)
+	s.run(t, "resolve-unreachable-from-src", s.resolveUnreachableFromSrc)
 	s.run(t, "ipv6-group-on-ipv4-id", s.ipv6Group)
 	s.run(t, "block-self-mcast-lb", s.blockSelfLB)
 	s.run(t, "attach-failure", s.attachFailure)
