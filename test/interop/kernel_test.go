@@ -27,9 +27,13 @@ const (
 // goTestBuildFlags are the flags of every guest test binary: the build tag
 // of the rdma-core backend (cgo, linked against the guest's libibverbs and
 // librdmacm, Debian 12 like the host) and the race detector.
-func goTestBuildFlags() []string {
+func goTestBuildFlags() []string { return goTestFlags(goTestRace) }
+
+// goTestFlags are the build flags of a guest test binary with or without
+// the race detector (measurements run without it).
+func goTestFlags(race bool) []string {
 	fl := []string{"-tags", "rdmacore"}
-	if goTestRace {
+	if race {
 		fl = append(fl, "-race")
 	}
 	return fl
@@ -46,9 +50,19 @@ var goTestBins struct {
 // process, in the lab's work folder, and returns its path.
 func buildGoTest(t *testing.T, pkg string) string {
 	t.Helper()
+	return buildGoTestRace(t, pkg, goTestRace)
+}
+
+// buildGoTestRace is buildGoTest with or without the race detector.
+func buildGoTestRace(t *testing.T, pkg string, race bool) string {
+	t.Helper()
+	key := pkg
+	if !race {
+		key += " norace"
+	}
 	goTestBins.Lock()
 	defer goTestBins.Unlock()
-	if p := goTestBins.m[pkg]; p != "" {
+	if p := goTestBins.m[key]; p != "" {
 		return p
 	}
 	root, err := filepath.Abs(filepath.Join("..", ".."))
@@ -59,8 +73,12 @@ func buildGoTest(t *testing.T, pkg string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(dir, filepath.Base(pkg)+".test")
-	args := append([]string{"test", "-c"}, goTestBuildFlags()...)
+	name := filepath.Base(pkg)
+	if !race {
+		name += "-norace"
+	}
+	bin := filepath.Join(dir, name+".test")
+	args := append([]string{"test", "-c"}, goTestFlags(race)...)
 	args = append(args, "-o", bin, pkg)
 	cmd := exec.Command(nettest.GoTool(), args...)
 	cmd.Dir = root
@@ -69,11 +87,11 @@ func buildGoTest(t *testing.T, pkg string) string {
 		os.RemoveAll(dir)
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	t.Logf("built %s (%s) in %.1fs", bin, strings.Join(goTestBuildFlags(), " "), time.Since(start).Seconds())
+	t.Logf("built %s (%s) in %.1fs", bin, strings.Join(goTestFlags(race), " "), time.Since(start).Seconds())
 	if goTestBins.m == nil {
 		goTestBins.m = map[string]string{}
 	}
-	goTestBins.m[pkg] = bin
+	goTestBins.m[key] = bin
 	return bin
 }
 
@@ -91,7 +109,12 @@ func (g *guest) goTest(t *testing.T, pkg string, args ...string) (out string, rc
 // test binary.
 func (g *guest) goTestEnv(t *testing.T, pkg string, env []string, args ...string) (out string, rc int) {
 	t.Helper()
-	bin := buildGoTest(t, pkg)
+	return g.runGoTest(t, buildGoTest(t, pkg), env, args...)
+}
+
+// runGoTest runs a built test binary in the guest (see goTest).
+func (g *guest) runGoTest(t *testing.T, bin string, env []string, args ...string) (out string, rc int) {
+	t.Helper()
 	name := filepath.Base(bin)
 	if err := os.MkdirAll(filepath.Join(g.share, "bin"), 0o755); err != nil {
 		t.Fatal(err)
