@@ -30,9 +30,10 @@ const pollBatch = 32
 // first (the order stays that of the CQ). The stash holds as many
 // completions as the CQ (its cqe).
 type cq struct {
-	ctx *kctx
-	c   *C.struct_ibv_cq
-	ch  *C.struct_ibv_comp_channel
+	ctx  *kctx
+	c    *C.struct_ibv_cq
+	ch   *C.struct_ibv_comp_channel // its own channel, for Wait (nil with user)
+	user *compChannel               // the program's channel, or nil
 	f   *os.File // a dup of the channel's fd, non-blocking, in Go's netpoller
 	raw syscall.RawConn
 
@@ -56,12 +57,15 @@ type cq struct {
 // aLongTimeAgo is a read deadline that has passed: it ends a pending read.
 var aLongTimeAgo = time.Unix(1, 0)
 
-func newCQ(k *kctx, cqe int) (_ *cq, err error) {
+func newCQ(k *kctx, cqe int, user *compChannel, vector int) (_ *cq, err error) {
 	name := k.dev.name
 	k.mu.RLock()
 	defer k.mu.RUnlock()
 	if k.closed {
 		return nil, verbs.Errorf("ibv_create_cq", name, syscall.EINVAL)
+	}
+	if user != nil {
+		return newUserCQ(k, cqe, user, vector)
 	}
 	ch, cerrno := C.ibv_create_comp_channel(k.c)
 	if ch == nil {
@@ -101,9 +105,62 @@ func newCQ(k *kctx, cqe int) (_ *cq, err error) {
 		q.c = nil
 		return nil, verbs.Errorf("ibv_create_cq", name, syscall.ENOMEM)
 	}
-	q.out = unsafe.Slice(q.cout, pollBatch)
-	q.stash = make([]verbs.WC, max(int(c.cqe), 1))
+	q.initBuffers()
 	return q, nil
+}
+
+// initBuffers sizes the Go side of a created CQ.
+func (q *cq) initBuffers() {
+	q.out = unsafe.Slice(q.cout, pollBatch)
+	q.stash = make([]verbs.WC, max(int(q.c.cqe), 1))
+}
+
+// newUserCQ creates a CQ whose events go to the program's channel (k.mu
+// is read-held).
+func newUserCQ(k *kctx, cqe int, user *compChannel, vector int) (*cq, error) {
+	q := &cq{ctx: k, user: user, wake: make(chan struct{})}
+	c, cerrno := C.ibv_create_cq(k.c, C.int(cqe), nil, user.ch, C.int(vector))
+	if c == nil {
+		return nil, verbs.Errorf("ibv_create_cq", k.dev.name, cerr(cerrno))
+	}
+	q.c = c
+	q.cwc = (*C.struct_ibv_wc)(C.calloc(pollBatch, C.sizeof_struct_ibv_wc))
+	q.cout = (*C.struct_sr_wc)(C.calloc(pollBatch, C.sizeof_struct_sr_wc))
+	if q.cwc == nil || q.cout == nil {
+		C.ibv_destroy_cq(c)
+		q.free()
+		return nil, verbs.Errorf("ibv_create_cq", k.dev.name, syscall.ENOMEM)
+	}
+	q.initBuffers()
+	user.add(q)
+	return q, nil
+}
+
+// ReqNotify arms the CQ (ibv_req_notify_cq).
+func (q *cq) ReqNotify(solicitedOnly bool) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.dead {
+		return verbs.Errorf("ibv_req_notify_cq", "", syscall.EINVAL)
+	}
+	sol := C.int(0)
+	if solicitedOnly {
+		sol = 1
+	}
+	if rc := C.sr_req_notify_cq_sol(q.c, sol); rc != 0 {
+		return verbs.Errorf("ibv_req_notify_cq", "", syscall.Errno(rc))
+	}
+	return nil
+}
+
+// AckEvents acknowledges n events of the program's channel
+// (ibv_ack_cq_events).
+func (q *cq) AckEvents(n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.dead && q.user != nil {
+		C.ibv_ack_cq_events(q.c, C.uint(n))
+	}
 }
 
 // free releases what newCQ or Destroy made, except the CQ itself.
@@ -399,6 +456,9 @@ func (q *cq) Destroy() error {
 		return err
 	}
 	q.free()
+	if q.user != nil {
+		q.user.remove(q)
+	}
 	_ = q.ctx.use(0, -1)
 	return nil
 }

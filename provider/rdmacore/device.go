@@ -290,13 +290,21 @@ func (k *kctx) AllocPD() (verbs.PDOps, error) {
 	return &pd{ctx: k, c: c}, nil
 }
 
-// CreateCQ creates a CQ of at least cqe entries with its own completion
-// channel (ibv_create_comp_channel, ibv_create_cq).
-func (k *kctx) CreateCQ(cqe int) (verbs.CQOps, error) {
+// CreateCQ creates a CQ of at least cqe entries (ibv_create_cq): with the
+// program's completion channel ch, or else with a channel of its own for
+// Wait (ibv_create_comp_channel).
+func (k *kctx) CreateCQ(cqe int, ch verbs.CompChannelOps, vector int) (verbs.CQOps, error) {
+	var user *compChannel
+	if ch != nil {
+		var ok bool
+		if user, ok = ch.(*compChannel); !ok || user.ctx != k {
+			return nil, verbs.Errorf("ibv_create_cq", k.dev.name, syscall.EINVAL)
+		}
+	}
 	if err := k.use(0, 1); err != nil {
 		return nil, verbs.Errorf("ibv_create_cq", k.dev.name, syscall.EINVAL)
 	}
-	q, err := newCQ(k, cqe)
+	q, err := newCQ(k, cqe, user, vector)
 	if err != nil {
 		_ = k.use(0, -1)
 		return nil, verbs.OpError("ibv_create_cq", k.dev.name, err)

@@ -43,6 +43,22 @@ static inline int sr_req_notify_cq(struct ibv_cq *cq) {
 	return sr_errno(ibv_req_notify_cq(cq, 0));
 }
 
+static inline int sr_req_notify_cq_sol(struct ibv_cq *cq, int solicited_only) {
+	errno = 0;
+	return sr_errno(ibv_req_notify_cq(cq, solicited_only));
+}
+
+// sr_get_cq_event_of reads one event of a (non-blocking) completion
+// channel and returns its CQ in *out: 0, EAGAIN when there is none, or
+// another errno.
+static inline int sr_get_cq_event_of(struct ibv_comp_channel *ch, struct ibv_cq **out) {
+	void *cq_ctx;
+	errno = 0;
+	if (ibv_get_cq_event(ch, out, &cq_ctx) == 0)
+		return 0;
+	return errno ? errno : EIO;
+}
+
 // sr_get_cq_event reads one event of a (non-blocking) completion channel:
 // 0, EAGAIN when there is none, or another errno.
 static inline int sr_get_cq_event(struct ibv_comp_channel *ch) {

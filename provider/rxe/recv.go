@@ -125,7 +125,7 @@ func (r *receiver) handle(b, name, oob []byte, trunc bool) {
 	dg := &r.dg
 	dg.PKey, dg.QKey, dg.SrcQP = p.BTH.PKey(), p.DETH.QKey(), p.DETH.SrcQP()
 	dg.Imm, dg.HasImm, dg.Payload = p.Imm, p.HasImm, p.Payload
-	dg.Self = false
+	dg.Solicited, dg.Self = p.BTH.Solicited(), false
 	destQP := p.BTH.DestQP()
 	if destQP != wire.MulticastQPN {
 		d.core.DeliverUnicast(destQP, dg, r.bp)
