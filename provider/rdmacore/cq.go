@@ -34,8 +34,8 @@ type cq struct {
 	c    *C.struct_ibv_cq
 	ch   *C.struct_ibv_comp_channel // its own channel, for Wait (nil with user)
 	user *compChannel               // the program's channel, or nil
-	f   *os.File // a dup of the channel's fd, non-blocking, in Go's netpoller
-	raw syscall.RawConn
+	f    *os.File                   // a dup of the channel's fd, non-blocking, in Go's netpoller
+	raw  syscall.RawConn
 
 	mu    sync.Mutex // everything below up to evMu; calls on c
 	dead  bool
