@@ -89,8 +89,11 @@ type Device struct {
 	info   atomic.Pointer[ifInfo]
 	infoMu sync.Mutex // serializes refreshes
 
-	// Hot-path table, immutable once published.
-	ownPorts atomic.Pointer[[]uint16]
+	// Hot-path tables, immutable once published.
+	ownPorts  atomic.Pointer[[]uint16] // every send socket's port
+	ownPorts4 atomic.Pointer[[]uint16] // the IPv4 send sockets' ports: the QPN prefixes
+
+	fwd *fwdSock // forwards unicast datagrams to their owner; nil if it failed to open
 
 	mu     sync.Mutex // control plane: everything below
 	closed bool
@@ -118,6 +121,8 @@ func newDevice(r *Registry, ifindex int, o Options) (*Device, error) {
 	}
 	d.info.Store(info)
 	d.ownPorts.Store(&[]uint16{})
+	d.ownPorts4.Store(&[]uint16{})
+	d.fwd, _ = openFwdSock() // without it, forwards are counted as dropped
 	d.reg = r
 	d.core = softverbs.New(d)
 	d.vdev = r.host.RegisterDevice(d.core)
@@ -274,6 +279,9 @@ func (d *Device) Close() error {
 
 	d.stopEvents()
 	d.wg.Wait()
+	if d.fwd != nil {
+		d.fwd.conn.Close()
+	}
 	r.host.UnregisterDevice(d.vdev)
 	return nil
 }

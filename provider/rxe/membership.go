@@ -257,3 +257,10 @@ func (d *Device) receiveLoop(rx *receiver) {
 	defer d.wg.Done()
 	rx.run()
 }
+
+// forwardLoop is the goroutine of one IPv4 send socket, which reads the
+// datagrams other devices of the host forward to its QPNs.
+func (d *Device) forwardLoop(rx *receiver) {
+	defer d.wg.Done()
+	rx.run()
+}

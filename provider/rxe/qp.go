@@ -135,20 +135,31 @@ func (d *Device) openBlockLocked() (*sendBlock, error) {
 			c6.Close()
 		}
 	}
+	// The IPv4 socket also reads the unicast datagrams other devices of
+	// the host forward to its QPNs.
+	br, err := newBatchReader(c4)
+	if err != nil {
+		b.close()
+		return nil, d.errf(syscall.ENOMEM, "send socket: %v", err)
+	}
 	d.blocks = append(d.blocks, b)
 	d.publishPortsLocked()
+	d.wg.Add(1)
+	go d.forwardLoop(newBlockReceiver(d, b, br))
 	return b, nil
 }
 
 func (d *Device) publishPortsLocked() {
-	var ports []uint16
+	var ports, ports4 []uint16
 	for _, b := range d.blocks {
 		ports = append(ports, b.port4)
+		ports4 = append(ports4, b.port4)
 		if b.conn6 != nil {
 			ports = append(ports, b.port6)
 		}
 	}
 	d.ownPorts.Store(&ports)
+	d.ownPorts4.Store(&ports4)
 }
 
 // QPN returns the QP number (softverbs.DriverQP): the device's send socket
