@@ -101,6 +101,7 @@ type Device struct {
 	blocks []*sendBlock
 	mships map[netip.Addr]*membership
 	rsocks []*recvSock
+	usocks []*recvSock // unicast receive sockets, while the device has QPs
 
 	wg sync.WaitGroup // receive goroutines
 
@@ -275,6 +276,7 @@ func (d *Device) Close() error {
 		s.conn.Close()
 	}
 	d.rsocks = nil
+	d.closeUnicastLocked()
 	d.mu.Unlock()
 
 	d.stopEvents()

@@ -1,6 +1,7 @@
 package rxe
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -218,4 +219,84 @@ func TestForwardAllocations(t *testing.T) {
 		t.Errorf("forward: %v allocations per datagram", n)
 	}
 	eventually(t, "forwards delivered", func() bool { return a.Counters().Get(softverbs.RcvdForwarded) == 51 })
+}
+
+// TestUnicastNoMembership exchanges unicast datagrams (IPv4 and IPv6)
+// between two devices of lo, in a private network namespace, while neither
+// holds a membership: each has unicast receive sockets while it has QPs,
+// and whichever socket the kernel picks, the owner receives each datagram
+// once.
+func TestUnicastNoMembership(t *testing.T) {
+	if !inNetns(t, "TestUnicastNoMembership") {
+		return
+	}
+	ipCmd(t, "link", "set", "lo", "up")
+	a, err := ForName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b := loPeer(t)
+	const qkey = 0x31
+	rxA, rxB := newFakeRx(), newFakeRx()
+	qa := newQP(t, a, rxA, 0, qkey)
+	qb := newQP(t, b, rxB, 0, qkey)
+	tbl, _ := a.GIDTable(1)
+	sent := 0
+	for _, addr := range []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")} {
+		idx := -1
+		for _, e := range tbl {
+			if e.GID == wire.GIDFromAddr(addr) {
+				idx = e.Index
+			}
+		}
+		if idx < 0 {
+			t.Logf("no GID for %v on lo: %+v", addr, tbl)
+			continue
+		}
+		ah := &verbs.AHAttr{IsGlobal: true, PortNum: 1, GRH: verbs.GlobalRoute{DGID: wire.GIDFromAddr(addr), SGIDIndex: uint8(idx), HopLimit: 64}}
+		for _, c := range []struct {
+			from, to *tqp
+			rx       *fakeRx
+		}{{qb, qa, rxA}, {qa, qb, rxB}} {
+			msg := fmt.Sprintf("%v to %#x", addr, c.to.QPN())
+			if err := c.from.Send(&softverbs.UDSend{AH: ah, RemoteQPN: c.to.QPN(), RemoteQKey: qkey, Payload: []byte(msg)}); err != nil {
+				t.Fatal(err)
+			}
+			if got := c.rx.wait(t); string(got.payload) != msg || got.srcQP != c.from.QPN() {
+				t.Errorf("%s: delivered %q from %#x", msg, got.payload, got.srcQP)
+			}
+		}
+		sent++
+	}
+	if sent == 0 {
+		t.Fatal("no address to send to")
+	}
+	eventually(t, "every forward read", func() bool {
+		ca, cb := a.Counters(), b.Counters()
+		return ca.Get(softverbs.Forwarded)+cb.Get(softverbs.Forwarded) == ca.Get(softverbs.RcvdForwarded)+cb.Get(softverbs.RcvdForwarded)
+	})
+	rxA.none(t, 50*time.Millisecond)
+	rxB.none(t, 0)
+	for _, d := range []*Device{a, b} {
+		c := d.Counters()
+		t.Logf("%s: forwarded %d rcvd_forwarded %d", d.Name(), c.Get(softverbs.Forwarded), c.Get(softverbs.RcvdForwarded))
+		if c.Get(softverbs.Delivered) != uint64(sent) || c.Get(softverbs.NoQPDrops)+c.Get(softverbs.ForwardDrops)+c.Get(softverbs.NoOwnerDrops) != 0 {
+			t.Errorf("%s: counters %v", d.Name(), c)
+		}
+	}
+	// The unicast sockets live while the device has QPs.
+	a.mu.Lock()
+	n := len(a.usocks)
+	a.mu.Unlock()
+	if n == 0 {
+		t.Errorf("no unicast socket")
+	}
+	qa.Destroy()
+	a.mu.Lock()
+	n = len(a.usocks)
+	a.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d unicast sockets without QPs", n)
+	}
 }

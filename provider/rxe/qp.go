@@ -142,6 +142,9 @@ func (d *Device) openBlockLocked() (*sendBlock, error) {
 		b.close()
 		return nil, d.errf(syscall.ENOMEM, "send socket: %v", err)
 	}
+	if len(d.blocks) == 0 {
+		d.openUnicastLocked(b.conn6 != nil)
+	}
 	d.blocks = append(d.blocks, b)
 	d.publishPortsLocked()
 	d.wg.Add(1)
@@ -185,5 +188,8 @@ func (q *qp) Destroy() {
 		b.close()
 		d.blocks = slices.DeleteFunc(d.blocks, func(x *sendBlock) bool { return x == b })
 		d.publishPortsLocked()
+		if len(d.blocks) == 0 {
+			d.closeUnicastLocked()
+		}
 	}
 }
