@@ -136,8 +136,8 @@ type forwarder struct {
 	hdr   [fwdHdrLen]byte
 	iov   [2]unix.Iovec
 	name  [unix.SizeofSockaddrInet4]byte
-	hs    [1]unix.Mmsghdr
-	snd   mmsg.Sender
+	msg   unix.Msghdr
+	errno syscall.Errno // of the last sendmsg
 	n     int // forwards since the error queue was last read
 	errs  int // ECONNREFUSED read from the error queue by drainFn
 	eh    unix.Msghdr
@@ -145,19 +145,27 @@ type forwarder struct {
 	edata [64]byte
 	eoob  [128]byte
 
+	sendFn  func(fd uintptr) bool
 	drainFn func(fd uintptr)
 }
 
 func (f *forwarder) init() {
-	f.snd.Init()
+	f.sendFn = f.sendmsg
 	f.drainFn = f.drain
 	binary.NativeEndian.PutUint16(f.name[0:2], unix.AF_INET)
 	copy(f.name[4:8], []byte{127, 0, 0, 1})
-	h := &f.hs[0].Hdr
+	h := &f.msg
 	h.Name = &f.name[0]
 	h.Namelen = unix.SizeofSockaddrInet4
 	h.Iov = &f.iov[0]
 	h.SetIovlen(2)
+}
+
+// sendmsg is the RawConn.Write callback of a forward: one sendmsg that
+// never waits (MSG_DONTWAIT; a full send buffer is a drop).
+func (f *forwarder) sendmsg(fd uintptr) bool {
+	_, _, f.errno = unix.Syscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&f.msg)), unix.MSG_DONTWAIT)
+	return true
 }
 
 // forward hands datagram b, described by r.meta, to the owner of port.
@@ -180,9 +188,9 @@ func (r *receiver) forward(b []byte, port uint16, v6 bool) {
 	// socket's error, which the next send returns): read from the error
 	// queue, it is counted there; this datagram is sent again, once.
 	for try := 0; try < 2 && !sent; try++ {
-		n, errno, err := f.snd.Send(fs.raw, f.hs[:])
-		sent = err == nil && errno == 0 && n == 1
-		if errno != unix.ECONNREFUSED {
+		err := fs.raw.Write(f.sendFn)
+		sent = err == nil && f.errno == 0
+		if err != nil || f.errno != unix.ECONNREFUSED {
 			break
 		}
 	}
