@@ -101,23 +101,32 @@ func parseFwdHdr(m *rxMeta, b []byte) (rest []byte, v6, ok bool) {
 }
 
 // fwdSock is a device's socket for forwarding: an IPv4 UDP socket on an
-// ephemeral port with IP_RECVERR, so that a forward to a port nobody holds
-// (a QPN no device on the host has) comes back as ECONNREFUSED on its
-// error queue. Nothing else is read from it.
+// ephemeral port of 127.0.0.1 (of the wildcard address while lo has none)
+// with IP_RECVERR, so that a forward to a port nobody holds (a QPN no
+// device of the host has) comes back as ECONNREFUSED on its error queue.
+// Nothing else is read from it.
 type fwdSock struct {
 	conn *net.UDPConn
 	raw  syscall.RawConn
 }
 
+// fwdErrQueue is the receive buffer of the forwarding socket, which holds
+// the error queue between two reads.
+const fwdErrQueue = 256 << 10
+
 // openFwdSock opens the forwarding socket of a device.
 func openFwdSock() (*fwdSock, error) {
-	conn, err := mmsg.ListenUDP("udp4", "0.0.0.0:0", func(fd int) error {
+	setup := func(fd int) error {
 		return setOpts(fd, []sockopt{
 			{unix.IPPROTO_IP, unix.IP_RECVERR, 1, false},
-			{unix.SOL_SOCKET, unix.SO_RCVBUF, 0, true}, // the kernel's minimum: nothing is read but errors
+			{unix.SOL_SOCKET, unix.SO_RCVBUF, fwdErrQueue, true},
 			{unix.SOL_SOCKET, unix.SO_SNDBUF, recvBufSize, true},
 		})
-	})
+	}
+	conn, err := mmsg.ListenUDP("udp4", "127.0.0.1:0", setup)
+	if err != nil {
+		conn, err = mmsg.ListenUDP("udp4", "0.0.0.0:0", setup)
+	}
 	if err != nil {
 		return nil, err
 	}
