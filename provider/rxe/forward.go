@@ -147,8 +147,8 @@ type forwarder struct {
 	name  [unix.SizeofSockaddrInet4]byte
 	msg   unix.Msghdr
 	errno syscall.Errno // of the last sendmsg
-	n     int // forwards since the error queue was last read
-	errs  int // ECONNREFUSED read from the error queue by drainFn
+	n     int           // forwards since the error queue was last read
+	errs  int           // ECONNREFUSED read from the error queue by drainFn
 	eh    unix.Msghdr
 	eiov  unix.Iovec
 	edata [64]byte
