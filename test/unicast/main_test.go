@@ -24,6 +24,8 @@ var (
 	skipReason string
 	// nsPrefix starts the name of every namespace this process creates.
 	nsPrefix = nettest.Prefix(nsTag)
+	// artifacts keeps the pcaps of failed tests.
+	artifacts = nettest.Artifacts{Fallback: "softrdma-unicast-artifacts", Kind: "pcap"}
 )
 
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }

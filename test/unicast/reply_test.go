@@ -2,9 +2,12 @@ package unicast
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -13,6 +16,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/wire"
 )
 
 // requests is how many requests every process multicasts.
@@ -255,6 +259,7 @@ func TestReplyAcrossHosts(t *testing.T) {
 	for _, ns := range []string{h1, h2} {
 		waitUp(t, ns, "eth0")
 	}
+	capt := nettest.StartCapture(t, h2, "eth0", artifacts)
 	g := randGroup()
 	var ms []*member
 	for range 3 {
@@ -266,5 +271,37 @@ func TestReplyAcrossHosts(t *testing.T) {
 	}
 	for _, m := range ms {
 		m.exit()
+	}
+	// The wire between the hosts: plain RoCEv2 to port 4791 with valid
+	// ICRCs, nothing else over UDP; the requests and the replies, once each.
+	h1Addr, h2Addr, group := netip.MustParseAddr("10.79.0.1"), netip.MustParseAddr("10.79.0.2"), netip.MustParseAddr(g)
+	count := map[[2]netip.Addr]int{}
+	for _, f := range capt.Synced(t, 10*time.Second) {
+		ip, ok := nettest.ParseIPv4(f)
+		if !ok || ip.Proto != 17 {
+			continue
+		}
+		if len(ip.Payload) < 8 || binary.BigEndian.Uint16(ip.Payload[2:4]) != wire.UDPPort {
+			t.Errorf("UDP frame %v → %v not to port %d: % x", ip.Src, ip.Dst, wire.UDPPort, ip.Payload[:min(len(ip.Payload), 16)])
+			continue
+		}
+		var p wire.Packet
+		if err := wire.ParseUD(ip.Payload[8:], &p); err != nil {
+			t.Errorf("frame %v → %v: %v", ip.Src, ip.Dst, err)
+			continue
+		}
+		if got := wire.ICRCv4(wire.IPv4(ip.IP), wire.UDP(ip.Payload[:8]), p.Body); got != p.ICRC {
+			t.Errorf("frame %v → %v: ICRC %08x, recomputed %08x", ip.Src, ip.Dst, p.ICRC, got)
+		}
+		count[[2]netip.Addr{ip.Src, ip.Dst}]++
+	}
+	want := map[[2]netip.Addr]int{
+		{h1Addr, group}:  3 * requests, // the requests of h1's three members
+		{h2Addr, group}:  requests,     // h2's member's requests
+		{h1Addr, h2Addr}: 3 * requests, // the replies to h2's member
+		{h2Addr, h1Addr}: 3 * requests, // h2's member's replies to h1's members
+	}
+	if !maps.Equal(count, want) {
+		t.Errorf("RoCEv2 frames by source → destination on the veth: %v, want %v", count, want)
 	}
 }
