@@ -97,7 +97,9 @@ type Device struct {
 	ownPorts  atomic.Pointer[[]uint16] // every send socket's port
 	ownPorts4 atomic.Pointer[[]uint16] // the IPv4 send sockets' ports: the QPN prefixes
 
-	fwd *fwdSock // forwards unicast datagrams to their owner; nil if it failed to open
+	// fwd forwards unicast datagrams to their owner; opened with the
+	// first receive socket (Device.mu), nil if that failed.
+	fwd atomic.Pointer[fwdSock]
 
 	mu     sync.Mutex // control plane: everything below
 	closed bool
@@ -127,7 +129,6 @@ func newDevice(r *Registry, ifindex int, o Options) (*Device, error) {
 	d.info.Store(info)
 	d.ownPorts.Store(&[]uint16{})
 	d.ownPorts4.Store(&[]uint16{})
-	d.fwd, _ = openFwdSock() // without it, forwards are counted as dropped
 	d.reg = r
 	d.core = softverbs.New(d)
 	d.vdev = r.host.RegisterDevice(d.core)
@@ -285,8 +286,8 @@ func (d *Device) Close() error {
 
 	d.stopEvents()
 	d.wg.Wait()
-	if d.fwd != nil {
-		d.fwd.conn.Close()
+	if fs := d.fwd.Swap(nil); fs != nil {
+		fs.conn.Close()
 	}
 	r.host.UnregisterDevice(d.vdev)
 	return nil

@@ -138,6 +138,17 @@ func openFwdSock() (*fwdSock, error) {
 	return &fwdSock{conn: conn, raw: raw}, nil
 }
 
+// openFwdLocked opens the device's forwarding socket unless it is open;
+// d.mu is held. Without it, forwards are counted as dropped.
+func (d *Device) openFwdLocked() {
+	if d.fwd.Load() != nil {
+		return
+	}
+	if fs, err := openFwdSock(); err == nil {
+		d.fwd.Store(fs)
+	}
+}
+
 // forwarder is a receive goroutine's scratch for forwarding: one
 // sendmmsg message of two pieces (header, datagram) to 127.0.0.1:port and
 // the buffers to read the socket's error queue. Nothing allocates.
@@ -180,7 +191,7 @@ func (f *forwarder) sendmsg(fd uintptr) bool {
 // forward hands datagram b, described by r.meta, to the owner of port.
 func (r *receiver) forward(b []byte, port uint16, v6 bool) {
 	d := r.d
-	fs := d.fwd
+	fs := d.fwd.Load()
 	if fs == nil || len(b)+fwdHdrLen > readBufLen {
 		d.core.Count(softverbs.ForwardDrops, 1)
 		return
@@ -216,12 +227,16 @@ func (r *receiver) forward(b []byte, port uint16, v6 bool) {
 // and counts the refused ones (no socket holds the QPN's port).
 func (r *receiver) drainErrors() {
 	f := &r.fwd
-	if f.n == 0 || r.d.fwd == nil {
+	if f.n == 0 {
 		return
 	}
 	f.n = 0
+	fs := r.d.fwd.Load()
+	if fs == nil {
+		return
+	}
 	f.errs = 0
-	r.d.fwd.raw.Control(f.drainFn)
+	fs.raw.Control(f.drainFn)
 	if f.errs > 0 {
 		r.d.core.Count(softverbs.NoOwnerDrops, uint64(f.errs))
 	}

@@ -245,6 +245,7 @@ func (d *Device) openRecvSockLocked(v6 bool) (*recvSock, error) {
 		conn.Close()
 		return nil, err
 	}
+	d.openFwdLocked()
 	rx := newReceiver(d, s, br)
 	d.rsocks = append(d.rsocks, s)
 	d.wg.Add(1)
@@ -280,6 +281,7 @@ func (d *Device) openUnicastLocked(v6 bool) {
 			conn.Close()
 			continue
 		}
+		d.openFwdLocked()
 		d.usocks = append(d.usocks, s)
 		d.wg.Add(1)
 		go d.unicastLoop(newReceiver(d, s, br))
