@@ -94,8 +94,8 @@ type Device struct {
 	infoMu sync.Mutex // serializes refreshes
 
 	// Hot-path tables, immutable once published.
-	ownPorts  atomic.Pointer[[]uint16] // every send socket's port
 	ownPorts4 atomic.Pointer[[]uint16] // the IPv4 send sockets' ports: the QPN prefixes
+	ownPorts6 atomic.Pointer[[]uint16] // the IPv6 send sockets' ports
 
 	// fwd forwards unicast datagrams to their owner; opened with the
 	// first receive socket (Device.mu), nil if that failed.
@@ -127,8 +127,8 @@ func newDevice(r *Registry, ifindex int, o Options) (*Device, error) {
 		mships:  map[netip.Addr]*membership{},
 	}
 	d.info.Store(info)
-	d.ownPorts.Store(&[]uint16{})
 	d.ownPorts4.Store(&[]uint16{})
+	d.ownPorts6.Store(&[]uint16{})
 	d.reg = r
 	d.core = softverbs.New(d)
 	d.vdev = r.host.RegisterDevice(d.core)

@@ -153,16 +153,15 @@ func (d *Device) openBlockLocked() (*sendBlock, error) {
 }
 
 func (d *Device) publishPortsLocked() {
-	var ports, ports4 []uint16
+	var ports4, ports6 []uint16
 	for _, b := range d.blocks {
-		ports = append(ports, b.port4)
 		ports4 = append(ports4, b.port4)
 		if b.conn6 != nil {
-			ports = append(ports, b.port6)
+			ports6 = append(ports6, b.port6)
 		}
 	}
-	d.ownPorts.Store(&ports)
 	d.ownPorts4.Store(&ports4)
+	d.ownPorts6.Store(&ports6)
 }
 
 // QPN returns the QP number (softverbs.DriverQP): the device's send socket

@@ -220,11 +220,16 @@ func (d *Device) ownsPort4(port uint16) bool {
 
 // fromUs reports whether the current datagram was sent by this device:
 // its source address is the interface's and its source port one of the
-// device's send sockets.
+// device's send sockets of that family (an IPv4 and an IPv6 socket of two
+// devices may have the same port).
 func (r *receiver) fromUs() bool {
 	d := r.d
+	ports := d.ownPorts4.Load()
+	if r.v6 {
+		ports = d.ownPorts6.Load()
+	}
 	own := false
-	for _, p := range *d.ownPorts.Load() {
+	for _, p := range *ports {
 		if p == r.meta.srcPort {
 			own = true
 			break
