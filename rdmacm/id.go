@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -164,6 +165,28 @@ func (id *ID) SendCQ() *verbs.CQ {
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	return id.sendCQ
+}
+
+// SendCQChannel returns the completion channel of the send CQ CreateQP
+// made for the id (id->send_cq_channel), or nil.
+func (id *ID) SendCQChannel() *verbs.CompChannel {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.sendCQ == nil || !slices.Contains(id.ownCQs, id.sendCQ) {
+		return nil
+	}
+	return id.sendCQ.Channel()
+}
+
+// RecvCQChannel returns the completion channel of the receive CQ CreateQP
+// made for the id (id->recv_cq_channel), or nil.
+func (id *ID) RecvCQChannel() *verbs.CompChannel {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.recvCQ == nil || !slices.Contains(id.ownCQs, id.recvCQ) {
+		return nil
+	}
+	return id.recvCQ.Channel()
 }
 
 // RecvCQ returns the receive CQ of the id's QP.
@@ -454,13 +477,21 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) (err error) {
 	if a.QPType == 0 {
 		a.QPType = id.qpType
 	}
+	// Missing CQs are made as librdmacm's ucma_create_cqs makes them: each
+	// with a completion channel of its own and the id as its context.
 	var own []*verbs.CQ
 	mk := func(n int) (*verbs.CQ, error) {
-		cq, err := pd.Context().CreateCQ(max(n, 1))
-		if err == nil {
-			own = append(own, cq)
+		ch, err := pd.Context().CreateCompChannel()
+		if err != nil {
+			return nil, err
 		}
-		return cq, err
+		cq, err := pd.Context().CreateCQEx(max(n, 1), verbs.CQInit{Context: id, Channel: ch})
+		if err != nil {
+			ch.Destroy()
+			return nil, err
+		}
+		own = append(own, cq)
+		return cq, nil
 	}
 	if a.SendCQ == nil {
 		if a.SendCQ, err = mk(a.Cap.MaxSendWR); err != nil {
@@ -502,9 +533,14 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) (err error) {
 // CreateQPEx is CreateQP taking the extended attributes (create flags).
 func (id *ID) CreateQPEx(pd *verbs.PD, attr *verbs.QPInitAttr) error { return id.CreateQP(pd, attr) }
 
+// destroyCQs destroys CQs the id made, and their completion channels.
 func destroyCQs(cqs []*verbs.CQ) {
 	for _, cq := range cqs {
+		ch := cq.Channel()
 		cq.Destroy()
+		if ch != nil {
+			ch.Destroy()
+		}
 	}
 }
 

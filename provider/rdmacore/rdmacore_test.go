@@ -144,7 +144,11 @@ func (e *env) newQPOn(t *testing.T, flags verbs.CreateFlags, scq, rcq *verbs.CQ)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { check(t, u.qp.Destroy()) })
+	t.Cleanup(func() {
+		if u.qp != nil {
+			check(t, u.qp.Destroy())
+		}
+	})
 	toRTS(t, u.qp, e.port)
 	return u
 }
