@@ -1,12 +1,16 @@
 package conformance
 
 import (
+	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"testing"
 
+	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/verbs"
 	"go.uber.org/goleak"
@@ -51,4 +55,24 @@ func routelessNetns() (name, why string) {
 		return "", fmt.Sprintf("ip link set lo up: %v: %s", err, out)
 	}
 	return name, ""
+}
+
+// startSubnet starts an in-process subnet manager (softsm's, with
+// send-only join support) and opens an IB port of this process with IPoIB
+// address local; both end with the test.
+func startSubnet(t *testing.T, local netip.Addr) {
+	t.Helper()
+	s, err := sm.New(sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: local})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
 }
