@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -50,6 +52,10 @@ type ID struct {
 	sendCQ   *verbs.CQ
 	recvCQ   *verbs.CQ
 	mcs      []*mcJoin // oldest first; lookups go newest first, like librdmacm's list
+
+	// A unicast resolution in progress (neigh.go): its cancel and end.
+	resolveStop context.CancelFunc
+	resolveDone chan struct{}
 
 	// A kernel id (kernel.go): its librdmacm id, token and port.
 	k     kernelID
@@ -319,7 +325,9 @@ func (id *ID) bindLocked(sa sockaddr) error {
 // pick the interface (so a multicast group usually resolves to the default
 // route's interface: pass src to choose). A destination without a route
 // fails the call (ENETUNREACH), as the kernel's rdma_resolve_ip does; a
-// route to an interface without an RDMA device is an ADDR_ERROR event.
+// route to an interface without an RDMA device is an ADDR_ERROR event. A
+// unicast destination resolves once its next hop's link-layer address is
+// known, else ADDR_ERROR -ETIMEDOUT when timeout passes (neigh.go).
 // The result comes as an ADDR_RESOLVED or ADDR_ERROR event; a synchronous
 // id waits for it.
 func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) {
@@ -346,8 +354,11 @@ func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) 
 	// The route lookup: the kernel's rdma_resolve_ip fails the call when
 	// there is no route (a multicast group from a given source needs none).
 	var routeSrc netip.Addr
-	if !d.ip.IsLoopback() && (src == nil || s.ip.IsUnspecified() || !d.ip.IsMulticast()) {
-		if routeSrc, err = routeSource(d.ip.WithZone("")); err != nil {
+	wildSrc := src == nil || s.ip.IsUnspecified()
+	if !d.ip.IsLoopback() && (wildSrc || !d.ip.IsMulticast()) {
+		// From a bound source, a unicast destination no route has is taken
+		// to be on the source's link (resolveNeighbour).
+		if routeSrc, err = routeSource(d.ip.WithZone("")); err != nil && wildSrc {
 			return fmt.Errorf("route to %v: %w", d.ip, err)
 		}
 	}
@@ -382,6 +393,12 @@ func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) 
 		return syscall.EINVAL
 	}
 	id.dst = d
+	if id.dev != nil && id.k == nil && !d.ip.IsMulticast() && !d.ip.IsLoopback() && !d.ip.IsUnspecified() {
+		// A unicast destination: ADDR_RESOLVED once its neighbour is known.
+		id.startNeighbourLocked(d.ip.WithZone(""), timeout)
+		id.mu.Unlock()
+		return id.complete(nil)
+	}
 	var ev *Event
 	if id.dev == nil {
 		ev = &Event{ID: id, Event: EventAddrError, Status: -int(syscall.ENODEV)}
@@ -589,6 +606,13 @@ func (id *ID) DestroyQP() (err error) {
 func (id *ID) Destroy() (err error) {
 	defer wrapErr(&err, "rdma_destroy_id", nil)
 	id.mu.Lock()
+	if stop, done := id.resolveStop, id.resolveDone; stop != nil {
+		// rdma_addr_cancel: the resolution ends without an event.
+		id.mu.Unlock()
+		stop()
+		<-done
+		id.mu.Lock()
+	}
 	if id.state == stateDestroying {
 		id.mu.Unlock()
 		return syscall.EINVAL
@@ -668,4 +692,40 @@ func (id *ID) addrRemoved(a netip.Addr) {
 	if hit {
 		id.queue(&Event{ID: id, Event: EventAddrChange})
 	}
+}
+
+// startNeighbourLocked resolves the neighbour of a unicast destination in
+// the background and queues ADDR_RESOLVED or ADDR_ERROR (id.mu is held).
+func (id *ID) startNeighbourLocked(dst netip.Addr, timeout time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	id.state = stateAddrQuery
+	id.resolveStop, id.resolveDone = cancel, done
+	src := id.src.ip.WithZone("")
+	// The handle's sockets belong to this thread's network namespace,
+	// where the route lookup of ResolveAddr ran.
+	h, herr := netlink.NewHandle()
+	go func() {
+		defer close(done)
+		err := herr
+		if h != nil {
+			err = resolveNeighbour(ctx, h, src, dst, timeout)
+			h.Close()
+		}
+		id.mu.Lock()
+		id.resolveStop, id.resolveDone = nil, nil
+		if ctx.Err() != nil || id.state != stateAddrQuery {
+			id.mu.Unlock()
+			return // cancelled by Destroy
+		}
+		ev := &Event{ID: id, Event: EventAddrResolved}
+		if err != nil {
+			id.state = stateAddrBound
+			ev = &Event{ID: id, Event: EventAddrError, Status: -int(verbs.ErrnoOf(err)), Err: err}
+		} else {
+			id.state = stateAddrResolved
+		}
+		id.mu.Unlock()
+		id.queue(ev)
+	}()
 }

@@ -334,13 +334,17 @@ func (s *suite) resolveUnreachable(t *testing.T) string {
 	return s.resolveUnreachableFrom(t, nil, same("call=ENETUNREACH"))
 }
 
-// resolveUnreachableFromSrc: from a bound source the kernel takes the
-// destination to be on the source's link when no route has it, and its
-// neighbour resolution times out (ADDR_ERROR -ETIMEDOUT after the 2 s
-// timeout); softrdma resolves no neighbours and fails the call, as
-// without a source (a documented difference).
+// resolveUnreachableFromSrc: from a bound source a destination no route
+// has is taken to be on the source's link, and its neighbour resolution
+// times out: ADDR_ERROR -ETIMEDOUT after the 2 s timeout (the source's
+// link has nobody answering ARP).
 func (s *suite) resolveUnreachableFromSrc(t *testing.T) string {
-	return s.resolveUnreachableFrom(t, rdmacm.UDPAddr(s.addr), want{soft: "call=ENETUNREACH", kernel: "call=OK event=RDMA_CM_EVENT_ADDR_ERROR status=-110"})
+	start := time.Now()
+	got := s.resolveUnreachableFrom(t, rdmacm.UDPAddr(s.unreachSrc), same("call=OK event=RDMA_CM_EVENT_ADDR_ERROR status=-110"))
+	if d := time.Since(start); d < 1900*time.Millisecond {
+		t.Errorf("ADDR_ERROR after %v, before the 2 s timeout", d)
+	}
+	return got
 }
 
 func (s *suite) resolveUnreachableFrom(t *testing.T, src net.Addr, w want) string {

@@ -25,6 +25,9 @@ type config struct {
 	backend rdmacm.Backend
 	addr    netip.Addr
 	unreach netip.Addr
+	// unreachSrc is the bound source of the unreachable case from a
+	// source: an address on a link where nothing answers (default addr).
+	unreachSrc netip.Addr
 	// inNet runs a call where unreach has no route (nil: here).
 	inNet func(func() error) error
 	// noUnreach says why there is no unreachable address.
@@ -67,8 +70,12 @@ func loadConfig(t *testing.T) config {
 			c.noUnreach = why
 		} else {
 			c.unreach = netip.MustParseAddr("192.0.2.1")
+			c.unreachSrc = netip.MustParseAddr(routelessSrc)
 			c.inNet = func(fn func() error) error { return nettest.InNetns(ns, fn) }
 		}
+	}
+	if !c.unreachSrc.IsValid() {
+		c.unreachSrc = c.addr
 	}
 	return c
 }
