@@ -7,14 +7,13 @@ import "C"
 
 import (
 	"context"
-	"errors"
 	"os"
 	"sync"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/pollfd"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -103,21 +102,8 @@ func (c *compChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps,
 		if !take() && evErr == 0 {
 			return nil, syscall.EAGAIN
 		}
-	} else {
-		stop := context.AfterFunc(ctx, func() { _ = c.f.SetReadDeadline(time.Unix(1, 0)) })
-		err := c.raw.Read(func(uintptr) bool { return take() })
-		if !stop() {
-			_ = c.f.SetReadDeadline(time.Time{})
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			if errors.Is(err, os.ErrClosed) {
-				return nil, syscall.EBADF
-			}
-			return nil, err
-		}
+	} else if err := pollfd.Read(ctx, c.f, c.raw, func(uintptr) bool { return take() }); err != nil {
+		return nil, err
 	}
 	if evErr != 0 {
 		return nil, evErr

@@ -2,14 +2,13 @@ package softverbs
 
 import (
 	"context"
-	"errors"
 	"os"
 	"sync"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/pollfd"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -61,9 +60,6 @@ func (ch *CompChannel) post(cq *CQ) {
 	})
 }
 
-// aLongTimeAgo is a deadline that has passed: it ends a pending read.
-var aLongTimeAgo = time.Unix(1, 0)
-
 // GetEvent returns the CQ of the next event (ibv_get_cq_event).
 func (ch *CompChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps, error) {
 	var buf [8]byte
@@ -84,24 +80,11 @@ func (ch *CompChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps
 		if err != nil {
 			rerr = err
 		}
-	} else {
-		stop := context.AfterFunc(ctx, func() { _ = ch.f.SetReadDeadline(aLongTimeAgo) })
-		err := ch.rc.Read(func(fd uintptr) bool {
-			got, rerr = take(fd)
-			return got || rerr != nil
-		})
-		if !stop() {
-			_ = ch.f.SetReadDeadline(time.Time{})
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			if errors.Is(err, os.ErrClosed) {
-				return nil, syscall.EBADF
-			}
-			return nil, err
-		}
+	} else if err := pollfd.Read(ctx, ch.f, ch.rc, func(fd uintptr) bool {
+		got, rerr = take(fd)
+		return got || rerr != nil
+	}); err != nil {
+		return nil, err
 	}
 	if rerr != nil {
 		return nil, rerr
