@@ -71,9 +71,13 @@ type UDParam struct {
 	// PrivateData is, for MULTICAST_JOIN and MULTICAST_ERROR, the context
 	// given to the join (librdmacm puts the join context pointer there).
 	PrivateData any
-	AHAttr      verbs.AHAttr
-	QPNum       uint32
-	QKey        uint32
+	// PrivateDataLen is ud.private_data_len: 0 for multicast events, as
+	// librdmacm gives it (their PrivateData is the join's context, not
+	// data of a peer).
+	PrivateDataLen uint8
+	AHAttr         verbs.AHAttr
+	QPNum          uint32
+	QKey           uint32
 }
 
 // Event is an RDMA CM event (struct rdma_cm_event). Every event returned by
@@ -288,7 +292,7 @@ func (ev *Event) Ack() (err error) {
 	return nil
 }
 
-// ackLocked acks a retrieved event of the id (id.ch.mu is held): the
+// ackLocked acks a retrieved event of the id (id.ch().mu is held): the
 // counts that leave and destroy wait on, and librdmacm's ack of a kernel
 // id's event.
 func (id *ID) ackLocked(ev *Event) {
@@ -303,7 +307,9 @@ func (id *ID) ackLocked(ev *Event) {
 	if ev.kack != nil {
 		ev.kack()
 	}
-	id.ch.cond.Broadcast()
+	if ev.ch != nil {
+		ev.ch.cond.Broadcast()
+	}
 }
 
 // String describes the event like mckey's messages.

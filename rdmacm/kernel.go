@@ -128,6 +128,14 @@ type kernelID interface {
 	join(sa *sockaddr, tok uint64) error
 	joinEx(compMask, flags uint32, sa *sockaddr, tok uint64) error
 	leave(sa *sockaddr) error
+	// setOption is rdma_set_option with the option's C bytes.
+	setOption(level, name int, val []byte) error
+	// resolveRoute is rdma_resolve_route.
+	resolveRoute(timeout time.Duration) error
+	// srcPort and dstPort are rdma_get_src_port and rdma_get_dst_port,
+	// in host order.
+	srcPort() uint16
+	dstPort() uint16
 	// initQPAttr is rdma_init_qp_attr for the INIT state.
 	initQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error)
 	local() sockaddr
@@ -145,6 +153,7 @@ type kernelEvent struct {
 	idTok, mcTok uint64
 	qpn, qkey    uint32
 	ah           verbs.AHAttr
+	pdLen        uint8
 	ack          func() error
 }
 
@@ -190,7 +199,7 @@ func (ch *EventChannel) kernelReader(kc kernelChannel, done chan struct{}) {
 		}
 		ev := &Event{ID: id, Event: kev.typ, Status: kev.status, mc: mc, kack: kev.ack}
 		if mc != nil {
-			ev.Param = UDParam{PrivateData: mc.context, AHAttr: kev.ah, QPNum: kev.qpn, QKey: kev.qkey}
+			ev.Param = UDParam{PrivateData: mc.context, PrivateDataLen: kev.pdLen, AHAttr: kev.ah, QPNum: kev.qpn, QKey: kev.qkey}
 		}
 		ch.enqueueLocked(ev)
 		ch.mu.Unlock()
@@ -214,7 +223,7 @@ func (id *ID) toKernelLocked(a *sockaddr) (bool, error) {
 	if id.k != nil {
 		return true, nil
 	}
-	ch := id.ch
+	ch := id.ch()
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	switch ch.backend {
@@ -237,6 +246,13 @@ func (id *ID) toKernelLocked(a *sockaddr) (bool, error) {
 	k, err := kc.createID(ch.ktok, id.ps)
 	if err != nil {
 		return false, err
+	}
+	// The options set so far are the librdmacm id's too.
+	for _, o := range id.opts {
+		if err := k.setOption(o.level, o.name, o.val); err != nil {
+			k.destroy()
+			return false, err
+		}
 	}
 	id.k, id.ktok = k, ch.ktok
 	ch.kids[id.ktok] = id
@@ -262,11 +278,11 @@ func (id *ID) kernelRefreshLocked() error {
 	if name == "" || (id.dev != nil && id.dev.name() == name) {
 		return nil
 	}
-	vd := id.ch.cm.host.DeviceByName(name)
+	vd := id.ch().cm.host.DeviceByName(name)
 	if vd == nil {
 		return fmt.Errorf("kernel device %s is not in the device list: %w", name, syscall.ENODEV)
 	}
-	cd, err := id.ch.cm.deviceForPort(kernelPort{vd})
+	cd, err := id.ch().cm.deviceForPort(kernelPort{vd})
 	if err != nil {
 		return err
 	}
@@ -314,7 +330,7 @@ func (id *ID) kernelJoin(k kernelID, ex bool, attr JoinMCAttrEx, ctx any) error 
 	if sa != nil {
 		mc.addr = *sa
 	}
-	ch := id.ch
+	ch := id.ch()
 	ch.mu.Lock()
 	ch.ktok++
 	mc.ktok = ch.ktok
@@ -376,18 +392,18 @@ func (id *ID) kernelLeave(k kernelID, sa sockaddr) error {
 	}
 	id.mu.Unlock()
 	if mc != nil {
-		id.ch.mu.Lock()
+		ch := id.lockCh()
 		if p := id.parked; p != nil && p.mc == mc {
 			id.ackLocked(p)
 			id.parked = nil
 		}
-		id.ch.mu.Unlock()
+		ch.mu.Unlock()
 	}
 	err := k.leave(&sa)
 	if mc != nil {
-		id.ch.mu.Lock()
-		delete(id.ch.kmcs, mc.ktok)
-		id.ch.mu.Unlock()
+		id.ch().mu.Lock()
+		delete(id.ch().kmcs, mc.ktok)
+		id.ch().mu.Unlock()
 	}
 	return err
 }
@@ -396,7 +412,7 @@ func (id *ID) kernelLeave(k kernelID, sa sockaddr) error {
 // events are acked and dropped, later ones acked on arrival, and
 // librdmacm destroys the id, waiting for the acks of retrieved events.
 func (id *ID) kernelDestroy() error {
-	ch := id.ch
+	ch := id.ch()
 	ch.mu.Lock()
 	id.kdead = true
 	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id })
@@ -463,4 +479,9 @@ func (id *ID) kernelResolve(hasSrc bool, src, dst sockaddr, timeout time.Duratio
 	}
 	id.mu.Unlock()
 	return true, id.complete(nil)
+}
+
+// kernelMigrate is MigrateID of a kernel id.
+func (id *ID) kernelMigrate(ch *EventChannel) error {
+	return fmt.Errorf("rdma_migrate_id of a kernel id: %w", syscall.EOPNOTSUPP)
 }
