@@ -113,11 +113,12 @@ type EventChannel struct {
 
 	// The librdmacm channel of the kernel ids (kernel.go), made on first
 	// use, its reader's exit, and the tokens of its ids and joins.
-	kc    kernelChannel
-	kdone chan struct{}
-	kids  map[uint64]*ID
-	kmcs  map[uint64]*mcJoin
-	ktok  uint64
+	kc     kernelChannel
+	kdone  chan struct{}
+	kids   map[uint64]*ID
+	kmcs   map[uint64]*mcJoin
+	ktok   uint64
+	kusers int // live kernel ids whose librdmacm id is on kc
 }
 
 // CreateEventChannel opens an event channel (rdma_create_event_channel).
@@ -153,7 +154,13 @@ func (ch *EventChannel) Close() (err error) {
 	}
 	ch.closed = true
 	close(ch.ready)
-	kc, done := ch.kc, ch.kdone
+	// The librdmacm channel stays open while kernel ids MigrateID moved
+	// away live on it: the last one's Destroy closes it.
+	var kc kernelChannel
+	var done chan struct{}
+	if ch.kusers == 0 {
+		kc, done, ch.kc = ch.kc, ch.kdone, nil
+	}
 	ch.mu.Unlock()
 	// Outside ch.mu: the reader takes it for an event it is delivering.
 	ch.closeKernel(kc, done)

@@ -70,6 +70,7 @@ type ID struct {
 	k     kernelID
 	ktok  uint64
 	kport uint8
+	khome *EventChannel // the channel whose librdmacm channel has k
 
 	// guarded by ch.mu
 	eventsReported  int

@@ -179,6 +179,10 @@ func (ch *EventChannel) kernelChannelLocked() (kernelChannel, error) {
 // kernelReader moves the events of the librdmacm channel into the
 // channel's queue. An event of an id being destroyed or of a join being
 // left is acked at once: it would have been dropped unread.
+//
+// The channel is the home of its kernel ids (the librdmacm channel their
+// librdmacm ids live on): an id MigrateID moved keeps its librdmacm id
+// here, and its events go to the queue of the id's channel of the moment.
 func (ch *EventChannel) kernelReader(kc kernelChannel, done chan struct{}) {
 	defer close(done)
 	for {
@@ -192,8 +196,15 @@ func (ch *EventChannel) kernelReader(kc kernelChannel, done chan struct{}) {
 		if kev.typ == EventMulticastJoin || kev.typ == EventMulticastError {
 			mc = ch.kmcs[kev.mcTok]
 		}
-		if ch.closed || id == nil || id.kdead || (mc == nil && kev.mcTok != 0) || (mc != nil && mc.kleft) {
-			ch.mu.Unlock()
+		ch.mu.Unlock()
+		if id == nil || (mc == nil && kev.mcTok != 0) {
+			kev.ack()
+			continue
+		}
+		// kdead and kleft are set under the id's channel's lock.
+		target := id.lockCh()
+		if target.closed || id.kdead || (mc != nil && mc.kleft) {
+			target.mu.Unlock()
 			kev.ack()
 			continue
 		}
@@ -201,8 +212,8 @@ func (ch *EventChannel) kernelReader(kc kernelChannel, done chan struct{}) {
 		if mc != nil {
 			ev.Param = UDParam{PrivateData: mc.context, PrivateDataLen: kev.pdLen, AHAttr: kev.ah, QPNum: kev.qpn, QKey: kev.qkey}
 		}
-		ch.enqueueLocked(ev)
-		ch.mu.Unlock()
+		target.enqueueLocked(ev)
+		target.mu.Unlock()
 	}
 }
 
@@ -223,8 +234,7 @@ func (id *ID) toKernelLocked(a *sockaddr) (bool, error) {
 	if id.k != nil {
 		return true, nil
 	}
-	ch := id.ch()
-	ch.mu.Lock()
+	ch := id.lockCh()
 	defer ch.mu.Unlock()
 	switch ch.backend {
 	case BackendSoft:
@@ -254,8 +264,9 @@ func (id *ID) toKernelLocked(a *sockaddr) (bool, error) {
 			return false, err
 		}
 	}
-	id.k, id.ktok = k, ch.ktok
+	id.k, id.ktok, id.khome = k, ch.ktok, ch
 	ch.kids[id.ktok] = id
+	ch.kusers++
 	return true, nil
 }
 
@@ -330,7 +341,7 @@ func (id *ID) kernelJoin(k kernelID, ex bool, attr JoinMCAttrEx, ctx any) error 
 	if sa != nil {
 		mc.addr = *sa
 	}
-	ch := id.ch()
+	ch := id.khome // the channel of the librdmacm id
 	ch.mu.Lock()
 	ch.ktok++
 	mc.ktok = ch.ktok
@@ -401,9 +412,10 @@ func (id *ID) kernelLeave(k kernelID, sa sockaddr) error {
 	}
 	err := k.leave(&sa)
 	if mc != nil {
-		id.ch().mu.Lock()
-		delete(id.ch().kmcs, mc.ktok)
-		id.ch().mu.Unlock()
+		home := id.khome
+		home.mu.Lock()
+		delete(home.kmcs, mc.ktok)
+		home.mu.Unlock()
 	}
 	return err
 }
@@ -412,8 +424,7 @@ func (id *ID) kernelLeave(k kernelID, sa sockaddr) error {
 // events are acked and dropped, later ones acked on arrival, and
 // librdmacm destroys the id, waiting for the acks of retrieved events.
 func (id *ID) kernelDestroy() error {
-	ch := id.ch()
-	ch.mu.Lock()
+	ch := id.lockCh()
 	id.kdead = true
 	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id })
 	if p := id.parked; p != nil {
@@ -422,14 +433,24 @@ func (id *ID) kernelDestroy() error {
 	}
 	ch.mu.Unlock()
 	err := id.k.destroy()
-	ch.mu.Lock()
-	delete(ch.kids, id.ktok)
-	for tok, mc := range ch.kmcs {
+	home := id.khome
+	home.mu.Lock()
+	delete(home.kids, id.ktok)
+	for tok, mc := range home.kmcs {
 		if mc.id == id {
-			delete(ch.kmcs, tok)
+			delete(home.kmcs, tok)
 		}
 	}
-	ch.mu.Unlock()
+	// The last kernel id of a channel closed while ids it had moved
+	// lived on closes its librdmacm channel.
+	home.kusers--
+	var kc kernelChannel
+	var done chan struct{}
+	if home.kusers == 0 && home.closed {
+		kc, done, home.kc = home.kc, home.kdone, nil
+	}
+	home.mu.Unlock()
+	home.closeKernel(kc, done)
 	return err
 }
 
@@ -479,9 +500,4 @@ func (id *ID) kernelResolve(hasSrc bool, src, dst sockaddr, timeout time.Duratio
 	}
 	id.mu.Unlock()
 	return true, id.complete(nil)
-}
-
-// kernelMigrate is MigrateID of a kernel id.
-func (id *ID) kernelMigrate(ch *EventChannel) error {
-	return fmt.Errorf("rdma_migrate_id of a kernel id: %w", syscall.EOPNOTSUPP)
 }

@@ -16,6 +16,12 @@ import (
 // Errors: nil ch for an id that is already synchronous → EINVAL; a closed
 // ch → EBADF; a channel of another host (CreateEventChannelOn) → EINVAL.
 // Migrating an id to its own channel only waits for the acks.
+//
+// A kernel id's librdmacm id stays on the librdmacm channel of the channel
+// it was made on (its events are delivered to the id's channel of the
+// moment; that librdmacm channel is closed with the last such id), so the
+// kernel's rdma_migrate_id is not called: what the program sees is the
+// same.
 func (id *ID) MigrateID(ch *EventChannel) (err error) {
 	defer wrapErr(&err, "rdma_migrate_id", nil)
 	old := id.ch()
@@ -24,9 +30,6 @@ func (id *ID) MigrateID(ch *EventChannel) (err error) {
 	}
 	if ch != nil && ch.cm != old.cm {
 		return fmt.Errorf("channel of another host: %w", syscall.EINVAL)
-	}
-	if k := id.kernel(); k != nil {
-		return id.kernelMigrate(ch)
 	}
 	sync := ch == nil
 	if sync {
