@@ -332,9 +332,6 @@ func TestReuseAddrAFOnly(t *testing.T) {
 	wantErrno(t, mk(OptionIDReuseAddr, 1).BindAddr(at("127.0.0.1")), syscall.EADDRINUSE) // only one of the two reuses
 	// Both reuse: the same address binds twice.
 	a, b := mk(OptionIDReuseAddr, 1), mk(OptionIDReuseAddr, 1)
-	if err := a.BindAddr(at("127.0.0.2")); err == nil {
-		t.Fatal("bind 127.0.0.2: the port is first's")
-	}
 	pa := net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port+1))
 	if err := a.BindAddr(pa); err != nil {
 		t.Fatal(err)
