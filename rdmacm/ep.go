@@ -109,7 +109,7 @@ func FreeDevices([]*verbs.Context) {}
 // res.PortSpace (and res.QPType for RDMA_PS_IB). With RAI_PASSIVE in
 // res.Flags the id is bound to res.SrcAddr; pd, if given, becomes the
 // id's PD (ID.PD, the default of CreateQP) and no QP is made (librdmacm
-// keeps attr for connection requests). Otherwise the id resolves
+// keeps attr for connection requests, which UD ids do not have). Otherwise the id resolves
 // res.DstAddr from res.SrcAddr (2 s) and its route (res.Route as
 // OptionIBPath, else ResolveRoute, 2 s), and with attr creates its QP on
 // pd (attr.QPType is set to res.QPType). A failed step destroys the id
@@ -143,11 +143,8 @@ func (id *ID) createEP(res *AddrInfo, pd *verbs.PD, attr *verbs.QPInitAttr) erro
 		if pd != nil {
 			id.userPD = pd
 		}
-		if attr != nil {
-			a := *attr
-			a.QPType = res.QPType
-			id.epInitAttr = &a
-		}
+		// librdmacm keeps attr for rdma_get_request, which UD ids do
+		// not have.
 		return nil
 	}
 	if err := id.ResolveAddr(res.SrcAddr, res.DstAddr, 2*time.Second); err != nil {

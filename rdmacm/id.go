@@ -61,10 +61,8 @@ type ID struct {
 	ackTimeout uint8
 	opts       []idOption // set while idle, for the librdmacm id it may become
 
-	// A passive endpoint's PD and QP attributes (CreateEP: id->pd and
-	// qp_init_attr).
-	userPD     *verbs.PD
-	epInitAttr *verbs.QPInitAttr
+	// A passive endpoint's PD (CreateEP: id->pd).
+	userPD *verbs.PD
 
 	// A kernel id (kernel.go): its librdmacm id, token and port.
 	k     kernelID
