@@ -27,6 +27,7 @@ static int sr_port(struct rdma_cm_id *id, int which) {
 import "C"
 
 import (
+	"syscall"
 	"unsafe"
 )
 
@@ -43,8 +44,13 @@ func (id *CMID) SetOption(level, name int, val []byte) error {
 }
 
 // ResolveRoute starts the route resolution of an id whose address is
-// resolved (rdma_resolve_route); ROUTE_RESOLVED or ROUTE_ERROR follows.
+// resolved (rdma_resolve_route); ROUTE_RESOLVED or ROUTE_ERROR follows. An
+// id bound to no device is EINVAL, the kernel's answer for it: librdmacm
+// itself would dereference the id's NULL device (id->verbs) and crash.
 func (id *CMID) ResolveRoute(timeoutMS int) error {
+	if id.id.verbs == nil {
+		return syscall.EINVAL
+	}
 	return errnoOf(C.sr_resolve_route(id.id, C.int(timeoutMS)))
 }
 
