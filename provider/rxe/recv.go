@@ -30,6 +30,8 @@ type receiver struct {
 	bp    *softverbs.Burst // &burst for batched reads, nil otherwise
 
 	fwd forwarder
+
+	ovfl uint32 // the socket's drop count already counted (SO_RXQ_OVFL)
 }
 
 // newReceiver returns the receiver of UDP 4791 socket s.
@@ -72,6 +74,20 @@ func (r *receiver) run() {
 		}
 		r.burst.Flush()
 		r.drainErrors()
+		if r.blk == nil && n > 0 {
+			r.countSocketDrops(n)
+		}
+	}
+}
+
+// countSocketDrops counts what the socket dropped for a full buffer since
+// the last batch: the last datagram of the batch carries the socket's
+// running count.
+func (r *receiver) countSocketDrops(n int) {
+	_, _, oob, _ := r.br.Datagram(n - 1)
+	if v := rxqOvfl(oob); v != r.ovfl {
+		r.d.core.Count(softverbs.SocketDrops, uint64(v-r.ovfl))
+		r.ovfl = v
 	}
 }
 

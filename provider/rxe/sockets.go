@@ -48,6 +48,8 @@ func openRecvConn(v6 bool) (*net.UDPConn, error) {
 	common := []sockopt{
 		{unix.SOL_SOCKET, unix.SO_REUSEADDR, 1, false},
 		{unix.SOL_SOCKET, unix.SO_RCVBUF, recvBufSize, true},
+		// Every datagram carries the socket's drop count: socket_drops.
+		{unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1, false},
 	}
 	if !v6 {
 		return mmsg.ListenUDP("udp4", "0.0.0.0:"+strconv.Itoa(wire.UDPPort), func(fd int) error {
@@ -311,4 +313,21 @@ var readPool = mmsg.NewPool(func() *mmsg.Batch {
 // newBatchReader returns the recvmmsg reader of a receive socket.
 func newBatchReader(conn *net.UDPConn) (*mmsg.Reader, error) {
 	return mmsg.NewPooledReader(conn, readPool)
+}
+
+// rxqOvfl returns the drop count of a datagram's SO_RXQ_OVFL control
+// message: the datagrams the socket dropped for a full buffer since it was
+// opened (the kernel sends none while it is 0).
+func rxqOvfl(oob []byte) uint32 {
+	for len(oob) >= unix.SizeofCmsghdr {
+		h, data, rest, err := unix.ParseOneSocketControlMessage(oob)
+		if err != nil {
+			return 0
+		}
+		if h.Level == unix.SOL_SOCKET && h.Type == unix.SO_RXQ_OVFL && len(data) >= 4 {
+			return binary.NativeEndian.Uint32(data)
+		}
+		oob = rest
+	}
+	return 0
 }
