@@ -18,6 +18,10 @@
 //	           (first attach, or after it forgot the port)
 //	detach     port → SM when the port closes
 //
+// Attach and port_info carry Credits, the receive window of their sender:
+// the links are flow controlled (see Flow) so that the subnet is lossless
+// like an IB fabric.
+//
 // A port takes datagrams only from the SM's fabric address (the SM is also
 // the switch) and a port_info only when it names the port's GUID, a unicast
 // LID other than SMLID, a unicast SMLID, an MTU enum 1..5, State "active"
@@ -104,6 +108,11 @@ type Control struct {
 	// ClientReregister (port_info) tells a port that the SM registered it
 	// anew: memberships it held are gone (PortInfo's ClientReregister bit).
 	ClientReregister bool `json:"client_reregister,omitempty"`
+	// Credits is the receive window of the sender of the message, in
+	// packets: in an attach the port's (for the link switch → port), in a
+	// port_info the switch's for the port (port → switch). 0 or absent:
+	// no link flow control (see flow.go).
+	Credits int `json:"credits,omitempty"`
 }
 
 // ErrNotControl reports a datagram without the Magic prefix.

@@ -329,3 +329,30 @@ func payloadOf(t *testing.T, b []byte) []byte {
 	}
 	return pkt.UD.Payload
 }
+
+// handlePacket takes one datagram as the reader does (an IB packet or a
+// flow control packet from from) and forwards what it can at once.
+func (s *SM) handlePacket(b []byte, from netip.AddrPort) {
+	raw, err := s.fabric.SyscallConn()
+	if err != nil {
+		panic(err)
+	}
+	o := &outBatch{}
+	o.snd.Init()
+	s.mu.Lock()
+	if fabric.IsFlow(b) {
+		s.flowIn(b, from)
+	} else {
+		s.packetIn(b, from, false)
+	}
+	for {
+		progress, _ := s.forwardLocked(time.Now(), o)
+		s.mu.Unlock()
+		s.flush(o, raw)
+		s.mu.Lock()
+		if !progress {
+			break
+		}
+	}
+	s.mu.Unlock()
+}

@@ -60,8 +60,20 @@ func (q *qp) Send(s *softverbs.UDSend) error {
 	if isMulticastLID(ah.DLID) {
 		d.handlePacket(pkt, q, &q.lrx)
 	}
-	if _, err := d.conn.WriteToUDP(pkt, d.sm); err != nil {
+	sent, err := d.xmit(1, func(int, int) (int, error) {
+		if _, err := d.conn.WriteToUDP(pkt, d.sm); err != nil {
+			return 0, err
+		}
+		return 1, nil
+	})
+	if err != nil {
 		return fmt.Errorf("ib: send: %w", err)
+	}
+	if sent == 0 {
+		// Dropped: the link stayed without credit (counted). A UD send
+		// completes all the same, as a packet lost in the fabric.
+		s.Wire = n
+		return nil
 	}
 	if d.core.Tapping() {
 		d.core.Emit(verbs.Frame{Time: time.Now(), Data: pkt, Sent: true})
@@ -102,11 +114,15 @@ func (d *Device) receiveLoop() {
 			continue
 		}
 		b := buf[:n]
-		if fabric.IsControl(b) {
+		switch {
+		case fabric.IsControl(b):
 			d.control(b)
-			continue
+		case fabric.IsFlow(b):
+			d.flowIn(b)
+		default:
+			d.handlePacket(b, nil, &rx)
+			d.took()
 		}
-		d.handlePacket(b, nil, &rx)
 	}
 }
 

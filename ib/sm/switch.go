@@ -1,0 +1,510 @@
+package sm
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/internal/mmsg"
+	"github.com/softrdma/softrdma/wire"
+)
+
+// The switch is lossless as an IB switch is (see fabric's flow control):
+//
+//   - Input: a reader goroutine moves every datagram out of the fabric
+//     socket. A port's IB packets go to the port's input queue, which
+//     holds at most the port's window (plus room for a few management
+//     packets, which are sent without waiting for credit); the switch
+//     grants the port credit for the free part of that window. A packet
+//     beyond it (a port that ignores its credits) is dropped and counted
+//     (RcvOverruns). Windows are the socket buffer shared among the
+//     attached ports (fabric.Window), so that the kernel's buffer also
+//     holds every packet granted.
+//   - Output: the forwarder goroutine takes the head packet of each input
+//     queue and sends it to each destination port that has credit (a
+//     multicast packet waits until every member port had credit). A head
+//     blocked on a port without credit blocks its input queue (and so,
+//     through the credits, its sender) — never the other queues — for at
+//     most Config.HOQLife (IB's head-of-queue lifetime); then it is
+//     discarded for the ports still without credit (XmitDiscards). A port
+//     on which VLStallCount packets in a row were discarded so is stalled:
+//     for 8 × HOQLife every packet for it is discarded at once (IB's
+//     Time_Drop state), then it gets packets again.
+//
+// SA answers are management packets: they are counted on the link but do
+// not wait for credit.
+
+// Defaults of the switch's head-of-queue handling (OpenSM's defaults for
+// switch ports to channel adapters: leaf_head_of_queue_lifetime 0x10,
+// leaf_vl_stall_count 7).
+const (
+	// DefaultHOQLife is how long a packet may wait at the head of an input
+	// queue for a port without credit: 4.096 µs × 2^16.
+	DefaultHOQLife = 268 * time.Millisecond
+	// DefaultVLStallCount is how many packets in a row a port may make
+	// wait in vain before it is stalled.
+	DefaultVLStallCount = 7
+)
+
+// Switch sizes.
+const (
+	// mgmtSlack is the room an input queue keeps beyond the window for
+	// management packets (SA MADs), which go without credit.
+	mgmtSlack = 16
+	// queueCap is the most packets an input queue holds.
+	queueCap = fabric.DefaultWindow + mgmtSlack
+	// maxDatagram is the largest datagram the switch reads: an IB packet
+	// of a 4096-byte MTU, or a control message.
+	maxDatagram = 8192
+	// ioBatch is the number of datagrams per recvmmsg and sendmmsg.
+	ioBatch = 64
+	// perRound is the most packets the forwarder takes from one input
+	// queue before it looks at the next.
+	perRound = 16
+)
+
+// inQueue is a port's input queue: a ring of packets.
+type inQueue struct {
+	pkts []*[]byte
+	head int
+	n    int
+}
+
+func (q *inQueue) push(b *[]byte) bool {
+	if q.n == queueCap {
+		return false
+	}
+	if q.pkts == nil {
+		q.pkts = make([]*[]byte, queueCap)
+	}
+	q.pkts[(q.head+q.n)%queueCap] = b
+	q.n++
+	return true
+}
+
+func (q *inQueue) front() []byte { return *q.pkts[q.head] }
+
+func (q *inQueue) pop() *[]byte {
+	b := q.pkts[q.head]
+	q.pkts[q.head] = nil
+	q.head = (q.head + 1) % queueCap
+	q.n--
+	return b
+}
+
+// linkState is the switch's end of a port's link and the port's input
+// queue. Guarded by SM.mu.
+type linkState struct {
+	link fabric.Link
+	win  int // the window granted to the port
+	in   inQueue
+	// The head packet of in, while it is being forwarded: the ports it
+	// still has to go to, whether it went anywhere, and since when it
+	// waits for credit (zero: not yet).
+	headActive bool
+	pend       []*port
+	hoqSince   time.Time
+	// Output side: packets in a row discarded at the head of a queue, the
+	// end of the Time_Drop state, and the last credit request sent.
+	stallCount int
+	dropUntil  time.Time
+	lastReq    time.Time
+	wantFlow   bool // the port asked for our flow control packet
+}
+
+// packetPool holds the switch's packet buffers.
+var packetPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
+
+// outBatch is what the forwarder sends with one sendmmsg.
+type outBatch struct {
+	hs    [ioBatch]unix.Mmsghdr
+	iovs  [ioBatch]unix.Iovec
+	names [ioBatch]unix.RawSockaddrInet6
+	flows [ioBatch][fabric.FlowLen]byte
+	bufs  [ioBatch][]byte // what the messages point at (kept alive)
+	n     int
+	free  []*[]byte // buffers to return to the pool after the send
+	snd   mmsg.Sender
+}
+
+func (o *outBatch) full() bool { return o.n == ioBatch }
+
+// add stages b for to.
+func (o *outBatch) add(b []byte, to netip.AddrPort) {
+	i := o.n
+	o.n++
+	o.bufs[i] = b
+	o.iovs[i].Base = &b[0]
+	o.iovs[i].SetLen(len(b))
+	h := &o.hs[i].Hdr
+	*h = unix.Msghdr{Iov: &o.iovs[i]}
+	h.SetIovlen(1)
+	nm := &o.names[i]
+	*nm = unix.RawSockaddrInet6{}
+	a := to.Addr()
+	if a.Is4() {
+		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(nm))
+		sa.Family = unix.AF_INET
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], to.Port())
+		sa.Addr = a.As4()
+		h.Name = (*byte)(unsafe.Pointer(nm))
+		h.Namelen = unix.SizeofSockaddrInet4
+	} else {
+		nm.Family = unix.AF_INET6
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&nm.Port))[:], to.Port())
+		nm.Addr = a.As16()
+		h.Name = (*byte)(unsafe.Pointer(nm))
+		h.Namelen = unix.SizeofSockaddrInet6
+	}
+}
+
+// addFlow stages a flow control packet for to.
+func (o *outBatch) addFlow(f fabric.Flow, to netip.AddrPort) {
+	i := o.n
+	o.add(fabric.EncodeFlow(o.flows[i][:], f), to)
+}
+
+// flush sends the staged messages (errors are logged by the caller's
+// count: a datagram the kernel refuses is lost, as on a link error) and
+// returns the freed buffers to the pool.
+func (s *SM) flush(o *outBatch, raw syscall.RawConn) {
+	for off := 0; off < o.n; {
+		n, errno, err := o.snd.Send(raw, o.hs[off:o.n])
+		if err != nil {
+			break // closed
+		}
+		if errno != 0 {
+			s.sendErrors.Add(1)
+			n = 1 // skip the datagram the kernel refused
+		}
+		off += n
+	}
+	for i := range o.n {
+		o.bufs[i] = nil
+	}
+	o.n = 0
+	for _, b := range o.free {
+		packetPool.Put(b)
+	}
+	o.free = o.free[:0]
+}
+
+// addrOf returns the address of a raw sockaddr from recvmmsg.
+func addrOf(name []byte) netip.AddrPort {
+	if len(name) < 2 {
+		return netip.AddrPort{}
+	}
+	switch binary.NativeEndian.Uint16(name) {
+	case unix.AF_INET:
+		if len(name) >= unix.SizeofSockaddrInet4 {
+			return netip.AddrPortFrom(netip.AddrFrom4([4]byte(name[4:8])), binary.BigEndian.Uint16(name[2:4]))
+		}
+	case unix.AF_INET6:
+		if len(name) >= unix.SizeofSockaddrInet6 {
+			return netip.AddrPortFrom(netip.AddrFrom16([16]byte(name[8:24])).Unmap(), binary.BigEndian.Uint16(name[2:4]))
+		}
+	}
+	return netip.AddrPort{}
+}
+
+// socketBuffer asks for a large receive buffer and returns what the
+// kernel gave (SO_RCVBUF as getsockopt reports it).
+func socketBuffer(c *net.UDPConn) int {
+	c.SetReadBuffer(fabric.SocketBuffer)
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var v int
+	raw.Control(func(fd uintptr) { v, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF) })
+	return v
+}
+
+// fabricLoop is the reader: control messages are handled at once, flow
+// control packets update the links, IB packets go to input queues.
+func (s *SM) fabricLoop() error {
+	b := mmsg.NewBatch(ioBatch, maxDatagram, unix.SizeofSockaddrInet6, 0)
+	r, err := mmsg.NewReader(s.fabric, b)
+	if err != nil {
+		return err
+	}
+	for {
+		n, err := r.Read()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		s.mu.Lock()
+		for i := range n {
+			data, name, _, trunc := r.Datagram(i)
+			from := addrOf(name)
+			switch {
+			case fabric.IsControl(data):
+				c := append([]byte(nil), data...)
+				s.mu.Unlock()
+				s.handleControl(c, from)
+				s.mu.Lock()
+			case fabric.IsFlow(data):
+				s.flowIn(data, from)
+			default:
+				s.packetIn(data, from, trunc)
+			}
+		}
+		s.mu.Unlock()
+		s.kick()
+	}
+}
+
+// kick wakes the forwarder.
+func (s *SM) kick() {
+	select {
+	case s.work <- struct{}{}:
+	default:
+	}
+}
+
+// flowIn applies a port's flow control packet. Caller holds mu.
+func (s *SM) flowIn(b []byte, from netip.AddrPort) {
+	p := s.byAddr[from]
+	if p == nil {
+		s.unknownSrc.Add(1)
+		return
+	}
+	f, err := fabric.DecodeFlow(b)
+	if err != nil || !p.ls.link.On {
+		p.c.drops.Add(1)
+		return
+	}
+	p.ls.link.Receive(f)
+	if f.Op == fabric.FlowOpRequest {
+		p.ls.wantFlow = true
+	}
+}
+
+// packetIn queues an IB packet of a port. Caller holds mu.
+func (s *SM) packetIn(b []byte, from netip.AddrPort, trunc bool) {
+	p := s.byAddr[from]
+	if p == nil {
+		s.unknownSrc.Add(1)
+		return
+	}
+	p.c.rx.Add(1)
+	p.ls.link.Took(1)
+	if trunc {
+		p.c.drops.Add(1)
+		return
+	}
+	if p.ls.in.n == queueCap || (p.ls.link.On && p.ls.in.n >= p.ls.win+mgmtSlack) {
+		p.c.overruns.Add(1)
+		return
+	}
+	bp := packetPool.Get().(*[]byte)
+	*bp = append((*bp)[:0], b...)
+	p.ls.in.push(bp)
+}
+
+// forwardLoop is the forwarder: it moves head packets of the input queues
+// to their destinations as credits allow.
+func (s *SM) forwardLoop() {
+	raw, err := s.fabric.SyscallConn()
+	if err != nil {
+		return
+	}
+	o := &outBatch{}
+	o.snd.Init()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		var next time.Time
+		for {
+			s.mu.Lock()
+			if s.closed {
+				s.mu.Unlock()
+				return
+			}
+			progress, deadline := s.forwardLocked(time.Now(), o)
+			s.mu.Unlock()
+			s.flush(o, raw)
+			next = deadline
+			if !progress {
+				break
+			}
+		}
+		if !next.IsZero() {
+			timer.Reset(max(time.Until(next), 0))
+		}
+		select {
+		case <-s.work:
+		case <-timer.C:
+		case <-s.quit:
+			return
+		}
+		if !next.IsZero() && !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// forwardLocked forwards what credits allow, staging datagrams into o. It
+// reports whether anything moved and when it has to look again (zero:
+// when woken). Caller holds mu.
+func (s *SM) forwardLocked(now time.Time, o *outBatch) (progress bool, next time.Time) {
+	later := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	for _, p := range s.byAddr {
+		if o.n > ioBatch-4 {
+			return true, next
+		}
+		ls := &p.ls
+		if ls.wantFlow && ls.link.On {
+			ls.wantFlow = false
+			o.addFlow(ls.link.Answer(ls.win-ls.in.n), p.addr)
+		}
+		for k := 0; k < perRound && ls.in.n > 0 && o.n <= ioBatch-4; k++ {
+			done, retry := s.forwardHead(p, now, o)
+			if !done {
+				if !retry.IsZero() {
+					later(retry)
+				}
+				break
+			}
+			progress = true
+			o.free = append(o.free, ls.in.pop())
+		}
+		if ls.link.On && !o.full() && ls.link.Grant(ls.win-ls.in.n, max(ls.win/4, 1)) {
+			o.addFlow(ls.link.Flow(fabric.FlowOpNormal), p.addr)
+		}
+	}
+	return progress, next
+}
+
+// forwardHead forwards the head packet of p's input queue to the ports
+// with credit. done: the packet is finished with (sent everywhere,
+// discarded, or for the SA); otherwise retry is when to look again (zero:
+// when credit comes). Caller holds mu.
+func (s *SM) forwardHead(p *port, now time.Time, o *outBatch) (done bool, retry time.Time) {
+	ls := &p.ls
+	b := ls.in.front()
+	if !ls.headActive {
+		l, err := fabric.CheckLink(b)
+		if err != nil {
+			p.c.drops.Add(1)
+			s.logf("drop from %#x: %v", p.guid, err)
+			return true, time.Time{}
+		}
+		dlid := l.DLID()
+		ls.pend = ls.pend[:0]
+		switch {
+		case dlid == fabric.SMLID:
+			s.saFromFabric(b, p)
+			return true, time.Time{}
+		case wire.IsMulticastLID(dlid):
+			s.rebuildMFT()
+			for _, d := range s.mft[dlid] {
+				if d != p && d.attached() {
+					ls.pend = append(ls.pend, d)
+				}
+			}
+		default:
+			if d := s.byLID[dlid]; d != nil && d.attached() && dlid < wire.MulticastLIDBase {
+				ls.pend = append(ls.pend, d)
+			}
+		}
+		if len(ls.pend) == 0 {
+			p.c.drops.Add(1)
+			return true, time.Time{}
+		}
+		ls.headActive, ls.hoqSince = true, time.Time{}
+	}
+	blocked := false
+	k := 0
+	for _, d := range ls.pend {
+		switch {
+		case !d.attached():
+			continue
+		case now.Before(d.ls.dropUntil):
+			d.c.discards.Add(1)
+			continue
+		case d.ls.link.Credits() > 0 && !o.full():
+			o.add(b, d.addr)
+			d.ls.link.Sent(1)
+			d.ls.stallCount = 0
+			d.c.tx.Add(1)
+			p.c.fwd.Add(1)
+			continue
+		}
+		ls.pend[k] = d
+		k++
+		if d.ls.link.Credits() == 0 {
+			blocked = true
+		}
+	}
+	ls.pend = ls.pend[:k]
+	if k == 0 {
+		ls.headActive = false
+		return true, time.Time{}
+	}
+	if !blocked { // only the batch was full
+		return false, now
+	}
+	if ls.hoqSince.IsZero() {
+		ls.hoqSince = now
+		for _, d := range ls.pend {
+			d.c.waits.Add(1)
+		}
+	}
+	if now.Sub(ls.hoqSince) >= s.cfg.HOQLife {
+		for _, d := range ls.pend {
+			d.c.discards.Add(1)
+			d.ls.stallCount++
+			if d.ls.stallCount >= s.cfg.VLStallCount {
+				d.ls.stallCount = 0
+				d.ls.dropUntil = now.Add(8 * s.cfg.HOQLife)
+				s.logf("port %#x (LID %d): %d packets in a row found no credit: stalled for %v", d.guid, d.lid, s.cfg.VLStallCount, 8*s.cfg.HOQLife)
+			}
+		}
+		ls.headActive = false
+		ls.pend = ls.pend[:0]
+		return true, time.Time{}
+	}
+	retry = ls.hoqSince.Add(s.cfg.HOQLife)
+	for _, d := range ls.pend {
+		if d.ls.link.Credits() > 0 || o.full() {
+			continue
+		}
+		if now.Sub(d.ls.lastReq) >= fabric.FlowRefresh {
+			d.ls.lastReq = now
+			o.addFlow(d.ls.link.Flow(fabric.FlowOpRequest), d.addr)
+		}
+		if t := d.ls.lastReq.Add(fabric.FlowRefresh); t.Before(retry) {
+			retry = t
+		}
+	}
+	return false, retry
+}
+
+// dropQueue empties a port's input queue (the port detached). Caller
+// holds mu.
+func (ls *linkState) dropQueue() {
+	for ls.in.n > 0 {
+		packetPool.Put(ls.in.pop())
+	}
+	ls.headActive = false
+	ls.pend = ls.pend[:0]
+}
