@@ -79,8 +79,10 @@ const (
 	FlowRefresh = 10 * time.Millisecond
 	// DefaultLinkStall is how long a port waits for credit before it drops
 	// the packet and, until credit comes, every packet it sends
-	// (provider/ib Config.LinkStallTimeout).
-	DefaultLinkStall = 2 * time.Second
+	// (provider/ib Config.LinkStallTimeout): twice what the switch's
+	// defaults may hold a port back behind a port that gives no credit
+	// (VLStallCount × HOQLife, 1.9 s).
+	DefaultLinkStall = 4 * time.Second
 )
 
 // Flow control packet ops.
