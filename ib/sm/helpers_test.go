@@ -444,14 +444,6 @@ func (s *SM) handlePacket(b []byte, from netip.AddrPort) {
 	} else {
 		s.packetIn(b, from, false)
 	}
-	for {
-		progress, _ := s.forwardLocked(time.Now(), o)
-		s.mu.Unlock()
-		s.flush(o, raw)
-		s.mu.Lock()
-		if !progress {
-			break
-		}
-	}
 	s.mu.Unlock()
+	s.pump(o, raw)
 }

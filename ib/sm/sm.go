@@ -238,6 +238,7 @@ type SM struct {
 	sendErrors                                atomic.Uint64
 	rcvbuf                                    int           // the fabric socket's receive buffer
 	work                                      chan struct{} // wakes the forwarder
+	fmu                                       sync.Mutex    // serializes forwarding (pump); before mu
 	quit                                      chan struct{} // closed by Close
 
 	closeOnce sync.Once

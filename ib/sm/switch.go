@@ -1,14 +1,12 @@
 package sm
 
 import (
-	"encoding/binary"
 	"errors"
 	"net"
 	"net/netip"
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -127,7 +125,7 @@ var packetPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); ret
 type outBatch struct {
 	hs    [ioBatch]unix.Mmsghdr
 	iovs  [ioBatch]unix.Iovec
-	names [ioBatch]unix.RawSockaddrInet6
+	names [ioBatch][unix.SizeofSockaddrInet6]byte
 	flows [ioBatch][fabric.FlowLen]byte
 	bufs  [ioBatch][]byte // what the messages point at (kept alive)
 	n     int
@@ -145,25 +143,9 @@ func (o *outBatch) add(b []byte, to netip.AddrPort) {
 	o.iovs[i].Base = &b[0]
 	o.iovs[i].SetLen(len(b))
 	h := &o.hs[i].Hdr
-	*h = unix.Msghdr{Iov: &o.iovs[i]}
+	*h = unix.Msghdr{Iov: &o.iovs[i], Name: &o.names[i][0]}
 	h.SetIovlen(1)
-	nm := &o.names[i]
-	*nm = unix.RawSockaddrInet6{}
-	a := to.Addr()
-	if a.Is4() {
-		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(nm))
-		sa.Family = unix.AF_INET
-		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], to.Port())
-		sa.Addr = a.As4()
-		h.Name = (*byte)(unsafe.Pointer(nm))
-		h.Namelen = unix.SizeofSockaddrInet4
-	} else {
-		nm.Family = unix.AF_INET6
-		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&nm.Port))[:], to.Port())
-		nm.Addr = a.As16()
-		h.Name = (*byte)(unsafe.Pointer(nm))
-		h.Namelen = unix.SizeofSockaddrInet6
-	}
+	h.Namelen = mmsg.PutAddrPort(o.names[i][:], to)
 }
 
 // addFlow stages a flow control packet for to.
@@ -197,24 +179,6 @@ func (s *SM) flush(o *outBatch, raw syscall.RawConn) {
 	o.free = o.free[:0]
 }
 
-// addrOf returns the address of a raw sockaddr from recvmmsg.
-func addrOf(name []byte) netip.AddrPort {
-	if len(name) < 2 {
-		return netip.AddrPort{}
-	}
-	switch binary.NativeEndian.Uint16(name) {
-	case unix.AF_INET:
-		if len(name) >= unix.SizeofSockaddrInet4 {
-			return netip.AddrPortFrom(netip.AddrFrom4([4]byte(name[4:8])), binary.BigEndian.Uint16(name[2:4]))
-		}
-	case unix.AF_INET6:
-		if len(name) >= unix.SizeofSockaddrInet6 {
-			return netip.AddrPortFrom(netip.AddrFrom16([16]byte(name[8:24])).Unmap(), binary.BigEndian.Uint16(name[2:4]))
-		}
-	}
-	return netip.AddrPort{}
-}
-
 // socketBuffer asks for a large receive buffer and returns what the
 // kernel gave (SO_RCVBUF as getsockopt reports it).
 func socketBuffer(c *net.UDPConn) int {
@@ -229,13 +193,21 @@ func socketBuffer(c *net.UDPConn) int {
 }
 
 // fabricLoop is the reader: control messages are handled at once, flow
-// control packets update the links, IB packets go to input queues.
+// control packets update the links, IB packets go to input queues; then
+// it forwards what the credits allow (pump) and leaves the waits for
+// credit to forwardLoop.
 func (s *SM) fabricLoop() error {
 	b := mmsg.NewBatch(ioBatch, maxDatagram, unix.SizeofSockaddrInet6, 0)
 	r, err := mmsg.NewReader(s.fabric, b)
 	if err != nil {
 		return err
 	}
+	raw, err := s.fabric.SyscallConn()
+	if err != nil {
+		return err
+	}
+	o := &outBatch{}
+	o.snd.Init()
 	for {
 		n, err := r.Read()
 		if err != nil {
@@ -247,7 +219,7 @@ func (s *SM) fabricLoop() error {
 		s.mu.Lock()
 		for i := range n {
 			data, name, _, trunc := r.Datagram(i)
-			from := addrOf(name)
+			from := mmsg.AddrPort(name)
 			switch {
 			case fabric.IsControl(data):
 				c := append([]byte(nil), data...)
@@ -261,7 +233,31 @@ func (s *SM) fabricLoop() error {
 			}
 		}
 		s.mu.Unlock()
-		s.kick()
+		if next := s.pump(o, raw); !next.IsZero() {
+			s.kick()
+		}
+	}
+}
+
+// pump forwards until nothing moves and returns when to look again (zero:
+// when something arrives). Staging and sending are serialized (fmu), so
+// that a flow control packet never overtakes a packet counted in its
+// FCTBS.
+func (s *SM) pump(o *outBatch, raw syscall.RawConn) (next time.Time) {
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return time.Time{}
+		}
+		progress, deadline := s.forwardLocked(time.Now(), o)
+		s.mu.Unlock()
+		s.flush(o, raw)
+		if !progress {
+			return deadline
+		}
 	}
 }
 
@@ -313,8 +309,9 @@ func (s *SM) packetIn(b []byte, from netip.AddrPort, trunc bool) {
 	p.ls.in.push(bp)
 }
 
-// forwardLoop is the forwarder: it moves head packets of the input queues
-// to their destinations as credits allow.
+// forwardLoop forwards when credit may have come or a head-of-queue
+// wait ends: when the reader found a queue blocked (kick), and at the
+// deadlines forwardLocked reports.
 func (s *SM) forwardLoop() {
 	raw, err := s.fabric.SyscallConn()
 	if err != nil {
@@ -325,35 +322,21 @@ func (s *SM) forwardLoop() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		var next time.Time
-		for {
-			s.mu.Lock()
-			if s.closed {
-				s.mu.Unlock()
-				return
-			}
-			progress, deadline := s.forwardLocked(time.Now(), o)
-			s.mu.Unlock()
-			s.flush(o, raw)
-			next = deadline
-			if !progress {
-				break
-			}
-		}
-		if !next.IsZero() {
-			timer.Reset(max(time.Until(next), 0))
-		}
 		select {
 		case <-s.work:
 		case <-timer.C:
 		case <-s.quit:
 			return
 		}
-		if !next.IsZero() && !timer.Stop() {
+		next := s.pump(o, raw)
+		if !timer.Stop() {
 			select {
 			case <-timer.C:
 			default:
 			}
+		}
+		if !next.IsZero() {
+			timer.Reset(max(time.Until(next), 0))
 		}
 	}
 }

@@ -2,6 +2,7 @@ package mmsg
 
 import (
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 	"unsafe"
@@ -143,5 +144,19 @@ func TestAllocs(t *testing.T) {
 	round()
 	if a := testing.AllocsPerRun(100, round); a != 0 {
 		t.Errorf("%v allocs per batch, want 0", a)
+	}
+}
+
+func TestAddrPort(t *testing.T) {
+	var name [unix.SizeofSockaddrInet6]byte
+	for _, s := range []string{"127.0.0.1:4792", "[::1]:9", "[fe80::1]:65535"} {
+		a := netip.MustParseAddrPort(s)
+		n := PutAddrPort(name[:], a)
+		if got := AddrPort(name[:n]); got != a {
+			t.Errorf("%v: round trip gives %v", a, got)
+		}
+	}
+	if got := AddrPort([]byte{1}); got.IsValid() {
+		t.Errorf("short name: %v", got)
 	}
 }

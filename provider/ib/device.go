@@ -25,8 +25,11 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mcast"
+	"github.com/softrdma/softrdma/internal/mmsg"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -117,6 +120,8 @@ type Device struct {
 	conn   *net.UDPConn
 	sm     *net.UDPAddr
 	smAddr netip.AddrPort // sm, unmapped: the only source the port trusts
+	smRaw  [unix.SizeofSockaddrInet6]byte
+	smLen  uint32 // smRaw[:smLen] is sm as a raw sockaddr, for sendmmsg
 
 	mu       sync.Mutex
 	lid      uint16
@@ -187,6 +192,11 @@ func Open(cfg Config) (*Device, error) {
 		linkCh: make(chan struct{}),
 		rxWin:  fabric.Window(socketBuffer(conn), 1),
 	}
+	smIP := d.smAddr.Addr()
+	if !cfg.Local.Is4() && smIP.Is4() {
+		smIP = netip.AddrFrom16(smIP.As16()) // an IPv6 socket sends to IPv4 as mapped
+	}
+	d.smLen = mmsg.PutAddrPort(d.smRaw[:], netip.AddrPortFrom(smIP, d.smAddr.Port()))
 	if d.guid == 0 {
 		h := fnv.New64a()
 		fmt.Fprintf(h, "%d/%s/%d", os.Getpid(), cfg.Local, conn.LocalAddr().(*net.UDPAddr).Port)
@@ -269,6 +279,9 @@ func (r *Registry) CloseAll() {
 		d.Close()
 	}
 }
+
+// smName returns the SM's address as a raw sockaddr.
+func (d *Device) smName() []byte { return d.smRaw[:d.smLen] }
 
 // Name returns the device name.
 func (d *Device) Name() string { return d.name }
