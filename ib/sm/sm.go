@@ -593,23 +593,41 @@ func (s *SM) detachLocked(p *port) {
 	s.mftAddr = true
 }
 
-// rebuildMFT recomputes the multicast forwarding table when the SA or the
-// attachments changed. Caller holds mu (or is New).
+// rebuildMFT brings the multicast forwarding table up to date: the
+// entries of the MLIDs the SA changed, or all of it when the attachments
+// changed. Caller holds mu (or is New).
 func (s *SM) rebuildMFT() {
 	if s.mft != nil && s.mftVer == s.sa.Version() && !s.mftAddr {
 		return
 	}
-	mft := make(map[uint16][]*port)
-	for mlid, guids := range s.sa.MulticastTable() {
-		var ps []*port
-		for _, g := range guids {
-			if p := s.byGUID[g]; p != nil {
-				ps = append(ps, p)
+	if s.mft != nil && !s.mftAddr {
+		for _, mlid := range s.sa.TakeChanged() {
+			if guids, ok := s.sa.MulticastEntry(mlid); ok {
+				s.mft[mlid] = s.portsOf(guids)
+			} else {
+				delete(s.mft, mlid)
 			}
 		}
-		mft[mlid] = ps
+		s.mftVer = s.sa.Version()
+		return
+	}
+	s.sa.TakeChanged()
+	mft := make(map[uint16][]*port)
+	for mlid, guids := range s.sa.MulticastTable() {
+		mft[mlid] = s.portsOf(guids)
 	}
 	s.mft, s.mftVer, s.mftAddr = mft, s.sa.Version(), false
+}
+
+// portsOf returns the known ports among guids. Caller holds mu.
+func (s *SM) portsOf(guids []uint64) []*port {
+	var ps []*port
+	for _, g := range guids {
+		if p := s.byGUID[g]; p != nil {
+			ps = append(ps, p)
+		}
+	}
+	return ps
 }
 
 // saFromFabric is the SA agent at QP1: checks the UD packet, answers
