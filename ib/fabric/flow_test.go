@@ -2,7 +2,10 @@ package fabric
 
 import (
 	"errors"
+	"reflect"
 	"testing"
+
+	"github.com/softrdma/softrdma/wire"
 )
 
 func TestFlowCodec(t *testing.T) {
@@ -103,5 +106,31 @@ func TestWindow(t *testing.T) {
 	}
 	if w := Window(425984, 1000); w != MinWindow {
 		t.Errorf("Window(416 KiB, 1000) = %d", w)
+	}
+}
+
+// TestParseBuilt: ParseBuilt splits a packet as Parse does and skips only
+// the CRCs.
+func TestParseBuilt(t *testing.T) {
+	h := &UDPacket{DLID: 0xC001, SLID: 2, Global: true, GRH: wire.IBGRHFields{HopLmt: 1},
+		UD: wire.UDHeader{PKey: 0xFFFF, DestQP: wire.MulticastQPN, QKey: 7, SrcQP: 9}}
+	b := make([]byte, PacketLen(5, false, true))
+	EncodeUD(b, h, []byte("hello"))
+	var p1, p2 Packet
+	if err := Parse(b, &p1); err != nil {
+		t.Fatal(err)
+	}
+	if err := ParseBuilt(b, &p2); err != nil || !reflect.DeepEqual(p1, p2) {
+		t.Fatalf("ParseBuilt: %v, %+v != %+v", err, p2, p1)
+	}
+	b[len(b)-1] ^= 1 // the VCRC
+	if err := Parse(b, &p1); !errors.Is(err, ErrVCRC) {
+		t.Fatalf("Parse of a bad VCRC: %v", err)
+	}
+	if err := ParseBuilt(b, &p2); err != nil {
+		t.Fatalf("ParseBuilt checks the VCRC: %v", err)
+	}
+	if err := ParseBuilt(b[:10], &p2); !errors.Is(err, ErrShort) {
+		t.Fatalf("ParseBuilt of a short packet: %v", err)
 	}
 }

@@ -288,9 +288,11 @@ func (f *fanout) measure(mode string, n, size int) (fanoutRun, error) {
 		}
 	}
 	if mode != "udp" {
-		// Datagrams the kernel refused were counted as sent above.
+		// Datagrams the kernel refused, and datagrams larger than the MTU
+		// (completed, not sent), were counted as sent above.
 		c1 := dev.Counters()
 		r.sent -= c1.Get(softverbs.SendErrors) - ctr0.Get(softverbs.SendErrors)
+		r.sent -= c1.Get(softverbs.OversizedSendDrops) - ctr0.Get(softverbs.OversizedSendDrops)
 		r.stallDrops = c1.Get(softverbs.LinkStallDrops) - ctr0.Get(softverbs.LinkStallDrops)
 		r.waits = c1.Get(softverbs.LinkWaits) - ctr0.Get(softverbs.LinkWaits)
 	}

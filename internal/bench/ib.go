@@ -13,6 +13,7 @@ import (
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/provider/softverbs"
+	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -256,8 +257,13 @@ func runIB(cfg *Config, w *writer, rep *Report) error {
 	w.tablef("  CPU µs/msg: sender per datagram sent (tx), receivers per datagram delivered (rx), switch per datagram sent (sw), all processes per datagram delivered (all)\n")
 	w.tablef("  %2s %5s | %11s %6s %9s %5s | %11s %11s %6s %6s %14s %5s | %6s %s\n",
 		"N", "size", "rdma dlv/s", "loss", "tx/rx µs", "all", "ib sent/s", "ib dlv/s", "loss", "worst", "tx/rx/sw µs", "all", "ratio", "spread")
+	mtu := verbs.MTU(fabric.PortMTU).Bytes()
 	for _, n := range cfg.Receivers {
 		for _, s := range cfg.Sizes {
+			if s > mtu {
+				w.tablef("  %2d %5d | skipped: larger than the subnet's MTU (%d)\n", n, s, mtu)
+				continue
+			}
 			r, err := f.runIBCase(n, s)
 			if err != nil {
 				return err
