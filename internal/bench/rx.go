@@ -24,8 +24,8 @@ import (
 // rxRequest is a request of the parent to a receiver process.
 type rxRequest struct {
 	// Op is "start" (join Group in Mode and count what arrives, then
-	// reply), "stop" (stop counting, leave, reply with the counts) or
-	// "exit".
+	// reply), "count" (reply with the datagrams counted so far), "stop"
+	// (stop counting, leave, reply with the counts) or "exit".
 	Op    string `json:"op"`
 	Mode  string `json:"mode,omitempty"` // "udp", "rdma" (RoCEv2) or "ib"
 	Group string `json:"group,omitempty"`
@@ -114,6 +114,10 @@ func RunReceiver(in io.Reader, out io.Writer) error {
 			}
 			rep = cur.finish()
 			cur = nil
+		case "count":
+			if cur != nil {
+				rep.Msgs = cur.msgs.Load()
+			}
 		case "sm":
 			if sub == nil {
 				var err error
