@@ -99,3 +99,25 @@ func TestStalledPortBound(t *testing.T) {
 	}
 	t.Logf("burst of %d with a stalled member: %v", n, elapsed)
 }
+
+// TestOverrunCounted: a port that sends beyond its credit (and the room
+// kept for management packets) overruns its input queue: the packets
+// beyond are dropped and counted, the queue stays bounded.
+func TestOverrunCounted(t *testing.T) {
+	s := startSM(t, Config{HOQLife: time.Minute})
+	tx := newFlowPort(t, s.FabricAddr(), 0x200021, 16, true)
+	stuck := newFlowPort(t, s.FabricAddr(), 0x200022, 4, false)
+	group := mgid("ff12:4001:ffff::601:206")
+	r := mustStatus(t, rawSA(t, s.SAAddr(), mcReq(mad.MethodSet, mad.CompCreateRequired, group, stuck.guid, mad.JoinFullMember), waitTimeout), 0)
+	tx.mu.Lock()
+	credits := tx.link.Credits()
+	tx.mu.Unlock()
+	n := credits + mgmtSlack + 50
+	for range n { // ignoring credit
+		tx.send(r.MCMemberRecord().MLID(), true, group, wire.MulticastQPN, 0x01234567, []byte("flood"))
+	}
+	waitFor(t, func() bool { return statsOf(s, tx.guid).RxPackets == uint64(n) })
+	if st := statsOf(s, tx.guid); st.RcvOverruns != 50 {
+		t.Errorf("overruns %d, want 50 (credit %d, room %d, sent %d): %+v", st.RcvOverruns, credits, mgmtSlack, n, st)
+	}
+}

@@ -300,7 +300,10 @@ func (s *SM) packetIn(b []byte, from netip.AddrPort, trunc bool) {
 		p.c.drops.Add(1)
 		return
 	}
-	if p.ls.in.n == queueCap || (p.ls.link.On && p.ls.in.n >= p.ls.win+mgmtSlack) {
+	// Beyond the grant: more packets taken in than the port was granted
+	// (a window that shrank since counts as granted until used).
+	beyond := int((p.ls.link.ABR - p.ls.link.Granted) & (fabric.FlowMod - 1))
+	if p.ls.in.n == queueCap || (p.ls.link.On && beyond > mgmtSlack && beyond <= fabric.MaxWindow) {
 		p.c.overruns.Add(1)
 		return
 	}
