@@ -295,16 +295,18 @@ func (s *SM) packetIn(b []byte, from netip.AddrPort, trunc bool) {
 		return
 	}
 	p.c.rx.Add(1)
+	// Beyond the grant: more packets than the port was granted (a window
+	// that shrank since counts as granted until used), past the room kept
+	// for management packets. Such a packet is dropped and, as the IBA
+	// has it, not counted in ABR: it took no buffer.
+	beyond := int((p.ls.link.ABR + 1 - p.ls.link.Granted) & (fabric.FlowMod - 1))
+	if p.ls.in.n == queueCap || (p.ls.link.On && beyond > mgmtSlack && beyond <= fabric.MaxWindow) {
+		p.c.overruns.Add(1)
+		return
+	}
 	p.ls.link.Took(1)
 	if trunc {
 		p.c.drops.Add(1)
-		return
-	}
-	// Beyond the grant: more packets taken in than the port was granted
-	// (a window that shrank since counts as granted until used).
-	beyond := int((p.ls.link.ABR - p.ls.link.Granted) & (fabric.FlowMod - 1))
-	if p.ls.in.n == queueCap || (p.ls.link.On && beyond > mgmtSlack && beyond <= fabric.MaxWindow) {
-		p.c.overruns.Add(1)
 		return
 	}
 	bp := packetPool.Get().(*[]byte)
