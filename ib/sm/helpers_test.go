@@ -436,8 +436,7 @@ func (s *SM) handlePacket(b []byte, from netip.AddrPort) {
 	if err != nil {
 		panic(err)
 	}
-	o := &outBatch{}
-	o.snd.Init()
+	o := s.newOutBatch()
 	s.mu.Lock()
 	if fabric.IsFlow(b) {
 		s.flowIn(b, from)

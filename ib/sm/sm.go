@@ -57,6 +57,7 @@ import (
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/sa"
+	"github.com/softrdma/softrdma/internal/mmsg"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -237,6 +238,7 @@ type SM struct {
 	saDrop                                    atomic.Bool // Config.SADrop, changeable with SetSADrop
 	sendErrors                                atomic.Uint64
 	rcvbuf                                    int           // the fabric socket's receive buffer
+	gso                                       bool          // the kernel takes UDP_SEGMENT sends
 	work                                      chan struct{} // wakes the forwarder
 	fmu                                       sync.Mutex    // serializes forwarding (pump); before mu
 	quit                                      chan struct{} // closed by Close
@@ -338,6 +340,9 @@ func New(cfg Config) (*SM, error) {
 		return nil, err
 	}
 	s.rcvbuf = socketBuffer(s.fabric)
+	if raw, err := s.fabric.SyscallConn(); err == nil {
+		s.gso = mmsg.GSOSupported(raw)
+	}
 	if cfg.SAListen != "" {
 		if s.rawSA, err = listenUDP(cfg.SAListen); err != nil {
 			s.fabric.Close()

@@ -105,11 +105,11 @@ type linkState struct {
 	win  int // the window granted to the port
 	in   inQueue
 	// The head packet of in, while it is being forwarded: the ports it
-	// still has to go to, whether it went anywhere, and since when it
-	// waits for credit (zero: not yet).
+	// still has to go to and since when it waits for each one's credit
+	// (zero: not yet).
 	headActive bool
 	pend       []*port
-	hoqSince   time.Time
+	pendSince  []time.Time
 	// Output side: packets in a row discarded at the head of a queue, the
 	// end of the Time_Drop state, and the last credit request sent.
 	stallCount int
@@ -121,57 +121,61 @@ type linkState struct {
 // packetPool holds the switch's packet buffers.
 var packetPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
 
-// outBatch is what the forwarder sends with one sendmmsg.
+// outBatch is what the forwarder sends at once: staged in order, sent
+// grouped by destination (in order for each) with sendmmsg, a run of
+// packets of one length to one port as one GSO send when the kernel can.
 type outBatch struct {
-	hs    [ioBatch]unix.Mmsghdr
-	iovs  [ioBatch]unix.Iovec
-	names [ioBatch][unix.SizeofSockaddrInet6]byte
+	bufs  [ioBatch][]byte
+	to    [ioBatch]netip.AddrPort
+	flow  [ioBatch]bool
 	flows [ioBatch][fabric.FlowLen]byte
-	bufs  [ioBatch][]byte // what the messages point at (kept alive)
+	done  [ioBatch]bool
 	n     int
 	free  []*[]byte // buffers to return to the pool after the send
-	snd   mmsg.Sender
+	g     *mmsg.GSOBatch
+}
+
+func (s *SM) newOutBatch() *outBatch {
+	o := &outBatch{g: mmsg.NewGSOBatch(ioBatch)}
+	o.g.GSO = s.gso
+	return o
 }
 
 func (o *outBatch) full() bool { return o.n == ioBatch }
 
 // add stages b for to.
 func (o *outBatch) add(b []byte, to netip.AddrPort) {
-	i := o.n
+	o.bufs[o.n], o.to[o.n], o.flow[o.n] = b, to, false
 	o.n++
-	o.bufs[i] = b
-	o.iovs[i].Base = &b[0]
-	o.iovs[i].SetLen(len(b))
-	h := &o.hs[i].Hdr
-	*h = unix.Msghdr{Iov: &o.iovs[i], Name: &o.names[i][0]}
-	h.SetIovlen(1)
-	h.Namelen = mmsg.PutAddrPort(o.names[i][:], to)
 }
 
 // addFlow stages a flow control packet for to.
 func (o *outBatch) addFlow(f fabric.Flow, to netip.AddrPort) {
 	i := o.n
 	o.add(fabric.EncodeFlow(o.flows[i][:], f), to)
+	o.flow[i] = true
 }
 
-// flush sends the staged messages (errors are logged by the caller's
-// count: a datagram the kernel refuses is lost, as on a link error) and
-// returns the freed buffers to the pool.
+// flush sends the staged datagrams, each port's in the order staged (a
+// datagram the kernel refuses is lost, as on a link error, and counted),
+// and returns the freed buffers to the pool.
 func (s *SM) flush(o *outBatch, raw syscall.RawConn) {
-	for off := 0; off < o.n; {
-		n, errno, err := o.snd.Send(raw, o.hs[off:o.n])
-		if err != nil {
-			break // closed
-		}
-		if errno != 0 {
-			s.sendErrors.Add(1)
-			n = 1 // skip the datagram the kernel refused
-		}
-		off += n
-	}
 	for i := range o.n {
-		o.bufs[i] = nil
+		if o.done[i] {
+			continue
+		}
+		for j := i; j < o.n; j++ {
+			if !o.done[j] && o.to[j] == o.to[i] {
+				o.g.Add(o.bufs[j], o.to[j], o.flow[j])
+				o.done[j] = true
+			}
+		}
 	}
+	if refused, _ := o.g.Send(raw); refused > 0 {
+		s.sendErrors.Add(uint64(refused))
+	}
+	clear(o.bufs[:o.n])
+	clear(o.done[:o.n])
 	o.n = 0
 	for _, b := range o.free {
 		packetPool.Put(b)
@@ -206,8 +210,7 @@ func (s *SM) fabricLoop() error {
 	if err != nil {
 		return err
 	}
-	o := &outBatch{}
-	o.snd.Init()
+	o := s.newOutBatch()
 	for {
 		n, err := r.Read()
 		if err != nil {
@@ -322,8 +325,7 @@ func (s *SM) forwardLoop() {
 	if err != nil {
 		return
 	}
-	o := &outBatch{}
-	o.snd.Init()
+	o := s.newOutBatch()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -418,47 +420,36 @@ func (s *SM) forwardHead(p *port, now time.Time, o *outBatch) (done bool, retry 
 			p.c.drops.Add(1)
 			return true, time.Time{}
 		}
-		ls.headActive, ls.hoqSince = true, time.Time{}
+		ls.pendSince = append(ls.pendSince[:0], make([]time.Time, len(ls.pend))...)
+		ls.headActive = true
 	}
-	blocked := false
+	// Each destination port's copy waits for that port's credit on its
+	// own clock (pendSince: when it found the port without credit), as
+	// each output port of an IB switch has its own head-of-queue timer.
 	k := 0
-	for _, d := range ls.pend {
+	retry = time.Time{}
+	for i, d := range ls.pend {
+		since := ls.pendSince[i]
 		switch {
 		case !d.attached():
 			continue
 		case now.Before(d.ls.dropUntil):
 			d.c.discards.Add(1)
 			continue
-		case d.ls.link.Credits() > 0 && !o.full():
+		case d.ls.link.Credits() > 0:
+			if o.full() {
+				break // stays pending until the batch went out
+			}
 			o.add(b, d.addr)
 			d.ls.link.Sent(1)
 			d.ls.stallCount = 0
 			d.c.tx.Add(1)
 			p.c.fwd.Add(1)
 			continue
-		}
-		ls.pend[k] = d
-		k++
-		if d.ls.link.Credits() == 0 {
-			blocked = true
-		}
-	}
-	ls.pend = ls.pend[:k]
-	if k == 0 {
-		ls.headActive = false
-		return true, time.Time{}
-	}
-	if !blocked { // only the batch was full
-		return false, now
-	}
-	if ls.hoqSince.IsZero() {
-		ls.hoqSince = now
-		for _, d := range ls.pend {
+		case since.IsZero():
+			since = now
 			d.c.waits.Add(1)
-		}
-	}
-	if now.Sub(ls.hoqSince) >= s.cfg.HOQLife {
-		for _, d := range ls.pend {
+		case now.Sub(since) >= s.cfg.HOQLife:
 			d.c.discards.Add(1)
 			d.ls.stallCount++
 			if d.ls.stallCount >= s.cfg.VLStallCount {
@@ -466,25 +457,36 @@ func (s *SM) forwardHead(p *port, now time.Time, o *outBatch) (done bool, retry 
 				d.ls.dropUntil = now.Add(8 * s.cfg.HOQLife)
 				s.logf("port %#x (LID %d): %d packets in a row found no credit: stalled for %v", d.guid, d.lid, s.cfg.VLStallCount, 8*s.cfg.HOQLife)
 			}
-		}
-		ls.headActive = false
-		ls.pend = ls.pend[:0]
-		return true, time.Time{}
-	}
-	retry = ls.hoqSince.Add(s.cfg.HOQLife)
-	for _, d := range ls.pend {
-		if d.ls.link.Credits() > 0 || o.full() {
 			continue
 		}
-		if now.Sub(d.ls.lastReq) >= fabric.FlowRefresh {
-			d.ls.lastReq = now
-			o.addFlow(d.ls.link.Flow(fabric.FlowOpRequest), d.addr)
+		ls.pend[k], ls.pendSince[k] = d, since
+		k++
+		next := now // the batch was full: at once
+		if d.ls.link.Credits() == 0 {
+			next = since.Add(s.cfg.HOQLife)
+			if now.Sub(d.ls.lastReq) >= fabric.FlowRefresh && !o.full() {
+				d.ls.lastReq = now
+				o.addFlow(d.ls.link.Flow(fabric.FlowOpRequest), d.addr)
+			}
+			next = minTime(next, d.ls.lastReq.Add(fabric.FlowRefresh))
 		}
-		if t := d.ls.lastReq.Add(fabric.FlowRefresh); t.Before(retry) {
-			retry = t
+		if retry.IsZero() || next.Before(retry) {
+			retry = next
 		}
 	}
+	ls.pend, ls.pendSince = ls.pend[:k], ls.pendSince[:k]
+	if k == 0 {
+		ls.headActive = false
+		return true, time.Time{}
+	}
 	return false, retry
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // dropQueue empties a port's input queue (the port detached). Caller
@@ -494,5 +496,5 @@ func (ls *linkState) dropQueue() {
 		packetPool.Put(ls.in.pop())
 	}
 	ls.headActive = false
-	ls.pend = ls.pend[:0]
+	ls.pend, ls.pendSince = ls.pend[:0], ls.pendSince[:0]
 }

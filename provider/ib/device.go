@@ -25,8 +25,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mcast"
 	"github.com/softrdma/softrdma/internal/mmsg"
@@ -120,8 +118,8 @@ type Device struct {
 	conn   *net.UDPConn
 	sm     *net.UDPAddr
 	smAddr netip.AddrPort // sm, unmapped: the only source the port trusts
-	smRaw  [unix.SizeofSockaddrInet6]byte
-	smLen  uint32 // smRaw[:smLen] is sm as a raw sockaddr, for sendmmsg
+	smDst  netip.AddrPort // sm as the socket sends to it (sendmmsg)
+	gso    bool           // the kernel takes UDP_SEGMENT sends
 
 	mu       sync.Mutex
 	lid      uint16
@@ -196,7 +194,10 @@ func Open(cfg Config) (*Device, error) {
 	if !cfg.Local.Is4() && smIP.Is4() {
 		smIP = netip.AddrFrom16(smIP.As16()) // an IPv6 socket sends to IPv4 as mapped
 	}
-	d.smLen = mmsg.PutAddrPort(d.smRaw[:], netip.AddrPortFrom(smIP, d.smAddr.Port()))
+	d.smDst = netip.AddrPortFrom(smIP, d.smAddr.Port())
+	if raw, err := conn.SyscallConn(); err == nil {
+		d.gso = mmsg.GSOSupported(raw)
+	}
 	if d.guid == 0 {
 		h := fnv.New64a()
 		fmt.Fprintf(h, "%d/%s/%d", os.Getpid(), cfg.Local, conn.LocalAddr().(*net.UDPAddr).Port)
@@ -279,9 +280,6 @@ func (r *Registry) CloseAll() {
 		d.Close()
 	}
 }
-
-// smName returns the SM's address as a raw sockaddr.
-func (d *Device) smName() []byte { return d.smRaw[:d.smLen] }
 
 // Name returns the device name.
 func (d *Device) Name() string { return d.name }

@@ -64,8 +64,7 @@ func (q *qp) SendBatch(ss []softverbs.UDSend, errs []error) {
 	q.smu.Lock()
 	defer q.smu.Unlock()
 	if q.batch == nil {
-		q.batch = &sendBatch{}
-		q.batch.snd.Init()
+		q.batch = &sendBatch{g: mmsg.NewGSOBatch(softverbs.MaxSendBatch)}
 	}
 	b := q.batch
 	for len(q.bufs) < len(ss) {
@@ -83,19 +82,28 @@ func (q *qp) SendBatch(ss []softverbs.UDSend, errs []error) {
 	}
 	d := q.dev
 	raw, err := d.conn.SyscallConn()
-	for sent := 0; sent < k && err == nil; {
-		var n int
-		n, err = d.xmit(k-sent, func(from, to int) (int, error) {
-			return b.send(raw, d.smName(), sent+from, sent+to)
+	sent := 0
+	if err == nil {
+		b.g.GSO = d.gso
+		sent, err = d.xmit(k, func(from, to int) (int, error) {
+			for _, pkt := range b.pkts[from:to] {
+				b.g.Add(pkt, d.smDst, false)
+			}
+			refused, err := b.g.Send(raw)
+			if err != nil {
+				return 0, err
+			}
+			if refused > 0 {
+				return to - from - refused, fmt.Errorf("%d datagrams refused: %w", refused, syscall.EIO)
+			}
+			return to - from, nil
 		})
-		if err == nil && sent+n < k {
-			break // the rest was dropped by the stalled link (counted)
-		}
-		sent += n
-		if err != nil {
-			errs[b.idx[sent]] = fmt.Errorf("ib: send: %w", err)
-			sent++
-			err = nil
+	}
+	if err != nil {
+		// The packets from the first refused one on count as failed (a
+		// sendmmsg error does not say which of a GSO message's failed).
+		for _, i := range b.idx[sent:k] {
+			errs[i] = fmt.Errorf("ib: send: %w", err)
 		}
 	}
 	for _, pkt := range b.pkts[:k] {
@@ -150,38 +158,12 @@ func (q *qp) tap(pkt []byte) {
 	}
 }
 
-// sendBatch is the scratch of SendBatch: the packets and the sendmmsg
-// headers.
+// sendBatch is the scratch of SendBatch: the packets, where they come
+// from in the caller's batch, and the sendmmsg (GSO) layout.
 type sendBatch struct {
 	pkts [softverbs.MaxSendBatch][]byte
-	idx  [softverbs.MaxSendBatch]int // index of each packet in the caller's batch
-	hs   [softverbs.MaxSendBatch]unix.Mmsghdr
-	iovs [softverbs.MaxSendBatch]unix.Iovec
-	snd  mmsg.Sender
-}
-
-// send sends packets [from, to) to the SM with sendmmsg calls; it returns
-// how many went out and the error of the first that did not.
-func (b *sendBatch) send(raw syscall.RawConn, name []byte, from, to int) (int, error) {
-	for i := from; i < to; i++ {
-		b.iovs[i].Base = &b.pkts[i][0]
-		b.iovs[i].SetLen(len(b.pkts[i]))
-		h := &b.hs[i].Hdr
-		*h = unix.Msghdr{Iov: &b.iovs[i], Name: &name[0], Namelen: uint32(len(name))}
-		h.SetIovlen(1)
-	}
-	done := from
-	for done < to {
-		n, errno, err := b.snd.Send(raw, b.hs[done:to])
-		if err != nil {
-			return done - from, err
-		}
-		if errno != 0 {
-			return done - from, errno
-		}
-		done += n
-	}
-	return done - from, nil
+	idx  [softverbs.MaxSendBatch]int
+	g    *mmsg.GSOBatch
 }
 
 func isMulticastLID(lid uint16) bool { return lid >= verbs.MulticastLIDBase && lid != 0xffff }
