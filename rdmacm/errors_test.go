@@ -57,6 +57,9 @@ func TestEveryErrorHasErrno(t *testing.T) {
 	defer ah.Destroy()
 	deadCQ, _ := ctx.CreateCQ(1)
 	deadCQ.Destroy()
+	plainCQ, _ := ctx.CreateCQ(1)
+	defer plainCQ.Destroy()
+	recvCh := id.RecvCQChannel()
 
 	cases := []struct {
 		name  string
@@ -135,7 +138,20 @@ func TestEveryErrorHasErrno(t *testing.T) {
 			return qp.DetachMcast(verbs.GID(netip.MustParseAddr("::ffff:239.9.9.9").As16()), 0)
 		}},
 		{"ibv_poll_cq: destroyed CQ", "ibv_poll_cq", syscall.EINVAL, func() error { _, err := deadCQ.Poll(make([]verbs.WC, 1)); return err }},
-		{"ibv_get_cq_event: cancelled", "ibv_get_cq_event", syscall.EINTR, func() error { return cq.Wait(cancelled) }},
+		{"ibv_get_cq_event: cancelled", "ibv_get_cq_event", syscall.EINTR, func() error { return plainCQ.Wait(cancelled) }},
+		{"ibv_get_cq_event: channel, cancelled", "ibv_get_cq_event", syscall.EINTR, func() error { _, _, err := recvCh.GetCQEvent(cancelled); return err }},
+		{"ibv_get_cq_event: Wait on a CQ with a channel", "ibv_get_cq_event", syscall.EINVAL, func() error { return cq.Wait(cancelled) }},
+		{"ibv_get_cq_event: non-blocking, none", "ibv_get_cq_event", syscall.EAGAIN, func() error {
+			recvCh.SetNonblocking(true)
+			defer recvCh.SetNonblocking(false)
+			_, _, err := recvCh.GetCQEvent(context.Background())
+			return err
+		}},
+		{"ibv_create_cq: no such vector", "ibv_create_cq", syscall.EINVAL, func() error {
+			_, err := ctx.CreateCQEx(1, verbs.CQInit{Vector: ctx.NumCompVectors()})
+			return err
+		}},
+		{"ibv_destroy_comp_channel: used by a CQ", "ibv_destroy_comp_channel", syscall.EBUSY, func() error { return recvCh.Destroy() }},
 		{"ibv_destroy_cq: used by a QP", "ibv_destroy_cq", syscall.EBUSY, func() error { return cq.Destroy() }},
 		{"ibv_destroy_cq: twice", "ibv_destroy_cq", syscall.EINVAL, func() error { return deadCQ.Destroy() }},
 		{"ibv_init_ah_from_wc: nil WC", "ibv_init_ah_from_wc", syscall.EINVAL, func() error { _, err := verbs.InitAHFromWC(ctx, 1, nil, nil); return err }},

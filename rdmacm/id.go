@@ -6,9 +6,12 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -49,6 +52,10 @@ type ID struct {
 	sendCQ   *verbs.CQ
 	recvCQ   *verbs.CQ
 	mcs      []*mcJoin // oldest first; lookups go newest first, like librdmacm's list
+
+	// A unicast resolution in progress (neigh.go): its cancel and end.
+	resolveStop context.CancelFunc
+	resolveDone chan struct{}
 
 	// A kernel id (kernel.go): its librdmacm id, token and port.
 	k     kernelID
@@ -164,6 +171,28 @@ func (id *ID) SendCQ() *verbs.CQ {
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	return id.sendCQ
+}
+
+// SendCQChannel returns the completion channel of the send CQ CreateQP
+// made for the id (id->send_cq_channel), or nil.
+func (id *ID) SendCQChannel() *verbs.CompChannel {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.sendCQ == nil || !slices.Contains(id.ownCQs, id.sendCQ) {
+		return nil
+	}
+	return id.sendCQ.Channel()
+}
+
+// RecvCQChannel returns the completion channel of the receive CQ CreateQP
+// made for the id (id->recv_cq_channel), or nil.
+func (id *ID) RecvCQChannel() *verbs.CompChannel {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.recvCQ == nil || !slices.Contains(id.ownCQs, id.recvCQ) {
+		return nil
+	}
+	return id.recvCQ.Channel()
 }
 
 // RecvCQ returns the receive CQ of the id's QP.
@@ -294,8 +323,13 @@ func (id *ID) bindLocked(sa sockaddr) error {
 // ResolveAddr resolves the destination address and binds the id to a
 // device (rdma_resolve_addr). With a nil or wildcard src the routing tables
 // pick the interface (so a multicast group usually resolves to the default
-// route's interface: pass src to choose). The result comes as an
-// ADDR_RESOLVED or ADDR_ERROR event; a synchronous id waits for it.
+// route's interface: pass src to choose). A destination without a route
+// fails the call (ENETUNREACH), as the kernel's rdma_resolve_ip does; a
+// route to an interface without an RDMA device is an ADDR_ERROR event. A
+// unicast destination resolves once its next hop's link-layer address is
+// known, else ADDR_ERROR -ETIMEDOUT when timeout passes (neigh.go).
+// The result comes as an ADDR_RESOLVED or ADDR_ERROR event; a synchronous
+// id waits for it.
 func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) {
 	defer wrapErr(&err, "rdma_resolve_addr", dst)
 	d, err := toSockaddr(dst)
@@ -317,26 +351,33 @@ func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) 
 	if src != nil && s.family != d.family {
 		return fmt.Errorf("address families differ: %w", syscall.EINVAL)
 	}
+	// The route lookup: the kernel's rdma_resolve_ip fails the call when
+	// there is no route (a multicast group from a given source needs none).
+	var routeSrc netip.Addr
+	wildSrc := src == nil || s.ip.IsUnspecified()
+	if !d.ip.IsLoopback() && (wildSrc || !d.ip.IsMulticast()) {
+		// From a bound source, a unicast destination no route has is taken
+		// to be on the source's link (resolveNeighbour).
+		if routeSrc, err = routeSource(d.ip.WithZone("")); err != nil && wildSrc {
+			return fmt.Errorf("route to %v: %w", d.ip, err)
+		}
+	}
 	id.mu.Lock()
 	if id.state == stateIdle {
 		if src == nil || s.ip.IsUnspecified() {
-			// Bind to the source the route lookup picks.
-			var a netip.Addr
+			// Bind to the source the route lookup picked.
+			a := routeSrc
 			if d.ip.IsLoopback() {
 				a = d.ip
+			}
+			if src != nil {
+				s.ip = a
 			} else {
-				a, err = routeSource(d.ip.WithZone(""))
+				s = sockaddr{family: d.family, ip: a}
 			}
-			if err == nil {
-				if src != nil {
-					s.ip = a
-				} else {
-					s = sockaddr{family: d.family, ip: a}
-				}
-				err = id.bindLocked(s)
-			}
-			if err != nil {
-				// The kernel reports a failed lookup as ADDR_ERROR.
+			if err := id.bindLocked(s); err != nil {
+				// A route without an RDMA device: addr_handler's failed
+				// cma_acquire_dev, an ADDR_ERROR event.
 				id.mu.Unlock()
 				return id.complete(id.queue(&Event{ID: id, Event: EventAddrError, Status: -int(verbs.ErrnoOf(err))}))
 			}
@@ -352,6 +393,12 @@ func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) 
 		return syscall.EINVAL
 	}
 	id.dst = d
+	if id.dev != nil && id.k == nil && !d.ip.IsMulticast() && !d.ip.IsLoopback() && !d.ip.IsUnspecified() {
+		// A unicast destination: ADDR_RESOLVED once its neighbour is known.
+		id.startNeighbourLocked(d.ip.WithZone(""), timeout)
+		id.mu.Unlock()
+		return id.complete(nil)
+	}
 	var ev *Event
 	if id.dev == nil {
 		ev = &Event{ID: id, Event: EventAddrError, Status: -int(syscall.ENODEV)}
@@ -447,13 +494,21 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) (err error) {
 	if a.QPType == 0 {
 		a.QPType = id.qpType
 	}
+	// Missing CQs are made as librdmacm's ucma_create_cqs makes them: each
+	// with a completion channel of its own and the id as its context.
 	var own []*verbs.CQ
 	mk := func(n int) (*verbs.CQ, error) {
-		cq, err := pd.Context().CreateCQ(max(n, 1))
-		if err == nil {
-			own = append(own, cq)
+		ch, err := pd.Context().CreateCompChannel()
+		if err != nil {
+			return nil, err
 		}
-		return cq, err
+		cq, err := pd.Context().CreateCQEx(max(n, 1), verbs.CQInit{Context: id, Channel: ch})
+		if err != nil {
+			ch.Destroy()
+			return nil, err
+		}
+		own = append(own, cq)
+		return cq, nil
 	}
 	if a.SendCQ == nil {
 		if a.SendCQ, err = mk(a.Cap.MaxSendWR); err != nil {
@@ -495,9 +550,14 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) (err error) {
 // CreateQPEx is CreateQP taking the extended attributes (create flags).
 func (id *ID) CreateQPEx(pd *verbs.PD, attr *verbs.QPInitAttr) error { return id.CreateQP(pd, attr) }
 
+// destroyCQs destroys CQs the id made, and their completion channels.
 func destroyCQs(cqs []*verbs.CQ) {
 	for _, cq := range cqs {
+		ch := cq.Channel()
 		cq.Destroy()
+		if ch != nil {
+			ch.Destroy()
+		}
 	}
 }
 
@@ -546,6 +606,13 @@ func (id *ID) DestroyQP() (err error) {
 func (id *ID) Destroy() (err error) {
 	defer wrapErr(&err, "rdma_destroy_id", nil)
 	id.mu.Lock()
+	if stop, done := id.resolveStop, id.resolveDone; stop != nil {
+		// rdma_addr_cancel: the resolution ends without an event.
+		id.mu.Unlock()
+		stop()
+		<-done
+		id.mu.Lock()
+	}
 	if id.state == stateDestroying {
 		id.mu.Unlock()
 		return syscall.EINVAL
@@ -625,4 +692,40 @@ func (id *ID) addrRemoved(a netip.Addr) {
 	if hit {
 		id.queue(&Event{ID: id, Event: EventAddrChange})
 	}
+}
+
+// startNeighbourLocked resolves the neighbour of a unicast destination in
+// the background and queues ADDR_RESOLVED or ADDR_ERROR (id.mu is held).
+func (id *ID) startNeighbourLocked(dst netip.Addr, timeout time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	id.state = stateAddrQuery
+	id.resolveStop, id.resolveDone = cancel, done
+	src := id.src.ip.WithZone("")
+	// The handle's sockets belong to this thread's network namespace,
+	// where the route lookup of ResolveAddr ran.
+	h, herr := netlink.NewHandle()
+	go func() {
+		defer close(done)
+		err := herr
+		if h != nil {
+			err = resolveNeighbour(ctx, h, src, dst, timeout)
+			h.Close()
+		}
+		id.mu.Lock()
+		id.resolveStop, id.resolveDone = nil, nil
+		if ctx.Err() != nil || id.state != stateAddrQuery {
+			id.mu.Unlock()
+			return // cancelled by Destroy
+		}
+		ev := &Event{ID: id, Event: EventAddrResolved}
+		if err != nil {
+			id.state = stateAddrBound
+			ev = &Event{ID: id, Event: EventAddrError, Status: -int(verbs.ErrnoOf(err)), Err: err}
+		} else {
+			id.state = stateAddrResolved
+		}
+		id.mu.Unlock()
+		id.queue(ev)
+	}()
 }

@@ -614,3 +614,33 @@ func TestConcurrentJoinLeave(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestIDCQChannels: the CQs CreateQP makes have completion channels of
+// their own with the id as their context (librdmacm's ucma_create_cqs),
+// and GetRecvComp waits through the receive channel; CQs the program
+// gives have none from the id.
+func TestIDCQChannels(t *testing.T) {
+	_, id := newID(t, PS_UDP)
+	withQP(t, id, 1, 64, 0)
+	sch, rch := id.SendCQChannel(), id.RecvCQChannel()
+	if sch == nil || rch == nil || sch == rch {
+		t.Fatalf("channels %p %p, want two", sch, rch)
+	}
+	if id.SendCQ().Channel() != sch || id.RecvCQ().Channel() != rch || id.RecvCQ().UserContext() != id {
+		t.Errorf("CQs %v %v, context %v", id.SendCQ().Channel(), id.RecvCQ().Channel(), id.RecvCQ().UserContext())
+	}
+	_, other := newID(t, PS_UDP)
+	ctx := other.Verbs()
+	cq, err := ctx.CreateCQ(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.CreateQP(nil, &verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if other.SendCQChannel() != nil || other.RecvCQChannel() != nil {
+		t.Error("channels for CQs the program gave")
+	}
+	other.DestroyQP()
+	cq.Destroy()
+}

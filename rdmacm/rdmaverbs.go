@@ -63,21 +63,37 @@ func (id *ID) GetSendComp(ctx context.Context) (_ verbs.WC, err error) {
 	return getComp(ctx, id.SendCQ())
 }
 
+// getComp is rdma_get_recv_comp / rdma_get_send_comp: poll; a CQ with a
+// completion channel (the ones CreateQP makes) is armed, polled again and
+// waited for through its channel, each event acknowledged; a CQ without
+// one is waited for with Wait.
 func getComp(ctx context.Context, cq *verbs.CQ) (verbs.WC, error) {
 	var wc [1]verbs.WC
 	if cq == nil {
 		return wc[0], fmt.Errorf("no cq: %w", syscall.EINVAL)
 	}
+	ch := cq.Channel()
 	for {
 		n, err := cq.Poll(wc[:])
+		if err != nil || n == 1 {
+			return wc[0], err
+		}
+		if ch == nil {
+			if err := cq.Wait(ctx); err != nil {
+				return wc[0], err
+			}
+			continue
+		}
+		if err := cq.ReqNotify(false); err != nil {
+			return wc[0], err
+		}
+		if n, err := cq.Poll(wc[:]); err != nil || n == 1 {
+			return wc[0], err
+		}
+		evCQ, _, err := ch.GetCQEvent(ctx)
 		if err != nil {
 			return wc[0], err
 		}
-		if n == 1 {
-			return wc[0], nil
-		}
-		if err := cq.Wait(ctx); err != nil {
-			return wc[0], err
-		}
+		evCQ.AckEvents(1)
 	}
 }

@@ -128,11 +128,7 @@ func (c *Context) AllocPD() (*PD, error) {
 	return &PD{ctx: c, ops: ops}, nil
 }
 
-// CreateCQ creates a CQ with room for at least cqe completions (ibv_create_cq).
-func (c *Context) CreateCQ(cqe int) (*CQ, error) {
-	ops, err := c.ops.CreateCQ(cqe)
-	if err != nil {
-		return nil, OpError("ibv_create_cq", c.dev.Name(), err)
-	}
-	return &CQ{ctx: c, ops: ops, cap: cqe}, nil
-}
+// CreateCQ creates a CQ with room for at least cqe completions and no
+// completion channel (ibv_create_cq(ctx, cqe, NULL, NULL, 0)); CQ.Wait
+// waits for its completions. CreateCQEx takes the other arguments.
+func (c *Context) CreateCQ(cqe int) (*CQ, error) { return c.CreateCQEx(cqe, CQInit{}) }

@@ -3,6 +3,7 @@ package verbs
 import (
 	"context"
 	"fmt"
+	"sync"
 	"syscall"
 	"unsafe"
 )
@@ -120,12 +121,50 @@ func (ah *AH) Ops() AHOps { return ah.ops }
 // Destroy destroys the address handle (ibv_destroy_ah).
 func (ah *AH) Destroy() error { return OpError("ibv_destroy_ah", "", ah.ops.Destroy()) }
 
-// CQ is a completion queue (struct ibv_cq). Poll is non-blocking; Wait
-// blocks until a completion is available, like a completion channel.
+// CQ is a completion queue (struct ibv_cq). Poll is non-blocking. A CQ
+// without a completion channel has Wait, which blocks until a completion
+// is available; a CQ with one reports to it (ReqNotify, GetCQEvent,
+// AckEvents), as in C.
 type CQ struct {
-	ctx *Context
-	ops CQOps
-	cap int
+	ctx         *Context
+	ops         CQOps
+	cap         int
+	userContext any
+	channel     *CompChannel
+
+	evMu    sync.Mutex
+	evCond  *sync.Cond // signalled on AckEvents
+	evGot   int        // events GetCQEvent returned for the CQ
+	evAcked int
+}
+
+// UserContext returns the CQ's context (cq_context of CreateCQEx).
+func (cq *CQ) UserContext() any { return cq.userContext }
+
+// Channel returns the CQ's completion channel, or nil.
+func (cq *CQ) Channel() *CompChannel { return cq.channel }
+
+// ReqNotify arms the CQ (ibv_req_notify_cq): the next completion queued —
+// with solicitedOnly, the next receive of a solicited message or an
+// unsuccessful completion — puts one event for the CQ on its channel.
+// Completions already queued raise none: arm, then poll until empty, then
+// wait for the event. A CQ without a channel is armed for nothing.
+func (cq *CQ) ReqNotify(solicitedOnly bool) error {
+	return OpError("ibv_req_notify_cq", "", cq.ops.ReqNotify(solicitedOnly))
+}
+
+// AckEvents acknowledges n events of the CQ taken with GetCQEvent
+// (ibv_ack_cq_events); Destroy waits until every event is acknowledged.
+// Acknowledging several at once is cheaper, as in C.
+func (cq *CQ) AckEvents(n int) {
+	if n <= 0 {
+		return
+	}
+	cq.ops.AckEvents(n)
+	cq.evMu.Lock()
+	cq.evAcked += n
+	cq.evCond.Broadcast()
+	cq.evMu.Unlock()
 }
 
 // Cap returns the number of completions the CQ holds.
@@ -152,16 +191,40 @@ func (cq *CQ) Poll(wc []WC) (int, error) {
 func (cq *CQ) Len() int { return cq.ops.Len() }
 
 // Wait blocks until the CQ holds a completion, or ctx ends (its error is
-// returned). Several goroutines may wait; each completion wakes one.
+// returned). Several goroutines may wait; each completion wakes one. A CQ
+// with a completion channel has none (EINVAL): its events are the
+// program's, through the channel.
 func (cq *CQ) Wait(ctx context.Context) error {
+	if cq.channel != nil {
+		return Errorf("ibv_get_cq_event", "", syscall.EINVAL)
+	}
 	if err := cq.ops.Wait(ctx); err != nil {
 		return OpError("ibv_get_cq_event", "", err)
 	}
 	return nil
 }
 
-// Destroy destroys the CQ (ibv_destroy_cq); EBUSY while a QP uses it.
-func (cq *CQ) Destroy() error { return OpError("ibv_destroy_cq", "", cq.ops.Destroy()) }
+// Destroy destroys the CQ (ibv_destroy_cq); EBUSY while a QP uses it. A
+// CQ with a completion channel first waits until every event GetCQEvent
+// returned for it is acknowledged (AckEvents), as libibverbs does.
+func (cq *CQ) Destroy() error {
+	if ch := cq.channel; ch != nil {
+		cq.evMu.Lock()
+		for cq.evAcked < cq.evGot {
+			cq.evCond.Wait()
+		}
+		cq.evMu.Unlock()
+	}
+	if err := cq.ops.Destroy(); err != nil {
+		return OpError("ibv_destroy_cq", "", err)
+	}
+	if ch := cq.channel; ch != nil {
+		ch.mu.Lock()
+		delete(ch.cqs, cq.ops)
+		ch.mu.Unlock()
+	}
+	return nil
+}
 
 // QP is a queue pair (struct ibv_qp). Only UD QPs are supported.
 type QP struct {

@@ -30,8 +30,15 @@ type ContextOps interface {
 	QueryGIDTable(port uint8) ([]GIDEntry, error)
 	// AllocPD allocates a protection domain.
 	AllocPD() (PDOps, error)
-	// CreateCQ creates a completion queue of at least cqe entries.
-	CreateCQ(cqe int) (CQOps, error)
+	// CreateCQ creates a completion queue of at least cqe entries whose
+	// events go to ch (nil: none) on completion vector vector (checked
+	// by verbs against NumCompVectors).
+	CreateCQ(cqe int, ch CompChannelOps, vector int) (CQOps, error)
+	// CreateCompChannel creates a completion event channel.
+	CreateCompChannel() (CompChannelOps, error)
+	// NumCompVectors returns the number of completion vectors
+	// (context->num_comp_vectors).
+	NumCompVectors() int
 	// Close closes the context; EBUSY while PDs or CQs exist.
 	Close() error
 }
@@ -71,8 +78,16 @@ type CQOps interface {
 	Poll(wc []WC) (int, error)
 	// Len returns the number of completions queued.
 	Len() int
-	// Wait blocks until a completion is queued or ctx ends.
+	// Wait blocks until a completion is queued or ctx ends. verbs calls
+	// it only for CQs without a completion channel.
 	Wait(ctx context.Context) error
+	// ReqNotify arms the CQ (ibv_req_notify_cq): the next completion
+	// (with solicitedOnly, the next solicited receive or error
+	// completion) puts one event for the CQ on its channel.
+	ReqNotify(solicitedOnly bool) error
+	// AckEvents acknowledges n events of the CQ got from its channel
+	// (ibv_ack_cq_events); verbs counts them itself.
+	AckEvents(n int)
 	// Destroy destroys the CQ; EBUSY while QPs use it.
 	Destroy() error
 }
@@ -97,5 +112,18 @@ type QPOps interface {
 	// DetachMcast detaches the QP from a multicast group.
 	DetachMcast(gid GID, lid uint16) error
 	// Destroy destroys the QP.
+	Destroy() error
+}
+
+// CompChannelOps is a completion event channel (struct ibv_comp_channel).
+type CompChannelOps interface {
+	// Fd returns a file descriptor that is readable while an event is
+	// pending (for poll/epoll); it belongs to the channel.
+	Fd() int
+	// GetEvent returns the CQ of the next event (ibv_get_cq_event): it
+	// waits until one is pending or ctx ends, or with nonblock fails at
+	// once with EAGAIN.
+	GetEvent(ctx context.Context, nonblock bool) (CQOps, error)
+	// Destroy destroys the channel; verbs has checked that no CQ uses it.
 	Destroy() error
 }

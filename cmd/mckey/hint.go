@@ -43,6 +43,19 @@ func (t *mckey) joinHint(err error) {
 	}
 }
 
+// resolveHint explains a failed rdma_resolve_addr call: the kernel fails
+// it when the route lookup finds no route.
+func (t *mckey) resolveHint(err error) {
+	if t.cfg.unmapped || !errors.Is(err, syscall.ENETUNREACH) {
+		return
+	}
+	if t.cfg.src != "" {
+		fmt.Fprintf(t.errOut, "mckey: no route to %s from -b %s\n", t.cfg.dst, t.cfg.src)
+		return
+	}
+	fmt.Fprintf(t.errOut, "mckey: no -b: %s; name the local address with -b or the interface with --iface\n", routeOf(t.cfg.dst))
+}
+
 // addrErrorHint explains an ADDR_ERROR event of rdma_resolve_addr: without
 // -b the RDMA CM takes the interface the kernel's route lookup picks for
 // the group, as rdma-core does.

@@ -345,6 +345,7 @@ func (t *mckey) run() int {
 		if ret != 0 {
 			fmt.Fprintf(t.errOut, "mckey: resolve addr failure: %s\n", strerror(err))
 			t.joinHint(err)
+			t.resolveHint(err)
 			t.connectError()
 			return ret
 		}

@@ -2,6 +2,7 @@ package nettest
 
 import (
 	"context"
+	"io"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -49,6 +50,19 @@ func (p *Proc) Output() string {
 // and the args.
 func StartProc(t testing.TB, ns, bin string, maxRun time.Duration, args ...string) *Proc {
 	t.Helper()
+	p, _ := startProc(t, ns, bin, maxRun, false, args)
+	return p
+}
+
+// StartProcStdin is StartProc with a pipe to the process's standard
+// input, which it returns (closing it is the process's end of input).
+func StartProcStdin(t testing.TB, ns, bin string, maxRun time.Duration, args ...string) (*Proc, io.WriteCloser) {
+	t.Helper()
+	return startProc(t, ns, bin, maxRun, true, args)
+}
+
+func startProc(t testing.TB, ns, bin string, maxRun time.Duration, stdin bool, args []string) (*Proc, io.WriteCloser) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), maxRun)
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, bin}, args...)...)
 	p := &Proc{t: t, cmd: cmd, done: make(chan struct{}), changed: make(chan struct{}), code: -1}
@@ -57,6 +71,14 @@ func StartProc(t testing.TB, ns, bin string, maxRun time.Duration, args ...strin
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
+	var in io.WriteCloser
+	if stdin {
+		var err error
+		if in, err = cmd.StdinPipe(); err != nil {
+			cancel()
+			t.Fatalf("start %s: %v", p.Name, err)
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		cancel()
 		t.Fatalf("start %s: %v", p.Name, err)
@@ -73,7 +95,7 @@ func StartProc(t testing.TB, ns, bin string, maxRun time.Duration, args ...strin
 		p.Kill()
 		t.Logf("%s\n%s", p.Name, Indent(p.Output()))
 	})
-	return p
+	return p, in
 }
 
 // Indent indents every line of s by a tab, "\t(no output)" when s is

@@ -278,7 +278,7 @@ func (d *Device) handlePacket(b []byte, self *qp, rx *receiveScratch) {
 	dg := &rx.dg
 	*dg = softverbs.Datagram{
 		GRH: &rx.grh, PKey: ud.BTH.PKey(), QKey: ud.DETH.QKey(), SrcQP: ud.DETH.SrcQP(),
-		Imm: ud.Imm, HasImm: ud.HasImm, Payload: ud.Payload, Self: self != nil, IB: &rx.info,
+		Imm: ud.Imm, HasImm: ud.HasImm, Solicited: ud.BTH.Solicited(), Payload: ud.Payload, Self: self != nil, IB: &rx.info,
 	}
 	switch {
 	case destQP != wire.MulticastQPN:

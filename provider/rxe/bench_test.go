@@ -2,6 +2,7 @@ package rxe
 
 import (
 	"fmt"
+	"net/netip"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -87,4 +88,51 @@ func benchDev(b *testing.B) *Device {
 	}
 	b.Cleanup(func() { d.Close() })
 	return d
+}
+
+// BenchmarkForwardPath hands a crafted unicast datagram for a QPN of
+// another device of lo to the receive path, which checks it and forwards
+// it over loopback (one sendmsg); the owner's reading and delivery run on
+// its own goroutine and are not part of an op. One op is one datagram.
+func BenchmarkForwardPath(b *testing.B) {
+	for _, size := range benchSizes {
+		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
+			owner := benchDev(b)
+			q, err := owner.CreateQP(softverbs.DriverQPInit{Type: verbs.QPTypeUD})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer q.Destroy()
+			h := verbs.NewHost()
+			defer h.Close()
+			d, err := On(h).ForName("lo")
+			if err != nil {
+				b.Fatal(err)
+			}
+			g := randGroup()
+			if err := d.IncGroup(g); err != nil {
+				b.Fatal(err)
+			}
+			d.mu.Lock()
+			r := newReceiver(d, d.mships[g].sock, nil)
+			d.mu.Unlock()
+			in := &injector{port: 40007}
+			frame := in.craft(netip.MustParseAddr("127.0.0.1"), wire.UDHeader{PKey: 0xFFFF, DestQP: q.QPN(), QKey: 9, SrcQP: 77}, make([]byte, size), nil)
+			name := make([]byte, 16)
+			name[0], name[2], name[3] = unix.AF_INET, 40007>>8, 40007&0xff
+			copy(name[4:], []byte{127, 0, 0, 1})
+			oob := make([]byte, 128)
+			var pi [12]byte
+			copy(pi[8:], []byte{127, 0, 0, 1})
+			k := putCmsg(oob, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+			k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				r.handle(frame, name, oob[:k], false)
+			}
+			if c := d.Counters(); c.Get(softverbs.Forwarded) == 0 || c.Get(softverbs.ForwardDrops) != 0 {
+				b.Fatalf("forwarded %d, dropped %d", c.Get(softverbs.Forwarded), c.Get(softverbs.ForwardDrops))
+			}
+		})
+	}
 }

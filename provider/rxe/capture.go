@@ -72,6 +72,12 @@ func (d *Device) captureSent(ip, udp, roce []byte) {
 func (d *Device) captureReceived(v6 bool, b, name, oob []byte) {
 	var m rxMeta
 	parseRxMeta(&m, name, oob, v6)
+	d.captureMeta(v6, b, &m)
+}
+
+// captureMeta emits received datagram b with the IP and UDP fields m
+// describes (a forwarded datagram's come from its forwarding header).
+func (d *Device) captureMeta(v6 bool, b []byte, m *rxMeta) {
 	ipLen := wire.IPv4HeaderLen
 	if v6 {
 		ipLen = wire.IPv6HeaderLen

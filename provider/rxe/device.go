@@ -12,7 +12,8 @@
 // port) and IP_MULTICAST_ALL=0 (a socket only gets the groups it joined).
 // Group memberships are spread over several such sockets, at most
 // net.ipv4.igmp_max_memberships per socket; a socket and its receive
-// goroutine live only while they hold memberships. Sending uses one
+// goroutine live only while they hold memberships (the unicast sockets
+// below while the device has QPs). Sending uses one
 // unconnected UDP socket per block of 255 QPs, bound to the wildcard
 // address and an ephemeral port; IP_PMTUDISC_DO makes the kernel send
 // DF=1 and IP ID 0, so the ICRC is computed before sendmsg. QPNs are
@@ -26,13 +27,16 @@
 // all 32 bits). IPv6 groups (MLD) are supported, as an extension: Linux rxe
 // refuses them.
 //
-// Limits: unicast datagrams (DestQP != 0xFFFFFF) are only received when the
-// kernel hands them to a socket of this device, which is not reliable when
-// several processes share port 4791 (the kernel picks one socket) and
-// impossible while the device holds no membership (it then has no socket).
-// A hop limit of 0 cannot be expressed per datagram (IP_TTL must be 1-255):
-// multicast then uses the socket's multicast TTL, 0 (local loop only), and
-// unicast the kernel's default TTL.
+// Unicast. The kernel gives a unicast datagram to one of the host's
+// sockets on UDP 4791, in whichever process; a device that reads one for a
+// QPN of another device forwards it to the owner's IPv4 send socket (the
+// QPN's port) over loopback, and the owner checks and delivers it (see
+// forward.go). While a device has QPs it keeps unicast receive sockets on
+// 4791 that hold no membership.
+//
+// Limits: a hop limit of 0 cannot be expressed per datagram (IP_TTL must
+// be 1-255): multicast then uses the socket's multicast TTL, 0 (local loop
+// only), and unicast the kernel's default TTL.
 package rxe
 
 import (
@@ -89,8 +93,13 @@ type Device struct {
 	info   atomic.Pointer[ifInfo]
 	infoMu sync.Mutex // serializes refreshes
 
-	// Hot-path table, immutable once published.
-	ownPorts atomic.Pointer[[]uint16]
+	// Hot-path tables, immutable once published.
+	ownPorts4 atomic.Pointer[[]uint16] // the IPv4 send sockets' ports: the QPN prefixes
+	ownPorts6 atomic.Pointer[[]uint16] // the IPv6 send sockets' ports
+
+	// fwd forwards unicast datagrams to their owner; opened with the
+	// first receive socket (Device.mu), nil if that failed.
+	fwd atomic.Pointer[fwdSock]
 
 	mu     sync.Mutex // control plane: everything below
 	closed bool
@@ -98,6 +107,7 @@ type Device struct {
 	blocks []*sendBlock
 	mships map[netip.Addr]*membership
 	rsocks []*recvSock
+	usocks []*recvSock // unicast receive sockets, while the device has QPs
 
 	wg sync.WaitGroup // receive goroutines
 
@@ -117,7 +127,8 @@ func newDevice(r *Registry, ifindex int, o Options) (*Device, error) {
 		mships:  map[netip.Addr]*membership{},
 	}
 	d.info.Store(info)
-	d.ownPorts.Store(&[]uint16{})
+	d.ownPorts4.Store(&[]uint16{})
+	d.ownPorts6.Store(&[]uint16{})
 	d.reg = r
 	d.core = softverbs.New(d)
 	d.vdev = r.host.RegisterDevice(d.core)
@@ -270,10 +281,14 @@ func (d *Device) Close() error {
 		s.conn.Close()
 	}
 	d.rsocks = nil
+	d.closeUnicastLocked()
 	d.mu.Unlock()
 
 	d.stopEvents()
 	d.wg.Wait()
+	if fs := d.fwd.Swap(nil); fs != nil {
+		fs.conn.Close()
+	}
 	r.host.UnregisterDevice(d.vdev)
 	return nil
 }

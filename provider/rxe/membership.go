@@ -245,6 +245,7 @@ func (d *Device) openRecvSockLocked(v6 bool) (*recvSock, error) {
 		conn.Close()
 		return nil, err
 	}
+	d.openFwdLocked()
 	rx := newReceiver(d, s, br)
 	d.rsocks = append(d.rsocks, s)
 	d.wg.Add(1)
@@ -254,6 +255,57 @@ func (d *Device) openRecvSockLocked(v6 bool) (*recvSock, error) {
 
 // receiveLoop is the goroutine of one receive socket.
 func (d *Device) receiveLoop(rx *receiver) {
+	defer d.wg.Done()
+	rx.run()
+}
+
+// openUnicastLocked opens the device's unicast receive sockets: UDP 4791
+// sockets (IPv4, and IPv6 when v6) that hold no membership, so that the
+// host has a socket on 4791 for the replies to the device's QPs even
+// while no process of the host holds a membership. Best effort: without
+// them, the membership sockets of every device of the host still read
+// unicast datagrams and forward them.
+func (d *Device) openUnicastLocked(v6 bool) {
+	for _, fam6 := range []bool{false, true} {
+		if fam6 && !v6 {
+			continue
+		}
+		conn, err := openRecvConn(fam6)
+		if err != nil {
+			continue
+		}
+		s := &recvSock{v6: fam6, conn: conn}
+		s.publish()
+		br, err := newBatchReader(conn)
+		if err != nil {
+			conn.Close()
+			continue
+		}
+		d.openFwdLocked()
+		d.usocks = append(d.usocks, s)
+		d.wg.Add(1)
+		go d.unicastLoop(newReceiver(d, s, br))
+	}
+}
+
+// closeUnicastLocked closes the unicast receive sockets (their goroutines
+// exit).
+func (d *Device) closeUnicastLocked() {
+	for _, s := range d.usocks {
+		s.conn.Close()
+	}
+	d.usocks = nil
+}
+
+// unicastLoop is the goroutine of one unicast receive socket.
+func (d *Device) unicastLoop(rx *receiver) {
+	defer d.wg.Done()
+	rx.run()
+}
+
+// forwardLoop is the goroutine of one IPv4 send socket, which reads the
+// datagrams other devices of the host forward to its QPNs.
+func (d *Device) forwardLoop(rx *receiver) {
 	defer d.wg.Done()
 	rx.run()
 }

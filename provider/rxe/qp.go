@@ -135,20 +135,33 @@ func (d *Device) openBlockLocked() (*sendBlock, error) {
 			c6.Close()
 		}
 	}
+	// The IPv4 socket also reads the unicast datagrams other devices of
+	// the host forward to its QPNs.
+	br, err := newBatchReader(c4)
+	if err != nil {
+		b.close()
+		return nil, d.errf(syscall.ENOMEM, "send socket: %v", err)
+	}
+	if len(d.blocks) == 0 {
+		d.openUnicastLocked(b.conn6 != nil)
+	}
 	d.blocks = append(d.blocks, b)
 	d.publishPortsLocked()
+	d.wg.Add(1)
+	go d.forwardLoop(newBlockReceiver(d, b, br))
 	return b, nil
 }
 
 func (d *Device) publishPortsLocked() {
-	var ports []uint16
+	var ports4, ports6 []uint16
 	for _, b := range d.blocks {
-		ports = append(ports, b.port4)
+		ports4 = append(ports4, b.port4)
 		if b.conn6 != nil {
-			ports = append(ports, b.port6)
+			ports6 = append(ports6, b.port6)
 		}
 	}
-	d.ownPorts.Store(&ports)
+	d.ownPorts4.Store(&ports4)
+	d.ownPorts6.Store(&ports6)
 }
 
 // QPN returns the QP number (softverbs.DriverQP): the device's send socket
@@ -174,5 +187,8 @@ func (q *qp) Destroy() {
 		b.close()
 		d.blocks = slices.DeleteFunc(d.blocks, func(x *sendBlock) bool { return x == b })
 		d.publishPortsLocked()
+		if len(d.blocks) == 0 {
+			d.closeUnicastLocked()
+		}
 	}
 }

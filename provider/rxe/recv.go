@@ -12,9 +12,11 @@ import (
 // receiver is the receive goroutine of one socket. It owns its buffers and
 // scratch headers; the hot path takes no lock and allocates nothing.
 type receiver struct {
-	d  *Device
-	s  *recvSock
-	br *mmsg.Reader
+	d   *Device
+	s   *recvSock  // a UDP 4791 socket; nil for a send socket's reader
+	blk *sendBlock // the send sockets whose IPv4 one this reads forwards on
+	v6  bool       // s is an IPv6 socket
+	br  *mmsg.Reader
 
 	meta rxMeta
 	pkt  wire.Packet
@@ -26,15 +28,31 @@ type receiver struct {
 	// burst defers the CQ wake-ups of a batch's deliveries to its end.
 	burst softverbs.Burst
 	bp    *softverbs.Burst // &burst for batched reads, nil otherwise
+
+	fwd forwarder
 }
 
+// newReceiver returns the receiver of UDP 4791 socket s.
 func newReceiver(d *Device, s *recvSock, br *mmsg.Reader) *receiver {
-	r := &receiver{d: d, s: s, br: br}
+	r := &receiver{d: d, s: s, v6: s.v6, br: br}
+	r.init()
+	return r
+}
+
+// newBlockReceiver returns the receiver of forwarded datagrams on the
+// IPv4 send socket of blk.
+func newBlockReceiver(d *Device, blk *sendBlock, br *mmsg.Reader) *receiver {
+	r := &receiver{d: d, blk: blk, br: br}
+	r.init()
+	return r
+}
+
+func (r *receiver) init() {
 	r.dg.GRH = &r.grh
-	if br != nil {
+	if r.br != nil {
 		r.bp = &r.burst
 	}
-	return r
+	r.fwd.init()
 }
 
 // run reads batches until the socket is closed.
@@ -46,46 +64,75 @@ func (r *receiver) run() {
 		}
 		for i := 0; i < n; i++ {
 			b, name, oob, trunc := r.br.Datagram(i)
-			r.handle(b, name, oob, trunc)
+			if r.blk != nil {
+				r.handleForwarded(b, name, trunc)
+			} else {
+				r.handle(b, name, oob, trunc)
+			}
 		}
 		r.burst.Flush()
+		r.drainErrors()
 	}
 }
 
-// handle runs rxe's receive checks on one datagram (kernel.md §10.4) and
-// delivers it. Every drop is counted; nothing here may panic on bad input.
+// handle runs rxe's receive checks on one datagram read from a UDP 4791
+// socket (kernel.md §10.4) and delivers it, or forwards it to the device
+// of the host that owns its QPN. Every drop is counted; nothing here may
+// panic on bad input.
 func (r *receiver) handle(b, name, oob []byte, trunc bool) {
 	d := r.d
-	captureReceived(d, r.s.v6, b, name, oob)
+	captureReceived(d, r.v6, b, name, oob)
 	d.core.Count(softverbs.RcvdPkts, 1)
 	d.core.Count(softverbs.RcvdBytes, uint64(len(b)))
 	if trunc {
 		d.core.Count(softverbs.OversizedRecvDrops, 1)
 		return
 	}
-	p := &r.pkt
-	if err := wire.ParseUD(b, p); err != nil {
-		switch {
-		case errors.Is(err, wire.ErrTVer):
-			d.core.Count(softverbs.TVerDrops, 1)
-		case errors.Is(err, wire.ErrOpcode):
-			d.core.Count(softverbs.OpcodeDrops, 1)
-		case errors.Is(err, wire.ErrDestQP0):
-			d.core.Count(softverbs.DestQP0Drops, 1)
-		default:
-			d.core.Count(softverbs.TruncatedDrops, 1)
-		}
+	if !r.parse(b) {
 		return
 	}
+	parseRxMeta(&r.meta, name, oob, r.v6)
+	r.checkDeliver(b, r.v6, false)
+}
+
+// parse parses b into r.pkt, counting the drop of a datagram that does not
+// parse.
+func (r *receiver) parse(b []byte) bool {
+	err := wire.ParseUD(b, &r.pkt)
+	if err == nil {
+		return true
+	}
+	d := r.d
+	switch {
+	case errors.Is(err, wire.ErrTVer):
+		d.core.Count(softverbs.TVerDrops, 1)
+	case errors.Is(err, wire.ErrOpcode):
+		d.core.Count(softverbs.OpcodeDrops, 1)
+	case errors.Is(err, wire.ErrDestQP0):
+		d.core.Count(softverbs.DestQP0Drops, 1)
+	default:
+		d.core.Count(softverbs.TruncatedDrops, 1)
+	}
+	return false
+}
+
+// checkDeliver checks the ICRC of the parsed datagram b (r.pkt) against
+// the IP and UDP headers r.meta describes and delivers it: to the group of
+// its destination address, to its QP, or — a unicast datagram for a QPN of
+// another device, read from UDP 4791 — to that device (forward). A
+// forwarded datagram (fwd) only goes to a QP of the send socket it came
+// on.
+func (r *receiver) checkDeliver(b []byte, v6, fwd bool) {
+	d := r.d
+	p := &r.pkt
 	m := &r.meta
-	parseRxMeta(m, name, oob, r.s.v6)
 	if !m.dst.IsValid() || !m.src.IsValid() {
 		d.core.Count(softverbs.TruncatedDrops, 1) // no IP_PKTINFO / address: cannot check the ICRC
 		return
 	}
 	udp := wire.UDP(r.udp[:])
 	udp.Encode(m.srcPort, wire.UDPPort, uint16(wire.UDPHeaderLen+len(b)))
-	if !r.s.v6 {
+	if !v6 {
 		ip := wire.IPv4(r.ip[:wire.IPv4HeaderLen])
 		ip.Encode(wire.IPv4Fields{
 			TOS:         m.tos,
@@ -122,11 +169,29 @@ func (r *receiver) handle(b, name, oob []byte, trunc bool) {
 		wire.PutGRHv6(r.grh[:], ip)
 	}
 
+	destQP := p.BTH.DestQP()
+	if destQP != wire.MulticastQPN {
+		port := uint16(destQP >> 8)
+		switch {
+		case fwd:
+			if port != r.blk.port4 {
+				d.core.Count(softverbs.NoQPDrops, 1)
+				return
+			}
+		case port != 0 && !m.dst.IsMulticast() && !d.ownsPort4(port):
+			// Every member of a group reads a multicast datagram: only the
+			// one socket the kernel chose forwards a unicast one.
+			r.forward(b, port, v6)
+			return
+		}
+	} else if fwd {
+		d.core.Count(softverbs.MalformedDrops, 1) // a forwarder never sends one
+		return
+	}
 	dg := &r.dg
 	dg.PKey, dg.QKey, dg.SrcQP = p.BTH.PKey(), p.DETH.QKey(), p.DETH.SrcQP()
 	dg.Imm, dg.HasImm, dg.Payload = p.Imm, p.HasImm, p.Payload
-	dg.Self = false
-	destQP := p.BTH.DestQP()
+	dg.Solicited, dg.Self = p.BTH.Solicited(), false
 	if destQP != wire.MulticastQPN {
 		d.core.DeliverUnicast(destQP, dg, r.bp)
 		dg.Payload = nil
@@ -141,13 +206,30 @@ func (r *receiver) handle(b, name, oob []byte, trunc bool) {
 	dg.Payload = nil // keep no reference to the socket buffer
 }
 
+// ownsPort4 reports whether port is the IPv4 send socket port of one of
+// the device's send blocks, that is whether its QPNs are the device's
+// (lock-free).
+func (d *Device) ownsPort4(port uint16) bool {
+	for _, p := range *d.ownPorts4.Load() {
+		if p == port {
+			return true
+		}
+	}
+	return false
+}
+
 // fromUs reports whether the current datagram was sent by this device:
 // its source address is the interface's and its source port one of the
-// device's send sockets.
+// device's send sockets of that family (an IPv4 and an IPv6 socket of two
+// devices may have the same port).
 func (r *receiver) fromUs() bool {
 	d := r.d
+	ports := d.ownPorts4.Load()
+	if r.v6 {
+		ports = d.ownPorts6.Load()
+	}
 	own := false
-	for _, p := range *d.ownPorts.Load() {
+	for _, p := range *ports {
 		if p == r.meta.srcPort {
 			own = true
 			break

@@ -86,6 +86,7 @@ func openSendConn(v6 bool, ifindex int, src4 netip.Addr) (*net.UDPConn, uint16, 
 				{unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO, false},
 				{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP, 1, false},
 				{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, 0, false},
+				{unix.SOL_SOCKET, unix.SO_RCVBUF, recvBufSize, true}, // forwarded datagrams
 			}); err != nil {
 				return err
 			}

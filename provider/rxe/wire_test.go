@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/bpf"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/provider/softverbs"
@@ -37,7 +39,7 @@ func TestSentFramesOnTheWire(t *testing.T) {
 	}
 	var pkt *packetCapture
 	if os.Geteuid() == 0 {
-		if pkt, err = newPacketCapture(lo.Index); err != nil {
+		if pkt, err = newPacketCapture(lo.Index, g); err != nil {
 			t.Logf("no packet socket: %v", err)
 		} else {
 			defer pkt.close()
@@ -152,10 +154,41 @@ func TestSentFramesOnTheWire(t *testing.T) {
 // socket (root only).
 type packetCapture struct{ fd int }
 
-func newPacketCapture(ifindex int) (*packetCapture, error) {
+// newPacketCapture opens an AF_PACKET socket on the interface that takes
+// only IPv4 UDP datagrams to port 4791 of group: a kernel filter, so that
+// other traffic on a busy lo cannot fill its buffer and push the frames
+// the test waits for out.
+func newPacketCapture(ifindex int, group netip.Addr) (*packetCapture, error) {
 	proto := int(htons(unix.ETH_P_IP))
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM, proto)
 	if err != nil {
+		return nil, err
+	}
+	g4 := group.As4()
+	prog, err := bpf.Assemble([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: 0, Size: 1},
+		bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: 0xf0},
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: 0x40, SkipTrue: 8},
+		bpf.LoadAbsolute{Off: 9, Size: 1},
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: 17, SkipTrue: 6},
+		bpf.LoadAbsolute{Off: 16, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: binary.BigEndian.Uint32(g4[:]), SkipTrue: 4},
+		bpf.LoadMemShift{Off: 0},
+		bpf.LoadIndirect{Off: 2, Size: 2},
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: uint32(wire.UDPPort), SkipTrue: 1},
+		bpf.RetConstant{Val: 0xffff},
+		bpf.RetConstant{Val: 0},
+	})
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	filter := make([]unix.SockFilter, len(prog))
+	for i, in := range prog {
+		filter[i] = unix.SockFilter{Code: in.Op, Jt: in.Jt, Jf: in.Jf, K: in.K}
+	}
+	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}); err != nil {
+		unix.Close(fd)
 		return nil, err
 	}
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: ifindex}); err != nil {

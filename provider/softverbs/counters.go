@@ -12,8 +12,11 @@ import (
 //
 // Every datagram a device reads is counted in RcvdPkts, then exactly once
 // more: in one transport drop (MalformedDrops … ICRCErrors), as an SA MAD,
-// in NoGroupDrops / NoQPDrops, or once per receiving QP as Delivered or in
-// one per-QP drop (NotReadyDrops … CQFullDrops). On InfiniBand, datagrams
+// in NoGroupDrops / NoQPDrops, as Forwarded or in ForwardDrops (RoCEv2: a
+// unicast datagram for another device of the host), or once per receiving
+// QP as Delivered or in one per-QP drop (NotReadyDrops … CQFullDrops).
+// NoOwnerDrops refines Forwarded; RcvdForwarded refines RcvdPkts (the
+// owner reads a forwarded datagram again and counts it as any other). On InfiniBand, datagrams
 // from a sender other than the SM count only in UntrustedDrops, and the
 // SM's control messages are not packets: a rejected one counts only in
 // ControlDrops.
@@ -57,6 +60,10 @@ var (
 	VCRCErrors         = def("vcrc_errors", dev, drp, "vcrc", "Packets whose VCRC does not match (InfiniBand).")
 	NoGroupDrops       = def("no_group_drops", dev, drp, "no_group", "Multicast datagrams for a group with no attached QP.")
 	NoQPDrops          = def("no_qp_drops", dev, drp, "no_qp", "Unicast datagrams for a QPN the device does not have.")
+	Forwarded          = def("forwarded", dev, "forwarded_packets_total", "", "Unicast datagrams for a QPN of another device of the host, handed to it over loopback (RoCEv2).")
+	ForwardDrops       = def("forward_drops", dev, drp, "forward", "Unicast datagrams for another device of the host that could not be handed to it (RoCEv2).")
+	NoOwnerDrops       = def("no_owner_drops", dev, drp, "no_owner", "Forwarded datagrams for a QPN no device of the host has: its port refused them (RoCEv2; counted in forwarded too).")
+	RcvdForwarded      = def("rcvd_forwarded", dev, "received_forwarded_packets_total", "", "Datagrams another device of the host forwarded to this one (RoCEv2; counted in rcvd_pkts too).")
 	NotReadyDrops      = def("not_ready_drops", qp, drp, "not_ready", "Datagrams for a QP that does not receive (below RTR, ERR, destroyed).")
 	PKeyViolations     = def("pkey_violations", qp, drp, "pkey", "Datagrams whose P_Key is not the default partition's.")
 	QKeyViolations     = def("qkey_violations", qp, drp, "qkey", "Datagrams whose Q_Key differs from the receiving QP's.")

@@ -23,10 +23,27 @@ type CQ struct {
 	qps     int
 	dead    bool
 	overrun bool
+	ch      *CompChannel // nil: no completion channel
+	armed   uint8        // armNone, armAll or armSolicited
 }
 
-// CreateCQ creates a CQ with room for at least cqe completions (ibv_create_cq).
-func (c *Context) CreateCQ(cqe int) (verbs.CQOps, error) {
+// Arming states of a CQ with a completion channel.
+const (
+	armNone uint8 = iota
+	armAll
+	armSolicited
+)
+
+// CreateCQ creates a CQ with room for at least cqe completions
+// (ibv_create_cq), reporting events to ch when it is not nil.
+func (c *Context) CreateCQ(cqe int, ch verbs.CompChannelOps, vector int) (verbs.CQOps, error) {
+	var cch *CompChannel
+	if ch != nil {
+		var ok bool
+		if cch, ok = ch.(*CompChannel); !ok {
+			return nil, fmt.Errorf("channel of another backend: %w", syscall.EINVAL)
+		}
+	}
 	if cqe < 1 || cqe > c.dev.drv.Attr().MaxCQE {
 		return nil, fmt.Errorf("%d entries: %w", cqe, syscall.EINVAL)
 	}
@@ -37,7 +54,45 @@ func (c *Context) CreateCQ(cqe int) (verbs.CQOps, error) {
 		c.dev.put(objCQ)
 		return nil, err
 	}
-	return &CQ{ctx: c, cap: cqe, ring: make([]verbs.WC, cqe), bell: make(chan struct{}, 1)}, nil
+	if cch != nil {
+		cch.mu.Lock()
+		cch.cqs++
+		cch.mu.Unlock()
+	}
+	return &CQ{ctx: c, cap: cqe, ring: make([]verbs.WC, cqe), bell: make(chan struct{}, 1), ch: cch}, nil
+}
+
+// ReqNotify arms the CQ for its next completion, or with solicitedOnly
+// its next solicited receive or unsuccessful completion
+// (ibv_req_notify_cq). Arming twice keeps the wider arming.
+func (cq *CQ) ReqNotify(solicitedOnly bool) error {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if cq.dead {
+		return syscall.EINVAL
+	}
+	if !solicitedOnly {
+		cq.armed = armAll
+	} else if cq.armed == armNone {
+		cq.armed = armSolicited
+	}
+	return nil
+}
+
+// AckEvents does nothing: verbs counts the acknowledgements.
+func (cq *CQ) AckEvents(int) {}
+
+// notifyLocked raises the CQ's event when it is armed for this
+// completion (cq.mu is held).
+func (cq *CQ) notifyLocked(wc *verbs.WC, solicited bool) {
+	if cq.armed == armNone || cq.ch == nil {
+		return
+	}
+	if cq.armed == armSolicited && !solicited && wc.Status == verbs.WCSuccess {
+		return
+	}
+	cq.armed = armNone
+	cq.ch.post(cq)
 }
 
 // Cap returns the number of completions the CQ holds.
@@ -124,10 +179,10 @@ func (cq *CQ) ring1() {
 
 // push queues a completion and wakes a waiter; it reports false when the
 // CQ is full.
-func (cq *CQ) push(wc *verbs.WC) bool {
+func (cq *CQ) push(wc *verbs.WC, solicited bool) bool {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
-	if !cq.enqueueLocked(wc) {
+	if !cq.enqueueLocked(wc, solicited) {
 		return false
 	}
 	cq.wake()
@@ -136,13 +191,15 @@ func (cq *CQ) push(wc *verbs.WC) bool {
 
 // pushQuiet queues a completion without waking a waiter (the caller's
 // Burst will); it reports false when the CQ is full.
-func (cq *CQ) pushQuiet(wc *verbs.WC) bool {
+func (cq *CQ) pushQuiet(wc *verbs.WC, solicited bool) bool {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
-	return cq.enqueueLocked(wc)
+	return cq.enqueueLocked(wc, solicited)
 }
 
-func (cq *CQ) enqueueLocked(wc *verbs.WC) bool {
+// enqueueLocked queues a completion (solicited: a receive of a message
+// with the SE bit) and raises the channel event it arms for.
+func (cq *CQ) enqueueLocked(wc *verbs.WC, solicited bool) bool {
 	if cq.dead || cq.n == len(cq.ring) {
 		return false
 	}
@@ -152,12 +209,13 @@ func (cq *CQ) enqueueLocked(wc *verbs.WC) bool {
 	}
 	cq.ring[i] = *wc
 	cq.n++
+	cq.notifyLocked(wc, solicited)
 	return true
 }
 
 // pushOrOverrun queues a completion or marks the CQ overrun.
 func (cq *CQ) pushOrOverrun(wc *verbs.WC) {
-	if !cq.push(wc) {
+	if !cq.push(wc, false) {
 		cq.mu.Lock()
 		cq.overrun = true
 		cq.wake()
@@ -201,6 +259,9 @@ func (cq *CQ) Destroy() error {
 	}
 	cq.dead = true
 	cq.wake()
+	if cq.ch != nil {
+		cq.ch.drop(cq)
+	}
 	cq.ctx.release(0, 1)
 	cq.ctx.dev.put(objCQ)
 	return nil

@@ -103,13 +103,16 @@ type IBRecvInfo struct {
 // as the core needs it for the per-QP checks and the completion. The core
 // never retains it or its slices.
 type Datagram struct {
-	GRH     *[verbs.GRHLen]byte // the GRH area of the receive buffer
-	PKey    uint16              // BTH P_Key
-	QKey    uint32              // DETH Q_Key
-	SrcQP   uint32              // DETH source QP
-	Imm     uint32              // host order; valid when HasImm
-	HasImm  bool
-	Payload []byte
+	GRH    *[verbs.GRHLen]byte // the GRH area of the receive buffer
+	PKey   uint16              // BTH P_Key
+	QKey   uint32              // DETH Q_Key
+	SrcQP  uint32              // DETH source QP
+	Imm    uint32              // host order; valid when HasImm
+	HasImm bool
+	// Solicited is the BTH's Solicited Event bit: the receive completion
+	// raises the event of a CQ armed for solicited completions only.
+	Solicited bool
+	Payload   []byte
 	// Self is set when this device sent the datagram: a QP created with
 	// CreateBlockSelfMcastLB does not get its own multicast.
 	Self bool

@@ -629,11 +629,11 @@ func (qp *QP) receive(dg *Datagram, burst *Burst) Counter {
 	// One CQ lock: a full CQ leaves the WR posted (its buffer was written,
 	// which a WR not completed yet allows).
 	if burst == nil {
-		if !qp.recvCQ.push(&wc) {
+		if !qp.recvCQ.push(&wc, dg.Solicited) {
 			return CQFullDrops
 		}
 	} else {
-		if !qp.recvCQ.pushQuiet(&wc) {
+		if !qp.recvCQ.pushQuiet(&wc, dg.Solicited) {
 			return CQFullDrops
 		}
 		burst.add(qp.recvCQ)

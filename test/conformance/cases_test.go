@@ -39,12 +39,20 @@ func (s *suite) joinValidation(t *testing.T) string {
 		{"unix-address", id, rdmacm.JoinMCAttrEx{CompMask: both, Addr: &net.UnixAddr{Name: "/x", Net: "unix"}}, same("EINVAL")},
 		{"unbound-id", unbound, rdmacm.JoinMCAttrEx{CompMask: both, Addr: g}, same("EINVAL")},
 		{"ps-tcp-id", tcp, rdmacm.JoinMCAttrEx{CompMask: both, Addr: g}, same("EINVAL")},
-		{"wildcard-group", id, rdmacm.JoinMCAttrEx{CompMask: both, Addr: rdmacm.UDPAddr(netip.IPv4Unspecified())}, same("EINVAL")},
+		// On IB the wildcard group asks the SA for an MGID (the kernel's
+		// cma_set_mgid zeroes it), a join that succeeds.
+		{"wildcard-group", id, rdmacm.JoinMCAttrEx{CompMask: both, Addr: rdmacm.UDPAddr(netip.IPv4Unspecified())}, want{soft: "EINVAL", ib: "OK"}},
 	}
 	var seen []string
 	for _, c := range cases {
 		got := outcome(c.id.JoinMulticastEx(&c.attr, nil))
 		seen = append(seen, s.expect(t, c.name, got, c.want))
+	}
+	if s.target == targetSoftIB {
+		// The wildcard join's event.
+		ev := event(t, ch)
+		seen = append(seen, s.expect(t, "wildcard-event", fmt.Sprint(ev.Event), want{ib: "RDMA_CM_EVENT_MULTICAST_JOIN"}))
+		ev.Ack()
 	}
 	if n := ch.Len(); n != 0 {
 		t.Errorf("%d events queued after refused joins", n)
@@ -73,8 +81,12 @@ func (s *suite) joinEvent(t *testing.T) string {
 		t.Errorf("qp_num %#x qkey %#x, want %#x %#x", p.QPNum, p.QKey, rdmacm.MulticastQPN, rdmacm.UDPQKey)
 	}
 	a := p.AHAttr
-	if want := verbs.GID(netip.AddrFrom16(g.As16()).As16()); a.GRH.DGID != want {
-		t.Errorf("dgid %v, want %v", a.GRH.DGID, want)
+	wantDGID := verbs.GID(netip.AddrFrom16(g.As16()).As16())
+	if s.target == targetSoftIB {
+		wantDGID = ibMGID(g)
+	}
+	if a.GRH.DGID != wantDGID {
+		t.Errorf("dgid %v, want %v", a.GRH.DGID, wantDGID)
 	}
 	if !a.IsGlobal || a.PortNum != 1 {
 		t.Errorf("is_global %v port %d, want true 1", a.IsGlobal, a.PortNum)
@@ -84,12 +96,23 @@ func (s *suite) joinEvent(t *testing.T) string {
 	if err != nil {
 		t.Fatalf("sgid index %d: %v", a.GRH.SGIDIndex, err)
 	}
-	if want := verbs.GID(netip.AddrFrom16(s.addr.As16()).As16()); e.GID != want || e.Type != verbs.GIDTypeRoCEv2 {
+	if s.target == targetSoftIB {
+		// The port's own GID (index 0, an IB GID).
+		if e.Type != verbs.GIDTypeIB || a.GRH.SGIDIndex != 0 {
+			t.Errorf("sgid %d is %v (%v), want the port GID", a.GRH.SGIDIndex, e.GID, e.Type)
+		}
+	} else if want := verbs.GID(netip.AddrFrom16(s.addr.As16()).As16()); e.GID != want || e.Type != verbs.GIDTypeRoCEv2 {
 		t.Errorf("sgid %d is %v (%v), want %v RoCE v2", a.GRH.SGIDIndex, e.GID, e.Type, want)
 	}
-	seen := fmt.Sprintf("hop_limit=%d traffic_class=%d flow_label=%d sl=%d dlid=%#x static_rate=%d",
-		a.GRH.HopLimit, a.GRH.TrafficClass, a.GRH.FlowLabel, a.SL, a.DLID, a.StaticRate)
-	return s.expect(t, "ah", seen, same("hop_limit=64 traffic_class=0 flow_label=0 sl=0 dlid=0x0 static_rate=0"))
+	dlid := fmt.Sprintf("%#x", a.DLID)
+	if a.DLID >= verbs.MulticastLIDBase {
+		dlid = "MLID" // the SA's choice
+	}
+	seen := fmt.Sprintf("hop_limit=%d traffic_class=%d flow_label=%d sl=%d dlid=%s static_rate=%d",
+		a.GRH.HopLimit, a.GRH.TrafficClass, a.GRH.FlowLabel, a.SL, dlid, a.StaticRate)
+	// On IB the AH is the SA's MCMemberRecord (softsm: OpenSM's defaults).
+	return s.expect(t, "ah", seen, want{soft: "hop_limit=64 traffic_class=0 flow_label=0 sl=0 dlid=0x0 static_rate=0",
+		ib: "hop_limit=0 traffic_class=0 flow_label=0 sl=0 dlid=MLID static_rate=3"})
 }
 
 // fullMemberReceives: a full member whose QP exists before the join is
@@ -305,14 +328,32 @@ func (s *suite) destroyWithJoins(t *testing.T) string {
 }
 
 // resolveUnreachable: rdma_resolve_addr towards an address without a
-// route fails the call (the kernel's rdma_resolve_ip fails at once).
+// route fails the call (the kernel's rdma_resolve_ip fails at once), with
+// or without a source address.
 func (s *suite) resolveUnreachable(t *testing.T) string {
+	return s.resolveUnreachableFrom(t, nil, same("call=ENETUNREACH"))
+}
+
+// resolveUnreachableFromSrc: from a bound source a destination no route
+// has is taken to be on the source's link, and its neighbour resolution
+// times out: ADDR_ERROR -ETIMEDOUT after the 2 s timeout (the source's
+// link has nobody answering ARP).
+func (s *suite) resolveUnreachableFromSrc(t *testing.T) string {
+	start := time.Now()
+	got := s.resolveUnreachableFrom(t, rdmacm.UDPAddr(s.unreachSrc), same("call=OK event=RDMA_CM_EVENT_ADDR_ERROR status=-110"))
+	if d := time.Since(start); d < 1900*time.Millisecond {
+		t.Errorf("ADDR_ERROR after %v, before the 2 s timeout", d)
+	}
+	return got
+}
+
+func (s *suite) resolveUnreachableFrom(t *testing.T, src net.Addr, w want) string {
 	if !s.unreach.IsValid() {
 		t.Skip("no address known to have no route here (SOFTRDMA_CONFORMANCE_UNREACH): " + s.noUnreach)
 	}
 	ch := s.channel(t)
 	id := s.id(t, ch, rdmacm.PS_UDP)
-	resolve := func() error { return id.ResolveAddr(nil, rdmacm.UDPAddr(s.unreach), 2*time.Second) }
+	resolve := func() error { return id.ResolveAddr(src, rdmacm.UDPAddr(s.unreach), 2*time.Second) }
 	var err error
 	if s.inNet != nil {
 		nerr := s.inNet(func() error { err = resolve(); return nil })
@@ -328,7 +369,7 @@ func (s *suite) resolveUnreachable(t *testing.T) string {
 		got += fmt.Sprintf(" event=%v status=%d", ev.Event, ev.Status)
 		ev.Ack()
 	}
-	return s.expect(t, "resolve", got, want{soft: "call=OK event=RDMA_CM_EVENT_ADDR_ERROR status=-101", kernel: "call=ENETUNREACH"})
+	return s.expect(t, "resolve", got, w)
 }
 
 // ipv6Group: an IPv4-bound RoCE id joining an IPv6 group.
@@ -342,7 +383,8 @@ func (s *suite) ipv6Group(t *testing.T) string {
 		got += fmt.Sprintf(" event=%v status=%d", ev.Event, ev.Status)
 		ev.Ack()
 	}
-	return s.expect(t, "join", got, same("call=OK event=RDMA_CM_EVENT_MULTICAST_JOIN status=0"))
+	// Documented difference: IPv6 groups on RoCE are softrdma's extension.
+	return s.expect(t, "join", got, want{soft: "call=OK event=RDMA_CM_EVENT_MULTICAST_JOIN status=0", kernel: "call=ENOTSUPP(524)"})
 }
 
 // blockSelfLB: a QP created with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB.
@@ -350,6 +392,7 @@ func (s *suite) blockSelfLB(t *testing.T) string {
 	ch := s.channel(t)
 	id := s.bound(t, ch)
 	err := id.CreateQP(nil, &verbs.QPInitAttr{Cap: verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}, CreateFlags: verbs.CreateBlockSelfMcastLB})
+	// Documented difference: softrdma supports the flag, rxe refuses it.
 	return s.expect(t, "create-qp", outcome(err), want{soft: "OK", kernel: "EOPNOTSUPP"})
 }
 
@@ -419,5 +462,16 @@ func (s *suite) attachFailure(t *testing.T) string {
 		ev.Ack()
 		got += " leave=" + outcome(e.id.LeaveMulticast(rdmacm.UDPAddr(g)))
 	}
-	return s.expect(t, "join", got, same("call=OK event=RDMA_CM_EVENT_MULTICAST_ERROR status=-1 ctx=c qpn=0xffffff qkey=0x1234567 dgid=::ffff:10.200.1.2 leave=OK"))
+	// On IB the address maps to a multicast MGID (ip_ib_mc_map does not
+	// check), so the attach succeeds.
+	return s.expect(t, "join", got, want{soft: "call=OK event=RDMA_CM_EVENT_MULTICAST_ERROR status=-1 ctx=c qpn=0xffffff qkey=0x1234567 dgid=::ffff:10.200.1.2 leave=OK",
+		ib: "call=OK event=RDMA_CM_EVENT_MULTICAST_JOIN status=0 ctx=c qpn=0xffffff qkey=0x1234567 dgid=ff12:4001:ffff::ac8:102 leave=OK"})
+}
+
+// ibMGID is the MGID the RDMA CM gives an IPv4 group of a PS_UDP id on
+// InfiniBand (the kernel's cma_set_mgid: ip_ib_mc_map with the RDMA CM
+// signature, P_Key 0xFFFF).
+func ibMGID(g netip.Addr) verbs.GID {
+	a := g.As4()
+	return verbs.GID{0xff, 0x12, 0x40, 0x01, 0xff, 0xff, 12: a[0] & 0x0f, 13: a[1], 14: a[2], 15: a[3]}
 }

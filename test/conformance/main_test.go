@@ -1,12 +1,16 @@
 package conformance
 
 import (
+	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"testing"
 
+	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/verbs"
 	"go.uber.org/goleak"
@@ -34,8 +38,8 @@ func testMain(m *testing.M) int {
 	return code
 }
 
-// routelessNetns returns a network namespace with only lo up (no route
-// to anything but loopback), or why there is none.
+// routelessNetns returns a network namespace with lo and a veth of its
+// own (routes only to loopback and the veth's /24), or why there is none.
 func routelessNetns() (name, why string) {
 	if os.Geteuid() != 0 {
 		return "", "needs root for a network namespace without routes"
@@ -47,8 +51,41 @@ func routelessNetns() (name, why string) {
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		return "", fmt.Sprintf("ip netns add: %v: %s", err, out)
 	}
-	if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
-		return "", fmt.Sprintf("ip link set lo up: %v: %s", err, out)
+	for _, c := range [][]string{
+		{"link", "set", "lo", "up"},
+		// A link whose peer has no address: nothing answers ARP on it.
+		{"link", "add", "v0", "type", "veth", "peer", "name", "v1"},
+		{"addr", "add", routelessSrc + "/24", "dev", "v0"},
+		{"link", "set", "v0", "up"},
+		{"link", "set", "v1", "up"},
+	} {
+		if out, err := exec.Command("ip", append([]string{"-n", name}, c...)...).CombinedOutput(); err != nil {
+			return "", fmt.Sprintf("ip %v: %v: %s", c, err, out)
+		}
 	}
 	return name, ""
+}
+
+// routelessSrc is the address of the routeless namespace's veth (its
+// only route is its /24).
+const routelessSrc = "10.79.0.1"
+
+// startSubnet starts an in-process subnet manager (softsm's, with
+// send-only join support) and opens an IB port of this process with IPoIB
+// address local; both end with the test.
+func startSubnet(t *testing.T, local netip.Addr) {
+	t.Helper()
+	s, err := sm.New(sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: local})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
 }

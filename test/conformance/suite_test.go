@@ -21,9 +21,13 @@ import (
 
 // config is what the environment chose (see the package doc).
 type config struct {
+	target  target
 	backend rdmacm.Backend
 	addr    netip.Addr
 	unreach netip.Addr
+	// unreachSrc is the bound source of the unreachable case from a
+	// source: an address on a link where nothing answers (default addr).
+	unreachSrc netip.Addr
 	// inNet runs a call where unreach has no route (nil: here).
 	inNet func(func() error) error
 	// noUnreach says why there is no unreachable address.
@@ -32,13 +36,16 @@ type config struct {
 
 func loadConfig(t *testing.T) config {
 	t.Helper()
-	c := config{backend: rdmacm.BackendSoft, addr: netip.MustParseAddr("127.0.0.1")}
+	c := config{target: targetSoft, backend: rdmacm.BackendSoft, addr: netip.MustParseAddr("127.0.0.1")}
 	if s := os.Getenv("SOFTRDMA_CONFORMANCE_BACKEND"); s != "" {
 		b, err := rdmacm.ParseBackend(s)
 		if err != nil || b == rdmacm.BackendAuto {
 			t.Fatalf("SOFTRDMA_CONFORMANCE_BACKEND=%q: want soft or kernel", s)
 		}
 		c.backend = b
+		if b == rdmacm.BackendKernel {
+			c.target = targetKernel
+		}
 	}
 	if c.backend == rdmacm.BackendKernel && !rdmacm.KernelAvailable() {
 		t.Fatal("SOFTRDMA_CONFORMANCE_BACKEND=kernel needs a build with -tags rdmacore")
@@ -63,8 +70,12 @@ func loadConfig(t *testing.T) config {
 			c.noUnreach = why
 		} else {
 			c.unreach = netip.MustParseAddr("192.0.2.1")
+			c.unreachSrc = netip.MustParseAddr(routelessSrc)
 			c.inNet = func(fn func() error) error { return nettest.InNetns(ns, fn) }
 		}
+	}
+	if !c.unreachSrc.IsValid() {
+		c.unreachSrc = c.addr
 	}
 	return c
 }
@@ -75,13 +86,26 @@ type suite struct {
 	groups sync.Map // group addresses handed out, to keep them distinct
 }
 
-// want is a case's expected outcome per backend; kernel "" means the same
-// as soft. A difference is listed in README's differences section.
-type want struct{ soft, kernel string }
+// target is what a run tests: softrdma's RoCEv2 device, softrdma's
+// emulated InfiniBand subnet, or the kernel's RDMA stack.
+type target string
 
-func (w want) of(b rdmacm.Backend) string {
-	if b == rdmacm.BackendKernel && w.kernel != "" {
+const (
+	targetSoft   target = "soft"
+	targetSoftIB target = "soft-ib"
+	targetKernel target = "kernel"
+)
+
+// want is a case's expected outcome per target; kernel or ib "" means the
+// same as soft. A difference is listed in README's differences tables.
+type want struct{ soft, kernel, ib string }
+
+func (w want) of(tg target) string {
+	switch {
+	case tg == targetKernel && w.kernel != "":
 		return w.kernel
+	case tg == targetSoftIB && w.ib != "":
+		return w.ib
 	}
 	return w.soft
 }
@@ -101,7 +125,7 @@ func (s *suite) run(t *testing.T, name string, fn func(t *testing.T) string) {
 			case t.Failed():
 				res = "FAIL"
 			}
-			fmt.Printf("CONFORMANCE %-6s %-34s %s %s\n", s.backend, name, res, seen)
+			fmt.Printf("CONFORMANCE %-7s %-34s %s %s\n", s.target, name, res, seen)
 		})
 		seen = fn(t)
 	})
@@ -110,8 +134,8 @@ func (s *suite) run(t *testing.T, name string, fn func(t *testing.T) string) {
 // expect checks an outcome against the backend's and returns it.
 func (s *suite) expect(t *testing.T, what, got string, w want) string {
 	t.Helper()
-	if exp := w.of(s.backend); got != exp {
-		t.Errorf("%s: got %s, want %s (documented for %s)", what, got, exp, s.backend)
+	if exp := w.of(s.target); got != exp {
+		t.Errorf("%s: got %s, want %s (documented for %s)", what, got, exp, s.target)
 	}
 	return what + "=" + got
 }
@@ -336,7 +360,27 @@ func joinStrings(ss []string) string { return strings.Join(ss, ";") + ";" }
 // TestConformance runs every case on the configured backend.
 func TestConformance(t *testing.T) {
 	s := &suite{config: loadConfig(t)}
-	t.Logf("backend %s, address %v", s.backend, s.addr)
+	s.runAll(t)
+}
+
+// TestConformanceIB runs every case on softrdma's emulated InfiniBand
+// subnet: an in-process subnet manager and one IB port of this process
+// (its IPoIB address 127.0.0.2). Only where the suite tests softrdma.
+func TestConformanceIB(t *testing.T) {
+	c := loadConfig(t)
+	if c.backend != rdmacm.BackendSoft {
+		t.Skip("the emulated IB subnet is softrdma's: the kernel run has no such target")
+	}
+	c.target, c.addr = targetSoftIB, netip.MustParseAddr("127.0.0.2")
+	c.unreach, c.inNet, c.noUnreach = netip.Addr{}, nil, "the emulated subnet has no route table"
+	startSubnet(t, c.addr)
+	s := &suite{config: c}
+	s.runAll(t)
+}
+
+// runAll runs every case.
+func (s *suite) runAll(t *testing.T) {
+	t.Logf("target %s, address %v", s.target, s.addr)
 	s.run(t, "join-validation", s.joinValidation)
 	s.run(t, "join-event", s.joinEvent)
 	s.run(t, "full-member-receives", s.fullMemberReceives)
@@ -346,6 +390,7 @@ func TestConformance(t *testing.T) {
 	s.run(t, "leave-rules", s.leaveRules)
 	s.run(t, "destroy-with-joins", s.destroyWithJoins)
 	s.run(t, "resolve-unreachable", s.resolveUnreachable)
+	s.run(t, "resolve-unreachable-from-src", s.resolveUnreachableFromSrc)
 	s.run(t, "ipv6-group-on-ipv4-id", s.ipv6Group)
 	s.run(t, "block-self-mcast-lb", s.blockSelfLB)
 	s.run(t, "attach-failure", s.attachFailure)

@@ -1,0 +1,36 @@
+// Package pollfd waits for a non-blocking file descriptor in Go's
+// netpoller with a context: the pattern of the completion channels (an
+// eventfd, an ibv_comp_channel) whose events a goroutine waits for without
+// blocking an OS thread.
+package pollfd
+
+import (
+	"context"
+	"errors"
+	"os"
+	"syscall"
+	"time"
+)
+
+// past is a deadline that has passed: it ends a pending read.
+var past = time.Unix(1, 0)
+
+// Read calls try with the fd each time f is readable until try reports
+// done; it returns ctx.Err() when ctx ends first and EBADF when f is
+// closed. rc is f's SyscallConn.
+func Read(ctx context.Context, f *os.File, rc syscall.RawConn, try func(fd uintptr) (done bool)) error {
+	stop := context.AfterFunc(ctx, func() { _ = f.SetReadDeadline(past) })
+	err := rc.Read(try)
+	if !stop() {
+		_ = f.SetReadDeadline(time.Time{})
+	}
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, os.ErrClosed):
+		return syscall.EBADF
+	}
+	return err
+}

@@ -1,0 +1,176 @@
+// C helpers of package rdmacore (built only with -tags rdmacore and cgo).
+//
+// libibverbs makes several calls static inline functions or macros
+// (ibv_poll_cq, ibv_post_send, ibv_post_recv, ibv_req_notify_cq,
+// ibv_query_port, ibv_reg_mr), and some of its structs hold anonymous
+// unions that cgo cannot name. The helpers here are the C side of the Go
+// code: one cgo call per verb, plain structs in and out. Every helper is
+// static inline, so any file of the package may include this header.
+#ifndef SOFTRDMA_RDMACORE_SHIM_H
+#define SOFTRDMA_RDMACORE_SHIM_H
+
+#include <endian.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+
+// sr_errno turns a libibverbs result into an errno: 0 for success; a
+// positive result is the errno itself (the post and modify calls); -1 means
+// "see errno"; another negative result is a negated errno.
+static inline int sr_errno(int rc) {
+	if (rc == 0)
+		return 0;
+	if (rc > 0)
+		return rc;
+	if (rc == -1)
+		return errno ? errno : EIO;
+	return -rc;
+}
+
+static inline int sr_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr) {
+	errno = 0;
+	return sr_errno(ibv_query_port(ctx, port, attr));
+}
+
+static inline struct ibv_mr *sr_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
+	return ibv_reg_mr(pd, addr, len, access);
+}
+
+static inline int sr_req_notify_cq(struct ibv_cq *cq) {
+	errno = 0;
+	return sr_errno(ibv_req_notify_cq(cq, 0));
+}
+
+static inline int sr_req_notify_cq_sol(struct ibv_cq *cq, int solicited_only) {
+	errno = 0;
+	return sr_errno(ibv_req_notify_cq(cq, solicited_only));
+}
+
+// sr_get_cq_event_of reads one event of a (non-blocking) completion
+// channel and returns its CQ in *out: 0, EAGAIN when there is none, or
+// another errno.
+static inline int sr_get_cq_event_of(struct ibv_comp_channel *ch, struct ibv_cq **out) {
+	void *cq_ctx;
+	errno = 0;
+	if (ibv_get_cq_event(ch, out, &cq_ctx) == 0)
+		return 0;
+	return errno ? errno : EIO;
+}
+
+// sr_get_cq_event reads one event of a (non-blocking) completion channel:
+// 0, EAGAIN when there is none, or another errno.
+static inline int sr_get_cq_event(struct ibv_comp_channel *ch) {
+	struct ibv_cq *cq;
+	void *cq_ctx;
+	errno = 0;
+	if (ibv_get_cq_event(ch, &cq, &cq_ctx) == 0)
+		return 0;
+	return errno ? errno : EIO;
+}
+
+// sr_wc is struct ibv_wc without its anonymous union; imm is in host order.
+struct sr_wc {
+	uint64_t wr_id;
+	uint32_t status;
+	uint32_t opcode;
+	uint32_t vendor_err;
+	uint32_t byte_len;
+	uint32_t imm;
+	uint32_t qp_num;
+	uint32_t src_qp;
+	uint32_t wc_flags;
+	uint16_t pkey_index;
+	uint16_t slid;
+	uint8_t sl;
+	uint8_t dlid_path_bits;
+};
+
+// sr_poll_cq polls up to n completions through tmp into out: the number
+// polled, or a negated errno.
+static inline int sr_poll_cq(struct ibv_cq *cq, struct ibv_wc *tmp, struct sr_wc *out, int n) {
+	errno = 0;
+	int r = ibv_poll_cq(cq, n, tmp);
+	if (r < 0)
+		return -sr_errno(r);
+	for (int i = 0; i < r; i++) {
+		struct ibv_wc *w = &tmp[i];
+		struct sr_wc *o = &out[i];
+		o->wr_id = w->wr_id;
+		o->status = w->status;
+		o->opcode = w->opcode;
+		o->vendor_err = w->vendor_err;
+		o->byte_len = w->byte_len;
+		o->imm = (w->wc_flags & IBV_WC_WITH_IMM) ? be32toh(w->imm_data) : 0;
+		o->qp_num = w->qp_num;
+		o->src_qp = w->src_qp;
+		o->wc_flags = w->wc_flags;
+		o->pkey_index = w->pkey_index;
+		o->slid = w->slid;
+		o->sl = w->sl;
+		o->dlid_path_bits = w->dlid_path_bits;
+	}
+	return r;
+}
+
+// sr_send is a UD send work request without unions; imm in host order.
+// Its scatter/gather list is sge[i*max_sge .. i*max_sge+num_sge) of the
+// array given to sr_post_send.
+struct sr_send {
+	uint64_t wr_id;
+	struct ibv_ah *ah;
+	uint32_t remote_qpn;
+	uint32_t remote_qkey;
+	uint32_t opcode;
+	uint32_t send_flags;
+	uint32_t imm;
+	uint32_t num_sge;
+};
+
+// sr_post_send posts in[0..n) as one chain built in wr: 0, or the errno in
+// the low 32 bits and the index of the failed request in the high ones.
+static inline int64_t sr_post_send(struct ibv_qp *qp, const struct sr_send *in, struct ibv_send_wr *wr,
+				   struct ibv_sge *sge, int n, int max_sge) {
+	for (int i = 0; i < n; i++) {
+		struct ibv_send_wr *w = &wr[i];
+		memset(w, 0, sizeof(*w));
+		w->wr_id = in[i].wr_id;
+		w->next = i + 1 < n ? &wr[i + 1] : NULL;
+		w->sg_list = &sge[i * max_sge];
+		w->num_sge = (int)in[i].num_sge;
+		w->opcode = (enum ibv_wr_opcode)in[i].opcode;
+		w->send_flags = in[i].send_flags;
+		w->imm_data = htobe32(in[i].imm);
+		w->wr.ud.ah = in[i].ah;
+		w->wr.ud.remote_qpn = in[i].remote_qpn;
+		w->wr.ud.remote_qkey = in[i].remote_qkey;
+	}
+	struct ibv_send_wr *bad = NULL;
+	errno = 0;
+	int rc = sr_errno(ibv_post_send(qp, wr, &bad));
+	if (rc == 0)
+		return 0;
+	int64_t idx = bad ? (int64_t)(bad - wr) : 0;
+	if (idx < 0 || idx >= n)
+		idx = 0;
+	return (idx << 32) | (int64_t)(uint32_t)rc;
+}
+
+// sr_post_recv posts the chain wr[0..n) (its next pointers set here); the
+// result is encoded as sr_post_send's.
+static inline int64_t sr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, int n) {
+	for (int i = 0; i < n; i++)
+		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
+	struct ibv_recv_wr *bad = NULL;
+	errno = 0;
+	int rc = sr_errno(ibv_post_recv(qp, wr, &bad));
+	if (rc == 0)
+		return 0;
+	int64_t idx = bad ? (int64_t)(bad - wr) : 0;
+	if (idx < 0 || idx >= n)
+		idx = 0;
+	return (idx << 32) | (int64_t)(uint32_t)rc;
+}
+
+#endif
