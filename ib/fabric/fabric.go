@@ -2,8 +2,9 @@
 // InfiniBand devices and the subnet manager (cmd/softsm, package ib/sm).
 //
 // Every IB port is a UDP socket of a client process; the SM listens on a
-// fabric UDP address (DefaultListen). A datagram on the fabric is either a
-// CONTROL message or an IB PACKET.
+// fabric UDP address (DefaultListen). A datagram on the fabric is a
+// CONTROL message, an IB PACKET, or a 6-byte FLOW CONTROL packet (the
+// links are lossless: credit-based flow control, see flow.go).
 //
 // A CONTROL message is the 5-byte prefix Magic ("SRSM" + version 0x01), then
 // a JSON object (Control). An IB packet never starts with 'S' (0x53): LRH

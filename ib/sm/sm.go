@@ -9,7 +9,10 @@
 // (0xC000..0xFFFE) is forwarded unchanged to every other attached port
 // holding FullMember or NonMember in a group with that MLID — never to a
 // port holding only send-only bits, never back to the sender; a unicast
-// DLID goes to the port with that LID; anything else is dropped.
+// DLID goes to the port with that LID; anything else is dropped. The
+// links to the ports are lossless (flow controlled, see switch.go): a
+// packet is sent to a port only with that port's credit, and waits for it
+// at most Config.HOQLife.
 //
 // Identity: a port is its GUID, bound to the UDP address it attached from
 // while it is registered. An attach for a registered GUID from another
