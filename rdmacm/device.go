@@ -37,10 +37,19 @@ func (cm *cmState) deviceForAddr(a netip.Addr) (*cmDevice, error) {
 // deviceForPort returns the CM device of a port, opening the device on
 // first use.
 func (cm *cmState) deviceForPort(p port) (*cmDevice, error) {
+	return cm.deviceFor(p.device(), p)
+}
+
+// deviceFor returns the CM device of verbs device vd, opening it on first
+// use. p is its port, nil when not known yet (GetDevices): the first
+// caller that knows it sets it.
+func (cm *cmState) deviceFor(vd *verbs.Device, p port) (*cmDevice, error) {
 	cm.devMu.Lock()
 	defer cm.devMu.Unlock()
-	vd := p.device()
 	if cd := cm.devs[vd]; cd != nil {
+		if cd.port == nil && p != nil {
+			cd.port = p
+		}
 		return cd, nil
 	}
 	ctx, err := vd.Open()

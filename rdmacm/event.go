@@ -71,9 +71,13 @@ type UDParam struct {
 	// PrivateData is, for MULTICAST_JOIN and MULTICAST_ERROR, the context
 	// given to the join (librdmacm puts the join context pointer there).
 	PrivateData any
-	AHAttr      verbs.AHAttr
-	QPNum       uint32
-	QKey        uint32
+	// PrivateDataLen is ud.private_data_len: 0 for multicast events, as
+	// librdmacm gives it (their PrivateData is the join's context, not
+	// data of a peer).
+	PrivateDataLen uint8
+	AHAttr         verbs.AHAttr
+	QPNum          uint32
+	QKey           uint32
 }
 
 // Event is an RDMA CM event (struct rdma_cm_event). Every event returned by
@@ -109,11 +113,12 @@ type EventChannel struct {
 
 	// The librdmacm channel of the kernel ids (kernel.go), made on first
 	// use, its reader's exit, and the tokens of its ids and joins.
-	kc    kernelChannel
-	kdone chan struct{}
-	kids  map[uint64]*ID
-	kmcs  map[uint64]*mcJoin
-	ktok  uint64
+	kc     kernelChannel
+	kdone  chan struct{}
+	kids   map[uint64]*ID
+	kmcs   map[uint64]*mcJoin
+	ktok   uint64
+	kusers int // live kernel ids whose librdmacm id is on kc
 }
 
 // CreateEventChannel opens an event channel (rdma_create_event_channel).
@@ -149,7 +154,13 @@ func (ch *EventChannel) Close() (err error) {
 	}
 	ch.closed = true
 	close(ch.ready)
-	kc, done := ch.kc, ch.kdone
+	// The librdmacm channel stays open while kernel ids MigrateID moved
+	// away live on it: the last one's Destroy closes it.
+	var kc kernelChannel
+	var done chan struct{}
+	if ch.kusers == 0 {
+		kc, done, ch.kc = ch.kc, ch.kdone, nil
+	}
 	ch.mu.Unlock()
 	// Outside ch.mu: the reader takes it for an event it is delivering.
 	ch.closeKernel(kc, done)
@@ -288,7 +299,7 @@ func (ev *Event) Ack() (err error) {
 	return nil
 }
 
-// ackLocked acks a retrieved event of the id (id.ch.mu is held): the
+// ackLocked acks a retrieved event of the id (id.ch().mu is held): the
 // counts that leave and destroy wait on, and librdmacm's ack of a kernel
 // id's event.
 func (id *ID) ackLocked(ev *Event) {
@@ -303,7 +314,9 @@ func (id *ID) ackLocked(ev *Event) {
 	if ev.kack != nil {
 		ev.kack()
 	}
-	id.ch.cond.Broadcast()
+	if ev.ch != nil {
+		ev.ch.cond.Broadcast()
+	}
 }
 
 // String describes the event like mckey's messages.

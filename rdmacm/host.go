@@ -17,7 +17,11 @@ type cmState struct {
 	devs  map[*verbs.Device]*cmDevice
 
 	portMu sync.Mutex
-	ports  map[portKey]int
+	ports  map[portKey][]portOwner
+
+	// migrateMu serializes MigrateID, the only code that holds two
+	// channels' locks at once.
+	migrateMu sync.Mutex
 
 	handleMu sync.Mutex
 	next     uint64
@@ -31,7 +35,7 @@ type cmStateKey struct{}
 func cmOf(h *verbs.Host) *cmState {
 	return h.Value(cmStateKey{}, func() any {
 		return &cmState{
-			host: h, devs: map[*verbs.Device]*cmDevice{}, ports: map[portKey]int{},
+			host: h, devs: map[*verbs.Device]*cmDevice{}, ports: map[portKey][]portOwner{},
 			ids: map[*ID]uint64{}, chs: map[*EventChannel]uint64{},
 		}
 	}).(*cmState)

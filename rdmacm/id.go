@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,8 +36,8 @@ const (
 
 // ID is an RDMA CM identifier (struct rdma_cm_id).
 type ID struct {
-	ch      *EventChannel
-	sync    bool
+	chp     atomic.Pointer[EventChannel] // the id's channel (MigrateID changes it)
+	syncp   atomic.Bool                  // a synchronous id (its channel is private)
 	context any
 	ps      PortSpace
 	qpType  verbs.QPType
@@ -57,10 +58,23 @@ type ID struct {
 	resolveStop context.CancelFunc
 	resolveDone chan struct{}
 
+	// Options (SetOption): reuse and afonly are read by other ids' binds.
+	reuse      atomic.Bool
+	afonlySet  atomic.Bool
+	afonly     atomic.Bool
+	tos        uint8
+	tosSet     bool
+	ackTimeout uint8
+	opts       []idOption // set while idle, for the librdmacm id it may become
+
+	// A passive endpoint's PD (CreateEP: id->pd).
+	userPD *verbs.PD
+
 	// A kernel id (kernel.go): its librdmacm id, token and port.
 	k     kernelID
 	ktok  uint64
 	kport uint8
+	khome *EventChannel // the channel whose librdmacm channel has k
 
 	// guarded by ch.mu
 	eventsReported  int
@@ -75,18 +89,29 @@ type ID struct {
 // channel whose backend is BackendKernel the id is a librdmacm id at once.
 func CreateID(ch *EventChannel, ctx any, ps PortSpace) (_ *ID, err error) {
 	defer wrapErr(&err, "rdma_create_id", nil)
+	return createID(ch, ctx, ps, 0)
+}
+
+// createID is rdma_create_id2: the QP type is the port space's, except
+// for RDMA_PS_IB, whose ids take qpType (0: RC).
+func createID(ch *EventChannel, ctx any, ps PortSpace, qpType verbs.QPType) (_ *ID, err error) {
 	switch ps {
 	case PS_UDP, PS_IPOIB, PS_TCP, PS_IB:
 	default:
 		return nil, fmt.Errorf("port space %#x: %w", uint16(ps), syscall.EINVAL)
 	}
-	id := &ID{ch: ch, context: ctx, ps: ps, qpType: ps.qpType()}
+	id := &ID{context: ctx, ps: ps, qpType: ps.qpType()}
+	if ps == PS_IB && qpType != 0 {
+		id.qpType = qpType
+	}
+	id.chp.Store(ch)
 	if ch == nil {
 		if ch, err = CreateEventChannel(); err != nil {
 			return nil, err
 		}
 		ch.private = true
-		id.ch, id.sync = ch, true
+		id.chp.Store(ch)
+		id.syncp.Store(true)
 	}
 	ch.mu.Lock()
 	if ch.closed {
@@ -104,7 +129,7 @@ func CreateID(ch *EventChannel, ctx any, ps PortSpace) (_ *ID, err error) {
 			ch.mu.Lock()
 			ch.ids--
 			ch.mu.Unlock()
-			if id.sync {
+			if id.isSync() {
 				ch.Close()
 			}
 			return nil, err
@@ -113,12 +138,32 @@ func CreateID(ch *EventChannel, ctx any, ps PortSpace) (_ *ID, err error) {
 	return id, nil
 }
 
+// ch returns the id's event channel.
+func (id *ID) ch() *EventChannel { return id.chp.Load() }
+
+// isSync reports whether the id is synchronous (its channel is private).
+func (id *ID) isSync() bool { return id.syncp.Load() }
+
+// lockCh locks the id's event channel and returns it. MigrateID changes
+// the channel only while it holds the old channel's lock, so the channel
+// returned stays the id's until it is unlocked.
+func (id *ID) lockCh() *EventChannel {
+	for {
+		ch := id.ch()
+		ch.mu.Lock()
+		if id.ch() == ch {
+			return ch
+		}
+		ch.mu.Unlock()
+	}
+}
+
 // Context returns the user context given to CreateID.
 func (id *ID) Context() any { return id.context }
 
 // Channel returns the event channel of the id (the private one of a
 // synchronous id).
-func (id *ID) Channel() *EventChannel { return id.ch }
+func (id *ID) Channel() *EventChannel { return id.ch() }
 
 // PortSpace returns the id's port space.
 func (id *ID) PortSpace() PortSpace { return id.ps }
@@ -140,6 +185,9 @@ func (id *ID) Verbs() *verbs.Context {
 func (id *ID) PD() *verbs.PD {
 	id.mu.Lock()
 	defer id.mu.Unlock()
+	if id.userPD != nil {
+		return id.userPD
+	}
 	if id.dev == nil {
 		return nil
 	}
@@ -228,44 +276,69 @@ func (id *ID) DeviceName() string {
 
 // Event returns the last event of a synchronous id (id->event), or nil.
 func (id *ID) Event() *Event {
-	id.ch.mu.Lock()
-	defer id.ch.mu.Unlock()
+	ch := id.lockCh()
+	defer ch.mu.Unlock()
 	return id.parked
 }
 
-// boundPorts emulates the CM port spaces of this process.
+// portKey is a port of a port space.
 type portKey struct {
 	ps   PortSpace
 	port uint16
 }
 
-// reservePort binds a port of a port space on the host (any free one for
-// 0); EADDRINUSE when it is taken.
-func (cm *cmState) reservePort(ps PortSpace, port uint16) (uint16, error) {
+// portOwner is an id bound to a port, with the address it bound.
+type portOwner struct {
+	id   *ID
+	addr sockaddr
+}
+
+// reservePort binds the id's port sa.port of its port space on the host
+// (any free one for 0), as the kernel's cma_get_port: a port another id
+// holds is refused unless both ids set RDMA_OPTION_ID_REUSEADDR, or both
+// are AFONLY ids of different families; a wildcard address on either side
+// is EADDRNOTAVAIL, the same address EADDRINUSE; different addresses share
+// the port.
+func (cm *cmState) reservePort(id *ID, sa sockaddr) (uint16, error) {
 	cm.portMu.Lock()
 	defer cm.portMu.Unlock()
-	if port != 0 {
-		if cm.ports[portKey{ps, port}] > 0 {
-			return 0, syscall.EADDRINUSE
+	if sa.port != 0 {
+		key := portKey{id.ps, sa.port}
+		for _, o := range cm.ports[key] {
+			switch {
+			case o.id == id:
+			case id.reuse.Load() && o.id.reuse.Load():
+			case id.afonly.Load() && o.id.afonly.Load() && o.addr.family != sa.family:
+			case sa.ip.IsUnspecified() || o.addr.ip.IsUnspecified():
+				return 0, fmt.Errorf("port %d is bound to %v: %w", sa.port, o.addr.netAddr(), syscall.EADDRNOTAVAIL)
+			case o.addr.family == sa.family && o.addr.ip == sa.ip:
+				return 0, fmt.Errorf("port %d: %w", sa.port, syscall.EADDRINUSE)
+			}
 		}
-		cm.ports[portKey{ps, port}]++
-		return port, nil
+		cm.ports[key] = append(cm.ports[key], portOwner{id, sa})
+		return sa.port, nil
 	}
 	for range 1 << 16 {
 		p := uint16(32768 + rand.IntN(28232))
-		if cm.ports[portKey{ps, p}] == 0 {
-			cm.ports[portKey{ps, p}]++
+		if key := (portKey{id.ps, p}); len(cm.ports[key]) == 0 {
+			sa.port = p
+			cm.ports[key] = []portOwner{{id, sa}}
 			return p, nil
 		}
 	}
 	return 0, syscall.EADDRNOTAVAIL
 }
 
-func (cm *cmState) releasePort(ps PortSpace, port uint16) {
+// releasePort gives back the port the id holds.
+func (cm *cmState) releasePort(id *ID, port uint16) {
 	cm.portMu.Lock()
 	defer cm.portMu.Unlock()
-	if cm.ports[portKey{ps, port}]--; cm.ports[portKey{ps, port}] <= 0 {
-		delete(cm.ports, portKey{ps, port})
+	key := portKey{id.ps, port}
+	owners := slices.DeleteFunc(cm.ports[key], func(o portOwner) bool { return o.id == id })
+	if len(owners) == 0 {
+		delete(cm.ports, key)
+	} else {
+		cm.ports[key] = owners
 	}
 }
 
@@ -298,7 +371,7 @@ func (id *ID) bindLocked(sa sockaddr) error {
 	var dev *cmDevice
 	var gidx uint8
 	if !sa.ip.IsUnspecified() {
-		d, err := id.ch.cm.deviceForAddr(sa.ip.WithZone(""))
+		d, err := id.ch().cm.deviceForAddr(sa.ip.WithZone(""))
 		if err != nil {
 			return err
 		}
@@ -307,7 +380,8 @@ func (id *ID) bindLocked(sa sockaddr) error {
 		}
 		dev = d
 	}
-	port, err := id.ch.cm.reservePort(id.ps, sa.port)
+	id.defaultAFOnly(sa.family)
+	port, err := id.ch().cm.reservePort(id, sa)
 	if err != nil {
 		return err
 	}
@@ -412,7 +486,9 @@ func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) 
 
 // queue enqueues an event of this id and returns it.
 func (id *ID) queue(ev *Event) *Event {
-	id.ch.enqueue(ev)
+	ch := id.lockCh()
+	ch.enqueueLocked(ev)
+	ch.mu.Unlock()
 	return ev
 }
 
@@ -420,23 +496,23 @@ func (id *ID) queue(ev *Event) *Event {
 // (ucma_complete): the previous parked event is acked, the new one parked,
 // and a failure status becomes the error. Asynchronous ids return nil.
 func (id *ID) complete(_ *Event) error {
-	if !id.sync {
+	if !id.isSync() {
 		return nil
 	}
-	id.ch.mu.Lock()
+	ch := id.lockCh()
 	prev := id.parked
 	id.parked = nil
-	id.ch.mu.Unlock()
+	ch.mu.Unlock()
 	if prev != nil {
 		prev.Ack()
 	}
-	ev, err := id.ch.GetEvent(context.Background())
+	ev, err := ch.GetEvent(context.Background())
 	if err != nil {
 		return err
 	}
-	id.ch.mu.Lock()
+	ch.mu.Lock()
 	id.parked = ev
-	id.ch.mu.Unlock()
+	ch.mu.Unlock()
 	switch {
 	case ev.Status == 0:
 		return nil
@@ -469,6 +545,9 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) (err error) {
 	}
 	if pd == nil {
 		pd = id.dev.pd
+		if id.userPD != nil {
+			pd = id.userPD
+		}
 	}
 	if pd.Context().Device() != id.dev.ctx.Device() {
 		return fmt.Errorf("pd of another device: %w", syscall.EINVAL)
@@ -634,7 +713,7 @@ func (id *ID) Destroy() (err error) {
 	id.ownCQs = nil
 	dev := id.dev
 	if id.src.isIP() && id.k == nil {
-		id.ch.cm.releasePort(id.ps, id.src.port)
+		id.ch().cm.releasePort(id, id.src.port)
 	}
 	id.mu.Unlock()
 	if id.k != nil {
@@ -654,8 +733,7 @@ func (id *ID) Destroy() (err error) {
 	if dev != nil {
 		dev.detach(id)
 	}
-	ch := id.ch
-	ch.mu.Lock()
+	ch := id.lockCh()
 	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id })
 	if p := id.parked; p != nil {
 		id.ackLocked(p)
@@ -666,7 +744,7 @@ func (id *ID) Destroy() (err error) {
 	}
 	ch.ids--
 	ch.mu.Unlock()
-	if id.sync {
+	if id.isSync() {
 		ch.Close()
 	}
 	return leaveErr

@@ -195,12 +195,12 @@ func InspectHost(h *verbs.Host) Inspection {
 	var chs []*EventChannel
 	for _, id := range ids {
 		info := IDInfo{Handle: handleOf(&handles.next, handles.ids, id, seenIDs)}
-		if !seenChs[id.ch] {
-			chs = append(chs, id.ch)
+		if !seenChs[id.ch()] {
+			chs = append(chs, id.ch())
 		}
-		info.Channel = handleOf(&handles.next, handles.chs, id.ch, seenChs)
+		info.Channel = handleOf(&handles.next, handles.chs, id.ch(), seenChs)
 		info.PortSpace = id.ps
-		info.Sync = id.sync
+		info.Sync = id.isSync()
 
 		id.mu.Lock()
 		info.State = stateName(id.state)
@@ -226,8 +226,7 @@ func InspectHost(h *verbs.Host) Inspection {
 		}
 		id.mu.Unlock()
 
-		ch := id.ch
-		ch.mu.Lock()
+		ch := id.lockCh()
 		for _, ev := range ch.queue {
 			if ev.ID != id {
 				continue

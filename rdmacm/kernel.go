@@ -128,6 +128,14 @@ type kernelID interface {
 	join(sa *sockaddr, tok uint64) error
 	joinEx(compMask, flags uint32, sa *sockaddr, tok uint64) error
 	leave(sa *sockaddr) error
+	// setOption is rdma_set_option with the option's C bytes.
+	setOption(level, name int, val []byte) error
+	// resolveRoute is rdma_resolve_route.
+	resolveRoute(timeout time.Duration) error
+	// srcPort and dstPort are rdma_get_src_port and rdma_get_dst_port,
+	// in host order.
+	srcPort() uint16
+	dstPort() uint16
 	// initQPAttr is rdma_init_qp_attr for the INIT state.
 	initQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error)
 	local() sockaddr
@@ -145,6 +153,7 @@ type kernelEvent struct {
 	idTok, mcTok uint64
 	qpn, qkey    uint32
 	ah           verbs.AHAttr
+	pdLen        uint8
 	ack          func() error
 }
 
@@ -170,6 +179,10 @@ func (ch *EventChannel) kernelChannelLocked() (kernelChannel, error) {
 // kernelReader moves the events of the librdmacm channel into the
 // channel's queue. An event of an id being destroyed or of a join being
 // left is acked at once: it would have been dropped unread.
+//
+// The channel is the home of its kernel ids (the librdmacm channel their
+// librdmacm ids live on): an id MigrateID moved keeps its librdmacm id
+// here, and its events go to the queue of the id's channel of the moment.
 func (ch *EventChannel) kernelReader(kc kernelChannel, done chan struct{}) {
 	defer close(done)
 	for {
@@ -183,17 +196,24 @@ func (ch *EventChannel) kernelReader(kc kernelChannel, done chan struct{}) {
 		if kev.typ == EventMulticastJoin || kev.typ == EventMulticastError {
 			mc = ch.kmcs[kev.mcTok]
 		}
-		if ch.closed || id == nil || id.kdead || (mc == nil && kev.mcTok != 0) || (mc != nil && mc.kleft) {
-			ch.mu.Unlock()
+		ch.mu.Unlock()
+		if id == nil || (mc == nil && kev.mcTok != 0) {
+			kev.ack()
+			continue
+		}
+		// kdead and kleft are set under the id's channel's lock.
+		target := id.lockCh()
+		if target.closed || id.kdead || (mc != nil && mc.kleft) {
+			target.mu.Unlock()
 			kev.ack()
 			continue
 		}
 		ev := &Event{ID: id, Event: kev.typ, Status: kev.status, mc: mc, kack: kev.ack}
 		if mc != nil {
-			ev.Param = UDParam{PrivateData: mc.context, AHAttr: kev.ah, QPNum: kev.qpn, QKey: kev.qkey}
+			ev.Param = UDParam{PrivateData: mc.context, PrivateDataLen: kev.pdLen, AHAttr: kev.ah, QPNum: kev.qpn, QKey: kev.qkey}
 		}
-		ch.enqueueLocked(ev)
-		ch.mu.Unlock()
+		target.enqueueLocked(ev)
+		target.mu.Unlock()
 	}
 }
 
@@ -214,8 +234,7 @@ func (id *ID) toKernelLocked(a *sockaddr) (bool, error) {
 	if id.k != nil {
 		return true, nil
 	}
-	ch := id.ch
-	ch.mu.Lock()
+	ch := id.lockCh()
 	defer ch.mu.Unlock()
 	switch ch.backend {
 	case BackendSoft:
@@ -238,8 +257,16 @@ func (id *ID) toKernelLocked(a *sockaddr) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	id.k, id.ktok = k, ch.ktok
+	// The options set so far are the librdmacm id's too.
+	for _, o := range id.opts {
+		if err := k.setOption(o.level, o.name, o.val); err != nil {
+			k.destroy()
+			return false, err
+		}
+	}
+	id.k, id.ktok, id.khome = k, ch.ktok, ch
 	ch.kids[id.ktok] = id
+	ch.kusers++
 	return true, nil
 }
 
@@ -262,11 +289,11 @@ func (id *ID) kernelRefreshLocked() error {
 	if name == "" || (id.dev != nil && id.dev.name() == name) {
 		return nil
 	}
-	vd := id.ch.cm.host.DeviceByName(name)
+	vd := id.ch().cm.host.DeviceByName(name)
 	if vd == nil {
 		return fmt.Errorf("kernel device %s is not in the device list: %w", name, syscall.ENODEV)
 	}
-	cd, err := id.ch.cm.deviceForPort(kernelPort{vd})
+	cd, err := id.ch().cm.deviceForPort(kernelPort{vd})
 	if err != nil {
 		return err
 	}
@@ -314,7 +341,7 @@ func (id *ID) kernelJoin(k kernelID, ex bool, attr JoinMCAttrEx, ctx any) error 
 	if sa != nil {
 		mc.addr = *sa
 	}
-	ch := id.ch
+	ch := id.khome // the channel of the librdmacm id
 	ch.mu.Lock()
 	ch.ktok++
 	mc.ktok = ch.ktok
@@ -376,18 +403,19 @@ func (id *ID) kernelLeave(k kernelID, sa sockaddr) error {
 	}
 	id.mu.Unlock()
 	if mc != nil {
-		id.ch.mu.Lock()
+		ch := id.lockCh()
 		if p := id.parked; p != nil && p.mc == mc {
 			id.ackLocked(p)
 			id.parked = nil
 		}
-		id.ch.mu.Unlock()
+		ch.mu.Unlock()
 	}
 	err := k.leave(&sa)
 	if mc != nil {
-		id.ch.mu.Lock()
-		delete(id.ch.kmcs, mc.ktok)
-		id.ch.mu.Unlock()
+		home := id.khome
+		home.mu.Lock()
+		delete(home.kmcs, mc.ktok)
+		home.mu.Unlock()
 	}
 	return err
 }
@@ -396,8 +424,7 @@ func (id *ID) kernelLeave(k kernelID, sa sockaddr) error {
 // events are acked and dropped, later ones acked on arrival, and
 // librdmacm destroys the id, waiting for the acks of retrieved events.
 func (id *ID) kernelDestroy() error {
-	ch := id.ch
-	ch.mu.Lock()
+	ch := id.lockCh()
 	id.kdead = true
 	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id })
 	if p := id.parked; p != nil {
@@ -406,14 +433,24 @@ func (id *ID) kernelDestroy() error {
 	}
 	ch.mu.Unlock()
 	err := id.k.destroy()
-	ch.mu.Lock()
-	delete(ch.kids, id.ktok)
-	for tok, mc := range ch.kmcs {
+	home := id.khome
+	home.mu.Lock()
+	delete(home.kids, id.ktok)
+	for tok, mc := range home.kmcs {
 		if mc.id == id {
-			delete(ch.kmcs, tok)
+			delete(home.kmcs, tok)
 		}
 	}
-	ch.mu.Unlock()
+	// The last kernel id of a channel closed while ids it had moved
+	// lived on closes its librdmacm channel.
+	home.kusers--
+	var kc kernelChannel
+	var done chan struct{}
+	if home.kusers == 0 && home.closed {
+		kc, done, home.kc = home.kc, home.kdone, nil
+	}
+	home.mu.Unlock()
+	home.closeKernel(kc, done)
 	return err
 }
 

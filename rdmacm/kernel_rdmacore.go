@@ -54,7 +54,7 @@ func (k kchan) next() (*kernelEvent, error) {
 	}
 	return &kernelEvent{
 		typ: EventType(ev.Type), status: ev.Status, idTok: ev.IDToken, mcTok: ev.MCToken,
-		qpn: ev.QPNum, qkey: ev.QKey, ah: ev.AHAttr, ack: ev.Ack,
+		qpn: ev.QPNum, qkey: ev.QKey, ah: ev.AHAttr, pdLen: ev.PrivateDataLen, ack: ev.Ack,
 	}, nil
 }
 
@@ -111,6 +111,14 @@ func (k kid) joinEx(compMask, flags uint32, sa *sockaddr, tok uint64) error {
 	return k.id.JoinEx(compMask, flags, raw(sa), tok)
 }
 func (k kid) leave(sa *sockaddr) error { return k.id.Leave(raw(sa)) }
+func (k kid) setOption(level, name int, val []byte) error {
+	return k.id.SetOption(level, name, val)
+}
+func (k kid) resolveRoute(timeout time.Duration) error {
+	return k.id.ResolveRoute(int(timeout / time.Millisecond))
+}
+func (k kid) srcPort() uint16 { return k.id.SrcPort() }
+func (k kid) dstPort() uint16 { return k.id.DstPort() }
 func (k kid) initQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error) {
 	return k.id.InitQPAttr(verbs.QPSInit)
 }

@@ -25,7 +25,7 @@ type mcJoin struct {
 	qkey     uint32      // the id's Q_Key when it joined
 	ktok     uint64      // the token of a kernel id's join
 
-	// guarded by id.ch.mu
+	// guarded by id.ch().mu
 	eventsReported  int
 	eventsCompleted int
 	kleft           bool // left: a kernel join's events are acked on arrival
@@ -104,6 +104,16 @@ func (id *ID) joinLocked(sa sockaddr, flags uint32, ctx any) error {
 // MULTICAST_ERROR with status -1, keeping its UD parameters (ah_attr,
 // qp_num, qkey), as librdmacm does.
 func (id *ID) processEvent(ev *Event) {
+	if id.k != nil && (ev.Event == EventRouteResolved || ev.Event == EventRouteError) {
+		id.mu.Lock()
+		if id.state == stateRouteQuery {
+			id.state = stateRouteResolved
+			if ev.Event == EventRouteError {
+				id.state = stateAddrResolved
+			}
+		}
+		id.mu.Unlock()
+	}
 	if id.k != nil && (ev.Event == EventAddrResolved || ev.Event == EventAddrChange) {
 		id.mu.Lock()
 		if ev.Event == EventAddrResolved && id.state != stateDestroying {
@@ -173,8 +183,7 @@ func (id *ID) LeaveMulticast(addr net.Addr) (err error) {
 		err = wait()
 	}
 
-	ch := id.ch
-	ch.mu.Lock()
+	ch := id.lockCh()
 	defer ch.mu.Unlock()
 	// A synchronous id's parked JOIN event would otherwise never be acked.
 	if p := id.parked; p != nil && p.mc == mc {
@@ -201,9 +210,9 @@ func (id *ID) leaveLocked(mc *mcJoin) (wait func() error) {
 		// Waits for a running callback of the join; none runs afterwards.
 		wait = id.dev.port.leave(mc)
 	}
-	id.ch.mu.Lock()
+	ch := id.lockCh()
 	mc.kleft = true
-	id.ch.purgeLocked(func(ev *Event) bool { return ev.mc == mc })
-	id.ch.mu.Unlock()
+	ch.purgeLocked(func(ev *Event) bool { return ev.mc == mc })
+	ch.mu.Unlock()
 	return wait
 }

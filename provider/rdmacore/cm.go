@@ -20,6 +20,7 @@ struct sr_cm_event {
 	uint64_t mc_token;
 	uint32_t qp_num;
 	uint32_t qkey;
+	uint8_t private_data_len;
 	struct ibv_ah_attr ah;
 };
 
@@ -61,6 +62,7 @@ static int sr_get_event(struct rdma_event_channel *ch, struct rdma_cm_event **ou
 		e->mc_token = (uint64_t)(uintptr_t)ev->param.ud.private_data;
 		e->qp_num = ev->param.ud.qp_num;
 		e->qkey = ev->param.ud.qkey;
+		e->private_data_len = ev->param.ud.private_data_len;
 		e->ah = ev->param.ud.ah_attr;
 	}
 	*out = ev;
@@ -250,6 +252,9 @@ type CMEvent struct {
 	// QPNum, QKey and AHAttr are the UD parameters of a multicast event.
 	QPNum, QKey uint32
 	AHAttr      verbs.AHAttr
+	// PrivateDataLen is the event's ud.private_data_len (0 for multicast
+	// events: their private_data is the join's context).
+	PrivateDataLen uint8
 
 	ev    *C.struct_rdma_cm_event
 	acked atomic.Bool
@@ -260,6 +265,7 @@ func (e *CMEvent) fill(r *C.struct_sr_cm_event) {
 	e.IDToken, e.MCToken = uint64(r.id_token), uint64(r.mc_token)
 	e.QPNum, e.QKey = uint32(r.qp_num), uint32(r.qkey)
 	e.AHAttr = ahAttrFromC(&r.ah)
+	e.PrivateDataLen = uint8(r.private_data_len)
 }
 
 // ahAttrFromC converts a struct ibv_ah_attr.

@@ -395,6 +395,12 @@ func (s *suite) runAll(t *testing.T) {
 	s.run(t, "block-self-mcast-lb", s.blockSelfLB)
 	s.run(t, "attach-failure", s.attachFailure)
 	s.run(t, "join-leave-race", s.joinLeaveRace)
+	s.run(t, "set-option", s.setOption)
+	s.run(t, "tos-join", s.tosJoin)
+	s.run(t, "port-rules", s.portRules)
+	s.run(t, "route-then-join", s.routeThenJoin)
+	s.run(t, "migrate-id", s.migrateID)
+	s.run(t, "passive-ep", s.passiveEP)
 }
 
 var _ net.Addr = (*rdmacm.IBAddr)(nil)

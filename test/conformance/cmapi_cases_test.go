@@ -1,0 +1,178 @@
+package conformance
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/wire"
+)
+
+// setOption: rdma_set_option's checks (the kernel's ucma_set_option).
+func (s *suite) setOption(t *testing.T) string {
+	ch := s.channel(t)
+	id := s.bound(t, ch)
+	cases := []struct {
+		name       string
+		level, opt int
+		val        any
+		want       want
+	}{
+		{"unknown-level", 7, 0, uint8(0), same("ENOSYS")},
+		{"unknown-id-option", rdmacm.OptionID, 9, 1, same("ENOSYS")},
+		{"unknown-ib-option", rdmacm.OptionIB, 0, nil, same("ENOSYS")},
+		{"tos-uint8", rdmacm.OptionID, rdmacm.OptionIDTOS, uint8(0xb8), same("OK")},
+		{"tos-int", rdmacm.OptionID, rdmacm.OptionIDTOS, 0xb8, same("EINVAL")},
+		{"reuseaddr-on-bound", rdmacm.OptionID, rdmacm.OptionIDReuseAddr, 1, same("OK")},
+		{"reuseaddr-off-bound", rdmacm.OptionID, rdmacm.OptionIDReuseAddr, 0, same("EINVAL")},
+		{"reuseaddr-byte", rdmacm.OptionID, rdmacm.OptionIDReuseAddr, uint8(1), same("EINVAL")},
+		{"afonly-bound", rdmacm.OptionID, rdmacm.OptionIDAFOnly, 1, same("OK")},
+		{"ack-timeout-ud", rdmacm.OptionID, rdmacm.OptionIDAckTimeout, uint8(14), same("EINVAL")},
+		{"ib-path-10-bytes", rdmacm.OptionIB, rdmacm.OptionIBPath, make([]byte, 10), same("EINVAL")},
+	}
+	var seen []string
+	for _, c := range cases {
+		got := outcome(id.SetOption(c.level, c.opt, c.val))
+		seen = append(seen, s.expect(t, c.name, got, c.want))
+	}
+	return strings.Join(seen, " ")
+}
+
+// tosJoin: an id's TOS leaves the JOIN AH's traffic class 0; a traffic
+// class put into the AH is the received datagram's IP TOS.
+func (s *suite) tosJoin(t *testing.T) string {
+	const tos = 0xb8
+	ch := s.channel(t)
+	g := s.group(t)
+	rx := endpoint(t, s.bound(t, ch), 1, 0)
+	joined(t, ch, rx.id, g, rdmacm.MCJoinFlagFullMember)
+	tx := endpoint(t, s.bound(t, ch), 1, 0)
+	if err := tx.id.SetOption(rdmacm.OptionID, rdmacm.OptionIDTOS, uint8(tos)); err != nil {
+		t.Fatal(err)
+	}
+	p := joined(t, ch, tx.id, g, rdmacm.MCJoinFlagSendOnlyFullMember)
+	seen := s.expect(t, "join-traffic-class", fmt.Sprint(p.AHAttr.GRH.TrafficClass), same("0"))
+	p.AHAttr.GRH.TrafficClass = tos
+	tx.send(t, p, "tos", 1)
+	rx.recv(t, 1)
+	// The GRH area of a RoCEv2 IPv4 datagram ends with its IPv4 header;
+	// on IB it is the GRH, whose traffic class follows the IP version.
+	got := wire.IPv4(rx.rbuf[20:verbs.GRHLen]).TOS()
+	if s.target == targetSoftIB {
+		got = rx.rbuf[0]<<4 | rx.rbuf[1]>>4
+	}
+	return seen + " " + s.expect(t, "received-tos", fmt.Sprintf("%#x", got), same("0xb8"))
+}
+
+// portRules: rdma_bind_addr's port checks with REUSEADDR (cma_check_port).
+func (s *suite) portRules(t *testing.T) string {
+	ch := s.channel(t)
+	first := s.bound(t, ch)
+	port := first.SrcPort()
+	at := func(a netip.Addr) net.Addr { return net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, port)) }
+	bind := func(a netip.Addr, reuse bool) string {
+		id := s.id(t, ch, rdmacm.PS_UDP)
+		if reuse {
+			if err := id.SetOption(rdmacm.OptionID, rdmacm.OptionIDReuseAddr, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return outcome(id.BindAddr(at(a)))
+	}
+	any4 := netip.IPv4Unspecified()
+	var seen []string
+	seen = append(seen, s.expect(t, "same-address", bind(s.addr, false), same("EADDRINUSE")))
+	seen = append(seen, s.expect(t, "wildcard", bind(any4, false), same("EADDRNOTAVAIL")))
+	seen = append(seen, s.expect(t, "one-reuses", bind(s.addr, true), same("EADDRINUSE")))
+	if err := first.SetOption(rdmacm.OptionID, rdmacm.OptionIDReuseAddr, 1); err != nil {
+		t.Fatal(err)
+	}
+	seen = append(seen, s.expect(t, "both-reuse", bind(s.addr, true), same("OK")))
+	seen = append(seen, s.expect(t, "src-port", fmt.Sprint(first.SrcPort() == port && port != 0), same("true")))
+	return strings.Join(seen, " ")
+}
+
+// routeThenJoin: rdma_resolve_route, after which the id cannot join.
+func (s *suite) routeThenJoin(t *testing.T) string {
+	ch := s.channel(t)
+	id := s.id(t, ch, rdmacm.PS_UDP)
+	g := s.group(t)
+	if err := id.ResolveAddr(rdmacm.UDPAddr(s.addr), rdmacm.UDPAddr(g), 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ev := event(t, ch)
+	ev.Ack()
+	var seen []string
+	seen = append(seen, s.expect(t, "route-before-resolved", outcome(s.id(t, ch, rdmacm.PS_UDP).ResolveRoute(time.Second)), same("EINVAL")))
+	seen = append(seen, s.expect(t, "resolve-route", outcome(id.ResolveRoute(2*time.Second)), same("OK")))
+	ev = event(t, ch)
+	seen = append(seen, s.expect(t, "event", fmt.Sprintf("%v/%d", ev.Event, ev.Status), same("RDMA_CM_EVENT_ROUTE_RESOLVED/0")))
+	ev.Ack()
+	seen = append(seen, s.expect(t, "join", outcome(id.JoinMulticast(rdmacm.UDPAddr(g), nil)), same("EINVAL")))
+	return strings.Join(seen, " ")
+}
+
+// migrateID: rdma_migrate_id moves the id's unread events and its later
+// ones to the new channel.
+func (s *suite) migrateID(t *testing.T) string {
+	ch1, ch2 := s.channel(t), s.channel(t)
+	id := s.bound(t, ch1)
+	g := s.group(t)
+	if err := joinEx(id, g, rdmacm.MCJoinFlagSendOnlyFullMember, "moved"); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the JOIN event is queued on ch1, then move the id.
+	deadline := time.Now().Add(20 * time.Second)
+	for ch1.Len() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	var seen []string
+	seen = append(seen, s.expect(t, "migrate", outcome(id.MigrateID(ch2)), same("OK")))
+	seen = append(seen, s.expect(t, "queued-old-new", fmt.Sprintf("%d/%d", ch1.Len(), ch2.Len()), same("0/1")))
+	ev := event(t, ch2)
+	seen = append(seen, s.expect(t, "event", fmt.Sprintf("%v/%v", ev.Event, ev.Param.PrivateData), same("RDMA_CM_EVENT_MULTICAST_JOIN/moved")))
+	ev.Ack()
+	g2 := s.group(t)
+	joined(t, ch2, id, g2, rdmacm.MCJoinFlagSendOnlyFullMember)
+	seen = append(seen, s.expect(t, "to-sync", outcome(id.MigrateID(nil)), same("OK")))
+	seen = append(seen, s.expect(t, "sync-again", outcome(id.MigrateID(nil)), same("EINVAL")))
+	seen = append(seen, s.expect(t, "back", outcome(id.MigrateID(ch1)), same("OK")))
+	for _, a := range []netip.Addr{g, g2} {
+		if err := id.LeaveMulticast(rdmacm.UDPAddr(a)); err != nil {
+			t.Errorf("leave %v: %v", a, err)
+		}
+	}
+	return strings.Join(seen, " ")
+}
+
+// passiveEP: rdma_getaddrinfo(RAI_PASSIVE) and rdma_create_ep give a
+// bound synchronous id that joins.
+func (s *suite) passiveEP(t *testing.T) string {
+	res, err := rdmacm.GetAddrInfo(s.addr.String(), "", &rdmacm.AddrInfo{
+		Flags: rdmacm.RAI_PASSIVE | rdmacm.RAI_NUMERICHOST, QPType: verbs.QPTypeUD, PortSpace: rdmacm.PS_UDP,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := rdmacm.CreateEP(res, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdmacm.DestroyEP(ep)
+	var seen []string
+	seen = append(seen, s.expect(t, "qp", fmt.Sprint(ep.QP() != nil), same("false")))
+	if err := ep.CreateQP(nil, &verbs.QPInitAttr{Cap: verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	g := rdmacm.UDPAddr(s.group(t))
+	seen = append(seen, s.expect(t, "join", outcome(ep.JoinMulticast(g, "ep")), same("OK")))
+	ev := ep.Event()
+	seen = append(seen, s.expect(t, "event", fmt.Sprintf("%v/%v/%d", ev.Event, ev.Param.PrivateData, ev.Param.PrivateDataLen), same("RDMA_CM_EVENT_MULTICAST_JOIN/ep/0")))
+	seen = append(seen, s.expect(t, "leave", outcome(ep.LeaveMulticast(g)), same("OK")))
+	return strings.Join(seen, " ")
+}
