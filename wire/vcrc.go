@@ -25,10 +25,10 @@ const vcrcPoly = 0xD008
 // instead of comparing.
 const VCRCResidue = 0xAA90
 
-// vcrcTab holds the slicing-by-8 tables of the reflected polynomial:
+// vcrcTab holds the slicing-by-16 tables of the reflected polynomial:
 // vcrcTab[0] is the byte-at-a-time table, vcrcTab[k][i] the register
 // contribution of byte i followed by k zero bytes.
-var vcrcTab = func() (t [8][256]uint16) {
+var vcrcTab = func() (t [16][256]uint16) {
 	for i := range 256 {
 		c := uint16(i)
 		for range 8 {
@@ -41,7 +41,7 @@ var vcrcTab = func() (t [8][256]uint16) {
 		t[0][i] = c
 	}
 	for i := range 256 {
-		for k := 1; k < 8; k++ {
+		for k := 1; k < 16; k++ {
 			c := t[k-1][i]
 			t[k][i] = c>>8 ^ t[0][byte(c)]
 		}
@@ -54,7 +54,15 @@ var vcrcTab = func() (t [8][256]uint16) {
 func VCRC(pkt []byte) uint16 {
 	t := &vcrcTab
 	c := uint16(0xFFFF)
-	for len(pkt) >= 8 {
+	for len(pkt) >= 16 {
+		c ^= binary.LittleEndian.Uint16(pkt)
+		c = t[15][byte(c)] ^ t[14][c>>8] ^ t[13][pkt[2]] ^ t[12][pkt[3]] ^
+			t[11][pkt[4]] ^ t[10][pkt[5]] ^ t[9][pkt[6]] ^ t[8][pkt[7]] ^
+			t[7][pkt[8]] ^ t[6][pkt[9]] ^ t[5][pkt[10]] ^ t[4][pkt[11]] ^
+			t[3][pkt[12]] ^ t[2][pkt[13]] ^ t[1][pkt[14]] ^ t[0][pkt[15]]
+		pkt = pkt[16:]
+	}
+	if len(pkt) >= 8 {
 		c ^= binary.LittleEndian.Uint16(pkt)
 		c = t[7][byte(c)] ^ t[6][c>>8] ^ t[5][pkt[2]] ^ t[4][pkt[3]] ^
 			t[3][pkt[4]] ^ t[2][pkt[5]] ^ t[1][pkt[6]] ^ t[0][pkt[7]]

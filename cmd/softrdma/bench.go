@@ -46,8 +46,11 @@ Measures, in one run, softrdma against the kernel's own UDP multicast on the
 same machine: fan-out from one sender to N receiver processes (delivered
 messages/s and bytes/s, loss, ratio to plain sendmmsg/recvmmsg sockets), the
 ICRC against hash/crc32, join/leave latency, groups per process and memory
-per group and per QP, allocations per datagram. Prints a table, then one JSON
-object per line per case (-json: only the JSON lines).
+per group and per QP, allocations per datagram; and the emulated InfiniBand
+subnet: fan-out through a softsm against the RoCEv2 path (msg/s, CPU per
+datagram, loss), SA joins/s and the time the SA takes to create 16,000
+groups. Prints a table, then one JSON object per line per case (-json: only
+the JSON lines).
 
 `)
 		fs.PrintDefaults()
@@ -55,7 +58,7 @@ object per line per case (-json: only the JSON lines).
 	quick := fs.Bool("quick", false, "a run of a few seconds: one receiver, 64-byte payloads, 200 groups")
 	jsonOnly := fs.Bool("json", false, "print only the JSON lines")
 	bind := fs.String("bind", cfg.Bind.String(), "local address; its interface carries the traffic (loopback by default)")
-	parts := fs.String("parts", strings.Join(cfg.Parts, ","), "parts to run: icrc,allocs,control,fanout")
+	parts := fs.String("parts", strings.Join(cfg.Parts, ","), "parts to run: icrc,allocs,control,fanout,ib")
 	recv := fs.String("n", "", "receiver process counts, comma-separated (default 1,2,4)")
 	sizes := fs.String("sizes", "", "payload sizes in bytes, comma-separated (default 64,256,1024,4096)")
 	dur := fs.Duration("d", 0, "send time per mode and case (default 250ms)")

@@ -41,6 +41,8 @@ func TestBadInvocationsProcess(t *testing.T) {
 		{[]string{"-port-timeout", "1ns"}, 2, "-port-timeout 1ns: must be longer than"},
 		{[]string{"-port-timeout", "0s"}, 2, "-port-timeout 0s: must be longer than"},
 		{[]string{"-port-timeout", "5"}, 2, `invalid value "5" for flag -port-timeout`},
+		{[]string{"-hoq-life", "0s"}, 2, "-hoq-life and -vl-stall-count must be positive"},
+		{[]string{"-vl-stall-count", "-1"}, 2, "-hoq-life and -vl-stall-count must be positive"},
 		{[]string{"-sa-delay", "-1s"}, 2, "-sa-delay -1s: negative duration"},
 		{[]string{"-sa-timeout", "-5ms"}, 2, "-sa-timeout -5ms: negative duration"},
 		{[]string{"-port", "zz"}, 2, `bad GUID "zz"`},

@@ -10,7 +10,7 @@
 //	softsm [-listen 127.0.0.1:4792] [-sa-listen 127.0.0.1:4793 [-sa-allow-remote]]
 //	       [-port GUID]... [-state FILE] [-no-sendonly-support]
 //	       [-sa-delay D | -sa-timeout D] [-sa-drop] [-subnet-prefix P]
-//	       [-port-timeout D] [-v]
+//	       [-port-timeout D] [-hoq-life D] [-vl-stall-count N] [-v]
 //
 // When its sockets are bound it prints one line to stdout,
 //
@@ -22,6 +22,13 @@
 // e.g. -port 0x100001 → LID 2, fe80::10:1. With -state FILE the GUID → LID
 // map survives restarts; groups never do (a restarted SM has a new epoch
 // and only the IPoIB broadcast group).
+//
+// The switch is lossless: the links to the ports are flow controlled
+// (credits), so a burst holds its sender back instead of being dropped. A
+// packet waits at most -hoq-life for a port that gives no credit (a
+// stalled or dead port), then it is discarded for that port; after
+// -vl-stall-count such packets in a row the port is stalled and its
+// packets are discarded at once for 8 × -hoq-life.
 package main
 
 import (
@@ -90,12 +97,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.SADrop, "sa-drop", false, "never answer SA MADs (tests of SA silence)")
 	fs.StringVar(&prefix, "subnet-prefix", "0xfe80000000000000", "subnet `prefix` (64-bit)")
 	fs.DurationVar(&cfg.PortTimeout, "port-timeout", fabric.PortTimeout, "forget a port silent for `duration` (longer than the ports' 1s keepalive)")
+	fs.DurationVar(&cfg.HOQLife, "hoq-life", sm.DefaultHOQLife, "how long a packet may wait for a port that gives no credit before it is discarded for that port (IB head-of-queue lifetime)")
+	fs.IntVar(&cfg.VLStallCount, "vl-stall-count", sm.DefaultVLStallCount, "packets in a row discarded for a port before all its packets are discarded for 8 × -hoq-life")
 	fs.BoolVar(&verbose, "v", false, "log attaches, detaches, SA requests and drops to stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() != 0 {
 		fmt.Fprintf(stderr, "softsm: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if cfg.HOQLife <= 0 || cfg.VLStallCount <= 0 {
+		fmt.Fprintf(stderr, "softsm: -hoq-life and -vl-stall-count must be positive\n")
 		return 2
 	}
 	if msg := checkDurations(cfg.PortTimeout, cfg.SADelay, timeout); msg != "" {
@@ -133,8 +146,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		f.Sync()
 	}
 	if verbose {
-		fmt.Fprintf(stderr, "softsm: epoch %#x, send-only support %v, %d pre-registered ports\n",
-			s.Epoch(), cfg.SendOnlySupport, len(ports))
+		fmt.Fprintf(stderr, "softsm: epoch %#x, send-only support %v, %d pre-registered ports, fabric socket buffer %d bytes\n",
+			s.Epoch(), cfg.SendOnlySupport, len(ports), s.Stats().SocketBuffer)
 	}
 	if err := s.Run(ctx); err != nil {
 		fmt.Fprintf(stderr, "softsm: %v\n", err)

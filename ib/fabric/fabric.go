@@ -2,8 +2,9 @@
 // InfiniBand devices and the subnet manager (cmd/softsm, package ib/sm).
 //
 // Every IB port is a UDP socket of a client process; the SM listens on a
-// fabric UDP address (DefaultListen). A datagram on the fabric is either a
-// CONTROL message or an IB PACKET.
+// fabric UDP address (DefaultListen). A datagram on the fabric is a
+// CONTROL message, an IB PACKET, or a 6-byte FLOW CONTROL packet (the
+// links are lossless: credit-based flow control, see flow.go).
 //
 // A CONTROL message is the 5-byte prefix Magic ("SRSM" + version 0x01), then
 // a JSON object (Control). An IB packet never starts with 'S' (0x53): LRH
@@ -17,6 +18,10 @@
 //	           ClientReregister when the SM registered the port anew
 //	           (first attach, or after it forgot the port)
 //	detach     port → SM when the port closes
+//
+// Attach and port_info carry Credits, the receive window of their sender:
+// the links are flow controlled (see Flow) so that the subnet is lossless
+// like an IB fabric.
 //
 // A port takes datagrams only from the SM's fabric address (the SM is also
 // the switch) and a port_info only when it names the port's GUID, a unicast
@@ -104,6 +109,11 @@ type Control struct {
 	// ClientReregister (port_info) tells a port that the SM registered it
 	// anew: memberships it held are gone (PortInfo's ClientReregister bit).
 	ClientReregister bool `json:"client_reregister,omitempty"`
+	// Credits is the receive window of the sender of the message, in
+	// packets: in an attach the port's (for the link switch → port), in a
+	// port_info the switch's for the port (port → switch). 0 or absent:
+	// no link flow control (see flow.go).
+	Credits int `json:"credits,omitempty"`
 }
 
 // ErrNotControl reports a datagram without the Magic prefix.

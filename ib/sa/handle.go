@@ -277,6 +277,7 @@ func (s *SA) join(comp uint64, rec mad.MCMemberFields, from From) (mad.MCMemberF
 	}
 	if isNew || m.JoinState != prev {
 		s.version++
+		s.changed[g.rec.MLID] = struct{}{}
 	}
 	resp := rec
 	resp.MGID = g.rec.MGID
@@ -317,6 +318,7 @@ func (s *SA) create(comp uint64, rec mad.MCMemberFields, port *Port) (*group, st
 	gr.MTUSelector, gr.RateSelector, gr.PacketLifeTimeSelector = mad.SelExactly, mad.SelExactly, mad.SelExactly
 	g := &group{rec: gr, members: make(map[uint64]*Member)}
 	s.groups[gr.MGID] = g
+	s.byMLID[mlid] = g
 	return g, 0
 }
 
@@ -538,8 +540,10 @@ func (s *SA) leave(rec mad.MCMemberFields, from From) (mad.MCMemberFields, statu
 	}
 	resp := rec
 	resp.Scope = g.rec.Scope
+	mlid := g.rec.MLID
 	resp.JoinState = s.removeBits(g, m, js)
 	s.version++
+	s.changed[mlid] = struct{}{}
 	return resp, 0, false
 }
 

@@ -19,6 +19,10 @@ func TestPropMembershipInvariants(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		s := newSA(Config{SendOnlySupport: true})
 		held := map[[2]uint64]uint8{} // (mgid index, guid) → JoinState the SA should hold
+		// An incrementally kept copy of the forwarding table, as softsm
+		// keeps it: TakeChanged and MulticastEntry.
+		inc := s.MulticastTable()
+		s.TakeChanged()
 		for range rapid.IntRange(1, 40).Draw(t, "ops") {
 			mi := rapid.IntRange(0, len(mgids)-1).Draw(t, "mgid")
 			g := gid(mgids[mi])
@@ -59,6 +63,22 @@ func TestPropMembershipInvariants(t *testing.T) {
 					for _, guid := range guids {
 						delete(held, [2]uint64{uint64(mi), guid})
 					}
+				}
+			}
+			for _, mlid := range s.TakeChanged() {
+				if e, ok := s.MulticastEntry(mlid); ok {
+					inc[mlid] = e
+				} else {
+					delete(inc, mlid)
+				}
+			}
+			full := s.MulticastTable()
+			if len(inc) != len(full) {
+				t.Fatalf("incremental table %x, full %x", inc, full)
+			}
+			for mlid, e := range full {
+				if got, ok := inc[mlid]; !ok || !slices.Equal(got, e) {
+					t.Fatalf("incremental table %x, full %x", inc, full)
 				}
 			}
 			mlids := map[uint16]bool{}

@@ -179,6 +179,8 @@ type SA struct {
 	counter uint32 // SA-assigned MGID counter, as OpenSM's uniq_count
 	version uint64
 	mlids   *mlids
+	byMLID  map[uint16]*group   // the group of each MLID in use
+	changed map[uint16]struct{} // MLIDs whose receivers changed (TakeChanged)
 }
 
 // New returns an SA holding only the IPoIB broadcast group
@@ -198,11 +200,13 @@ func New(cfg Config) *SA {
 		cfg.RespTimeValue = DefaultRespTimeValue
 	}
 	s := &SA{
-		cfg:    cfg,
-		prefix: cfg.SubnetPrefix,
-		ports:  make(map[uint64]*Port),
-		groups: make(map[wire.GID]*group),
-		mlids:  newMLIDs(cfg.MaxMLID),
+		cfg:     cfg,
+		prefix:  cfg.SubnetPrefix,
+		ports:   make(map[uint64]*Port),
+		groups:  make(map[wire.GID]*group),
+		mlids:   newMLIDs(cfg.MaxMLID),
+		byMLID:  make(map[uint16]*group),
+		changed: make(map[uint16]struct{}),
 	}
 	s.mlids.take(BroadcastMLID)
 	s.groups[BroadcastMGID] = &group{
@@ -216,6 +220,7 @@ func New(cfg Config) *SA {
 		wellKnown: true,
 		members:   make(map[uint64]*Member),
 	}
+	s.byMLID[BroadcastMLID] = s.groups[BroadcastMGID]
 	return s
 }
 
@@ -278,6 +283,7 @@ func (s *SA) LeaveAll(guid uint64) bool {
 			continue
 		}
 		s.removeBits(g, m, m.JoinState)
+		s.changed[g.rec.MLID] = struct{}{}
 		changed = true
 	}
 	if changed {
@@ -323,6 +329,35 @@ func (s *SA) MulticastTable() map[uint16][]uint64 {
 		slices.Sort(t[mlid])
 	}
 	return t
+}
+
+// TakeChanged returns the MLIDs whose receivers may have changed since the
+// last call (or since New), and forgets them: with MulticastEntry the
+// switch updates its table without rebuilding it.
+func (s *SA) TakeChanged() []uint16 {
+	out := make([]uint16, 0, len(s.changed))
+	for mlid := range s.changed {
+		out = append(out, mlid)
+	}
+	clear(s.changed)
+	return out
+}
+
+// MulticastEntry returns MulticastTable's entry of one MLID: the sorted
+// GUIDs of the ports that receive it, and whether a group has the MLID.
+func (s *SA) MulticastEntry(mlid uint16) ([]uint64, bool) {
+	g := s.byMLID[mlid]
+	if g == nil {
+		return nil, false
+	}
+	var out []uint64
+	for guid, m := range g.members {
+		if m.JoinState&mad.JoinReceivers != 0 {
+			out = append(out, guid)
+		}
+	}
+	slices.Sort(out)
+	return out, true
 }
 
 func (s *SA) sortedMGIDs() []wire.GID {
@@ -385,6 +420,7 @@ func (s *SA) cleanup(g *group) {
 	clear(g.members)
 	if !g.wellKnown {
 		delete(s.groups, g.rec.MGID)
+		delete(s.byMLID, g.rec.MLID)
 		s.mlids.release(g.rec.MLID)
 	}
 }

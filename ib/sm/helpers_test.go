@@ -64,6 +64,13 @@ type fakePort struct {
 	psn    uint32
 	closed chan struct{}
 	wg     sync.WaitGroup
+	// Link flow control (newFlowPort): the port's end of its link,
+	// guarded by mu; win is its receive window, grants whether it gives
+	// the switch credit as packets arrive (a stalled port does not).
+	link   fabric.Link
+	win    int
+	grants bool
+	credit chan struct{} // signalled when credit came
 }
 
 func newFakePort(t *testing.T, sm netip.AddrPort, guid uint64) *fakePort {
@@ -99,6 +106,10 @@ func (p *fakePort) readLoop() {
 			return
 		}
 		b := append([]byte(nil), buf[:n]...)
+		if fabric.IsFlow(b) {
+			p.flowIn(b)
+			continue
+		}
 		if fabric.IsControl(b) {
 			c, err := fabric.DecodeControl(b)
 			if err != nil {
@@ -107,6 +118,9 @@ func (p *fakePort) readLoop() {
 			}
 			p.ctl <- c
 			continue
+		}
+		if p.win > 0 {
+			p.took()
 		}
 		select {
 		case p.pkts <- b:
@@ -139,7 +153,7 @@ func (p *fakePort) sendControl(c *fabric.Control) {
 // attach sends "attach" and waits for port_info.
 func (p *fakePort) attach() *fabric.Control {
 	p.t.Helper()
-	p.sendControl(&fabric.Control{Type: fabric.TypeAttach, GUID: p.guid, NodeDesc: "test port"})
+	p.sendControl(&fabric.Control{Type: fabric.TypeAttach, GUID: p.guid, NodeDesc: "test port", Credits: p.win})
 	select {
 	case c := <-p.ctl:
 		if c.Type != fabric.TypePortInfo {
@@ -147,6 +161,9 @@ func (p *fakePort) attach() *fabric.Control {
 		}
 		p.mu.Lock()
 		p.lid, p.epoch = c.LID, c.Epoch
+		if p.win > 0 && c.ClientReregister {
+			p.link.Reset(c.Credits, p.win)
+		}
 		p.mu.Unlock()
 		return c
 	case <-time.After(waitTimeout):
@@ -170,8 +187,90 @@ func (p *fakePort) send(dlid uint16, global bool, dgid wire.GID, destQP, qkey ui
 	p.psn++
 	b := make([]byte, fabric.PacketLen(len(payload), false, global))
 	fabric.EncodeUD(b, h, payload)
+	p.mu.Lock()
+	p.link.Sent(1)
+	p.mu.Unlock()
 	if _, err := p.conn.WriteToUDPAddrPort(b, p.sm); err != nil {
 		p.t.Fatal(err)
+	}
+}
+
+// newFlowPort opens and attaches a fake port that takes part in link flow
+// control with a receive window of win packets; when grants is false it
+// never gives the switch credit beyond that window (a stalled port).
+func newFlowPort(t *testing.T, sm netip.AddrPort, guid uint64, win int, grants bool) *fakePort {
+	t.Helper()
+	p := newFakePortOpts(t, sm, guid, false)
+	p.mu.Lock()
+	p.win, p.grants, p.credit = win, grants, make(chan struct{}, 1)
+	p.mu.Unlock()
+	p.attach()
+	return p
+}
+
+// sendFlow sends the port's flow control packet. mu is held.
+func (p *fakePort) sendFlow(f fabric.Flow) {
+	var b [fabric.FlowLen]byte
+	p.conn.WriteToUDPAddrPort(fabric.EncodeFlow(b[:], f), p.sm)
+}
+
+// flowIn applies a flow control packet from the switch (readLoop).
+func (p *fakePort) flowIn(b []byte) {
+	f, err := fabric.DecodeFlow(b)
+	if err != nil {
+		p.t.Errorf("port %#x: bad flow control packet %x", p.guid, b)
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.link.Receive(f) {
+		select {
+		case p.credit <- struct{}{}:
+		default:
+		}
+	}
+	if f.Op == fabric.FlowOpRequest && p.grants {
+		p.sendFlow(p.link.Answer(p.win))
+	}
+}
+
+// took counts a packet from the switch and grants credit for it
+// (readLoop).
+func (p *fakePort) took() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.link.Took(1)
+	if p.grants && p.link.Grant(p.win, p.win/4) {
+		p.sendFlow(p.link.Flow(fabric.FlowOpNormal))
+	}
+}
+
+// sendCredited sends n UD packets as a port of a flow controlled link
+// does: each only with credit, asking for it while there is none. It fails
+// the test when credit does not come within waitTimeout.
+func (p *fakePort) sendCredited(n int, dlid uint16, global bool, dgid wire.GID, destQP, qkey uint32, payload []byte) {
+	p.t.Helper()
+	last := time.Now()
+	for i := 0; i < n; {
+		if time.Since(last) > waitTimeout {
+			p.t.Fatalf("port %#x: no credit after %d packets", p.guid, i)
+		}
+		p.mu.Lock()
+		c := p.link.Credits()
+		if c == 0 {
+			p.sendFlow(p.link.Flow(fabric.FlowOpRequest))
+		}
+		p.mu.Unlock()
+		if c > 0 {
+			p.send(dlid, global, dgid, destQP, qkey, payload)
+			i++
+			last = time.Now()
+			continue
+		}
+		select {
+		case <-p.credit:
+		case <-time.After(fabric.FlowRefresh):
+		}
 	}
 }
 
@@ -328,4 +427,22 @@ func payloadOf(t *testing.T, b []byte) []byte {
 		t.Fatal(err)
 	}
 	return pkt.UD.Payload
+}
+
+// handlePacket takes one datagram as the reader does (an IB packet or a
+// flow control packet from from) and forwards what it can at once.
+func (s *SM) handlePacket(b []byte, from netip.AddrPort) {
+	raw, err := s.fabric.SyscallConn()
+	if err != nil {
+		panic(err)
+	}
+	o := s.newOutBatch()
+	s.mu.Lock()
+	if fabric.IsFlow(b) {
+		s.flowIn(b, from)
+	} else {
+		s.packetIn(b, from, false)
+	}
+	s.mu.Unlock()
+	s.pump(o, raw)
 }

@@ -9,7 +9,10 @@
 // (0xC000..0xFFFE) is forwarded unchanged to every other attached port
 // holding FullMember or NonMember in a group with that MLID — never to a
 // port holding only send-only bits, never back to the sender; a unicast
-// DLID goes to the port with that LID; anything else is dropped.
+// DLID goes to the port with that LID; anything else is dropped. The
+// links to the ports are lossless (flow controlled, see switch.go): a
+// packet is sent to a port only with that port's credit, and waits for it
+// at most Config.HOQLife.
 //
 // Identity: a port is its GUID, bound to the UDP address it attached from
 // while it is registered. An attach for a registered GUID from another
@@ -57,6 +60,7 @@ import (
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/sa"
+	"github.com/softrdma/softrdma/internal/mmsg"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -114,6 +118,14 @@ type Config struct {
 	MaxMLID uint16
 	// MaxLID caps unicast LID allocation (0 → 0xBFFF).
 	MaxLID uint16
+	// HOQLife is how long a packet may wait at the head of a port's input
+	// queue for a destination port without credit before it is discarded
+	// for that port (0 → DefaultHOQLife).
+	HOQLife time.Duration
+	// VLStallCount is how many packets in a row may be discarded so for a
+	// port before every packet for it is discarded at once for 8 × HOQLife
+	// (0 → DefaultVLStallCount).
+	VLStallCount int
 	// Logf, if set, receives one line per event (attach, detach, SA
 	// request, drop reason).
 	Logf func(format string, args ...any)
@@ -141,6 +153,19 @@ type PortStats struct {
 	Drops uint64
 	// SARequests counts SA MADs the port sent.
 	SARequests uint64
+	// FlowControl is set when the port's links are flow controlled (the
+	// port offered credits); Window is the switch's receive window for
+	// the port and Credits what the port lets the switch send now.
+	FlowControl     bool
+	Window, Credits int
+	// XmitWaits counts packets for the port that had to wait for its
+	// credit; XmitDiscards packets for the port discarded because its
+	// credit did not come within HOQLife, or while it was stalled (IB's
+	// PortXmitWait and PortXmitDiscards).
+	XmitWaits, XmitDiscards uint64
+	// RcvOverruns counts packets from the port beyond the credit it was
+	// given, dropped.
+	RcvOverruns uint64
 }
 
 // Stats is a snapshot of the SM's counters.
@@ -161,10 +186,16 @@ type Stats struct {
 	// RMPPTimeouts transfers dropped after their retries; RMPPAborts
 	// transfers ended by a STOP or ABORT from the receiver or by a bad ACK.
 	RMPPTransfers, RMPPRetransmits, RMPPTimeouts, RMPPAborts uint64
+	// SocketBuffer is the fabric socket's receive buffer (bytes, as the
+	// kernel reports it); SendErrors counts datagrams the kernel refused
+	// to send.
+	SocketBuffer int
+	SendErrors   uint64
 }
 
 type portCounters struct {
-	rx, tx, fwd, drops, sa atomic.Uint64
+	rx, tx, fwd, drops, sa    atomic.Uint64
+	waits, discards, overruns atomic.Uint64
 }
 
 type port struct {
@@ -175,6 +206,7 @@ type port struct {
 	lastSeen time.Time
 	pre      bool
 	c        portCounters
+	ls       linkState
 }
 
 func (p *port) attached() bool { return p.addr.IsValid() }
@@ -207,6 +239,12 @@ type SM struct {
 	rmppXfers, rmppRetrans, rmppTimeouts      atomic.Uint64
 	rmppAborts                                atomic.Uint64
 	saDrop                                    atomic.Bool // Config.SADrop, changeable with SetSADrop
+	sendErrors                                atomic.Uint64
+	rcvbuf                                    int           // the fabric socket's receive buffer
+	gso                                       bool          // the kernel takes UDP_SEGMENT sends
+	work                                      chan struct{} // wakes the forwarder
+	fmu                                       sync.Mutex    // serializes forwarding (pump); before mu
+	quit                                      chan struct{} // closed by Close
 
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -243,6 +281,14 @@ func New(cfg Config) (*SM, error) {
 		byLID:   make(map[uint16]*port),
 		timers:  make(map[*time.Timer]struct{}),
 		rmpp:    make(map[rmppKey]*rmppXfer),
+		work:    make(chan struct{}, 1),
+		quit:    make(chan struct{}),
+	}
+	if s.cfg.HOQLife <= 0 {
+		s.cfg.HOQLife = DefaultHOQLife
+	}
+	if s.cfg.VLStallCount <= 0 {
+		s.cfg.VLStallCount = DefaultVLStallCount
 	}
 	if s.cfg.RMPPTimeout <= 0 {
 		s.cfg.RMPPTimeout = DefaultRMPPTimeout
@@ -296,6 +342,10 @@ func New(cfg Config) (*SM, error) {
 	if s.fabric, err = listenUDP(cfg.Listen); err != nil {
 		return nil, err
 	}
+	s.rcvbuf = socketBuffer(s.fabric)
+	if raw, err := s.fabric.SyscallConn(); err == nil {
+		s.gso = mmsg.GSOSupported(raw)
+	}
 	if cfg.SAListen != "" {
 		if s.rawSA, err = listenUDP(cfg.SAListen); err != nil {
 			s.fabric.Close()
@@ -345,8 +395,9 @@ func (s *SM) logf(format string, args ...any) {
 // first socket error that is not due to closing).
 func (s *SM) Run(ctx context.Context) error {
 	errc := make(chan error, 2)
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go func() { defer s.wg.Done(); errc <- s.fabricLoop() }()
+	go func() { defer s.wg.Done(); s.forwardLoop() }()
 	go func() { defer s.wg.Done(); s.expiryLoop(ctx) }()
 	if s.rawSA != nil {
 		s.wg.Add(1)
@@ -374,6 +425,7 @@ func (s *SM) Close() error {
 		}
 		clear(s.timers)
 		s.mu.Unlock()
+		close(s.quit)
 		s.fabric.Close()
 		if s.rawSA != nil {
 			s.rawSA.Close()
@@ -415,26 +467,6 @@ func (s *SM) expire(now time.Time) bool {
 	return true
 }
 
-func (s *SM) fabricLoop() error {
-	buf := make([]byte, 65536)
-	for {
-		n, from, err := s.fabric.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return err
-		}
-		b := buf[:n]
-		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-		if fabric.IsControl(b) {
-			s.handleControl(b, from)
-			continue
-		}
-		s.handlePacket(b, from)
-	}
-}
-
 func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 	c, err := fabric.DecodeControl(b)
 	if err != nil {
@@ -447,7 +479,7 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 			s.logf("attach without GUID from %v", from)
 			return
 		}
-		lid, rereg, err := s.attach(c.GUID, c.NodeDesc, from)
+		lid, rereg, win, err := s.attach(c.GUID, c.NodeDesc, from, c.Credits)
 		if err != nil {
 			s.logf("attach of %#x from %v refused: %v", c.GUID, from, err)
 			return
@@ -456,7 +488,7 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 			Type: fabric.TypePortInfo, GUID: c.GUID, LID: lid, SMLID: fabric.SMLID,
 			SubnetPrefix: s.prefix, PKeys: []uint16{fabric.DefaultPKey}, Epoch: s.epoch,
 			MTU: fabric.PortMTU, Rate: fabric.PortRate, State: fabric.StateActive,
-			ClientReregister: rereg,
+			ClientReregister: rereg, Credits: win,
 		})
 		if _, err := s.fabric.WriteToUDPAddrPort(reply, from); err != nil {
 			s.logf("port_info to %v: %v", from, err)
@@ -479,9 +511,11 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 // errLive refuses an attach for a GUID registered at another address.
 var errLive = errors.New("the GUID is registered at another address")
 
-// attach registers or refreshes a port and returns its LID, and whether
-// the port registers anew (its memberships, if it had any, are gone).
-func (s *SM) attach(guid uint64, desc string, from netip.AddrPort) (lid uint16, rereg bool, err error) {
+// attach registers or refreshes a port and returns its LID, whether the
+// port registers anew (its memberships, if it had any, are gone) and the
+// switch's receive window for it (0 when the port offers no credits: its
+// links are not flow controlled).
+func (s *SM) attach(guid uint64, desc string, from netip.AddrPort, credits int) (lid uint16, rereg bool, win int, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
@@ -489,7 +523,7 @@ func (s *SM) attach(guid uint64, desc string, from netip.AddrPort) (lid uint16, 
 	if p != nil && p.attached() && p.addr != from {
 		if now.Sub(p.lastSeen) <= s.timeout {
 			s.refusedAttach.Add(1)
-			return 0, false, fmt.Errorf("%w (%v)", errLive, p.addr)
+			return 0, false, 0, fmt.Errorf("%w (%v)", errLive, p.addr)
 		}
 		s.logf("port %#x (LID %d) silent for %v: forgotten", p.guid, p.lid, s.timeout)
 		s.detachLocked(p)
@@ -504,7 +538,7 @@ func (s *SM) attach(guid uint64, desc string, from netip.AddrPort) (lid uint16, 
 		lid, err := s.lids.lidFor(guid)
 		if err != nil {
 			s.noLIDAttach.Add(1)
-			return 0, false, err
+			return 0, false, 0, err
 		}
 		p = &port{guid: guid, lid: lid}
 		s.byGUID[guid] = p
@@ -519,13 +553,31 @@ func (s *SM) attach(guid uint64, desc string, from netip.AddrPort) (lid uint16, 
 		p.addr = from
 		s.byAddr[from] = p
 		s.mftAddr = true
+		s.resizeWindows()
+		credits = min(max(credits, 0), fabric.MaxWindow)
+		p.ls.link.Reset(credits, p.ls.win)
+		p.ls.stallCount, p.ls.dropUntil = 0, time.Time{}
 	}
 	if !s.sa.HasPort(guid) {
 		s.sa.AddPort(sa.Port{GUID: guid, MTU: fabric.PortMTU, Rate: fabric.PortRate})
 	}
 	p.desc = desc
 	p.lastSeen = now
-	return p.lid, rereg, nil
+	if p.ls.link.On {
+		win = p.ls.win
+	}
+	return p.lid, rereg, win, nil
+}
+
+// resizeWindows shares the fabric socket's buffer among the attached
+// ports: a port's window (the most packets it may have in flight to the
+// switch) shrinks as ports attach; credit already granted stays. Caller
+// holds mu.
+func (s *SM) resizeWindows() {
+	w := fabric.Window(s.rcvbuf, len(s.byAddr))
+	for _, p := range s.byAddr {
+		p.ls.win = w
+	}
 }
 
 // detachLocked removes a port's attachment and memberships; ports that
@@ -534,6 +586,9 @@ func (s *SM) detachLocked(p *port) {
 	if p.attached() {
 		delete(s.byAddr, p.addr)
 		p.addr = netip.AddrPort{}
+		p.ls.dropQueue()
+		p.ls.link = fabric.Link{}
+		s.resizeWindows()
 	}
 	if p.pre {
 		s.sa.LeaveAll(p.guid)
@@ -546,75 +601,41 @@ func (s *SM) detachLocked(p *port) {
 	s.mftAddr = true
 }
 
-// rebuildMFT recomputes the multicast forwarding table when the SA or the
-// attachments changed. Caller holds mu (or is New).
+// rebuildMFT brings the multicast forwarding table up to date: the
+// entries of the MLIDs the SA changed, or all of it when the attachments
+// changed. Caller holds mu (or is New).
 func (s *SM) rebuildMFT() {
 	if s.mft != nil && s.mftVer == s.sa.Version() && !s.mftAddr {
 		return
 	}
-	mft := make(map[uint16][]*port)
-	for mlid, guids := range s.sa.MulticastTable() {
-		var ps []*port
-		for _, g := range guids {
-			if p := s.byGUID[g]; p != nil {
-				ps = append(ps, p)
+	if s.mft != nil && !s.mftAddr {
+		for _, mlid := range s.sa.TakeChanged() {
+			if guids, ok := s.sa.MulticastEntry(mlid); ok {
+				s.mft[mlid] = s.portsOf(guids)
+			} else {
+				delete(s.mft, mlid)
 			}
 		}
-		mft[mlid] = ps
+		s.mftVer = s.sa.Version()
+		return
+	}
+	s.sa.TakeChanged()
+	mft := make(map[uint16][]*port)
+	for mlid, guids := range s.sa.MulticastTable() {
+		mft[mlid] = s.portsOf(guids)
 	}
 	s.mft, s.mftVer, s.mftAddr = mft, s.sa.Version(), false
 }
 
-func (s *SM) handlePacket(b []byte, from netip.AddrPort) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p := s.byAddr[from]
-	if p == nil {
-		s.unknownSrc.Add(1)
-		return
+// portsOf returns the known ports among guids. Caller holds mu.
+func (s *SM) portsOf(guids []uint64) []*port {
+	var ps []*port
+	for _, g := range guids {
+		if p := s.byGUID[g]; p != nil {
+			ps = append(ps, p)
+		}
 	}
-	p.c.rx.Add(1)
-	l, err := fabric.CheckLink(b)
-	if err != nil {
-		p.c.drops.Add(1)
-		s.logf("drop from %#x: %v", p.guid, err)
-		return
-	}
-	dlid := l.DLID()
-	switch {
-	case dlid == fabric.SMLID:
-		s.saFromFabric(b, p)
-	case wire.IsMulticastLID(dlid):
-		s.rebuildMFT()
-		sent := false
-		for _, d := range s.mft[dlid] {
-			if d == p || !d.attached() {
-				continue
-			}
-			if _, err := s.fabric.WriteToUDPAddrPort(b, d.addr); err != nil {
-				s.logf("forward to %#x: %v", d.guid, err)
-				continue
-			}
-			d.c.tx.Add(1)
-			p.c.fwd.Add(1)
-			sent = true
-		}
-		if !sent {
-			p.c.drops.Add(1)
-		}
-	default:
-		d := s.byLID[dlid]
-		if d == nil || !d.attached() || dlid >= wire.MulticastLIDBase {
-			p.c.drops.Add(1)
-			return
-		}
-		if _, err := s.fabric.WriteToUDPAddrPort(b, d.addr); err != nil {
-			p.c.drops.Add(1)
-			return
-		}
-		d.c.tx.Add(1)
-		p.c.fwd.Add(1)
-	}
+	return ps
 }
 
 // saFromFabric is the SA agent at QP1: checks the UD packet, answers
@@ -658,6 +679,8 @@ func (s *SM) saFromFabric(b []byte, p *port) {
 		s.psn++
 		out := make([]byte, fabric.PacketLen(len(r), false, h.Global))
 		fabric.EncodeUD(out, &h, r)
+		// A management packet: counted on the link, sent without credit.
+		d.ls.link.Sent(1)
 		if _, err := s.fabric.WriteToUDPAddrPort(out, d.addr); err != nil {
 			s.logf("SA answer to %#x: %v", guid, err)
 			return
@@ -892,12 +915,15 @@ func (s *SM) Stats() Stats {
 	defer s.mu.Unlock()
 	st := Stats{UnknownSource: s.unknownSrc.Load(), RawSARequests: s.rawReqs.Load(), RawSADrops: s.rawDrops.Load(),
 		RefusedAttaches: s.refusedAttach.Load(), ForeignDetaches: s.foreignDetach.Load(), NoLIDAttaches: s.noLIDAttach.Load(),
-		RMPPTransfers: s.rmppXfers.Load(), RMPPRetransmits: s.rmppRetrans.Load(), RMPPTimeouts: s.rmppTimeouts.Load(), RMPPAborts: s.rmppAborts.Load()}
+		RMPPTransfers: s.rmppXfers.Load(), RMPPRetransmits: s.rmppRetrans.Load(), RMPPTimeouts: s.rmppTimeouts.Load(), RMPPAborts: s.rmppAborts.Load(),
+		SocketBuffer: s.rcvbuf, SendErrors: s.sendErrors.Load()}
 	for _, p := range s.sortedPorts() {
 		st.Ports = append(st.Ports, PortStats{
 			GUID: p.guid, LID: p.lid, NodeDesc: p.desc, Attached: p.attached(), Addr: p.addr, PreRegistered: p.pre,
 			RxPackets: p.c.rx.Load(), TxPackets: p.c.tx.Load(), Forwarded: p.c.fwd.Load(),
 			Drops: p.c.drops.Load(), SARequests: p.c.sa.Load(),
+			FlowControl: p.ls.link.On, Window: p.ls.win, Credits: p.ls.link.Credits(),
+			XmitWaits: p.c.waits.Load(), XmitDiscards: p.c.discards.Load(), RcvOverruns: p.c.overruns.Load(),
 		})
 	}
 	return st

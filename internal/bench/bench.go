@@ -15,7 +15,12 @@
 //     kernel's IP_ADD_MEMBERSHIP as the baseline), joins per second, the
 //     number of groups one process holds at once with the Go heap per
 //     group, and the memory of a QP;
-//   - allocs: allocations per datagram in steady state.
+//   - allocs: allocations per datagram in steady state;
+//   - ib: the emulated InfiniBand subnet: fan-out through softsm (a
+//     process of its own) against the RoCEv2 path of the same run, with
+//     its loss (the subnet is lossless: the target is none), the SA's
+//     joins per second over the fabric and the time the SA takes to
+//     create 16,000 groups.
 //
 // The receiver processes are started from Config.RxCommand and run
 // RunReceiver.
@@ -43,13 +48,15 @@ const (
 	PartICRC    = "icrc"
 	PartControl = "control"
 	PartAllocs  = "allocs"
+	PartIB      = "ib"
 )
 
 // Config chooses what a run measures.
 type Config struct {
 	// Bind is the local address: its interface carries the traffic.
 	Bind netip.Addr
-	// Parts to run (PartFanout, PartICRC, PartControl, PartAllocs).
+	// Parts to run (PartFanout, PartICRC, PartControl, PartAllocs,
+	// PartIB).
 	Parts []string
 
 	// Receivers are the numbers of receiver processes of the fan-out cases.
@@ -86,6 +93,15 @@ type Config struct {
 	// AllocRuns is the number of rounds testing.AllocsPerRun averages.
 	AllocRuns int
 
+	// IBBind is the address of the IB part's ports (a loopback address
+	// other than Bind: every process opens its own port there).
+	IBBind netip.Addr
+	// IBJoins is the number of groups joined over the fabric, one after the
+	// other, for the SA's joins per second.
+	IBJoins int
+	// IBCreate is the number of groups the SA alone creates.
+	IBCreate int
+
 	// Table, when not nil, gets the human-readable table as the run goes.
 	Table io.Writer
 	// JSON, when not nil, gets one JSON object per line per case.
@@ -93,12 +109,13 @@ type Config struct {
 }
 
 // DefaultConfig is the default run: every part, N = 1, 2, 4 receivers,
-// 64…4096-byte payloads, each case measured 4 times per mode for 250 ms,
-// the modes alternating (under a minute in all).
+// 64…4096-byte payloads (the IB part skips those above the subnet's 2048
+// MTU), each case measured 4 times per mode for 250 ms, the modes
+// alternating (about a minute and a half in all).
 func DefaultConfig() Config {
 	return Config{
 		Bind:        netip.MustParseAddr("127.0.0.1"),
-		Parts:       []string{PartICRC, PartAllocs, PartControl, PartFanout},
+		Parts:       []string{PartICRC, PartAllocs, PartControl, PartFanout, PartIB},
 		Receivers:   []int{1, 2, 4},
 		Sizes:       []int{64, 256, 1024, 4096},
 		Duration:    250 * time.Millisecond,
@@ -111,6 +128,9 @@ func DefaultConfig() Config {
 		Groups:      10000,
 		QPs:         1000,
 		AllocRuns:   200,
+		IBBind:      netip.MustParseAddr("127.0.4.1"),
+		IBJoins:     2000,
+		IBCreate:    16000,
 	}
 }
 
@@ -127,18 +147,21 @@ func QuickConfig() Config {
 	c.Groups = 200
 	c.QPs = 50
 	c.AllocRuns = 20
+	c.IBJoins = 200
 	return c
 }
 
 // Report holds every result of a run.
 type Report struct {
-	Fanout  []FanoutResult
-	ICRC    []ICRCResult
-	Join    *JoinResult
-	Groups  *GroupsResult
-	QP      *QPResult
-	Allocs  []AllocsResult
-	Targets []Target
+	Fanout   []FanoutResult
+	IBFanout []IBFanoutResult
+	SA       *SAResult
+	ICRC     []ICRCResult
+	Join     *JoinResult
+	Groups   *GroupsResult
+	QP       *QPResult
+	Allocs   []AllocsResult
+	Targets  []Target
 }
 
 // Target is one of the performance targets, as measured.
@@ -168,6 +191,8 @@ func Run(cfg Config) (*Report, error) {
 			err = runControl(&cfg, w, rep)
 		case PartFanout:
 			err = runFanout(&cfg, w, rep)
+		case PartIB:
+			err = runIB(&cfg, w, rep)
 		default:
 			err = fmt.Errorf("unknown part %q", part)
 		}
@@ -323,6 +348,23 @@ func targets(rep *Report) []Target {
 		g := geomean(rep.Fanout, func(r FanoutResult) float64 { return r.Ratio })
 		add("fan-out msg/s vs baseline (geomean of cases)", "≥ 0.90×", fmt.Sprintf("%.2f×", g), g >= 0.9)
 	}
+	if len(rep.IBFanout) > 0 {
+		lo, lossy := rep.IBFanout[0], rep.IBFanout[0]
+		for _, r := range rep.IBFanout {
+			if r.Ratio < lo.Ratio {
+				lo = r
+			}
+			if r.IBWorstLoss > lossy.IBWorstLoss {
+				lossy = r
+			}
+		}
+		add("IB fan-out msg/s vs RoCEv2 (worst case)", "≥ 0.50×", fmt.Sprintf("%.2f× (N=%d, %d B)", lo.Ratio, lo.Receivers, lo.Size), lo.Ratio >= 0.5)
+		add("IB fan-out loss (worst run)", "0", fmt.Sprintf("%.4f%% (N=%d, %d B)", 100*lossy.IBWorstLoss, lossy.Receivers, lossy.Size), lossy.IBWorstLoss == 0)
+	}
+	if s := rep.SA; s != nil {
+		add("SA joins/s over the fabric", fmt.Sprintf("≥ %d", minSAJoinsPerS), fmt.Sprintf("%.0f", s.JoinsPerS), s.JoinsPerS >= minSAJoinsPerS)
+		add(fmt.Sprintf("SA creates %d groups", s.Create), "< 1 s", fmt.Sprintf("%.3f s", s.CreateSeconds), s.CreateSeconds < 1)
+	}
 	if len(rep.Allocs) > 0 {
 		worst := 0.0
 		for _, a := range rep.Allocs {
@@ -339,6 +381,10 @@ func targets(rep *Report) []Target {
 	}
 	return ts
 }
+
+// minSAJoinsPerS is the target of the SA's joins per second over the
+// fabric: an HCA's max_mcast_grp (16,000) joined in 10 s.
+const minSAJoinsPerS = 1600
 
 // geomean is the geometric mean of f over the results (positive values
 // only).

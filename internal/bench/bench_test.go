@@ -49,13 +49,16 @@ func TestQuick(t *testing.T) {
 	}
 	t.Log("\n" + table.String())
 	kinds := lineKinds(t, js.Bytes())
-	for _, k := range []string{"fanout", "icrc", "join", "groups", "qp", "allocs", "target"} {
+	for _, k := range []string{"fanout", "icrc", "join", "groups", "qp", "allocs", "ib_fanout", "sa", "target"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %q line", k)
 		}
 	}
 	if f := rep.Fanout[0]; f.UDPMsgsPerS <= 0 || f.RDMAMsgsPerS <= 0 {
 		t.Errorf("fan-out delivered nothing: %+v", f)
+	}
+	if f := rep.IBFanout[0]; f.IBMsgsPerS <= 0 || f.RoCEMsgsPerS <= 0 || f.IBSwitchCPUns <= 0 {
+		t.Errorf("IB fan-out delivered nothing: %+v", f)
 	}
 	if g := rep.Groups; g.Held != g.Groups || !g.Delivered {
 		t.Errorf("groups: %+v", g)

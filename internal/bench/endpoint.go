@@ -19,6 +19,7 @@ type endpoint struct {
 	qp  *verbs.QP
 	mr  *verbs.MR
 	buf []byte
+	cqs []*verbs.CQ // the QP's CQs, without completion channels (CQ.Wait)
 }
 
 // eventTimeout bounds every wait for a CM event.
@@ -40,7 +41,19 @@ func newEndpoint(bind netip.Addr, sendWR, recvWR, bufLen int) (*endpoint, error)
 		e.close()
 		return nil, fmt.Errorf("bind %v: %w", bind, err)
 	}
-	attr := verbs.QPInitAttr{QPType: verbs.QPTypeUD, Cap: verbs.QPCap{MaxSendWR: sendWR, MaxRecvWR: recvWR, MaxSendSGE: 1, MaxRecvSGE: 1}}
+	// The CQs are made here, without completion channels, so that the
+	// benchmark waits on them with CQ.Wait (the CM's own CQs have
+	// channels, as librdmacm's).
+	for _, n := range []int{sendWR, recvWR} {
+		cq, err := e.id.Verbs().CreateCQ(max(n, 1))
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.cqs = append(e.cqs, cq)
+	}
+	attr := verbs.QPInitAttr{QPType: verbs.QPTypeUD, SendCQ: e.cqs[0], RecvCQ: e.cqs[1],
+		Cap: verbs.QPCap{MaxSendWR: sendWR, MaxRecvWR: recvWR, MaxSendSGE: 1, MaxRecvSGE: 1}}
 	if err := e.id.CreateQP(nil, &attr); err != nil {
 		e.close()
 		return nil, fmt.Errorf("create qp: %w", err)
@@ -92,6 +105,9 @@ func (e *endpoint) close() {
 	}
 	if e.qp != nil {
 		e.id.DestroyQP()
+	}
+	for _, cq := range e.cqs {
+		cq.Destroy()
 	}
 	e.id.Destroy()
 	e.ch.Close()

@@ -67,10 +67,19 @@ type fanoutRun struct {
 	elapsed time.Duration
 	txCPU   int64 // ns, sender process
 	rxCPU   int64 // ns, all receiver processes
+	// IB: the switch process's CPU time and discards, the sender's link
+	// stall drops and waits for credit.
+	swCPU      int64
+	swDrops    uint64
+	stallDrops uint64
+	waits      uint64
 }
 
 func (r fanoutRun) txPerMsg() float64 { return float64(r.txCPU) / float64(max(r.sent, 1)) }
 func (r fanoutRun) rxPerMsg() float64 { return float64(r.rxCPU) / float64(max(r.msgs, 1)) }
+func (r fanoutRun) totalPerMsg() float64 {
+	return float64(r.txCPU+r.rxCPU+r.swCPU) / float64(max(r.msgs, 1))
+}
 
 func (r fanoutRun) rate() float64  { return float64(r.msgs) / r.elapsed.Seconds() }
 func (r fanoutRun) brate() float64 { return float64(r.bytes) / r.elapsed.Seconds() }
@@ -163,6 +172,7 @@ type fanout struct {
 	ifidx int
 	ep    *endpoint // the rdma sender
 	dev   *rxe.Device
+	ib    *ibSender // the IB part's subnet manager and sender
 }
 
 func (f *fanout) start() error {
@@ -192,6 +202,7 @@ func (f *fanout) start() error {
 }
 
 func (f *fanout) stop() {
+	f.stopIB()
 	var wg sync.WaitGroup
 	for _, p := range f.procs {
 		wg.Add(1)
@@ -210,6 +221,9 @@ func (f *fanout) measure(mode string, n, size int) (fanoutRun, error) {
 	var r fanoutRun
 	group := randGroup()
 	req := rxRequest{Op: "start", Mode: mode, Group: group.String(), Bind: f.cfg.Bind.String(), Size: size, Slots: f.cfg.Slots}
+	if mode == "ib" {
+		req.Bind, req.SM = f.cfg.IBBind.String(), f.ib.addr
+	}
 	if err := f.each(n, req, nil); err != nil {
 		f.each(n, rxRequest{Op: "stop"}, nil)
 		return r, err
@@ -224,22 +238,34 @@ func (f *fanout) measure(mode string, n, size int) (fanoutRun, error) {
 		}
 		defer s.close()
 		send = s.send
-	case "rdma":
-		ah, qkey, err := f.ep.join(group, true)
+	case "rdma", "ib":
+		ep := f.ep
+		if mode == "ib" {
+			ep = f.ib.ep
+		}
+		ah, qkey, err := ep.join(group, true)
 		if err != nil {
 			f.each(n, rxRequest{Op: "stop"}, nil)
 			return r, err
 		}
-		defer f.ep.leave(group)
+		defer ep.leave(group)
 		defer ah.Destroy()
-		c := newSendChain(f.ep, ah, qkey, 0, f.cfg.Batch, size)
-		qp := f.ep.qp
+		c := newSendChain(ep, ah, qkey, 0, f.cfg.Batch, size)
+		qp := ep.qp
 		send = func() (int, error) { return c.post(qp) }
 	}
-	var ctr0 softverbs.Snapshot
-	if mode == "rdma" {
-		ctr0 = f.dev.Counters()
+	var dev counted = f.dev
+	var sw0 int64
+	var swd0 uint64
+	if mode == "ib" {
+		dev = f.ib.dev
+		var err error
+		if sw0, swd0, err = f.smMark(); err != nil {
+			f.each(n, rxRequest{Op: "stop"}, nil)
+			return r, err
+		}
 	}
+	ctr0 := dev.Counters()
 	cpu0 := cpuTime()
 	start := time.Now()
 	for {
@@ -261,19 +287,54 @@ func (f *fanout) measure(mode string, n, size int) (fanoutRun, error) {
 			}
 		}
 	}
-	if mode == "rdma" {
-		// Datagrams the kernel refused were counted as sent above.
-		c1 := f.dev.Counters()
+	if mode != "udp" {
+		// Datagrams the kernel refused, and datagrams larger than the MTU
+		// (completed, not sent), were counted as sent above.
+		c1 := dev.Counters()
 		r.sent -= c1.Get(softverbs.SendErrors) - ctr0.Get(softverbs.SendErrors)
+		r.sent -= c1.Get(softverbs.OversizedSendDrops) - ctr0.Get(softverbs.OversizedSendDrops)
+		r.stallDrops = c1.Get(softverbs.LinkStallDrops) - ctr0.Get(softverbs.LinkStallDrops)
+		r.waits = c1.Get(softverbs.LinkWaits) - ctr0.Get(softverbs.LinkWaits)
 	}
 	time.Sleep(f.cfg.Drain)
+	if mode == "ib" {
+		// A lossless fabric holds what it has not delivered yet: wait until
+		// every datagram arrived, or nothing moved for a drain time.
+		f.settle(n, r.sent*uint64(n))
+	}
 	err := f.each(n, rxRequest{Op: "stop"}, func(rep rxReply) {
 		r.msgs += rep.Msgs
 		r.bytes += rep.Bytes
 		r.drops += rep.Drops
 		r.rxCPU += rep.CPUNs
 	})
+	if mode == "ib" && err == nil {
+		sw1, swd1, merr := f.smMark()
+		r.swCPU, r.swDrops, err = sw1-sw0, swd1-swd0, merr
+	}
 	return r, err
+}
+
+// settle waits until the first n receivers counted want datagrams in all,
+// or their count stayed put for a drain time.
+func (f *fanout) settle(n int, want uint64) {
+	last, still := uint64(0), time.Now()
+	for {
+		var got uint64
+		var mu sync.Mutex
+		if f.each(n, rxRequest{Op: "count"}, func(rep rxReply) { mu.Lock(); got += rep.Msgs; mu.Unlock() }) != nil {
+			return
+		}
+		if got >= want {
+			return
+		}
+		if got != last {
+			last, still = got, time.Now()
+		} else if time.Since(still) >= f.cfg.Drain {
+			return
+		}
+		time.Sleep(f.cfg.Drain / 10)
+	}
 }
 
 // each sends req to the first n receivers at once and waits for every

@@ -24,16 +24,25 @@ import (
 // rxRequest is a request of the parent to a receiver process.
 type rxRequest struct {
 	// Op is "start" (join Group in Mode and count what arrives, then
-	// reply), "stop" (stop counting, leave, reply with the counts) or
-	// "exit".
+	// reply), "count" (reply with the datagrams counted so far), "stop"
+	// (stop counting, leave, reply with the counts) or "exit".
 	Op    string `json:"op"`
-	Mode  string `json:"mode,omitempty"` // "udp" or "rdma"
+	Mode  string `json:"mode,omitempty"` // "udp", "rdma" (RoCEv2) or "ib"
 	Group string `json:"group,omitempty"`
 	Bind  string `json:"bind,omitempty"`
 	Size  int    `json:"size,omitempty"`
 	// Slots is the number of receive WRs an rdma receiver keeps posted.
 	Slots int `json:"slots,omitempty"`
+	// SM is the subnet manager's fabric address of an "ib" receiver: the
+	// process opens an IB port at Bind on it (once; later cases reuse it).
+	SM string `json:"sm,omitempty"`
 }
+
+// The subnet manager process of the IB part is a receiver process too:
+// "sm" starts a softsm (SM, SA and switch) in it and replies with its
+// fabric address; "mark" replies with the process's CPU time so far and
+// the switch's discards (packets it dropped or discarded: bad or
+// unroutable packets, overruns, head-of-queue discards); "exit" stops it.
 
 // rxReply is a receiver's answer.
 type rxReply struct {
@@ -44,8 +53,12 @@ type rxReply struct {
 	// no posted receive WR, CQ full, ICRC errors.
 	Drops uint64 `json:"drops,omitempty"`
 	// CPUNs is the CPU time (user + system) the process used during the
-	// case.
+	// case ("mark": since it started).
 	CPUNs int64 `json:"cpu_ns"`
+	// Addr is the fabric address of the subnet manager ("sm").
+	Addr string `json:"addr,omitempty"`
+	// Discards are the switch's drops and discards so far ("mark").
+	Discards uint64 `json:"discards,omitempty"`
 }
 
 // rxCase is a receiver's state during one case.
@@ -60,7 +73,7 @@ type rxCase struct {
 	ep   *endpoint
 	grp  netip.Addr
 	cpu0 int64
-	dev  *rxe.Device
+	dev  counted
 	ctr0 softverbs.Snapshot
 	err  error
 	mu   sync.Mutex
@@ -73,6 +86,12 @@ func RunReceiver(in io.Reader, out io.Writer) error {
 	sc := bufio.NewScanner(in)
 	enc := json.NewEncoder(out)
 	var cur *rxCase
+	var sub *subnet
+	defer func() {
+		if sub != nil {
+			sub.stop()
+		}
+	}()
 	for sc.Scan() {
 		var req rxRequest
 		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
@@ -95,6 +114,24 @@ func RunReceiver(in io.Reader, out io.Writer) error {
 			}
 			rep = cur.finish()
 			cur = nil
+		case "count":
+			if cur != nil {
+				rep.Msgs = cur.msgs.Load()
+			}
+		case "sm":
+			if sub == nil {
+				var err error
+				if sub, err = startSubnet(); err != nil {
+					rep.Err = err.Error()
+					break
+				}
+			}
+			rep.Addr = sub.addr
+		case "mark":
+			rep.CPUNs = cpuTime()
+			if sub != nil {
+				rep.Discards = sub.discards()
+			}
 		case "exit":
 			if cur != nil {
 				cur.finish()
@@ -143,14 +180,17 @@ func startRx(req *rxRequest) (*rxCase, error) {
 			defer close(c.done)
 			c.udp.run(func(m, b uint64) { c.msgs.Add(m); c.bytes.Add(b) })
 		}()
-	case "rdma":
+	case "rdma", "ib":
+		if req.Mode == "ib" {
+			if c.dev, err = ibPort(req.SM, bind); err != nil {
+				return nil, err
+			}
+		} else if c.dev, err = rxe.ForAddr(bind); err != nil {
+			return nil, err
+		}
 		slots := max(req.Slots, 64)
 		slot := 40 + req.Size
 		if c.ep, err = newEndpoint(bind, 1, slots, slots*slot); err != nil {
-			return nil, err
-		}
-		if c.dev, err = rxe.ForAddr(bind); err != nil {
-			c.ep.close()
 			return nil, err
 		}
 		ring, err := newRecvRing(c.ep, slots, slot)

@@ -15,7 +15,9 @@ package mmsg
 
 import (
 	"context"
+	"encoding/binary"
 	"net"
+	"net/netip"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -293,4 +295,42 @@ func (s *Sender) Send(raw syscall.RawConn, hs []unix.Mmsghdr) (n int, errno sysc
 		return 0, 0, err
 	}
 	return s.n, s.errno, nil
+}
+
+// AddrPort returns the address in a raw sockaddr as recvmmsg fills it in
+// (a unix.RawSockaddrInet4 or RawSockaddrInet6), IPv4-mapped addresses
+// unmapped; the zero AddrPort for anything else.
+func AddrPort(name []byte) netip.AddrPort {
+	if len(name) < 2 {
+		return netip.AddrPort{}
+	}
+	switch binary.NativeEndian.Uint16(name) {
+	case unix.AF_INET:
+		if len(name) >= unix.SizeofSockaddrInet4 {
+			return netip.AddrPortFrom(netip.AddrFrom4([4]byte(name[4:8])), binary.BigEndian.Uint16(name[2:4]))
+		}
+	case unix.AF_INET6:
+		if len(name) >= unix.SizeofSockaddrInet6 {
+			return netip.AddrPortFrom(netip.AddrFrom16([16]byte(name[8:24])).Unmap(), binary.BigEndian.Uint16(name[2:4]))
+		}
+	}
+	return netip.AddrPort{}
+}
+
+// PutAddrPort writes a as a raw sockaddr into name (at least
+// unix.SizeofSockaddrInet6 bytes) and returns its length: an IPv4 address
+// as a RawSockaddrInet4, any other as a RawSockaddrInet6.
+func PutAddrPort(name []byte, a netip.AddrPort) uint32 {
+	clear(name[:unix.SizeofSockaddrInet6])
+	binary.BigEndian.PutUint16(name[2:4], a.Port())
+	if ip := a.Addr(); ip.Is4() {
+		binary.NativeEndian.PutUint16(name, unix.AF_INET)
+		ip4 := ip.As4()
+		copy(name[4:8], ip4[:])
+		return unix.SizeofSockaddrInet4
+	}
+	binary.NativeEndian.PutUint16(name, unix.AF_INET6)
+	ip16 := a.Addr().As16()
+	copy(name[8:24], ip16[:])
+	return unix.SizeofSockaddrInet6
 }

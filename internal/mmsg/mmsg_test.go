@@ -2,6 +2,7 @@ package mmsg
 
 import (
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 	"unsafe"
@@ -143,5 +144,79 @@ func TestAllocs(t *testing.T) {
 	round()
 	if a := testing.AllocsPerRun(100, round); a != 0 {
 		t.Errorf("%v allocs per batch, want 0", a)
+	}
+}
+
+func TestAddrPort(t *testing.T) {
+	var name [unix.SizeofSockaddrInet6]byte
+	for _, s := range []string{"127.0.0.1:4792", "[::1]:9", "[fe80::1]:65535"} {
+		a := netip.MustParseAddrPort(s)
+		n := PutAddrPort(name[:], a)
+		if got := AddrPort(name[:n]); got != a {
+			t.Errorf("%v: round trip gives %v", a, got)
+		}
+	}
+	if got := AddrPort([]byte{1}); got.IsValid() {
+		t.Errorf("short name: %v", got)
+	}
+}
+
+// TestGSOBatch: datagrams staged in a GSOBatch arrive one by one, whole
+// and in order, with GSO on (runs of one length to one address become one
+// send) and off.
+func TestGSOBatch(t *testing.T) {
+	r, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	s, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	raw, err := s.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := r.LocalAddr().(*net.UDPAddr).AddrPort()
+	for _, gso := range []bool{false, true} {
+		if gso && !GSOSupported(raw) {
+			t.Log("no UDP_SEGMENT on this kernel")
+			continue
+		}
+		b := NewGSOBatch(100)
+		b.GSO = gso
+		var want [][]byte
+		add := func(n int, alone bool) {
+			p := make([]byte, n)
+			for i := range p {
+				p[i] = byte(len(want) + i)
+			}
+			want = append(want, p)
+			b.Add(p, to, alone)
+		}
+		for range 70 { // more than MaxSegments of one length
+			add(100, false)
+		}
+		add(6, true)
+		add(6, true)
+		add(50, false)
+		add(100, false)
+		add(100, false)
+		if refused, err := b.Send(raw); refused != 0 || err != nil {
+			t.Fatalf("gso %v: refused %d, %v", gso, refused, err)
+		}
+		buf := make([]byte, 65536)
+		r.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for i, w := range want {
+			n, err := r.Read(buf)
+			if err != nil {
+				t.Fatalf("gso %v: datagram %d: %v", gso, i, err)
+			}
+			if string(buf[:n]) != string(w) {
+				t.Fatalf("gso %v: datagram %d: %d bytes, want %d", gso, i, n, len(w))
+			}
+		}
 	}
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mcast"
+	"github.com/softrdma/softrdma/internal/mmsg"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -51,6 +52,10 @@ type Config struct {
 	// Host is the host whose device list the port joins (nil:
 	// verbs.DefaultHost).
 	Host *verbs.Host
+	// LinkStallTimeout bounds how long a send waits for credit from the
+	// switch (default fabric.DefaultLinkStall); then the packet is dropped,
+	// and so is every packet until credit comes (LinkStallDrops).
+	LinkStallTimeout time.Duration
 }
 
 // PortEventKind is an asynchronous port event (enum ib_event_type subset).
@@ -113,6 +118,8 @@ type Device struct {
 	conn   *net.UDPConn
 	sm     *net.UDPAddr
 	smAddr netip.AddrPort // sm, unmapped: the only source the port trusts
+	smDst  netip.AddrPort // sm as the socket sends to it (sendmmsg)
+	gso    bool           // the kernel takes UDP_SEGMENT sends
 
 	mu       sync.Mutex
 	lid      uint16
@@ -129,6 +136,15 @@ type Device struct {
 	qpns     map[uint32]bool // QPNs in use
 	nextQPN  uint32
 	closed   bool
+
+	// The link to the switch (link.go).
+	lmu     sync.Mutex
+	link    fabric.Link
+	linkOn  atomic.Bool   // link.On, for the receive goroutine
+	linkCh  chan struct{} // closed when credit comes
+	stalled bool
+	lastReq time.Time
+	rxWin   int // the port's receive window, in packets
 
 	mc     *mcast.Engine
 	events chan PortEvent
@@ -158,6 +174,9 @@ func Open(cfg Config) (*Device, error) {
 	if cfg.ActivateTimeout <= 0 {
 		cfg.ActivateTimeout = 5 * time.Second
 	}
+	if cfg.LinkStallTimeout <= 0 {
+		cfg.LinkStallTimeout = fabric.DefaultLinkStall
+	}
 	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(cfg.Local, 0)))
 	if err != nil {
 		return nil, fmt.Errorf("ib: open: %w", err)
@@ -168,6 +187,16 @@ func Open(cfg Config) (*Device, error) {
 		activeCh: make(chan struct{}), subs: map[int]func(PortEvent){},
 		qpns: map[uint32]bool{}, nextQPN: 2,
 		done: make(chan struct{}), events: make(chan PortEvent, 16),
+		linkCh: make(chan struct{}),
+		rxWin:  fabric.Window(socketBuffer(conn), 1),
+	}
+	smIP := d.smAddr.Addr()
+	if !cfg.Local.Is4() && smIP.Is4() {
+		smIP = netip.AddrFrom16(smIP.As16()) // an IPv6 socket sends to IPv4 as mapped
+	}
+	d.smDst = netip.AddrPortFrom(smIP, d.smAddr.Port())
+	if raw, err := conn.SyscallConn(); err == nil {
+		d.gso = mmsg.GSOSupported(raw)
 	}
 	if d.guid == 0 {
 		h := fnv.New64a()
@@ -365,7 +394,7 @@ func (d *Device) keepalive() {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
-		d.sendControl(&fabric.Control{Type: "attach", GUID: d.guid, NodeDesc: "softrdma " + d.cfg.Local.String()})
+		d.sendControl(&fabric.Control{Type: "attach", GUID: d.guid, NodeDesc: "softrdma " + d.cfg.Local.String(), Credits: d.rxWin})
 		select {
 		case <-d.done:
 			return
@@ -404,6 +433,10 @@ func (d *Device) portInfo(c *fabric.Control) {
 	d.active = true
 	d.lastSeen = time.Now()
 	d.mu.Unlock()
+	if first || epochChanged {
+		// The SM registered the port anew: both ends count from 0.
+		d.resetLink(min(max(c.Credits, 0), fabric.MaxWindow))
+	}
 	var kind PortEventKind
 	switch {
 	case first:

@@ -1,6 +1,7 @@
 package ib
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -22,6 +23,8 @@ type fakeSM struct {
 	portInfo fabric.Control
 	port     netip.AddrPort // the port's address, once it attached
 	got      map[string]int // control messages by type
+	data     int            // IB packets received
+	flows    []fabric.Flow  // flow control packets received
 	cond     *sync.Cond
 	wg       sync.WaitGroup
 }
@@ -54,6 +57,15 @@ func (f *fakeSM) loop() {
 			return
 		}
 		if !fabric.IsControl(buf[:n]) {
+			fl, err := fabric.DecodeFlow(buf[:n])
+			f.mu.Lock()
+			if err == nil {
+				f.flows = append(f.flows, fl)
+			} else {
+				f.data++
+			}
+			f.cond.Broadcast()
+			f.mu.Unlock()
 			continue
 		}
 		c, err := fabric.DecodeControl(buf[:n])
@@ -83,14 +95,23 @@ func (f *fakeSM) setPortInfo(fn func(*fabric.Control)) {
 // waitFor waits until n control messages of type typ arrived.
 func (f *fakeSM) waitFor(typ string, n int) {
 	f.t.Helper()
+	f.waitUntil(func() bool { return f.got[typ] >= n }, func() string {
+		return fmt.Sprintf("%d %q messages, want %d", f.got[typ], typ, n)
+	})
+}
+
+// waitUntil waits until cond (called with f.mu held) is true; what
+// describes the state on a timeout.
+func (f *fakeSM) waitUntil(cond func() bool, what func() string) {
+	f.t.Helper()
 	timer := time.AfterFunc(10*time.Second, func() { f.mu.Lock(); f.cond.Broadcast(); f.mu.Unlock() })
 	defer timer.Stop()
 	deadline := time.Now().Add(10 * time.Second)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for f.got[typ] < n {
+	for !cond() {
 		if time.Now().After(deadline) {
-			f.t.Fatalf("fake SM: %d %q messages, want %d", f.got[typ], typ, n)
+			f.t.Fatalf("fake SM: %s", what())
 		}
 		f.cond.Wait()
 	}

@@ -17,7 +17,7 @@ func fuzzDevice() (d *Device, stop func()) {
 	d = &Device{
 		guid: 0x0002c900000000aa, activeCh: make(chan struct{}), subs: map[int]func(PortEvent){},
 		qpns: map[uint32]bool{}, nextQPN: 2,
-		done: make(chan struct{}), events: make(chan PortEvent, 16),
+		done: make(chan struct{}), events: make(chan PortEvent, 16), linkCh: make(chan struct{}),
 	}
 	d.core = softverbs.New(d)
 	d.mc = mcast.New(fuzzPort{d}, mcast.Config{})

@@ -3,11 +3,15 @@ package ib
 import (
 	"errors"
 	"fmt"
+	"net"
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/internal/mmsg"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -18,26 +22,114 @@ const (
 	gsiQPN    = mad.GSIQPN
 	gsiQKey   = mad.GSIQKey
 	maxPacket = wire.LRHLen + wire.IBGRHLen + wire.BTHLen + wire.DETHLen + wire.ImmDtLen + 4096 + 3 + wire.ICRCLen + wire.VCRCLen
+	// maxDatagram is the largest datagram the port reads: a packet of a
+	// 4096-byte MTU or a control message; a longer one is truncated and
+	// dropped.
+	maxDatagram = 8192
 )
 
 // Send implements softverbs.DriverQP: one UD packet to the switch. The
 // DETH carries the posted Q_Key as is (as the kernel's rxe does).
 // Multicast packets are also delivered to the port's own attached QPs (HCA
-// loopback), except the sender when it blocks self loopback.
+// loopback), except the sender when it blocks self loopback. The packet
+// waits for the link's credit (see link.go); a packet the stalled link
+// drops completes all the same, as a packet lost in the fabric.
 func (q *qp) Send(s *softverbs.UDSend) error {
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	if q.bufs == nil {
+		q.bufs = make([][]byte, 1, softverbs.MaxSendBatch)
+		q.bufs[0] = make([]byte, maxPacket)
+	}
+	pkt, err := q.build(q.bufs[0], s)
+	if err != nil || pkt == nil {
+		return err
+	}
+	d := q.dev
+	if _, err := d.xmit(1, func(int, int) (int, error) {
+		if _, err := d.conn.WriteToUDP(pkt, d.sm); err != nil {
+			return 0, err
+		}
+		return 1, nil
+	}); err != nil {
+		return fmt.Errorf("ib: send: %w", err)
+	}
+	q.tap(pkt)
+	return nil
+}
+
+// SendBatch implements softverbs.BatchSender: the packets go to the
+// switch with one sendmmsg per run the link has credit for.
+func (q *qp) SendBatch(ss []softverbs.UDSend, errs []error) {
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	if q.batch == nil {
+		q.batch = &sendBatch{g: mmsg.NewGSOBatch(softverbs.MaxSendBatch)}
+	}
+	b := q.batch
+	for len(q.bufs) < len(ss) {
+		q.bufs = append(q.bufs, make([]byte, maxPacket))
+	}
+	k := 0
+	for i := range ss {
+		pkt, err := q.build(q.bufs[i], &ss[i])
+		errs[i] = err
+		if err != nil || pkt == nil {
+			continue
+		}
+		b.pkts[k], b.idx[k] = pkt, i
+		k++
+	}
+	d := q.dev
+	raw, err := d.conn.SyscallConn()
+	sent := 0
+	if err == nil {
+		b.g.GSO = d.gso
+		sent, err = d.xmit(k, func(from, to int) (int, error) {
+			for _, pkt := range b.pkts[from:to] {
+				b.g.Add(pkt, d.smDst, false)
+			}
+			refused, err := b.g.Send(raw)
+			if err != nil {
+				return 0, err
+			}
+			if refused > 0 {
+				return to - from - refused, fmt.Errorf("%d datagrams refused: %w", refused, syscall.EIO)
+			}
+			return to - from, nil
+		})
+	}
+	if err != nil {
+		// The packets from the first refused one on count as failed (a
+		// sendmmsg error does not say which of a GSO message's failed).
+		for _, i := range b.idx[sent:k] {
+			errs[i] = fmt.Errorf("ib: send: %w", err)
+		}
+	}
+	for _, pkt := range b.pkts[:k] {
+		q.tap(pkt)
+	}
+	clear(b.pkts[:k])
+}
+
+// build checks one datagram and writes its packet into buf; nil (and no
+// error) for a datagram larger than the MTU, which completes without
+// being sent. A multicast packet is delivered to the port's own QPs at
+// once. q.smu is held.
+func (q *qp) build(buf []byte, s *softverbs.UDSend) ([]byte, error) {
 	d := q.dev
 	d.mu.Lock()
 	lid, active, mtu, sgid := d.lid, d.active, verbs.MTU(d.mtu), d.portGIDLocked()
 	d.mu.Unlock()
 	if !active {
-		return fmt.Errorf("ib: send: port not active: %w", syscall.ENETDOWN)
+		return nil, fmt.Errorf("ib: send: port not active: %w", syscall.ENETDOWN)
 	}
 	if len(s.Payload) > mtu.Bytes() {
-		return nil // completes, is not sent (C10-93.1.1); the core counts it
+		return nil, nil // completes, is not sent (C10-93.1.1); the core counts it
 	}
 	ah := s.AH
 	if ah.IsGlobal && ah.GRH.SGIDIndex != 0 {
-		return fmt.Errorf("ib: send: sgid index %d: %w", ah.GRH.SGIDIndex, syscall.EINVAL)
+		return nil, fmt.Errorf("ib: send: sgid index %d: %w", ah.GRH.SGIDIndex, syscall.EINVAL)
 	}
 	p := fabric.UDPacket{
 		SL: ah.SL, DLID: ah.DLID, SLID: lid | uint16(ah.SrcPathBits), Global: ah.IsGlobal,
@@ -47,27 +139,31 @@ func (q *qp) Send(s *softverbs.UDSend) error {
 			QKey: s.RemoteQKey, SrcQP: q.qpn, HasImm: s.HasImm, Imm: s.Imm,
 		},
 	}
-	q.smu.Lock()
-	defer q.smu.Unlock()
 	if q.dead.Load() {
-		return fmt.Errorf("ib: send: qp %#x destroyed: %w", q.qpn, syscall.EINVAL)
+		return nil, fmt.Errorf("ib: send: qp %#x destroyed: %w", q.qpn, syscall.EINVAL)
 	}
-	if q.buf == nil {
-		q.buf = make([]byte, maxPacket)
-	}
-	n := fabric.EncodeUD(q.buf, &p, s.Payload)
-	pkt := q.buf[:n]
+	n := fabric.EncodeUD(buf, &p, s.Payload)
+	pkt := buf[:n]
 	if isMulticastLID(ah.DLID) {
 		d.handlePacket(pkt, q, &q.lrx)
 	}
-	if _, err := d.conn.WriteToUDP(pkt, d.sm); err != nil {
-		return fmt.Errorf("ib: send: %w", err)
-	}
-	if d.core.Tapping() {
-		d.core.Emit(verbs.Frame{Time: time.Now(), Data: pkt, Sent: true})
-	}
 	s.Wire = n
-	return nil
+	return pkt, nil
+}
+
+// tap hands a sent packet to a capture. q.smu is held.
+func (q *qp) tap(pkt []byte) {
+	if c := q.dev.core; c.Tapping() {
+		c.Emit(verbs.Frame{Time: time.Now(), Data: pkt, Sent: true})
+	}
+}
+
+// sendBatch is the scratch of SendBatch: the packets, where they come
+// from in the caller's batch, and the sendmmsg (GSO) layout.
+type sendBatch struct {
+	pkts [softverbs.MaxSendBatch][]byte
+	idx  [softverbs.MaxSendBatch]int
+	g    *mmsg.GSOBatch
 }
 
 func isMulticastLID(lid uint16) bool { return lid >= verbs.MulticastLIDBase && lid != 0xffff }
@@ -81,32 +177,58 @@ type receiveScratch struct {
 	dg   softverbs.Datagram
 }
 
-// receiveLoop reads the fabric socket: control messages from the SM and IB
-// packets from the switch.
+// recvBatch is the number of datagrams one recvmmsg of the receive loop
+// reads.
+const recvBatch = 16
+
+// receiveLoop reads the fabric socket, recvBatch datagrams at a time:
+// control messages and flow control packets from the SM, IB packets from
+// the switch.
 func (d *Device) receiveLoop() {
 	defer d.wg.Done()
-	buf := make([]byte, 65536)
 	var rx receiveScratch
+	r, err := mmsg.NewReader(d.conn, mmsg.NewBatch(recvBatch, maxDatagram, unix.SizeofSockaddrInet6, 0))
+	if err != nil {
+		return
+	}
 	for {
-		n, from, err := d.conn.ReadFromUDPAddrPort(buf)
+		n, err := r.Read()
 		if err != nil {
 			select {
 			case <-d.done:
 				return
 			default:
 			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
 			continue
 		}
-		if !d.fromSM(from) {
-			d.core.Count(softverbs.UntrustedDrops, 1)
-			continue
+		for i := range n {
+			b, name, _, trunc := r.Datagram(i)
+			if !d.fromSM(mmsg.AddrPort(name)) {
+				d.core.Count(softverbs.UntrustedDrops, 1)
+				continue
+			}
+			switch {
+			case fabric.IsControl(b):
+				if trunc {
+					d.core.Count(softverbs.ControlDrops, 1)
+					continue
+				}
+				d.control(b)
+			case fabric.IsFlow(b):
+				d.flowIn(b)
+			default:
+				if trunc {
+					d.core.Count(softverbs.RcvdPkts, 1)
+					d.core.Count(softverbs.OversizedRecvDrops, 1)
+				} else {
+					d.handlePacket(b, nil, &rx)
+				}
+				d.took()
+			}
 		}
-		b := buf[:n]
-		if fabric.IsControl(b) {
-			d.control(b)
-			continue
-		}
-		d.handlePacket(b, nil, &rx)
 	}
 }
 
@@ -121,7 +243,11 @@ func (d *Device) handlePacket(b []byte, self *qp, rx *receiveScratch) {
 		c.Emit(verbs.Frame{Time: time.Now(), Data: b})
 	}
 	p := &rx.p
-	if err := fabric.Parse(b, p); err != nil {
+	parse := fabric.Parse
+	if self != nil {
+		parse = fabric.ParseBuilt // our own packet: its CRCs are right
+	}
+	if err := parse(b, p); err != nil {
 		switch {
 		case errors.Is(err, fabric.ErrVCRC):
 			c.Count(softverbs.VCRCErrors, 1)

@@ -19,9 +19,10 @@ type qp struct {
 	blockSelf bool
 	dead      atomic.Bool
 
-	smu sync.Mutex // serializes sends; owns buf and lrx
-	buf []byte
-	lrx receiveScratch // the local copy of a multicast send
+	smu   sync.Mutex // serializes sends; owns bufs, batch and lrx
+	bufs  [][]byte   // packet buffers, one per datagram of a batch
+	batch *sendBatch
+	lrx   receiveScratch // the local copy of a multicast send
 }
 
 // CreateQP implements softverbs.Driver: QPNs run from 2 to 0xFFFFFE and

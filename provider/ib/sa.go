@@ -25,8 +25,7 @@ func (d *Device) SendSA(m []byte) error {
 	}
 	b := make([]byte, fabric.PacketLen(len(m), false, false))
 	n := fabric.EncodeUD(b, &p, m)
-	_, err := d.conn.WriteToUDP(b[:n], d.sm)
-	return err
+	return d.xmitManagement(b[:n])
 }
 
 // control handles a control message from the SM: only a valid port_info

@@ -72,6 +72,8 @@ var (
 	NoRecvWRDrops      = def("no_recv_wr_drops", qp, drp, "no_recv_wr", "Datagrams dropped because no receive WR was posted.")
 	TooLongDrops       = def("too_long_drops", qp, drp, "too_long", "Datagrams larger than the next receive WR (40 + payload); the WR is not consumed.")
 	CQFullDrops        = def("cq_full_drops", qp, drp, "cq_full", "Datagrams dropped because the receive CQ was full.")
+	LinkWaits          = def("link_waits", dev, "link_waits_total", "", "Sends that waited for credit from the switch: the link held the sender back (InfiniBand flow control).")
+	LinkStallDrops     = def("link_stall_drops", dev, drp, "link_stall", "Packets not sent because the link to the switch stayed without credit for the stall timeout (InfiniBand).")
 )
 
 // Schema returns the counter schema of software devices, indexed by

@@ -1,0 +1,500 @@
+package sm
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/internal/mmsg"
+	"github.com/softrdma/softrdma/wire"
+)
+
+// The switch is lossless as an IB switch is (see fabric's flow control):
+//
+//   - Input: a reader goroutine moves every datagram out of the fabric
+//     socket. A port's IB packets go to the port's input queue, which
+//     holds at most the port's window (plus room for a few management
+//     packets, which are sent without waiting for credit); the switch
+//     grants the port credit for the free part of that window. A packet
+//     beyond it (a port that ignores its credits) is dropped and counted
+//     (RcvOverruns). Windows are the socket buffer shared among the
+//     attached ports (fabric.Window), so that the kernel's buffer also
+//     holds every packet granted.
+//   - Output: the forwarder goroutine takes the head packet of each input
+//     queue and sends it to each destination port that has credit (a
+//     multicast packet waits until every member port had credit). A head
+//     blocked on a port without credit blocks its input queue (and so,
+//     through the credits, its sender) — never the other queues — for at
+//     most Config.HOQLife (IB's head-of-queue lifetime); then it is
+//     discarded for the ports still without credit (XmitDiscards). A port
+//     on which VLStallCount packets in a row were discarded so is stalled:
+//     for 8 × HOQLife every packet for it is discarded at once (IB's
+//     Time_Drop state), then it gets packets again.
+//
+// SA answers are management packets: they are counted on the link but do
+// not wait for credit.
+
+// Defaults of the switch's head-of-queue handling (OpenSM's defaults for
+// switch ports to channel adapters: leaf_head_of_queue_lifetime 0x10,
+// leaf_vl_stall_count 7).
+const (
+	// DefaultHOQLife is how long a packet may wait at the head of an input
+	// queue for a port without credit: 4.096 µs × 2^16.
+	DefaultHOQLife = 268 * time.Millisecond
+	// DefaultVLStallCount is how many packets in a row a port may make
+	// wait in vain before it is stalled.
+	DefaultVLStallCount = 7
+)
+
+// Switch sizes.
+const (
+	// mgmtSlack is the room an input queue keeps beyond the window for
+	// management packets (SA MADs), which go without credit.
+	mgmtSlack = 16
+	// queueCap is the most packets an input queue holds.
+	queueCap = fabric.DefaultWindow + mgmtSlack
+	// maxDatagram is the largest datagram the switch reads: an IB packet
+	// of a 4096-byte MTU, or a control message.
+	maxDatagram = 8192
+	// ioBatch is the number of datagrams per recvmmsg and sendmmsg.
+	ioBatch = 64
+	// perRound is the most packets the forwarder takes from one input
+	// queue before it looks at the next.
+	perRound = 16
+)
+
+// inQueue is a port's input queue: a ring of packets.
+type inQueue struct {
+	pkts []*[]byte
+	head int
+	n    int
+}
+
+func (q *inQueue) push(b *[]byte) bool {
+	if q.n == queueCap {
+		return false
+	}
+	if q.pkts == nil {
+		q.pkts = make([]*[]byte, queueCap)
+	}
+	q.pkts[(q.head+q.n)%queueCap] = b
+	q.n++
+	return true
+}
+
+func (q *inQueue) front() []byte { return *q.pkts[q.head] }
+
+func (q *inQueue) pop() *[]byte {
+	b := q.pkts[q.head]
+	q.pkts[q.head] = nil
+	q.head = (q.head + 1) % queueCap
+	q.n--
+	return b
+}
+
+// linkState is the switch's end of a port's link and the port's input
+// queue. Guarded by SM.mu.
+type linkState struct {
+	link fabric.Link
+	win  int // the window granted to the port
+	in   inQueue
+	// The head packet of in, while it is being forwarded: the ports it
+	// still has to go to and since when it waits for each one's credit
+	// (zero: not yet).
+	headActive bool
+	pend       []*port
+	pendSince  []time.Time
+	// Output side: packets in a row discarded at the head of a queue, the
+	// end of the Time_Drop state, and the last credit request sent.
+	stallCount int
+	dropUntil  time.Time
+	lastReq    time.Time
+	wantFlow   bool // the port asked for our flow control packet
+}
+
+// packetPool holds the switch's packet buffers.
+var packetPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
+
+// outBatch is what the forwarder sends at once: staged in order, sent
+// grouped by destination (in order for each) with sendmmsg, a run of
+// packets of one length to one port as one GSO send when the kernel can.
+type outBatch struct {
+	bufs  [ioBatch][]byte
+	to    [ioBatch]netip.AddrPort
+	flow  [ioBatch]bool
+	flows [ioBatch][fabric.FlowLen]byte
+	done  [ioBatch]bool
+	n     int
+	free  []*[]byte // buffers to return to the pool after the send
+	g     *mmsg.GSOBatch
+}
+
+func (s *SM) newOutBatch() *outBatch {
+	o := &outBatch{g: mmsg.NewGSOBatch(ioBatch)}
+	o.g.GSO = s.gso
+	return o
+}
+
+func (o *outBatch) full() bool { return o.n == ioBatch }
+
+// add stages b for to.
+func (o *outBatch) add(b []byte, to netip.AddrPort) {
+	o.bufs[o.n], o.to[o.n], o.flow[o.n] = b, to, false
+	o.n++
+}
+
+// addFlow stages a flow control packet for to.
+func (o *outBatch) addFlow(f fabric.Flow, to netip.AddrPort) {
+	i := o.n
+	o.add(fabric.EncodeFlow(o.flows[i][:], f), to)
+	o.flow[i] = true
+}
+
+// flush sends the staged datagrams, each port's in the order staged (a
+// datagram the kernel refuses is lost, as on a link error, and counted),
+// and returns the freed buffers to the pool.
+func (s *SM) flush(o *outBatch, raw syscall.RawConn) {
+	for i := range o.n {
+		if o.done[i] {
+			continue
+		}
+		for j := i; j < o.n; j++ {
+			if !o.done[j] && o.to[j] == o.to[i] {
+				o.g.Add(o.bufs[j], o.to[j], o.flow[j])
+				o.done[j] = true
+			}
+		}
+	}
+	if refused, _ := o.g.Send(raw); refused > 0 {
+		s.sendErrors.Add(uint64(refused))
+	}
+	clear(o.bufs[:o.n])
+	clear(o.done[:o.n])
+	o.n = 0
+	for _, b := range o.free {
+		packetPool.Put(b)
+	}
+	o.free = o.free[:0]
+}
+
+// socketBuffer asks for a large receive buffer and returns what the
+// kernel gave (SO_RCVBUF as getsockopt reports it).
+func socketBuffer(c *net.UDPConn) int {
+	c.SetReadBuffer(fabric.SocketBuffer)
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var v int
+	raw.Control(func(fd uintptr) { v, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF) })
+	return v
+}
+
+// fabricLoop is the reader: control messages are handled at once, flow
+// control packets update the links, IB packets go to input queues; then
+// it forwards what the credits allow (pump) and leaves the waits for
+// credit to forwardLoop.
+func (s *SM) fabricLoop() error {
+	b := mmsg.NewBatch(ioBatch, maxDatagram, unix.SizeofSockaddrInet6, 0)
+	r, err := mmsg.NewReader(s.fabric, b)
+	if err != nil {
+		return err
+	}
+	raw, err := s.fabric.SyscallConn()
+	if err != nil {
+		return err
+	}
+	o := s.newOutBatch()
+	for {
+		n, err := r.Read()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		s.mu.Lock()
+		for i := range n {
+			data, name, _, trunc := r.Datagram(i)
+			from := mmsg.AddrPort(name)
+			switch {
+			case fabric.IsControl(data):
+				c := append([]byte(nil), data...)
+				s.mu.Unlock()
+				s.handleControl(c, from)
+				s.mu.Lock()
+			case fabric.IsFlow(data):
+				s.flowIn(data, from)
+			default:
+				s.packetIn(data, from, trunc)
+			}
+		}
+		s.mu.Unlock()
+		if next := s.pump(o, raw); !next.IsZero() {
+			s.kick()
+		}
+	}
+}
+
+// pump forwards until nothing moves and returns when to look again (zero:
+// when something arrives). Staging and sending are serialized (fmu), so
+// that a flow control packet never overtakes a packet counted in its
+// FCTBS.
+func (s *SM) pump(o *outBatch, raw syscall.RawConn) (next time.Time) {
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return time.Time{}
+		}
+		progress, deadline := s.forwardLocked(time.Now(), o)
+		s.mu.Unlock()
+		s.flush(o, raw)
+		if !progress {
+			return deadline
+		}
+	}
+}
+
+// kick wakes the forwarder.
+func (s *SM) kick() {
+	select {
+	case s.work <- struct{}{}:
+	default:
+	}
+}
+
+// flowIn applies a port's flow control packet. Caller holds mu.
+func (s *SM) flowIn(b []byte, from netip.AddrPort) {
+	p := s.byAddr[from]
+	if p == nil {
+		s.unknownSrc.Add(1)
+		return
+	}
+	f, err := fabric.DecodeFlow(b)
+	if err != nil || !p.ls.link.On {
+		p.c.drops.Add(1)
+		return
+	}
+	p.ls.link.Receive(f)
+	if f.Op == fabric.FlowOpRequest {
+		p.ls.wantFlow = true
+	}
+}
+
+// packetIn queues an IB packet of a port. Caller holds mu.
+func (s *SM) packetIn(b []byte, from netip.AddrPort, trunc bool) {
+	p := s.byAddr[from]
+	if p == nil {
+		s.unknownSrc.Add(1)
+		return
+	}
+	p.c.rx.Add(1)
+	// Beyond the grant: more packets than the port was granted (a window
+	// that shrank since counts as granted until used), past the room kept
+	// for management packets. Such a packet is dropped and, as the IBA
+	// has it, not counted in ABR: it took no buffer.
+	beyond := int((p.ls.link.ABR + 1 - p.ls.link.Granted) & (fabric.FlowMod - 1))
+	if p.ls.in.n == queueCap || (p.ls.link.On && beyond > mgmtSlack && beyond <= fabric.MaxWindow) {
+		p.c.overruns.Add(1)
+		return
+	}
+	p.ls.link.Took(1)
+	if trunc {
+		p.c.drops.Add(1)
+		return
+	}
+	bp := packetPool.Get().(*[]byte)
+	*bp = append((*bp)[:0], b...)
+	p.ls.in.push(bp)
+}
+
+// forwardLoop forwards when credit may have come or a head-of-queue
+// wait ends: when the reader found a queue blocked (kick), and at the
+// deadlines forwardLocked reports.
+func (s *SM) forwardLoop() {
+	raw, err := s.fabric.SyscallConn()
+	if err != nil {
+		return
+	}
+	o := s.newOutBatch()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		select {
+		case <-s.work:
+		case <-timer.C:
+		case <-s.quit:
+			return
+		}
+		next := s.pump(o, raw)
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		if !next.IsZero() {
+			timer.Reset(max(time.Until(next), 0))
+		}
+	}
+}
+
+// forwardLocked forwards what credits allow, staging datagrams into o. It
+// reports whether anything moved and when it has to look again (zero:
+// when woken). Caller holds mu.
+func (s *SM) forwardLocked(now time.Time, o *outBatch) (progress bool, next time.Time) {
+	later := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	for _, p := range s.byAddr {
+		if o.n > ioBatch-4 {
+			return true, next
+		}
+		ls := &p.ls
+		if ls.wantFlow && ls.link.On {
+			ls.wantFlow = false
+			o.addFlow(ls.link.Answer(ls.win-ls.in.n), p.addr)
+		}
+		for k := 0; k < perRound && ls.in.n > 0 && o.n <= ioBatch-4; k++ {
+			done, retry := s.forwardHead(p, now, o)
+			if !done {
+				if !retry.IsZero() {
+					later(retry)
+				}
+				break
+			}
+			progress = true
+			o.free = append(o.free, ls.in.pop())
+		}
+		if ls.link.On && !o.full() && ls.link.Grant(ls.win-ls.in.n, max(ls.win/4, 1)) {
+			o.addFlow(ls.link.Flow(fabric.FlowOpNormal), p.addr)
+		}
+	}
+	return progress, next
+}
+
+// forwardHead forwards the head packet of p's input queue to the ports
+// with credit. done: the packet is finished with (sent everywhere,
+// discarded, or for the SA); otherwise retry is when to look again (zero:
+// when credit comes). Caller holds mu.
+func (s *SM) forwardHead(p *port, now time.Time, o *outBatch) (done bool, retry time.Time) {
+	ls := &p.ls
+	b := ls.in.front()
+	if !ls.headActive {
+		l, err := fabric.CheckLink(b)
+		if err != nil {
+			p.c.drops.Add(1)
+			s.logf("drop from %#x: %v", p.guid, err)
+			return true, time.Time{}
+		}
+		dlid := l.DLID()
+		ls.pend = ls.pend[:0]
+		switch {
+		case dlid == fabric.SMLID:
+			s.saFromFabric(b, p)
+			return true, time.Time{}
+		case wire.IsMulticastLID(dlid):
+			s.rebuildMFT()
+			for _, d := range s.mft[dlid] {
+				if d != p && d.attached() {
+					ls.pend = append(ls.pend, d)
+				}
+			}
+		default:
+			if d := s.byLID[dlid]; d != nil && d.attached() && dlid < wire.MulticastLIDBase {
+				ls.pend = append(ls.pend, d)
+			}
+		}
+		if len(ls.pend) == 0 {
+			p.c.drops.Add(1)
+			return true, time.Time{}
+		}
+		ls.pendSince = append(ls.pendSince[:0], make([]time.Time, len(ls.pend))...)
+		ls.headActive = true
+	}
+	// Each destination port's copy waits for that port's credit on its
+	// own clock (pendSince: when it found the port without credit), as
+	// each output port of an IB switch has its own head-of-queue timer.
+	k := 0
+	retry = time.Time{}
+	for i, d := range ls.pend {
+		since := ls.pendSince[i]
+		switch {
+		case !d.attached():
+			continue
+		case now.Before(d.ls.dropUntil):
+			d.c.discards.Add(1)
+			continue
+		case d.ls.link.Credits() > 0:
+			if o.full() {
+				break // stays pending until the batch went out
+			}
+			o.add(b, d.addr)
+			d.ls.link.Sent(1)
+			d.ls.stallCount = 0
+			d.c.tx.Add(1)
+			p.c.fwd.Add(1)
+			continue
+		case since.IsZero():
+			since = now
+			d.c.waits.Add(1)
+		case now.Sub(since) >= s.cfg.HOQLife:
+			d.c.discards.Add(1)
+			d.ls.stallCount++
+			if d.ls.stallCount >= s.cfg.VLStallCount {
+				d.ls.stallCount = 0
+				d.ls.dropUntil = now.Add(8 * s.cfg.HOQLife)
+				s.logf("port %#x (LID %d): %d packets in a row found no credit: stalled for %v", d.guid, d.lid, s.cfg.VLStallCount, 8*s.cfg.HOQLife)
+			}
+			continue
+		}
+		ls.pend[k], ls.pendSince[k] = d, since
+		k++
+		next := now // the batch was full: at once
+		if d.ls.link.Credits() == 0 {
+			next = since.Add(s.cfg.HOQLife)
+			if now.Sub(d.ls.lastReq) >= fabric.FlowRefresh && !o.full() {
+				d.ls.lastReq = now
+				o.addFlow(d.ls.link.Flow(fabric.FlowOpRequest), d.addr)
+			}
+			next = minTime(next, d.ls.lastReq.Add(fabric.FlowRefresh))
+		}
+		if retry.IsZero() || next.Before(retry) {
+			retry = next
+		}
+	}
+	ls.pend, ls.pendSince = ls.pend[:k], ls.pendSince[:k]
+	if k == 0 {
+		ls.headActive = false
+		return true, time.Time{}
+	}
+	return false, retry
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// dropQueue empties a port's input queue (the port detached). Caller
+// holds mu.
+func (ls *linkState) dropQueue() {
+	for ls.in.n > 0 {
+		packetPool.Put(ls.in.pop())
+	}
+	ls.headActive = false
+	ls.pend, ls.pendSince = ls.pend[:0], ls.pendSince[:0]
+}
