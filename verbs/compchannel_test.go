@@ -207,15 +207,45 @@ func TestCompChannel(t *testing.T) {
 	}
 }
 
+// TestCompChannelWait: Wait on a CQ with a channel of its own waits
+// through the channel.
+func TestCompChannelWait(t *testing.T) {
+	e := newChanEnv(t)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		done <- e.rcq.Wait(ctx)
+	}()
+	e.send(t, false)
+	if err := <-done; err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if n := e.drain(t); n != 1 {
+		t.Errorf("%d completions after Wait, want 1", n)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := e.rcq.Wait(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Wait with nothing to come: %v", err)
+	}
+}
+
 // TestCompChannelRules: the errnos, and Destroy waiting for acks.
 func TestCompChannelRules(t *testing.T) {
 	e := newChanEnv(t)
 	if _, err := e.ctx.CreateCQEx(4, verbs.CQInit{Vector: e.ctx.NumCompVectors()}); !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("CreateCQEx with vector %d: %v, want EINVAL", e.ctx.NumCompVectors(), err)
 	}
-	if err := e.rcq.Wait(context.Background()); !errors.Is(err, syscall.EINVAL) {
-		t.Errorf("Wait on a CQ with a channel: %v, want EINVAL", err)
+	// Wait on a CQ whose channel has other CQs too: EINVAL.
+	other, err := e.ctx.CreateCQEx(4, verbs.CQInit{Channel: e.ch})
+	if err != nil {
+		t.Fatal(err)
 	}
+	if err := e.rcq.Wait(context.Background()); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("Wait on a CQ sharing its channel: %v, want EINVAL", err)
+	}
+	other.Destroy()
 	if err := e.ch.Destroy(); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("destroying a channel a CQ uses: %v, want EBUSY", err)
 	}

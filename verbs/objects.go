@@ -191,12 +191,15 @@ func (cq *CQ) Poll(wc []WC) (int, error) {
 func (cq *CQ) Len() int { return cq.ops.Len() }
 
 // Wait blocks until the CQ holds a completion, or ctx ends (its error is
-// returned). Several goroutines may wait; each completion wakes one. A CQ
-// with a completion channel has none (EINVAL): its events are the
-// program's, through the channel.
+// returned). Several goroutines may wait; each completion wakes one. On a
+// CQ with a completion channel Wait uses the channel (arm, check, take
+// the event, acknowledge it), as librdmacm's rdma_get_recv_comp does:
+// only when the channel serves this CQ alone (the channels CreateQP of
+// rdmacm makes), else EINVAL; the program must not take the channel's
+// events itself meanwhile.
 func (cq *CQ) Wait(ctx context.Context) error {
-	if cq.channel != nil {
-		return Errorf("ibv_get_cq_event", "", syscall.EINVAL)
+	if ch := cq.channel; ch != nil {
+		return cq.waitChannel(ctx, ch)
 	}
 	if err := cq.ops.Wait(ctx); err != nil {
 		return OpError("ibv_get_cq_event", "", err)
@@ -326,3 +329,32 @@ func (e *BadWRError) Error() string { return fmt.Sprintf("verbs: work request %d
 
 // Unwrap returns the errno.
 func (e *BadWRError) Unwrap() error { return e.Err }
+
+// waitChannel is Wait on a CQ with a channel of its own.
+func (cq *CQ) waitChannel(ctx context.Context, ch *CompChannel) error {
+	ch.mu.Lock()
+	alone := len(ch.cqs) == 1 && ch.cqs[cq.ops] == cq
+	ch.mu.Unlock()
+	if !alone {
+		return OpError("ibv_get_cq_event", "", fmt.Errorf("the CQ shares its completion channel: %w", syscall.EINVAL))
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	for {
+		if cq.Len() > 0 {
+			return nil
+		}
+		if err := cq.ReqNotify(false); err != nil {
+			return err
+		}
+		if cq.Len() > 0 {
+			return nil
+		}
+		evCQ, _, err := ch.GetCQEvent(ctx)
+		if err != nil {
+			return err
+		}
+		evCQ.AckEvents(1)
+	}
+}
