@@ -10,8 +10,8 @@ import (
 
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/internal/nettest"
-	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/verbs"
 	"go.uber.org/goleak"
 )
