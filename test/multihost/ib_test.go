@@ -12,6 +12,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/wire"
 )
 
 var (
@@ -140,13 +141,23 @@ func ibData(fs []nettest.Frame, src, dst netip.Addr, size int) int {
 		if !ok || ip.Src != src || ip.Dst != dst || ip.Proto != 17 || len(ip.Payload) < 8 {
 			continue
 		}
-		b := ip.Payload[8:]
-		var p fabric.Packet
-		if fabric.IsControl(b) || fabric.Parse(b, &p) != nil {
-			continue
-		}
-		if size < 0 || len(p.UD.Payload) == size {
-			n++
+		// A UDP GSO send is one frame on the capture: its payload is the
+		// IB packets back to back, each as long as its LRH says.
+		for b := ip.Payload[8:]; len(b) > 0; {
+			seg := b
+			if len(b) >= 8 {
+				if l := int(wire.LRH(b).PktLen())*4 + 2; l >= 8 && l < len(b) {
+					seg = b[:l]
+				}
+			}
+			b = b[len(seg):]
+			var p fabric.Packet
+			if fabric.IsControl(seg) || fabric.Parse(seg, &p) != nil {
+				continue
+			}
+			if size < 0 || len(p.UD.Payload) == size {
+				n++
+			}
 		}
 	}
 	return n
