@@ -248,13 +248,6 @@ func (ch *EventChannel) Len() int {
 	return len(ch.queue)
 }
 
-// enqueue appends an event; callers hold no channel lock.
-func (ch *EventChannel) enqueue(ev *Event) {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	ch.enqueueLocked(ev)
-}
-
 // enqueueLocked appends an event (ch.mu is held).
 func (ch *EventChannel) enqueueLocked(ev *Event) {
 	ev.ch = ch
