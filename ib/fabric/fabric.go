@@ -16,10 +16,17 @@
 //	           MTU 4 (2048), Rate 3 (10 Gb/s), State "active", and
 //	           ClientReregister when the SM registered the port anew
 //	           (first attach, or after it forgot the port)
+//	refused    SM → port, the answer to an attach the SM refuses: GUID
+//	           (the attach's) and Reason: ReasonGUIDInUse when the GUID
+//	           is registered at another live address, ReasonNoLID when
+//	           no LID is free
 //	detach     port → SM when the port closes
 //
 // A port takes datagrams only from the SM's fabric address (the SM is also
-// the switch) and a port_info only when it names the port's GUID, a unicast
+// the switch), a refused only when it names the port's GUID (a port that
+// is still waiting for its first port_info gives up at once; an active
+// port ignores it and notices a silent SM by its keepalives), and a
+// port_info only when it names the port's GUID, a unicast
 // LID other than SMLID, a unicast SMLID, an MTU enum 1..5, State "active"
 // and a non-zero Epoch. A port that sees a new Epoch knows the SM
 // restarted (client reregister).
@@ -56,8 +63,18 @@ const Magic = "SRSM\x01"
 const (
 	TypeAttach   = "attach"
 	TypePortInfo = "port_info"
+	TypeRefused  = "refused"
 	TypeDetach   = "detach"
 	StateActive  = "active"
+)
+
+// Reasons of a refused message.
+const (
+	// ReasonGUIDInUse: the GUID is registered at another address that is
+	// still live (no port takeover).
+	ReasonGUIDInUse = "guid_in_use"
+	// ReasonNoLID: every unicast LID is held by a registered port.
+	ReasonNoLID = "no_lid"
 )
 
 // Fabric defaults.
@@ -104,6 +121,9 @@ type Control struct {
 	// ClientReregister (port_info) tells a port that the SM registered it
 	// anew: memberships it held are gone (PortInfo's ClientReregister bit).
 	ClientReregister bool `json:"client_reregister,omitempty"`
+	// Reason (refused) says why the SM refused an attach: ReasonGUIDInUse
+	// or ReasonNoLID.
+	Reason string `json:"reason,omitempty"`
 }
 
 // ErrNotControl reports a datagram without the Magic prefix.

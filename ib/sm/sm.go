@@ -13,12 +13,14 @@
 //
 // Identity: a port is its GUID, bound to the UDP address it attached from
 // while it is registered. An attach for a registered GUID from another
-// address is refused (counted) until the port detaches or expires; a
+// address is refused (counted, and answered with a "refused" control
+// message) until the port detaches or expires; a
 // detach counts only from the port's own address. A port registering again
 // after it was forgotten (expired or detached) gets ClientReregister in its
 // port_info, so it learns that its memberships are gone.
 //
-// LIDs: see lidAlloc; when none is free the attach is refused (counted).
+// LIDs: see lidAlloc; when none is free the attach is refused (counted,
+// answered with "refused").
 //
 // Raw SA port (off unless Config.SAListen is set; loopback only unless
 // Config.SAAllowRemote): a diagnostic. One datagram of exactly 256 bytes
@@ -404,6 +406,7 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 		lid, rereg, err := s.attach(c.GUID, c.NodeDesc, from)
 		if err != nil {
 			s.logf("attach of %#x from %v refused: %v", c.GUID, from, err)
+			s.refuse(c.GUID, from, err)
 			return
 		}
 		reply := fabric.EncodeControl(&fabric.Control{
@@ -432,6 +435,19 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 
 // errLive refuses an attach for a GUID registered at another address.
 var errLive = errors.New("the GUID is registered at another address")
+
+// refuse answers a refused attach with a "refused" control message, so
+// that the port fails at once instead of waiting for a port_info.
+func (s *SM) refuse(guid uint64, to netip.AddrPort, err error) {
+	reason := fabric.ReasonGUIDInUse
+	if errors.Is(err, ErrNoLID) {
+		reason = fabric.ReasonNoLID
+	}
+	b := fabric.EncodeControl(&fabric.Control{Type: fabric.TypeRefused, GUID: guid, Reason: reason})
+	if _, err := s.fabric.WriteToUDPAddrPort(b, to); err != nil {
+		s.logf("refused to %v: %v", to, err)
+	}
+}
 
 // attach registers or refreshes a port and returns its LID, and whether
 // the port registers anew (its memberships, if it had any, are gone).
