@@ -19,22 +19,31 @@ import (
 // attached ports, or of pre-registered ports (they exist without a client
 // process, as ports an SM knows from its configuration: another port of
 // their partition may join them by proxy, as in OpenSM).
+//
+// Each input gets a fresh SM state (newState: what New builds, minus the
+// sockets); all share one fabric socket, bound once, for their answers.
 func FuzzSMDatagrams(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 2, 0, 1, 0, 0, 1, 1, 1, 0, 3, 1, 0, 0})
 	f.Add([]byte{0, 0, 0, 1, 0, 0, 0, 1, 0, 2, 0, 1, 4, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 3})
 	f.Add([]byte{0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 2, 0, 0, 3, 5, 0, 0, 0, 0, 1, 0, 0})
+	cfg := Config{Listen: "127.0.0.1:0", SendOnlySupport: true, MaxLID: 5, PortTimeout: time.Second, Ports: []uint64{0x10}}
+	shared, err := New(cfg)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { shared.Close() })
+	guids := []uint64{0x10, 0x11, 0x12, 0x13, 0x14, 0x15}
+	addrs := make([]netip.AddrPort, 4)
+	for i := range addrs {
+		// Unbound loopback ports: the SM's answers go nowhere.
+		addrs[i] = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(1+i))
+	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		s, err := New(Config{Listen: "127.0.0.1:0", SendOnlySupport: true, MaxLID: 5, PortTimeout: time.Second, Ports: []uint64{0x10}})
+		s, err := newState(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer s.Close()
-		guids := []uint64{0x10, 0x11, 0x12, 0x13, 0x14, 0x15}
-		addrs := make([]netip.AddrPort, 4)
-		for i := range addrs {
-			// Unbound loopback ports: the SM's answers go nowhere.
-			addrs[i] = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(1+i))
-		}
+		s.fabric = shared.fabric // not closed here: Close would close it
 		now := time.Now()
 		for len(in) >= 4 && len(in) < 4096 {
 			op, a, g, x := in[0]%6, addrs[in[1]%4], guids[in[2]%6], in[3]

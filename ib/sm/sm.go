@@ -181,6 +181,25 @@ type SM struct {
 // New binds the sockets, loads the state file and registers the
 // pre-registered ports. Call Run to serve, or Close.
 func New(cfg Config) (*SM, error) {
+	s, err := newState(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if s.fabric, err = listenUDP(s.cfg.Listen); err != nil {
+		return nil, err
+	}
+	if s.cfg.SAListen != "" {
+		if s.rawSA, err = listenUDP(s.cfg.SAListen); err != nil {
+			s.fabric.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// newState is New without the sockets: the configuration checked and
+// defaulted, the state file loaded, the pre-registered ports registered.
+func newState(cfg Config) (*SM, error) {
 	if cfg.Listen == "" {
 		cfg.Listen = fabric.DefaultListen
 	}
@@ -247,16 +266,6 @@ func New(cfg Config) (*SM, error) {
 	s.lids.idleAll(func(g uint64) bool { return s.byGUID[g] != nil })
 	if err := s.saveState(); err != nil {
 		return nil, err
-	}
-	var err error
-	if s.fabric, err = listenUDP(cfg.Listen); err != nil {
-		return nil, err
-	}
-	if cfg.SAListen != "" {
-		if s.rawSA, err = listenUDP(cfg.SAListen); err != nil {
-			s.fabric.Close()
-			return nil, err
-		}
 	}
 	s.rebuildMFT()
 	return s, nil
