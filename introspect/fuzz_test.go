@@ -12,7 +12,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/softrdma/softrdma/capture"
 )
 
@@ -40,10 +39,6 @@ var fuzzPaths = map[string][]string{
 //   - an accepted capture request has its parameters in range and
 //     survives CaptureRequest.query; a GET that succeeds returns a pcap
 //     header or valid JSON; every error has a JSON {"error": …} body.
-//
-// /metrics serves a registry with the softrdma collector only: the Go
-// runtime and process collectors (client_golang's, reading /proc for every
-// request) are not under test and cost more than all the rest of a request.
 func FuzzRequest(f *testing.F) {
 	for _, tgt := range []string{
 		"/", "/v1/snapshot", "/v1/devices?", "/v1/groups", "/v1/ids", "/metrics",
@@ -60,9 +55,7 @@ func FuzzRequest(f *testing.F) {
 	f.Add("GET", "/v1/snapshot", fuzzAddr, false)
 	f.Add("GET", "/v1/snapshot", "[::1]:4000", true)
 	s := &Server{network: "tcp", addr: fuzzAddr, token: fuzzToken}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(NewCollector())
-	h := s.guard(handler(reg))
+	h := s.guard(Handler())
 	f.Fuzz(func(t *testing.T, method, target, host string, auth bool) {
 		raw := method + " " + target + " HTTP/1.1\r\nHost: " + host + "\r\n"
 		if auth {

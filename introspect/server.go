@@ -18,7 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/softrdma/softrdma/capture"
 	"github.com/softrdma/softrdma/verbs"
@@ -214,10 +213,7 @@ func (s *Server) track(h http.Handler) http.Handler {
 //
 // Other methods get 405, unknown paths 404, unknown or malformed query
 // parameters 400, all with a JSON {"error": …} body.
-func Handler() http.Handler { return handler(Registry()) }
-
-// handler is Handler with /metrics serving what g gathers.
-func handler(g prometheus.Gatherer) http.Handler {
+func Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", index)
 	mux.HandleFunc("/v1/snapshot", jsonView(func(s *Snapshot) any { return s }))
@@ -242,7 +238,7 @@ func handler(g prometheus.Gatherer) http.Handler {
 		}{s.PID, s.IDs, s.Channels, s.CM}
 	}))
 	mux.HandleFunc("/v1/capture", captureHandler)
-	metrics := promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	metrics := promhttp.HandlerFor(Registry(), promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
 		if !checkMethod(w, r) {
 			return
