@@ -131,8 +131,10 @@ func longOpts() []longOpt {
 func runContext(ctx context.Context, args []string, out, errOut io.Writer) int {
 	cfg := config{connections: 1, messageSize: 100, messageCount: 10, ps: rdmacm.PS_UDP, loopback: true, joinPause: 3 * time.Second}
 	// rdma-core's mckey ignores non-option arguments; glibc's getopt
-	// permutes them behind the options unless POSIXLY_CORRECT is set.
-	opts, _, err := getopt(args[1:], optString, longOpts(), os.Getenv("POSIXLY_CORRECT") != "")
+	// permutes them behind the options unless POSIXLY_CORRECT is set (to
+	// anything, even "").
+	_, posix := os.LookupEnv("POSIXLY_CORRECT")
+	opts, _, err := getopt(args[1:], optString, longOpts(), posix)
 	if err != nil {
 		fmt.Fprintf(errOut, "%s: %v\n", args[0], err)
 		usage(out, args[0])
