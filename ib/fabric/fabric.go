@@ -11,7 +11,7 @@
 //
 //	attach     port → SM: GUID, NodeDesc; at start and every
 //	           KeepaliveInterval as keepalive
-//	port_info  SM → port, the answer to every attach: LID, SMLID,
+//	port_info  SM → port, the answer to every attach it accepts: LID, SMLID,
 //	           SubnetPrefix, PKeys [0xffff], Epoch (random per SM start),
 //	           MTU 4 (2048), Rate 3 (10 Gb/s), State "active", and
 //	           ClientReregister when the SM registered the port anew
