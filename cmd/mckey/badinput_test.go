@@ -59,6 +59,12 @@ func TestBadInvocations(t *testing.T) {
 		{"negative connections", nil, append([]string{"-c", "-1"}, lo...), 1, "mckey: unable to allocate memory for test nodes"},
 		{"unknown port space", nil, append([]string{"-p", "5"}, lo...), 1, "mckey: rdma_create_id (port space 0x5): Invalid argument"},
 		{"no group", nil, []string{"-b", "127.0.0.1"}, 254, "getaddrinfo failed (Name or service not known)"},
+		// GNU getopt permutes: an option after a non-option is parsed.
+		{"unknown option after a non-option", nil, []string{"stray", "-x"}, 1, "invalid option -- 'x'"},
+		{"-- ends the options", nil, []string{"-b", "127.0.0.1", "--", "-m", g}, 254, "getaddrinfo failed (Name or service not known)"},
+		{"POSIXLY_CORRECT stops at a non-option", []string{"POSIXLY_CORRECT=1"}, []string{"-b", "127.0.0.1", "stray", "-m", g}, 254,
+			"getaddrinfo failed (Name or service not known)"},
+		{"unrecognized long option with a value", nil, []string{"--bogus=1"}, 1, "unrecognized option '--bogus=1'"},
 		{"-M not a GID", nil, []string{"-M", "zzz", "-b", "127.0.0.1"}, 1, "mckey: -M zzz: not an IPv6 address"},
 		{"-M on RoCE", nil, []string{"-M", "ff12:401b::1", "-b", "127.0.0.1", "--join-pause", "0s"}, 255,
 			"mckey: -M ff12:401b::1: an unmapped (AF_IB) group needs an InfiniBand port"},

@@ -10,6 +10,10 @@
 // -s sender, -b bind_address, -c connections, -C message_count,
 // -S message_size, -p port_space (0x111 UDP, 0x2 IPoIB), -o join as a
 // send-only full member, -l create the QP with BLOCK_SELF_MCAST_LB.
+// They are parsed as glibc's getopt does (see getopt): non-option
+// arguments, which mckey ignores, may come between options; "--" ends the
+// options. A host name that does not resolve prints getaddrinfo's reason
+// for it (gai_strerror) and returns its EAI code, as rdma-core does.
 //
 // Extensions (not in rdma-core's mckey):
 //

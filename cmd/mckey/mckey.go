@@ -61,6 +61,11 @@ type mckey struct {
 	connectsLeft int
 	dstAddr      net.Addr
 	srcAddr      net.Addr
+	// resolver looks up host names (nil: net.DefaultResolver); dnsDial
+	// reaches the name servers when lookupError asks again (nil: a
+	// net.Dialer). Tests point both at a fake name server.
+	resolver *net.Resolver
+	dnsDial  func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // atoi is C's atoi: leading white space, sign and digits; 0 otherwise.
@@ -110,13 +115,26 @@ func errnoRet(err error) int {
 	return -1
 }
 
+// optString is rdma-core's mckey's getopt option string.
+const optString = "m:M:sb:c:C:S:p:ol"
+
+// longOpts returns the extensions' long options (see extensions).
+func longOpts() []longOpt {
+	return []longOpt{
+		{"iface", true}, {"timeout", true}, {"no-imm", false}, {"verify", false}, {"join-pause", true}, {"pcap", true},
+	}
+}
+
 // runContext is mckey with its arguments (args[0] is the program name),
 // returning the exit status; when ctx is canceled (by a signal) mckey stops
 // waiting, leaves its groups and returns.
 func runContext(ctx context.Context, args []string, out, errOut io.Writer) int {
 	cfg := config{connections: 1, messageSize: 100, messageCount: 10, ps: rdmacm.PS_UDP, loopback: true, joinPause: 3 * time.Second}
-	opts, _, err := getopt(args[1:], "m:M:sb:c:C:S:p:ol",
-		map[string]bool{"iface": true, "timeout": true, "no-imm": false, "verify": false, "join-pause": true, "pcap": true})
+	// rdma-core's mckey ignores non-option arguments; glibc's getopt
+	// permutes them behind the options unless POSIXLY_CORRECT is set (to
+	// anything, even "").
+	_, posix := os.LookupEnv("POSIXLY_CORRECT")
+	opts, _, err := getopt(args[1:], optString, longOpts(), posix)
 	if err != nil {
 		fmt.Fprintf(errOut, "%s: %v\n", args[0], err)
 		usage(out, args[0])
@@ -283,18 +301,22 @@ func (t *mckey) allocNodes() error {
 func (t *mckey) connectError() { t.connectsLeft-- }
 
 // getAddr is getaddrinfo(host, NULL, NULL, ...): numeric addresses, or a
-// host name through the resolver. The error value is the EAI code.
+// host name through the resolver. A failure prints gai_strerror's text for
+// it; the error value is the EAI code (see lookupError).
 func (t *mckey) getAddr(host string) (net.Addr, int) {
 	if a, err := netip.ParseAddr(host); err == nil {
 		return &net.UDPAddr{IP: a.AsSlice(), Zone: a.Zone()}, 0
 	}
-	ips, err := net.LookupIP(host)
-	if err != nil || len(ips) == 0 {
-		const eaiNoName = -2
-		fmt.Fprintf(t.out, "getaddrinfo failed (%s) - invalid hostname or IP address\n", "Name or service not known")
-		return nil, eaiNoName
+	code := eaiNoName // getaddrinfo(NULL, NULL, …): no -m
+	if host != "" {
+		ips, err := t.resolverOrDefault().LookupIP(t.ctx, "ip", host)
+		if err == nil && len(ips) > 0 {
+			return &net.UDPAddr{IP: ips[0]}, 0
+		}
+		code = t.lookupError(host, err)
 	}
-	return &net.UDPAddr{IP: ips[0]}, 0
+	fmt.Fprintf(t.out, "getaddrinfo failed (%s) - invalid hostname or IP address\n", gaiStrerror(code))
+	return nil, code
 }
 
 func (t *mckey) run() int {

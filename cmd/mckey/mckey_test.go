@@ -125,6 +125,12 @@ func TestOutputWithoutPeer(t *testing.T) {
 		stdout: timeoutLines(g, 3),
 		code:   timeoutStatus,
 	}, {
+		// GNU getopt: non-option arguments (ignored) may come between options.
+		name:   "options after non-options",
+		args:   []string{"stray", "-m", g, "more", "-b", "127.0.0.1", "-C", "0", "--join-pause", "200ms"},
+		stdout: concat(server, []string{joinedLine(g), "test complete", "return status 0"}),
+		code:   0,
+	}, {
 		// Unlike rxe, softrdma supports BLOCK_SELF_MCAST_LB.
 		name:   "receiver with -l",
 		args:   []string{"-m", g, "-b", "127.0.0.1", "-l", "-C", "0", "--join-pause", "200ms"},

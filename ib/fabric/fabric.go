@@ -12,11 +12,15 @@
 //
 //	attach     port → SM: GUID, NodeDesc; at start and every
 //	           KeepaliveInterval as keepalive
-//	port_info  SM → port, the answer to every attach: LID, SMLID,
+//	port_info  SM → port, the answer to every attach it accepts: LID, SMLID,
 //	           SubnetPrefix, PKeys [0xffff], Epoch (random per SM start),
 //	           MTU 4 (2048), Rate 3 (10 Gb/s), State "active", and
 //	           ClientReregister when the SM registered the port anew
 //	           (first attach, or after it forgot the port)
+//	refused    SM → port, the answer to an attach the SM refuses: GUID
+//	           (the attach's) and Reason: ReasonGUIDInUse when the GUID
+//	           is registered at another live address, ReasonNoLID when
+//	           no LID is free
 //	detach     port → SM when the port closes
 //
 // Attach and port_info carry Credits, the receive window of their sender:
@@ -24,7 +28,10 @@
 // like an IB fabric.
 //
 // A port takes datagrams only from the SM's fabric address (the SM is also
-// the switch) and a port_info only when it names the port's GUID, a unicast
+// the switch), a refused only when it names the port's GUID (a port that
+// is still waiting for its first port_info gives up at once; an active
+// port ignores it and notices a silent SM by its keepalives), and a
+// port_info only when it names the port's GUID, a unicast
 // LID other than SMLID, a unicast SMLID, an MTU enum 1..5, State "active"
 // and a non-zero Epoch. A port that sees a new Epoch knows the SM
 // restarted (client reregister).
@@ -61,8 +68,18 @@ const Magic = "SRSM\x01"
 const (
 	TypeAttach   = "attach"
 	TypePortInfo = "port_info"
+	TypeRefused  = "refused"
 	TypeDetach   = "detach"
 	StateActive  = "active"
+)
+
+// Reasons of a refused message.
+const (
+	// ReasonGUIDInUse: the GUID is registered at another address that is
+	// still live (no port takeover).
+	ReasonGUIDInUse = "guid_in_use"
+	// ReasonNoLID: every unicast LID is held by a registered port.
+	ReasonNoLID = "no_lid"
 )
 
 // Fabric defaults.
@@ -114,6 +131,9 @@ type Control struct {
 	// port_info the switch's for the port (port → switch). 0 or absent:
 	// no link flow control (see flow.go).
 	Credits int `json:"credits,omitempty"`
+	// Reason (refused) says why the SM refused an attach: ReasonGUIDInUse
+	// or ReasonNoLID.
+	Reason string `json:"reason,omitempty"`
 }
 
 // ErrNotControl reports a datagram without the Magic prefix.

@@ -28,6 +28,14 @@ func TestControlGolden(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(c, pi) {
 		t.Fatalf("decode %+v, %v", c, err)
 	}
+	ref := &Control{Type: TypeRefused, GUID: 0x100001, Reason: ReasonGUIDInUse}
+	want = "SRSM\x01" + `{"type":"refused","guid":1048577,"reason":"guid_in_use"}`
+	if got := string(EncodeControl(ref)); got != want {
+		t.Fatalf("got %q\nwant %q", got, want)
+	}
+	if c, err := DecodeControl([]byte(want)); err != nil || !reflect.DeepEqual(c, ref) {
+		t.Fatalf("decode %+v, %v", c, err)
+	}
 	if _, err := DecodeControl([]byte("SRSM\x02{}")); !errors.Is(err, ErrNotControl) {
 		t.Fatalf("version 2: %v", err)
 	}
@@ -42,7 +50,7 @@ func TestControlGolden(t *testing.T) {
 func TestPropControlRoundTrip(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		c := &Control{
-			Type:         rapid.SampledFrom([]string{TypeAttach, TypePortInfo, TypeDetach}).Draw(t, "type"),
+			Type:         rapid.SampledFrom([]string{TypeAttach, TypePortInfo, TypeRefused, TypeDetach}).Draw(t, "type"),
 			GUID:         rapid.Uint64().Draw(t, "guid"),
 			NodeDesc:     rapid.String().Draw(t, "desc"),
 			LID:          rapid.Uint16().Draw(t, "lid"),
@@ -52,6 +60,7 @@ func TestPropControlRoundTrip(t *testing.T) {
 			MTU:          rapid.Uint8().Draw(t, "mtu"),
 			Rate:         rapid.Uint8().Draw(t, "rate"),
 			State:        rapid.SampledFrom([]string{"", StateActive}).Draw(t, "state"),
+			Reason:       rapid.SampledFrom([]string{"", ReasonGUIDInUse, ReasonNoLID}).Draw(t, "reason"),
 		}
 		if n := rapid.IntRange(0, 3).Draw(t, "npk"); n > 0 {
 			for range n {

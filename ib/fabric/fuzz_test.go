@@ -12,6 +12,7 @@ func FuzzParse(f *testing.F) {
 	f.Add(samplePacket(true, []byte("hello")))
 	f.Add(samplePacket(false, make([]byte, 256)))
 	f.Add(EncodeControl(&Control{Type: TypeAttach, GUID: 1}))
+	f.Add(EncodeControl(&Control{Type: TypeRefused, GUID: 1, Reason: ReasonGUIDInUse}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if IsControl(b) {
 			DecodeControl(b)

@@ -20,8 +20,9 @@ func FuzzReassembler(f *testing.F) {
 	f.Add(seed[:Len], uint8(1))
 	f.Fuzz(func(t *testing.T, in []byte, force uint8) {
 		var r Reassembler
+		seg := MAD(make([]byte, Len)) // reused: Add copies what it keeps
 		for i := 0; len(in) > 0 && i < 512; i++ {
-			seg := MAD(make([]byte, Len))
+			clear(seg)
 			n := copy(seg, in)
 			in = in[n:]
 			if force&(1<<(i%8)) != 0 {
@@ -43,7 +44,7 @@ func FuzzReassembler(f *testing.F) {
 			for n := uint32(1); n <= r.last; n++ {
 				var d bool
 				var e error
-				seg := MAD(make([]byte, Len))
+				clear(seg)
 				copy(seg[:SAHeaderEnd], r.first[:SAHeaderEnd])
 				if n != 1 {
 					seg.SetRMPPFlags(RMPPFlagActive)

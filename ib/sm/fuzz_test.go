@@ -19,57 +19,72 @@ import (
 // attached ports, or of pre-registered ports (they exist without a client
 // process, as ports an SM knows from its configuration: another port of
 // their partition may join them by proxy, as in OpenSM).
+//
+// Each input gets a fresh SM state (newState: what New builds, minus the
+// sockets); all share one fabric socket, bound once, for their answers.
 func FuzzSMDatagrams(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 2, 0, 1, 0, 0, 1, 1, 1, 0, 3, 1, 0, 0})
 	f.Add([]byte{0, 0, 0, 1, 0, 0, 0, 1, 0, 2, 0, 1, 4, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 3})
 	f.Add([]byte{0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 2, 0, 0, 3, 5, 0, 0, 0, 0, 1, 0, 0})
+	cfg := Config{Listen: "127.0.0.1:0", SendOnlySupport: true, MaxLID: 5, PortTimeout: time.Second, Ports: []uint64{0x10}}
+	shared, err := New(cfg)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { shared.Close() })
+	guids := []uint64{0x10, 0x11, 0x12, 0x13, 0x14, 0x15}
+	addrs := make([]netip.AddrPort, 4)
+	for i := range addrs {
+		// Unbound loopback ports: the SM's answers go nowhere.
+		addrs[i] = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(1+i))
+	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		s, err := New(Config{Listen: "127.0.0.1:0", SendOnlySupport: true, MaxLID: 5, PortTimeout: time.Second, Ports: []uint64{0x10}})
+		s, err := newState(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer s.Close()
-		guids := []uint64{0x10, 0x11, 0x12, 0x13, 0x14, 0x15}
-		addrs := make([]netip.AddrPort, 4)
-		for i := range addrs {
-			// Unbound loopback ports: the SM's answers go nowhere.
-			addrs[i] = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(1+i))
-		}
-		now := time.Now()
-		for len(in) >= 4 && len(in) < 4096 {
-			op, a, g, x := in[0]%6, addrs[in[1]%4], guids[in[2]%6], in[3]
-			in = in[4:]
-			switch op {
-			case 0:
-				s.handleControl(fabric.EncodeControl(&fabric.Control{Type: fabric.TypeAttach, GUID: g}), a)
-			case 1:
-				s.handleControl(fabric.EncodeControl(&fabric.Control{Type: fabric.TypeDetach, GUID: g}), a)
-			case 2, 3: // an SA join (2) or leave (3) for g with join state x
-				method := uint8(mad.MethodSet)
-				comp := uint64(mad.CompCreateRequired)
-				if op == 3 {
-					method, comp = mad.MethodDelete, mad.CompJoinRequired
-				}
-				mgid := wire.GID{0xff, 0x12, 0x40, 0x01, 0xff, 0xff, 15: x >> 4}
-				s.handlePacket(saPacket(s, a, mcReq(method, comp, mgid, g, x&0x0f)), a)
-			case 4: // raw bytes as a packet or a control message
-				n := min(int(x), len(in))
-				b := in[:n]
-				in = in[n:]
-				if x&1 == 0 {
-					b = append([]byte(fabric.Magic), b...)
-				}
-				s.handlePacket(b, a)
-				if fabric.IsControl(b) {
-					s.handleControl(b, a)
-				}
-			case 5: // time passes
-				now = now.Add(time.Duration(x) * 50 * time.Millisecond)
-				s.expire(now)
-			}
-			checkSM(t, s)
-		}
+		s.fabric = shared.fabric // not closed here: Close would close it
+		smSteps(t, s, addrs, guids, in)
 	})
+}
+
+// smSteps runs the steps FuzzSMDatagrams decodes from in on s, checking
+// the SM after each.
+func smSteps(t testing.TB, s *SM, addrs []netip.AddrPort, guids []uint64, in []byte) {
+	now := time.Now()
+	for len(in) >= 4 && len(in) < 4096 {
+		op, a, g, x := in[0]%6, addrs[in[1]%4], guids[in[2]%6], in[3]
+		in = in[4:]
+		switch op {
+		case 0:
+			s.handleControl(fabric.EncodeControl(&fabric.Control{Type: fabric.TypeAttach, GUID: g}), a)
+		case 1:
+			s.handleControl(fabric.EncodeControl(&fabric.Control{Type: fabric.TypeDetach, GUID: g}), a)
+		case 2, 3: // an SA join (2) or leave (3) for g with join state x
+			method := uint8(mad.MethodSet)
+			comp := uint64(mad.CompCreateRequired)
+			if op == 3 {
+				method, comp = mad.MethodDelete, mad.CompJoinRequired
+			}
+			mgid := wire.GID{0xff, 0x12, 0x40, 0x01, 0xff, 0xff, 15: x >> 4}
+			s.handlePacket(saPacket(s, a, mcReq(method, comp, mgid, g, x&0x0f)), a)
+		case 4: // raw bytes as a packet or a control message
+			n := min(int(x), len(in))
+			b := in[:n]
+			in = in[n:]
+			if x&1 == 0 {
+				b = append([]byte(fabric.Magic), b...)
+			}
+			s.handlePacket(b, a)
+			if fabric.IsControl(b) {
+				s.handleControl(b, a)
+			}
+		case 5: // time passes
+			now = now.Add(time.Duration(x) * 50 * time.Millisecond)
+			s.expire(now)
+		}
+		checkSM(t, s)
+	}
 }
 
 // saPacket wraps an SA MAD in a UD packet from the port at a (SLID: its
@@ -87,7 +102,7 @@ func saPacket(s *SM, a netip.AddrPort, m mad.MAD) []byte {
 	return b[:fabric.EncodeUD(b, &p, m)]
 }
 
-func checkSM(t *testing.T, s *SM) {
+func checkSM(t testing.TB, s *SM) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	seen := map[uint16]uint64{}

@@ -172,6 +172,18 @@ func (p *fakePort) attach() *fabric.Control {
 	}
 }
 
+// control waits for the next control message from the SM.
+func (p *fakePort) control() *fabric.Control {
+	p.t.Helper()
+	select {
+	case c := <-p.ctl:
+		return c
+	case <-time.After(waitTimeout):
+		p.t.Fatalf("port %#x: no control message", p.guid)
+		return nil
+	}
+}
+
 func (p *fakePort) LID() uint16 {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -16,12 +16,14 @@
 //
 // Identity: a port is its GUID, bound to the UDP address it attached from
 // while it is registered. An attach for a registered GUID from another
-// address is refused (counted) until the port detaches or expires; a
+// address is refused (counted, and answered with a "refused" control
+// message) until the port detaches or expires; a
 // detach counts only from the port's own address. A port registering again
 // after it was forgotten (expired or detached) gets ClientReregister in its
 // port_info, so it learns that its memberships are gone.
 //
-// LIDs: see lidAlloc; when none is free the attach is refused (counted).
+// LIDs: see lidAlloc; when none is free the attach is refused (counted,
+// answered with "refused").
 //
 // Raw SA port (off unless Config.SAListen is set; loopback only unless
 // Config.SAAllowRemote): a diagnostic. One datagram of exactly 256 bytes
@@ -253,6 +255,29 @@ type SM struct {
 // New binds the sockets, loads the state file and registers the
 // pre-registered ports. Call Run to serve, or Close.
 func New(cfg Config) (*SM, error) {
+	s, err := newState(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if s.fabric, err = listenUDP(s.cfg.Listen); err != nil {
+		return nil, err
+	}
+	s.rcvbuf = socketBuffer(s.fabric)
+	if raw, err := s.fabric.SyscallConn(); err == nil {
+		s.gso = mmsg.GSOSupported(raw)
+	}
+	if s.cfg.SAListen != "" {
+		if s.rawSA, err = listenUDP(s.cfg.SAListen); err != nil {
+			s.fabric.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// newState is New without the sockets: the configuration checked and
+// defaulted, the state file loaded, the pre-registered ports registered.
+func newState(cfg Config) (*SM, error) {
 	if cfg.Listen == "" {
 		cfg.Listen = fabric.DefaultListen
 	}
@@ -337,20 +362,6 @@ func New(cfg Config) (*SM, error) {
 	s.lids.idleAll(func(g uint64) bool { return s.byGUID[g] != nil })
 	if err := s.saveState(); err != nil {
 		return nil, err
-	}
-	var err error
-	if s.fabric, err = listenUDP(cfg.Listen); err != nil {
-		return nil, err
-	}
-	s.rcvbuf = socketBuffer(s.fabric)
-	if raw, err := s.fabric.SyscallConn(); err == nil {
-		s.gso = mmsg.GSOSupported(raw)
-	}
-	if cfg.SAListen != "" {
-		if s.rawSA, err = listenUDP(cfg.SAListen); err != nil {
-			s.fabric.Close()
-			return nil, err
-		}
 	}
 	s.rebuildMFT()
 	return s, nil
@@ -482,6 +493,7 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 		lid, rereg, win, err := s.attach(c.GUID, c.NodeDesc, from, c.Credits)
 		if err != nil {
 			s.logf("attach of %#x from %v refused: %v", c.GUID, from, err)
+			s.refuse(c.GUID, from, err)
 			return
 		}
 		reply := fabric.EncodeControl(&fabric.Control{
@@ -510,6 +522,19 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 
 // errLive refuses an attach for a GUID registered at another address.
 var errLive = errors.New("the GUID is registered at another address")
+
+// refuse answers a refused attach with a "refused" control message, so
+// that the port fails at once instead of waiting for a port_info.
+func (s *SM) refuse(guid uint64, to netip.AddrPort, err error) {
+	reason := fabric.ReasonGUIDInUse
+	if errors.Is(err, ErrNoLID) {
+		reason = fabric.ReasonNoLID
+	}
+	b := fabric.EncodeControl(&fabric.Control{Type: fabric.TypeRefused, GUID: guid, Reason: reason})
+	if _, err := s.fabric.WriteToUDPAddrPort(b, to); err != nil {
+		s.logf("refused to %v: %v", to, err)
+	}
+}
 
 // attach registers or refreshes a port and returns its LID, whether the
 // port registers anew (its memberships, if it had any, are gone) and the

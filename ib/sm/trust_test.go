@@ -34,8 +34,8 @@ func members(s *SM, g wire.GID) map[uint64]uint8 {
 	return out
 }
 
-// TestNoTakeover: an attach for a GUID live at another address is refused
-// and counted; a detach naming it from there is ignored and counted; the
+// TestNoTakeover: an attach for a GUID live at another address is refused,
+// counted and answered with "refused" (guid_in_use); a detach naming it from there is ignored and counted; the
 // victim keeps its address, LID and memberships.
 func TestNoTakeover(t *testing.T) {
 	s := startSM(t, Config{SendOnlySupport: true})
@@ -46,6 +46,9 @@ func TestNoTakeover(t *testing.T) {
 
 	evil := newFakePort(t, s.FabricAddr(), 0x300002)
 	evil.sendControl(&fabric.Control{Type: fabric.TypeAttach, GUID: victim.guid})
+	if c := evil.control(); c.Type != fabric.TypeRefused || c.GUID != victim.guid || c.Reason != fabric.ReasonGUIDInUse {
+		t.Fatalf("answer to the takeover: %+v, want refused %#x %s", c, victim.guid, fabric.ReasonGUIDInUse)
+	}
 	evil.sendControl(&fabric.Control{Type: fabric.TypeDetach, GUID: victim.guid})
 	// The SM reads one socket in order: once evil's own attach is answered,
 	// the two messages before it were handled.
@@ -88,7 +91,7 @@ func TestExpiredPortReregisters(t *testing.T) {
 }
 
 // TestLIDExhaustionAndReuse: with LIDs 2..4, a fourth live port is
-// refused (counted, no hang); once a port is forgotten its LID is reused.
+// refused (counted, answered with "refused" no_lid); once a port is forgotten its LID is reused.
 func TestLIDExhaustionAndReuse(t *testing.T) {
 	s := startSM(t, Config{MaxLID: 4})
 	a := newFakePort(t, s.FabricAddr(), 0x400001)
@@ -99,7 +102,12 @@ func TestLIDExhaustionAndReuse(t *testing.T) {
 	}
 	d := newFakePortNoAttach(t, s.FabricAddr(), 0x400004)
 	d.sendControl(&fabric.Control{Type: fabric.TypeAttach, GUID: d.guid})
-	waitUntil(t, "the refusal to be counted", func() bool { return s.Stats().NoLIDAttaches == 1 })
+	if c := d.control(); c.Type != fabric.TypeRefused || c.GUID != d.guid || c.Reason != fabric.ReasonNoLID {
+		t.Fatalf("answer to the fourth attach: %+v, want refused %#x %s", c, d.guid, fabric.ReasonNoLID)
+	}
+	if n := s.Stats().NoLIDAttaches; n != 1 {
+		t.Fatalf("NoLIDAttaches %d, want 1", n)
+	}
 	a.sendControl(&fabric.Control{Type: fabric.TypeDetach, GUID: a.guid})
 	waitUntil(t, "a's detach", func() bool { return len(s.Stats().Ports) == 2 })
 	if pi := d.attach(); pi.LID != 2 {

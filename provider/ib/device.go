@@ -131,11 +131,15 @@ type Device struct {
 	active   bool
 	lastSeen time.Time
 	activeCh chan struct{}
-	subs     map[int]func(PortEvent)
-	nextSub  int
-	qpns     map[uint32]bool // QPNs in use
-	nextQPN  uint32
-	closed   bool
+	// refusal is why the SM refused the port's attach (set once, before
+	// the first port_info, then refusedCh is closed).
+	refusal   error
+	refusedCh chan struct{}
+	subs      map[int]func(PortEvent)
+	nextSub   int
+	qpns      map[uint32]bool // QPNs in use
+	nextQPN   uint32
+	closed    bool
 
 	// The link to the switch (link.go).
 	lmu     sync.Mutex
@@ -153,7 +157,10 @@ type Device struct {
 }
 
 // Open attaches a new port to the subnet manager at cfg.SM and waits until
-// it is active (the SM gave it a LID).
+// it is active (the SM gave it a LID). It fails at once when the SM
+// refuses the attach: with EADDRINUSE when the GUID is in use at another
+// address, ENOSPC when the subnet has no free LID; and with ETIMEDOUT when
+// the SM does not answer within cfg.ActivateTimeout.
 func Open(cfg Config) (*Device, error) {
 	if cfg.SM == "" || !cfg.Local.IsValid() {
 		return nil, fmt.Errorf("ib: open: need an SM address and a local address: %w", syscall.EINVAL)
@@ -184,7 +191,7 @@ func Open(cfg Config) (*Device, error) {
 	d := &Device{
 		cfg: cfg, conn: conn, sm: sm, guid: cfg.GUID,
 		smAddr:   netip.AddrPortFrom(sm.AddrPort().Addr().Unmap(), sm.AddrPort().Port()),
-		activeCh: make(chan struct{}), subs: map[int]func(PortEvent){},
+		activeCh: make(chan struct{}), refusedCh: make(chan struct{}), subs: map[int]func(PortEvent){},
 		qpns: map[uint32]bool{}, nextQPN: 2,
 		done: make(chan struct{}), events: make(chan PortEvent, 16),
 		linkCh: make(chan struct{}),
@@ -218,6 +225,9 @@ func Open(cfg Config) (*Device, error) {
 	defer cancel()
 	select {
 	case <-d.activeCh:
+	case <-d.refusedCh:
+		d.shutdown()
+		return nil, fmt.Errorf("ib: open %s: %w", d.name, d.refusal)
 	case <-ctx.Done():
 		d.shutdown()
 		return nil, fmt.Errorf("ib: open %s: no answer from the subnet manager at %s: %w", d.name, cfg.SM, syscall.ETIMEDOUT)

@@ -21,6 +21,7 @@ type fakeSM struct {
 
 	mu       sync.Mutex
 	portInfo fabric.Control
+	quiet    bool           // attaches go unanswered
 	port     netip.AddrPort // the port's address, once it attached
 	got      map[string]int // control messages by type
 	data     int            // IB packets received
@@ -75,14 +76,22 @@ func (f *fakeSM) loop() {
 		f.mu.Lock()
 		f.got[c.Type]++
 		f.port = from
-		pi := f.portInfo
+		pi, quiet := f.portInfo, f.quiet
 		f.cond.Broadcast()
 		f.mu.Unlock()
-		if c.Type == fabric.TypeAttach {
+		if c.Type == fabric.TypeAttach && !quiet {
 			pi.GUID = c.GUID
 			f.conn.WriteToUDPAddrPort(fabric.EncodeControl(&pi), from)
 		}
 	}
+}
+
+// setQuiet makes the fake SM leave later attaches unanswered (or answer
+// them again).
+func (f *fakeSM) setQuiet(q bool) {
+	f.mu.Lock()
+	f.quiet = q
+	f.mu.Unlock()
 }
 
 // setPortInfo changes what later attaches are answered with.

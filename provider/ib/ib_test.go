@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -208,5 +209,31 @@ func TestOpenWithoutSM(t *testing.T) {
 	_, err := ib.Open(ib.Config{SM: "127.0.0.1:1", Local: netip.MustParseAddr("127.0.2.9"), ActivateTimeout: 300 * time.Millisecond})
 	if !errors.Is(err, syscall.ETIMEDOUT) {
 		t.Fatalf("open: %v", err)
+	}
+}
+
+// TestGUIDInUseRefused: a second port with the GUID of a live port, from
+// another address, is refused by the SM and its Open fails at once with
+// EADDRINUSE (not ETIMEDOUT after ActivateTimeout, which is a minute
+// here); the first port keeps its LID and keeps working.
+func TestGUIDInUseRefused(t *testing.T) {
+	s := startSM(t)
+	first := openPort(t, s, "127.0.2.10")
+	lid := first.dev.LID()
+	_, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr("127.0.2.11"),
+		GUID: first.dev.GUID(), ActivateTimeout: time.Minute})
+	if !errors.Is(err, syscall.EADDRINUSE) || !strings.Contains(err.Error(), "in use at another address") {
+		t.Fatalf("open with a GUID in use: %v, want EADDRINUSE (in use at another address)", err)
+	}
+	if st := s.Stats(); st.RefusedAttaches != 1 {
+		t.Errorf("RefusedAttaches %d, want 1", st.RefusedAttaches)
+	}
+	mgid, _ := verbs.ParseGID("ff12:4001:ffff::abce")
+	_, rec := first.join(t, mgid, mad.JoinFullMember)
+	if rec.MLID < 0xc001 || first.dev.LID() != lid {
+		t.Errorf("first port after the refusal: MLID %#x LID %d (was %d)", rec.MLID, first.dev.LID(), lid)
+	}
+	if pa, _ := first.dev.QueryPort(1); pa.State != verbs.PortActive {
+		t.Errorf("first port state %v", pa.State)
 	}
 }

@@ -28,13 +28,18 @@ func (d *Device) SendSA(m []byte) error {
 	return d.xmitManagement(b[:n])
 }
 
-// control handles a control message from the SM: only a valid port_info
-// is taken.
+// control handles a control message from the SM (receiveLoop checked the
+// source): a valid port_info, or a refused for this port before its first
+// port_info. Anything else is dropped and counted.
 func (d *Device) control(b []byte) {
 	c, err := fabric.DecodeControl(b)
-	if err != nil || c.Type != fabric.TypePortInfo || d.validPortInfo(c) != nil {
-		d.core.Count(softverbs.ControlDrops, 1)
+	switch {
+	case err != nil:
+	case c.Type == fabric.TypePortInfo && d.validPortInfo(c) == nil:
+		d.portInfo(c)
+		return
+	case c.Type == fabric.TypeRefused && d.refused(c):
 		return
 	}
-	d.portInfo(c)
+	d.core.Count(softverbs.ControlDrops, 1)
 }

@@ -3,6 +3,7 @@ package ib
 import (
 	"fmt"
 	"net/netip"
+	"syscall"
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/verbs"
@@ -14,7 +15,11 @@ import (
 // switch, so every IB packet comes from there too). Datagrams from any
 // other address are dropped and counted (ForeignDrops), control messages
 // or packets alike. A port_info is taken only when its fields are sane
-// (validPortInfo); otherwise it is dropped and counted (BadControlDrops).
+// (validPortInfo); otherwise it is dropped and counted (ControlDrops). A
+// refused is taken only when it names the port's GUID and the port never
+// had a port_info (Open is waiting): it ends Open at once (refused). Later
+// ones are dropped and counted: an active port that the SM stopped
+// answering notices it by its keepalives (PortError).
 // SA answers are further matched by the join engine (TID, response
 // method, attribute, source LID and QP).
 
@@ -48,4 +53,29 @@ func (d *Device) validPortInfo(c *fabric.Control) error {
 		return fmt.Errorf("port_info without an epoch")
 	}
 	return nil
+}
+
+// refused takes the SM's refusal of the port's attach: it must name the
+// port's GUID and come before the port's first port_info. Open then fails
+// with the refusal's error. It reports whether the message was taken.
+func (d *Device) refused(c *fabric.Control) bool {
+	if c.GUID != d.guid {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.epoch != 0 || d.refusal != nil {
+		return false
+	}
+	switch c.Reason {
+	case fabric.ReasonGUIDInUse:
+		d.refusal = fmt.Errorf("GUID %#x is in use at another address on the subnet (refused by the subnet manager at %v): %w",
+			d.guid, d.smAddr, syscall.EADDRINUSE)
+	case fabric.ReasonNoLID:
+		d.refusal = fmt.Errorf("the subnet has no free LID (refused by the subnet manager at %v): %w", d.smAddr, syscall.ENOSPC)
+	default:
+		d.refusal = fmt.Errorf("the subnet manager at %v refused the port (reason %q): %w", d.smAddr, c.Reason, syscall.ECONNREFUSED)
+	}
+	close(d.refusedCh)
+	return true
 }

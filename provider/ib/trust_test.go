@@ -3,6 +3,7 @@ package ib
 import (
 	"context"
 	"net"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -202,5 +203,54 @@ func TestClientReregisterBit(t *testing.T) {
 	evs.waitEvent(t)
 	if k := evs.kinds(); len(k) != 1 || k[0] != ClientReregister {
 		t.Errorf("events %v, want ClientReregister", k)
+	}
+}
+
+// TestRefusalTrust: a refused is taken only from the SM, only for the
+// port's GUID and only while Open waits for the first port_info: a
+// refusal from another address or for another GUID does not end Open
+// (dropped, counted), and one after the port is active changes nothing.
+func TestRefusalTrust(t *testing.T) {
+	f := startFakeSM(t)
+	f.setQuiet(true)
+	const guid = 0x2c90000abcdef
+	type result struct {
+		d   *Device
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		d, err := Open(Config{SM: f.addr(), Local: netip.MustParseAddr("127.0.3.6"), GUID: guid,
+			SATimeout: 20 * time.Millisecond, SARetries: 1, ActivateTimeout: time.Minute})
+		res <- result{d, err}
+	}()
+	f.waitFor(fabric.TypeAttach, 1)
+	refused := func(g uint64) []byte {
+		return fabric.EncodeControl(&fabric.Control{Type: fabric.TypeRefused, GUID: g, Reason: fabric.ReasonGUIDInUse})
+	}
+	f.sendFrom(attacker(t), refused(guid))
+	f.send(refused(guid + 1))
+	// The SM's port_info comes after both: Open succeeds. (The fake SM
+	// stays quiet: keepalives go unanswered.)
+	f.send(portInfoMsg(&Device{guid: guid}, nil))
+	r := <-res
+	if r.err != nil {
+		t.Fatalf("open: %v", r.err)
+	}
+	d := r.d
+	defer d.Close()
+	// A refusal of the active port, from the SM: dropped.
+	f.send(refused(guid))
+	evs := logEvents(d)
+	f.send(portInfoMsg(d, func(c *fabric.Control) { c.LID = 5 }))
+	evs.waitEvent(t)
+	if k := evs.kinds(); len(k) != 1 || k[0] != LIDChange {
+		t.Errorf("events %v, want only LIDChange", k)
+	}
+	if pa, _ := d.QueryPort(1); pa.State != verbs.PortActive || pa.LID != 5 {
+		t.Errorf("port %+v", pa)
+	}
+	if c := d.Counters(); c.Get(softverbs.UntrustedDrops) != 1 || c.Get(softverbs.ControlDrops) != 2 {
+		t.Errorf("untrusted_drops %d control_drops %d, want 1 and 2", c.Get(softverbs.UntrustedDrops), c.Get(softverbs.ControlDrops))
 	}
 }
