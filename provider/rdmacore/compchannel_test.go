@@ -16,8 +16,10 @@ import (
 
 // TestCompChannel: a CQ created with the program's completion channel
 // raises one event per ReqNotify, readable on the channel's fd (epoll);
-// GetCQEvent returns the CQ and its context; Wait is refused; Destroy of
-// the CQ follows AckEvents; the channel is busy while the CQ lives.
+// GetCQEvent returns the CQ and its context; Wait through a shared
+// channel is refused, through a channel of the CQ's own it waits (at the
+// end); Destroy of the CQ follows AckEvents; the channel is busy while the
+// CQ lives.
 func TestCompChannel(t *testing.T) {
 	e := newEnv(t)
 	ch, err := e.ctx.CreateCompChannel()
@@ -41,9 +43,17 @@ func TestCompChannel(t *testing.T) {
 	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ch.Fd(), &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ch.Fd())}); err != nil {
 		t.Fatal(err)
 	}
-	if err := rcq.Wait(context.Background()); !errors.Is(err, syscall.EINVAL) {
-		t.Errorf("Wait on a CQ with a channel: %v, want EINVAL", err)
+	// Wait on a CQ whose channel serves another CQ too: EINVAL.
+	other, err := e.ctx.CreateCQEx(4, verbs.CQInit{Channel: ch})
+	if err != nil {
+		t.Fatal(err)
 	}
+	wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := rcq.Wait(wctx); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("Wait on a CQ sharing its channel: %v, want EINVAL", err)
+	}
+	wcancel()
+	check(t, other.Destroy())
 	send := func(solicited bool) {
 		t.Helper()
 		flags := verbs.SendSignaled
@@ -93,6 +103,18 @@ func TestCompChannel(t *testing.T) {
 		t.Fatalf("solicited receive: %v %v", cq, err)
 	}
 	rcq.AckEvents(1)
+	rcq.Poll(wc[:])
+	// Wait through the channel, which now serves rcq alone.
+	done := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- rcq.Wait(wctx)
+	}()
+	send(false)
+	if err := <-done; err != nil {
+		t.Errorf("Wait through the CQ's own channel: %v", err)
+	}
 	rcq.Poll(wc[:])
 	if err := ch.Destroy(); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("destroying a channel in use: %v, want EBUSY", err)
