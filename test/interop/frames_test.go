@@ -22,22 +22,33 @@ type flow struct {
 }
 
 // flows groups RoCEv2 frames src → group by the DETH SrcQP, ordered by
-// first appearance. Frames that do not parse as UD SEND_ONLY are a flow of
-// their own with srcQP 0xffffffff.
+// first appearance. A QPN names a QP only while its process lives: a
+// sender that starts after another exited may get the same ephemeral send
+// port, hence the same QPN; so a frame whose PSN does not follow the
+// previous one of its QPN starts a new flow. Frames that do not parse as
+// UD SEND_ONLY are a flow of their own with srcQP 0xffffffff.
 func flows(frames []nettest.RoCEFrame) []*flow {
 	var out []*flow
 	by := map[uint32]*flow{}
+	last := map[uint32]uint32{}
 	for _, f := range frames {
 		qp := uint32(0xffffffff)
 		var p wire.Packet
-		if wire.ParseUD(f.Body, &p) == nil {
+		parsed := wire.ParseUD(f.Body, &p) == nil
+		if parsed {
 			qp = p.DETH.SrcQP()
 		}
 		fl := by[qp]
+		if fl != nil && parsed && p.BTH.PSN() != (last[qp]+1)&0xFFFFFF {
+			fl = nil
+		}
 		if fl == nil {
 			fl = &flow{src: f.Src, group: f.Dst, srcQP: qp}
 			by[qp] = fl
 			out = append(out, fl)
+		}
+		if parsed {
+			last[qp] = p.BTH.PSN()
 		}
 		fl.frames = append(fl.frames, f)
 	}
