@@ -151,7 +151,7 @@ func TestSpareSocket(t *testing.T) {
 	if !reused {
 		t.Errorf("a new socket for a join right after the last leave")
 	}
-	if igmpHas(t, "lo", g1) {
+	if !igmpState(t, "lo", g1, false) {
 		t.Errorf("lo still in %v", g1)
 	}
 	if err := d.DecGroup(g2); err != nil {

@@ -356,6 +356,25 @@ func igmpHas(t *testing.T, ifname string, group netip.Addr) bool {
 	return false
 }
 
+// igmpState reports whether the interface's IPv4 membership of group
+// reaches the wanted state (present or not) within 2 s. One read of
+// /proc/net/igmp is not a snapshot: while other processes join and leave
+// groups, the kernel's record-by-record listing can skip an entry, so a
+// check reads again until it sees what it waits for.
+func igmpState(t *testing.T, ifname string, group netip.Addr, present bool) bool {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if igmpHas(t, ifname, group) == present {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func hex32(v uint32) string {
 	const digits = "0123456789ABCDEF"
 	var b [8]byte
