@@ -49,14 +49,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"net/netip"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/softrdma/softrdma/internal/testcmd/peerutil"
 
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
@@ -151,7 +151,7 @@ func (p *peer) setup() error {
 	if err := p.id.ResolveAddr(p.src, p.group, 2*time.Second); err != nil {
 		return err
 	}
-	if _, err := p.event(rdmacm.EventAddrResolved); err != nil {
+	if _, err := peerutil.Event(p.ch, rdmacm.EventAddrResolved); err != nil {
 		return err
 	}
 	ctx := p.id.Verbs()
@@ -202,21 +202,6 @@ func (p *peer) postRecv(i uint64) error {
 	return p.qp.PostRecv(&wr)
 }
 
-// event waits for the next CM event, which must be of type want, and acks it.
-func (p *peer) event(want rdmacm.EventType) (rdmacm.UDParam, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
-	defer cancel()
-	ev, err := p.ch.GetEvent(ctx)
-	if err != nil {
-		return rdmacm.UDParam{}, fmt.Errorf("waiting for %v: %w", want, err)
-	}
-	defer ev.Ack()
-	if ev.Event != want {
-		return rdmacm.UDParam{}, fmt.Errorf("got %v status %d, want %v", ev.Event, ev.Status, want)
-	}
-	return ev.Param, nil
-}
-
 // join joins the group and waits for the JOIN event; the QP is attached
 // when the event is read (full members only). The first join creates the AH.
 func (p *peer) join() error {
@@ -232,7 +217,7 @@ func (p *peer) join() error {
 	if err := p.id.JoinMulticastEx(&attr, p); err != nil {
 		return err
 	}
-	param, err := p.event(rdmacm.EventMulticastJoin)
+	param, err := peerutil.Event(p.ch, rdmacm.EventMulticastJoin)
 	if err != nil {
 		// The join record exists; drop it so that a later join starts clean.
 		p.id.LeaveMulticast(p.group)
@@ -292,7 +277,7 @@ func (p *peer) command(f []string) error {
 		if err != nil {
 			return err
 		}
-		p.reply("recv %d from %s", got, formatCounts(by))
+		p.reply("recv %d from %s", got, peerutil.FormatCounts(by))
 	case f[0] == "quiet" && len(f) == 2:
 		d, err := time.ParseDuration(f[1])
 		if err != nil {
@@ -453,19 +438,6 @@ func poll(cq *verbs.CQ, wc []verbs.WC, d time.Duration) (int, error) {
 			return 0, err
 		}
 	}
-}
-
-// formatCounts renders counts by source QPN as "0xQPN:count,..." in
-// ascending QPN order, or "-" when there are none.
-func formatCounts(by map[uint32]int) string {
-	if len(by) == 0 {
-		return "-"
-	}
-	var parts []string
-	for _, qpn := range slices.Sorted(maps.Keys(by)) {
-		parts = append(parts, fmt.Sprintf("%#x:%d", qpn, by[qpn]))
-	}
-	return strings.Join(parts, ",")
 }
 
 // close leaves the group and releases every resource, in reverse order of

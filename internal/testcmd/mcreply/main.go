@@ -44,7 +44,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -52,6 +51,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/softrdma/softrdma/internal/testcmd/peerutil"
 
 	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/provider/softverbs"
@@ -162,7 +163,7 @@ func (m *member) setup() error {
 	if err := m.id.ResolveAddr(m.src, m.group, 2*time.Second); err != nil {
 		return err
 	}
-	if _, err := m.event(rdmacm.EventAddrResolved); err != nil {
+	if _, err := peerutil.Event(m.ch, rdmacm.EventAddrResolved); err != nil {
 		return err
 	}
 	ctx := m.id.Verbs()
@@ -208,7 +209,7 @@ func (m *member) setup() error {
 	if err := m.id.JoinMulticastEx(&jattr, m); err != nil {
 		return err
 	}
-	param, err := m.event(rdmacm.EventMulticastJoin)
+	param, err := peerutil.Event(m.ch, rdmacm.EventMulticastJoin)
 	if err != nil {
 		return err
 	}
@@ -227,21 +228,6 @@ const slot = verbs.GRHLen + msgLen
 func (m *member) postRecv(i uint64) error {
 	wr := verbs.RecvWR{WRID: i, SGList: []verbs.SGE{m.recvMR.SGE(int(i)*slot, slot)}}
 	return m.qp.PostRecv(&wr)
-}
-
-// event waits for the next CM event, which must be of type want, and acks it.
-func (m *member) event(want rdmacm.EventType) (rdmacm.UDParam, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
-	defer cancel()
-	ev, err := m.ch.GetEvent(ctx)
-	if err != nil {
-		return rdmacm.UDParam{}, fmt.Errorf("waiting for %v: %w", want, err)
-	}
-	defer ev.Ack()
-	if ev.Event != want {
-		return rdmacm.UDParam{}, fmt.Errorf("got %v status %d, want %v", ev.Event, ev.Status, want)
-	}
-	return ev.Param, nil
 }
 
 // serve runs commands and answers requests until exit or end of input.
@@ -357,7 +343,7 @@ func (m *member) checkWait() {
 }
 
 func (m *member) counts() string {
-	return fmt.Sprintf("req %s rep %s dup %d bad %d", formatCounts(m.reqs), formatCounts(m.reps), m.dup, m.bad)
+	return fmt.Sprintf("req %s rep %s dup %d bad %d", peerutil.FormatCounts(m.reqs), peerutil.FormatCounts(m.reps), m.dup, m.bad)
 }
 
 // received handles one receive completion: a request is answered, a
@@ -473,19 +459,6 @@ func (m *member) reapSends(block bool) error {
 			return fmt.Errorf("send completions: %w", err)
 		}
 	}
-}
-
-// formatCounts renders counts by source QPN as "0xQPN:count,..." in
-// ascending QPN order, or "-" when there are none.
-func formatCounts(by map[uint32]int) string {
-	if len(by) == 0 {
-		return "-"
-	}
-	var parts []string
-	for _, qpn := range slices.Sorted(maps.Keys(by)) {
-		parts = append(parts, fmt.Sprintf("%#x:%d", qpn, by[qpn]))
-	}
-	return strings.Join(parts, ",")
 }
 
 // close leaves the group and releases every resource; errors are of no
