@@ -66,6 +66,7 @@ the JSON lines).
 	batch := fs.Int("batch", cfg.Batch, "datagrams per sendmmsg and per chain of send WRs")
 	rate := fs.Int("rate", 0, "limit the sender to this many datagrams/s (0: unlimited)")
 	groups := fs.Int("groups", 0, "groups one process joins at once (default 10000)")
+	modes := fs.String("modes", strings.Join(cfg.Modes, ","), "fan-out modes: udp (the baseline), rdma (RoCEv2); one alone gives no ratio (for a profiler)")
 	rxProcs := fs.Int("rx-gomaxprocs", 1, "GOMAXPROCS of the receiver processes (0: Go's default, the number of cores)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -81,6 +82,14 @@ the JSON lines).
 		return 2
 	}
 	cfg.Parts = strings.Split(*parts, ",")
+	cfg.Modes = nil
+	for _, m := range strings.Split(*modes, ",") {
+		if m != "udp" && m != "rdma" {
+			fmt.Fprintf(stderr, "bench: -modes: unknown mode %q\n", m)
+			return 2
+		}
+		cfg.Modes = append(cfg.Modes, m)
+	}
 	if *recv != "" {
 		if cfg.Receivers, err = intList(*recv, 1, 64); err != nil {
 			fmt.Fprintf(stderr, "bench: -n: %v\n", err)

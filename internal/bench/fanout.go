@@ -81,10 +81,22 @@ func (r fanoutRun) totalPerMsg() float64 {
 	return float64(r.txCPU+r.rxCPU+r.swCPU) / float64(max(r.msgs, 1))
 }
 
-func (r fanoutRun) rate() float64  { return float64(r.msgs) / r.elapsed.Seconds() }
-func (r fanoutRun) brate() float64 { return float64(r.bytes) / r.elapsed.Seconds() }
-func (r fanoutRun) srate() float64 { return float64(r.sent) / r.elapsed.Seconds() }
+func (r fanoutRun) rate() float64  { return r.per(r.msgs) }
+func (r fanoutRun) brate() float64 { return r.per(r.bytes) }
+func (r fanoutRun) srate() float64 { return r.per(r.sent) }
+
+// per returns v per second of the run; 0 for a mode not measured.
+func (r fanoutRun) per(v uint64) float64 {
+	if r.elapsed <= 0 {
+		return 0
+	}
+	return float64(v) / r.elapsed.Seconds()
+}
+
 func (r fanoutRun) loss(n int) float64 {
+	if r.elapsed <= 0 {
+		return 0 // not measured
+	}
 	if r.sent == 0 {
 		return 1
 	}
@@ -368,9 +380,9 @@ func (f *fanout) runCase(n, size int) (FanoutResult, error) {
 	var udp, rdma []fanoutRun
 	var ratios []float64
 	for i := range f.cfg.Repeats {
-		order := []string{"udp", "rdma"}
+		order := slices.Clone(f.cfg.Modes)
 		if i%2 == 1 {
-			order = []string{"rdma", "udp"}
+			slices.Reverse(order)
 		}
 		var pair [2]fanoutRun
 		for _, mode := range order {
@@ -384,13 +396,23 @@ func (f *fanout) runCase(n, size int) (FanoutResult, error) {
 				pair[1] = r
 			}
 		}
-		udp = append(udp, pair[0])
-		rdma = append(rdma, pair[1])
-		if pair[0].msgs > 0 {
+		if slices.Contains(order, "udp") {
+			udp = append(udp, pair[0])
+		}
+		if slices.Contains(order, "rdma") {
+			rdma = append(rdma, pair[1])
+		}
+		if pair[0].msgs > 0 && pair[1].elapsed > 0 {
 			ratios = append(ratios, pair[1].rate()/pair[0].rate())
 		}
 	}
-	mu, mr := medianRun(udp), medianRun(rdma)
+	var mu, mr fanoutRun
+	if len(udp) > 0 {
+		mu = medianRun(udp)
+	}
+	if len(rdma) > 0 {
+		mr = medianRun(rdma)
+	}
 	res.UDPSentPerS, res.UDPMsgsPerS, res.UDPBytesPerS, res.UDPLoss = mu.srate(), mu.rate(), mu.brate(), mu.loss(n)
 	res.RDMASentPerS, res.RDMAMsgsPerS, res.RDMABytesPerS, res.RDMALoss = mr.srate(), mr.rate(), mr.brate(), mr.loss(n)
 	res.RDMADeviceDrop = mr.drops
@@ -427,6 +449,9 @@ func medianOf(rs []fanoutRun, f func(fanoutRun) float64) float64 {
 }
 
 func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
 	s := slices.Clone(v)
 	slices.Sort(s)
 	if len(s)%2 == 1 {

@@ -143,7 +143,7 @@ func (r *receiver) checkDeliver(b []byte, v6, fwd bool) {
 	p := &r.pkt
 	m := &r.meta
 	if !m.dst.IsValid() || !m.src.IsValid() {
-		d.core.Count(softverbs.TruncatedDrops, 1) // no IP_PKTINFO / address: cannot check the ICRC
+		d.core.Count(softverbs.TruncatedDrops, 1) // no destination (IP_ORIGDSTADDR, IPV6_PKTINFO) or source: cannot check the ICRC
 		return
 	}
 	udp := wire.UDP(r.udp[:])

@@ -10,7 +10,7 @@ import (
 )
 
 // This file tests parseRxMeta, the receive path's reader of the source
-// sockaddr and the control messages (IP_PKTINFO, IP_TTL, IP_TOS,
+// sockaddr and the control messages (IP_ORIGDSTADDR, IP_PKTINFO, IP_TTL, IP_TOS,
 // IPV6_PKTINFO, IPV6_HOPLIMIT, IPV6_TCLASS, IPV6_FLOWINFO): a fuzz target
 // against an independent reference walker, and a round trip of what the
 // kernel hands a receiver.
@@ -65,6 +65,8 @@ func refRxMeta(name, oob []byte, v6 bool) rxMeta {
 		case level == unix.IPPROTO_IP && typ == unix.IP_PKTINFO && len(data) >= 12: // ipi_ifindex, ipi_spec_dst, ipi_addr
 			m.ifindex = int(u32())
 			m.dst = netip.AddrFrom4([4]byte{data[8], data[9], data[10], data[11]})
+		case level == unix.IPPROTO_IP && typ == unix.IP_ORIGDSTADDR && len(data) >= 8: // sin_family, sin_port, sin_addr
+			m.dst = netip.AddrFrom4([4]byte{data[4], data[5], data[6], data[7]})
 		case level == unix.IPPROTO_IP && typ == unix.IP_TTL && len(data) >= 4:
 			m.ttl = uint8(u32())
 		case level == unix.IPPROTO_IP && typ == unix.IP_TOS && len(data) >= 1:
@@ -120,12 +122,12 @@ func (c rxCmsgs) build() (name, oob []byte) {
 	if !c.v6 {
 		kinds = []func(b []byte) int{
 			func(b []byte) int {
-				var pi [unix.SizeofInet4Pktinfo]byte
-				binary.NativeEndian.PutUint32(pi[0:], c.ifindex)
-				copy(pi[4:8], []byte{127, 0, 0, 1}) // ipi_spec_dst: the local address, not the destination
+				var sa [unix.SizeofSockaddrInet4]byte // IP_ORIGDSTADDR: a struct sockaddr_in
+				binary.NativeEndian.PutUint16(sa[0:], unix.AF_INET)
+				binary.BigEndian.PutUint16(sa[2:], 4791)
 				d := c.dst.As4()
-				copy(pi[8:], d[:])
-				return putCmsg(b, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+				copy(sa[4:8], d[:])
+				return putCmsg(b, unix.IPPROTO_IP, unix.IP_ORIGDSTADDR, sa[:])
 			},
 			func(b []byte) int { return putCmsgInt(b, unix.IPPROTO_IP, unix.IP_TTL, int(c.ttl)) },
 			func(b []byte) int { return putCmsg(b, unix.IPPROTO_IP, unix.IP_TOS, []byte{c.tos}) },
@@ -274,7 +276,11 @@ func TestRxMetaRoundTrip(t *testing.T) {
 				rt.Fatalf("%s = %v, want %v", what, g, w)
 			}
 		}
-		check(0, m.dst == c.dst && m.ifindex == int(c.ifindex), "dst/ifindex", []any{m.dst, m.ifindex}, []any{c.dst, c.ifindex})
+		ifindex := int(c.ifindex)
+		if !c.v6 {
+			ifindex = 0 // IP_ORIGDSTADDR names no interface
+		}
+		check(0, m.dst == c.dst && m.ifindex == ifindex, "dst/ifindex", []any{m.dst, m.ifindex}, []any{c.dst, ifindex})
 		check(1, m.ttl == c.ttl, "ttl", m.ttl, c.ttl)
 		if !c.v6 {
 			check(2, m.tos == c.tos, "tos", m.tos, c.tos)
