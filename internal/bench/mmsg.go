@@ -131,20 +131,16 @@ func newMmsgReceiver(group netip.Addr, ifindex, batch int) (*mmsgReceiver, error
 }
 
 // run receives until the socket is closed, adding to msgs and bytes after
-// every batch through add.
+// every batch through add; it reads as the device does (mmsg.Reader.Serve).
 func (r *mmsgReceiver) run(add func(msgs, bytes uint64)) {
-	for {
-		n, err := r.rd.Read()
-		if err != nil {
-			return
-		}
+	r.rd.Serve(func(n int) {
 		var b uint64
 		for i := range n {
 			d, _, _, _ := r.rd.Datagram(i)
 			b += uint64(len(d))
 		}
 		add(uint64(n), b)
-	}
+	})
 }
 
 func (r *mmsgReceiver) close() { r.conn.Close() }

@@ -220,3 +220,79 @@ func TestGSOBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestServe: Serve hands over every datagram, in order, when batches come
+// full and when they come short (after which it waits in the netpoller
+// without a read of its own: the next round's datagrams must wake it), for
+// a reader with its own batch and a pooled one, and returns when the
+// socket is closed.
+func TestServe(t *testing.T) {
+	for _, pooled := range []bool{false, true} {
+		rc, sc := pair(t)
+		newBatch := func() *Batch { return NewBatch(4, 256, unix.SizeofSockaddrInet6, 64) }
+		var r *Reader
+		var err error
+		if pooled {
+			r, err = NewPooledReader(rc, NewPool(newBatch))
+		} else {
+			r, err = NewReader(rc, newBatch())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan byte, 64)
+		done := make(chan error, 1)
+		go func() {
+			done <- r.Serve(func(n int) {
+				if n < 1 || n > 4 {
+					t.Errorf("batch of %d", n)
+				}
+				for i := range n {
+					d, _, _, _ := r.Datagram(i)
+					got <- d[0]
+				}
+			})
+		}()
+		raw, err := sc.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := NewSender()
+		next := byte(0)
+		for _, k := range []int{6, 1, 4, 3, 8, 2, 5} {
+			b, _ := sendBatch(k, 32, rc.LocalAddr().(*net.UDPAddr))
+			for i := range k {
+				b.Buf(i)[0] = next + byte(i)
+			}
+			for off := 0; off < k; {
+				m, errno, err := s.Send(raw, b.Hdrs[off:])
+				if err != nil || errno != 0 {
+					t.Fatal(err, errno)
+				}
+				off += m
+			}
+			// Wait for the whole round before sending the next one, so
+			// that the reader has seen a short batch and waits.
+			for range k {
+				select {
+				case v := <-got:
+					if v != next {
+						t.Fatalf("pooled=%v: datagram %d, want %d", pooled, v, next)
+					}
+					next++
+				case <-time.After(10 * time.Second):
+					t.Fatalf("pooled=%v: datagram %d never handed over", pooled, next)
+				}
+			}
+		}
+		rc.Close()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Fatalf("pooled=%v: Serve returned nil after close", pooled)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("pooled=%v: Serve did not return after close", pooled)
+		}
+	}
+}

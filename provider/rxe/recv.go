@@ -58,25 +58,22 @@ func (r *receiver) init() {
 }
 
 // run reads batches until the socket is closed.
-func (r *receiver) run() {
-	for {
-		n, err := r.br.Read()
-		if err != nil {
-			return
+func (r *receiver) run() { r.br.Serve(r.handleBatch) }
+
+// handleBatch handles the n datagrams of one batch read by run.
+func (r *receiver) handleBatch(n int) {
+	for i := 0; i < n; i++ {
+		b, name, oob, trunc := r.br.Datagram(i)
+		if r.blk != nil {
+			r.handleForwarded(b, name, trunc)
+		} else {
+			r.handle(b, name, oob, trunc)
 		}
-		for i := 0; i < n; i++ {
-			b, name, oob, trunc := r.br.Datagram(i)
-			if r.blk != nil {
-				r.handleForwarded(b, name, trunc)
-			} else {
-				r.handle(b, name, oob, trunc)
-			}
-		}
-		r.burst.Flush()
-		r.drainErrors()
-		if r.blk == nil && n > 0 {
-			r.countSocketDrops(n)
-		}
+	}
+	r.burst.Flush()
+	r.drainErrors()
+	if r.blk == nil && n > 0 {
+		r.countSocketDrops(n)
 	}
 }
 
