@@ -28,6 +28,16 @@ const eventTimeout = 5 * time.Second
 // newEndpoint binds an id to bind and creates its QP and a registered
 // buffer of bufLen bytes.
 func newEndpoint(bind netip.Addr, sendWR, recvWR, bufLen int) (*endpoint, error) {
+	var buf []byte
+	if bufLen > 0 {
+		buf = make([]byte, bufLen)
+	}
+	return newEndpointBuf(bind, sendWR, recvWR, buf)
+}
+
+// newEndpointBuf is newEndpoint with buf (none when empty) as the
+// registered buffer.
+func newEndpointBuf(bind netip.Addr, sendWR, recvWR int, buf []byte) (*endpoint, error) {
 	ch, err := rdmacm.CreateEventChannel()
 	if err != nil {
 		return nil, err
@@ -59,8 +69,8 @@ func newEndpoint(bind netip.Addr, sendWR, recvWR, bufLen int) (*endpoint, error)
 		return nil, fmt.Errorf("create qp: %w", err)
 	}
 	e.qp = e.id.QP()
-	if bufLen > 0 {
-		e.buf = make([]byte, bufLen)
+	if len(buf) > 0 {
+		e.buf = buf
 		if e.mr, err = e.id.RegMsgs(e.buf); err != nil {
 			e.close()
 			return nil, err
