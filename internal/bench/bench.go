@@ -434,6 +434,12 @@ func fanoutTargets(fs []FanoutResult) []Target {
 		hi := worst(c.f, false)
 		add(c.name+" (geomean)", fmt.Sprintf("≤ %.2f×", c.max), fmt.Sprintf("%.2f× (worst %.2f×, %s)", g, c.f(hi), where(hi)), g <= c.max)
 	}
+	var uncounted, runs uint64
+	for _, r := range fs {
+		uncounted += r.RDMAUncounted
+		runs += uint64(r.Runs)
+	}
+	add("lost datagrams without a device counter", "0", fmt.Sprintf("%d (%d runs)", uncounted, runs), uncounted == 0)
 	extra := func(r FanoutResult) float64 { return r.RDMALoss - r.UDPLoss }
 	hi := worst(extra, false)
 	add("loss above UDP's (every case)", fmt.Sprintf("≤ %.0f point", 100*maxExtraLoss), fmt.Sprintf("%+.1f points (%s: %.1f%% vs %.1f%%)", 100*extra(hi), where(hi), 100*hi.RDMALoss, 100*hi.UDPLoss), extra(hi) <= maxExtraLoss)

@@ -33,15 +33,23 @@ type FanoutResult struct {
 	Seconds   float64 `json:"seconds"` // send time of one run
 	Runs      int     `json:"runs"`
 
-	UDPSentPerS    float64 `json:"udp_sent_msgs_per_s"`
-	UDPMsgsPerS    float64 `json:"udp_msgs_per_s"`
-	UDPBytesPerS   float64 `json:"udp_bytes_per_s"`
-	UDPLoss        float64 `json:"udp_loss"`
-	RDMASentPerS   float64 `json:"rdma_sent_msgs_per_s"`
-	RDMAMsgsPerS   float64 `json:"rdma_msgs_per_s"`
-	RDMABytesPerS  float64 `json:"rdma_bytes_per_s"`
-	RDMALoss       float64 `json:"rdma_loss"`
-	RDMADeviceDrop uint64  `json:"rdma_device_drops"` // no receive WR, CQ full, bad ICRC
+	UDPSentPerS   float64 `json:"udp_sent_msgs_per_s"`
+	UDPMsgsPerS   float64 `json:"udp_msgs_per_s"`
+	UDPBytesPerS  float64 `json:"udp_bytes_per_s"`
+	UDPLoss       float64 `json:"udp_loss"`
+	RDMASentPerS  float64 `json:"rdma_sent_msgs_per_s"`
+	RDMAMsgsPerS  float64 `json:"rdma_msgs_per_s"`
+	RDMABytesPerS float64 `json:"rdma_bytes_per_s"`
+	RDMALoss      float64 `json:"rdma_loss"`
+	// RDMADeviceDrop are the datagrams the receivers' devices counted as
+	// dropped (no receive WR, CQ full, bad ICRC, socket_drops) in the
+	// median run: a lost datagram has a counter.
+	RDMADeviceDrop uint64 `json:"rdma_device_drops"`
+	// RDMALost are the datagrams of the median run sent and not delivered.
+	RDMALost uint64 `json:"rdma_lost"`
+	// RDMAUncounted are the datagrams lost beyond the devices' drop
+	// counters, summed over the runs (the target is none).
+	RDMAUncounted uint64 `json:"rdma_uncounted"`
 
 	// CPU time per datagram: the sender process's per datagram sent, the
 	// receiver processes' per datagram delivered (medians over runs).
@@ -91,6 +99,15 @@ func (r fanoutRun) per(v uint64) float64 {
 		return 0
 	}
 	return float64(v) / r.elapsed.Seconds()
+}
+
+// uncounted returns the datagrams of an rdma run lost without a drop
+// counter of the receivers' devices.
+func (r fanoutRun) uncounted(n int) uint64 {
+	if lost := r.sent*uint64(n) - min(r.msgs, r.sent*uint64(n)); lost > r.drops {
+		return lost - r.drops
+	}
+	return 0
 }
 
 func (r fanoutRun) loss(n int) float64 {
@@ -416,6 +433,12 @@ func (f *fanout) runCase(n, size int) (FanoutResult, error) {
 	res.UDPSentPerS, res.UDPMsgsPerS, res.UDPBytesPerS, res.UDPLoss = mu.srate(), mu.rate(), mu.brate(), mu.loss(n)
 	res.RDMASentPerS, res.RDMAMsgsPerS, res.RDMABytesPerS, res.RDMALoss = mr.srate(), mr.rate(), mr.brate(), mr.loss(n)
 	res.RDMADeviceDrop = mr.drops
+	for _, r := range rdma {
+		res.RDMAUncounted += r.uncounted(n)
+	}
+	if want := mr.sent * uint64(n); want > mr.msgs {
+		res.RDMALost = want - mr.msgs
+	}
 	res.UDPTxCPUns, res.UDPRxCPUns = medianOf(udp, fanoutRun.txPerMsg), medianOf(udp, fanoutRun.rxPerMsg)
 	res.RDMATxCPUns, res.RDMARxCPUns = medianOf(rdma, fanoutRun.txPerMsg), medianOf(rdma, fanoutRun.rxPerMsg)
 	if len(ratios) > 0 {

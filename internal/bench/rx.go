@@ -50,7 +50,8 @@ type rxReply struct {
 	Msgs  uint64 `json:"msgs"`
 	Bytes uint64 `json:"bytes"`
 	// Drops are the device's receive-side drops during the case (rdma):
-	// no posted receive WR, CQ full, ICRC errors.
+	// no posted receive WR, CQ full, ICRC errors, and the socket's drops
+	// for a full receive buffer (socket_drops).
 	Drops uint64 `json:"drops,omitempty"`
 	// CPUNs is the CPU time (user + system) the process used during the
 	// case ("mark": since it started).
@@ -266,7 +267,9 @@ func (c *rxCase) finish() rxReply {
 			c.err = err
 		}
 		c1 := c.dev.Counters()
-		rep.Drops = (c1.Get(softverbs.NoRecvWRDrops) - c.ctr0.Get(softverbs.NoRecvWRDrops)) + (c1.Get(softverbs.CQFullDrops) - c.ctr0.Get(softverbs.CQFullDrops)) + (c1.Get(softverbs.ICRCErrors) - c.ctr0.Get(softverbs.ICRCErrors))
+		for _, k := range []softverbs.Counter{softverbs.NoRecvWRDrops, softverbs.CQFullDrops, softverbs.ICRCErrors, softverbs.SocketDrops} {
+			rep.Drops += c1.Get(k) - c.ctr0.Get(k)
+		}
 		c.ep.close()
 	}
 	if c.err != nil {

@@ -1,0 +1,54 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestFanoutTargets checks the fan-out target lines against results made
+// up to sit on either side of each threshold, and that a case measured in
+// one mode only (-modes) is left out.
+func TestFanoutTargets(t *testing.T) {
+	good := FanoutResult{Receivers: 1, Size: 64, Runs: 4, UDPMsgsPerS: 100, RDMASentPerS: 100, Ratio: 0.97,
+		UDPRxCPUns: 1000, RDMARxCPUns: 1080, UDPTxCPUns: 1000, RDMATxCPUns: 1040, UDPLoss: 0.02, RDMALoss: 0.029}
+	met := func(fs []FanoutResult) map[string]bool {
+		m := map[string]bool{}
+		for _, tg := range targets(&Report{Fanout: fs}) {
+			m[tg.Name] = tg.Met
+		}
+		return m
+	}
+	m := met([]FanoutResult{good, good})
+	if len(m) != 6 {
+		t.Fatalf("targets %v", m)
+	}
+	for name, ok := range m {
+		if !ok {
+			t.Errorf("%s: NOT MET for results within every target", name)
+		}
+	}
+	for _, c := range []struct {
+		target string
+		edit   func(*FanoutResult)
+	}{
+		{"msg/s vs UDP (geomean", func(r *FanoutResult) { r.Ratio = 0.9 }},
+		{"msg/s vs UDP (every case)", func(r *FanoutResult) { r.Ratio = 0.84 }},
+		{"receivers' CPU", func(r *FanoutResult) { r.RDMARxCPUns = 1300 }},
+		{"sender's CPU", func(r *FanoutResult) { r.RDMATxCPUns = 1200 }},
+		{"loss above", func(r *FanoutResult) { r.RDMALoss = 0.031 }},
+		{"without a device counter", func(r *FanoutResult) { r.RDMAUncounted = 1 }},
+	} {
+		bad := good
+		c.edit(&bad)
+		for name, ok := range met([]FanoutResult{good, bad, bad}) {
+			if strings.Contains(name, c.target) == ok {
+				t.Errorf("%s changed: %q met=%v", c.target, name, ok)
+			}
+		}
+	}
+	onlyRDMA := good
+	onlyRDMA.UDPMsgsPerS, onlyRDMA.Ratio = 0, 0
+	if m := met([]FanoutResult{onlyRDMA}); len(m) != 0 {
+		t.Errorf("targets of a case without the baseline: %v", m)
+	}
+}
