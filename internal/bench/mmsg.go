@@ -20,8 +20,9 @@ import (
 // the same UDP hash slot for the baseline as for the device.
 const udpPort = 4791
 
-// rcvBuf is the receive buffer the baseline asks for, as the device does.
-const rcvBuf = 4 << 20
+// rcvBuf is the receive buffer the baseline asks for, as the device does
+// (and in the same way: SO_RCVBUF, then SO_RCVBUFFORCE where permitted).
+const rcvBuf = 16 << 20
 
 // listen4 opens a udp4 socket bound to addr, sets the integer socket
 // options opts ({level, name, value}) and then the IP option mreqOpt
@@ -29,7 +30,8 @@ const rcvBuf = 4 << 20
 func listen4(addr string, mreqOpt int, mreq unix.IPMreqn, opts ...[3]int) (*net.UDPConn, error) {
 	return mmsg.ListenUDP("udp4", addr, func(fd int) error {
 		for _, o := range opts {
-			if err := unix.SetsockoptInt(fd, o[0], o[1], o[2]); err != nil {
+			err := unix.SetsockoptInt(fd, o[0], o[1], o[2])
+			if err != nil && !(o[0] == unix.SOL_SOCKET && o[1] == unix.SO_RCVBUFFORCE) { // EPERM unprivileged, as in the device
 				return err
 			}
 		}
@@ -109,13 +111,14 @@ type mmsgReceiver struct {
 }
 
 // newMmsgReceiver opens a socket on 0.0.0.0:4791 with the device's socket
-// options (SO_REUSEADDR, IP_MULTICAST_ALL=0, a 4 MiB receive buffer) and
+// options (SO_REUSEADDR, IP_MULTICAST_ALL=0, its receive buffer) and
 // joins group on interface ifindex.
 func newMmsgReceiver(group netip.Addr, ifindex, batch int) (*mmsgReceiver, error) {
 	conn, err := listen4(fmt.Sprintf("0.0.0.0:%d", udpPort), unix.IP_ADD_MEMBERSHIP,
 		unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(ifindex)},
 		[3]int{unix.SOL_SOCKET, unix.SO_REUSEADDR, 1},
 		[3]int{unix.SOL_SOCKET, unix.SO_RCVBUF, rcvBuf},
+		[3]int{unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rcvBuf},
 		[3]int{unix.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0},
 	)
 	if err != nil {
