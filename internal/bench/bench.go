@@ -75,7 +75,9 @@ type Config struct {
 	Rate int
 	// Slots is the number of receive WRs an RDMA receiver keeps posted.
 	Slots int
-	// Drain is how long the receivers keep reading after the sender stops.
+	// Drain is how long the receivers' counts may stay put after the
+	// sender stops before a case ends (they read on until they have all
+	// that was sent).
 	Drain time.Duration
 	// Modes are the fan-out modes measured: "udp" (the baseline) and
 	// "rdma" (RoCEv2); with one of them alone (for a profiler) no ratio is

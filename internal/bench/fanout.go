@@ -72,7 +72,11 @@ type fanoutRun struct {
 	msgs    uint64
 	bytes   uint64
 	drops   uint64
-	elapsed time.Duration
+	elapsed time.Duration // sending
+	// span is from the first send to the last delivery seen: the
+	// receivers read on after the sender stops, out of their socket
+	// buffers (and a lossless fabric delivers what it holds).
+	span time.Duration
 	txCPU   int64 // ns, sender process
 	rxCPU   int64 // ns, all receiver processes
 	// IB: the switch process's CPU time and discards, the sender's link
@@ -89,16 +93,18 @@ func (r fanoutRun) totalPerMsg() float64 {
 	return float64(r.txCPU+r.rxCPU+r.swCPU) / float64(max(r.msgs, 1))
 }
 
-func (r fanoutRun) rate() float64  { return r.per(r.msgs) }
-func (r fanoutRun) brate() float64 { return r.per(r.bytes) }
-func (r fanoutRun) srate() float64 { return r.per(r.sent) }
+// rate and brate are per second of the delivery (span), srate per second
+// of sending (elapsed).
+func (r fanoutRun) rate() float64  { return per(r.msgs, r.span) }
+func (r fanoutRun) brate() float64 { return per(r.bytes, r.span) }
+func (r fanoutRun) srate() float64 { return per(r.sent, r.elapsed) }
 
-// per returns v per second of the run; 0 for a mode not measured.
-func (r fanoutRun) per(v uint64) float64 {
-	if r.elapsed <= 0 {
+// per returns v per second of d; 0 for a mode not measured.
+func per(v uint64, d time.Duration) float64 {
+	if d <= 0 {
 		return 0
 	}
-	return float64(v) / r.elapsed.Seconds()
+	return float64(v) / d.Seconds()
 }
 
 // uncounted returns the datagrams of an rdma run lost without a drop
@@ -325,12 +331,12 @@ func (f *fanout) measure(mode string, n, size int) (fanoutRun, error) {
 		r.stallDrops = c1.Get(softverbs.LinkStallDrops) - ctr0.Get(softverbs.LinkStallDrops)
 		r.waits = c1.Get(softverbs.LinkWaits) - ctr0.Get(softverbs.LinkWaits)
 	}
-	time.Sleep(f.cfg.Drain)
-	if mode == "ib" {
-		// A lossless fabric holds what it has not delivered yet: wait until
-		// every datagram arrived, or nothing moved for a drain time.
-		f.settle(n, r.sent*uint64(n))
-	}
+	// The receivers read on what waits in their socket buffers (up to
+	// 16 MiB each) and a lossless fabric holds what it has not delivered
+	// yet: wait until every datagram arrived, or nothing moved for a drain
+	// time, so that only what was dropped counts as lost and the rate is
+	// over the time the datagrams took to arrive.
+	r.span = max(f.settle(n, r.sent*uint64(n)).Sub(start), r.elapsed)
 	err := f.each(n, rxRequest{Op: "stop"}, func(rep rxReply) {
 		r.msgs += rep.Msgs
 		r.bytes += rep.Bytes
@@ -345,24 +351,26 @@ func (f *fanout) measure(mode string, n, size int) (fanoutRun, error) {
 }
 
 // settle waits until the first n receivers counted want datagrams in all,
-// or their count stayed put for a drain time.
-func (f *fanout) settle(n int, want uint64) {
-	last, still := uint64(0), time.Now()
+// or their count stayed put for a drain time, and returns when the count
+// was last seen to grow (within a millisecond), or to reach want.
+func (f *fanout) settle(n int, want uint64) time.Time {
+	last, moved := uint64(0), time.Now()
 	for {
 		var got uint64
 		var mu sync.Mutex
 		if f.each(n, rxRequest{Op: "count"}, func(rep rxReply) { mu.Lock(); got += rep.Msgs; mu.Unlock() }) != nil {
-			return
+			return moved
 		}
+		now := time.Now()
 		if got >= want {
-			return
+			return now
 		}
 		if got != last {
-			last, still = got, time.Now()
-		} else if time.Since(still) >= f.cfg.Drain {
-			return
+			last, moved = got, now
+		} else if now.Sub(moved) >= f.cfg.Drain {
+			return moved
 		}
-		time.Sleep(f.cfg.Drain / 10)
+		time.Sleep(min(f.cfg.Drain/10, time.Millisecond))
 	}
 }
 
@@ -419,7 +427,7 @@ func (f *fanout) runCase(n, size int) (FanoutResult, error) {
 		if slices.Contains(order, "rdma") {
 			rdma = append(rdma, pair[1])
 		}
-		if pair[0].msgs > 0 && pair[1].elapsed > 0 {
+		if pair[0].msgs > 0 && pair[1].span > 0 {
 			ratios = append(ratios, pair[1].rate()/pair[0].rate())
 		}
 	}

@@ -43,7 +43,7 @@ func BenchmarkFanout(b *testing.B) {
 						if err != nil {
 							b.Fatal(err)
 						}
-						msgs, sent, el, tx, rx = msgs+r.msgs, sent+r.sent, el+r.elapsed, tx+r.txCPU, rx+r.rxCPU
+						msgs, sent, el, tx, rx = msgs+r.msgs, sent+r.sent, el+r.span, tx+r.txCPU, rx+r.rxCPU
 					}
 					if msgs == 0 {
 						b.Fatalf("nothing delivered")
