@@ -76,9 +76,9 @@ type fanoutRun struct {
 	// span is from the first send to the last delivery seen: the
 	// receivers read on after the sender stops, out of their socket
 	// buffers (and a lossless fabric delivers what it holds).
-	span time.Duration
-	txCPU   int64 // ns, sender process
-	rxCPU   int64 // ns, all receiver processes
+	span  time.Duration
+	txCPU int64 // ns, sender process
+	rxCPU int64 // ns, all receiver processes
 	// IB: the switch process's CPU time and discards, the sender's link
 	// stall drops and waits for credit.
 	swCPU      int64
