@@ -12,3 +12,47 @@ func (d *Device) QPCounters(qpn uint32) (softverbs.Snapshot, bool) {
 	c, ok := d.core.QPCounters(qpn)
 	return c, ok
 }
+
+// RefreshCounters brings socket_drops up to date (softverbs.CounterRefresher):
+// the kernel reports a socket's drop count with each datagram it queues
+// (SO_RXQ_OVFL), so datagrams dropped after the last one queued would show
+// only with the next; here every receive socket is asked for its count
+// (SO_MEMINFO), so that a lost datagram has its counter when the counters
+// are read.
+func (d *Device) RefreshCounters() {
+	d.mu.Lock()
+	socks := make([]*recvSock, 0, len(d.rsocks)+len(d.usocks))
+	socks = append(append(socks, d.rsocks...), d.usocks...)
+	d.mu.Unlock()
+	for _, s := range socks {
+		if v, ok := sockDrops(s.conn); ok {
+			d.noteSocketDrops(s, v)
+		}
+	}
+}
+
+// noteSocketDrops counts the drops of socket s up to v, the kernel's
+// running count (from SO_RXQ_OVFL or SO_MEMINFO: the same counter), once:
+// a count at or below what was already counted changes nothing (a
+// datagram read late carries the count of when it was queued).
+func (d *Device) noteSocketDrops(s *recvSock, v uint32) {
+	for {
+		c := s.drops.Load()
+		if int32(v-c) <= 0 {
+			return
+		}
+		if s.drops.CompareAndSwap(c, v) {
+			d.core.Count(softverbs.SocketDrops, uint64(v-c))
+			return
+		}
+	}
+}
+
+// closeSock closes receive socket s (its goroutine exits) after counting
+// its last drops.
+func (d *Device) closeSock(s *recvSock) {
+	if v, ok := sockDrops(s.conn); ok {
+		d.noteSocketDrops(s, v)
+	}
+	s.conn.Close()
+}

@@ -278,7 +278,7 @@ func (d *Device) Close() error {
 		d.releaseMembershipLocked(m)
 	}
 	for _, s := range d.rsocks {
-		s.conn.Close()
+		d.closeSock(s)
 	}
 	d.rsocks = nil
 	d.closeUnicastLocked()

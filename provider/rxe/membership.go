@@ -29,6 +29,7 @@ func (m *membership) alive() bool { return m.cmRefs > 0 || m.grp.Load() != nil }
 type recvSock struct {
 	v6      bool
 	conn    *net.UDPConn
+	drops   atomic.Uint32                 // the kernel's drop count of the socket already counted (socket_drops)
 	mships  atomic.Pointer[[]*membership] // immutable; read by the goroutine
 	list    []*membership                 // Device.mu
 	full    bool                          // the kernel refused one more group
@@ -171,7 +172,7 @@ func (d *Device) closeRecvSockLocked(s *recvSock) {
 		s.idle.Stop()
 		s.idle = nil
 	}
-	s.conn.Close()
+	d.closeSock(s)
 	d.rsocks = slices.DeleteFunc(d.rsocks, func(x *recvSock) bool { return x == s })
 }
 
@@ -292,7 +293,7 @@ func (d *Device) openUnicastLocked(v6 bool) {
 // exit).
 func (d *Device) closeUnicastLocked() {
 	for _, s := range d.usocks {
-		s.conn.Close()
+		d.closeSock(s)
 	}
 	d.usocks = nil
 }

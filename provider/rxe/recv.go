@@ -30,8 +30,6 @@ type receiver struct {
 	bp    *softverbs.Burst // &burst for batched reads, nil otherwise
 
 	fwd forwarder
-
-	ovfl uint32 // the socket's drop count already counted (SO_RXQ_OVFL)
 }
 
 // newReceiver returns the receiver of UDP 4791 socket s.
@@ -79,13 +77,12 @@ func (r *receiver) handleBatch(n int) {
 
 // countSocketDrops counts what the socket dropped for a full buffer since
 // the last batch: the last datagram of the batch carries the socket's
-// running count.
+// running count as it was when the kernel queued it. (Drops after the
+// last datagram queued are counted when the counters are read:
+// RefreshCounters.)
 func (r *receiver) countSocketDrops(n int) {
 	_, _, oob, _ := r.br.Datagram(n - 1)
-	if v := rxqOvfl(oob); v != r.ovfl {
-		r.d.core.Count(softverbs.SocketDrops, uint64(v-r.ovfl))
-		r.ovfl = v
-	}
+	r.d.noteSocketDrops(r.s, rxqOvfl(oob))
 }
 
 // handle runs rxe's receive checks on one datagram read from a UDP 4791

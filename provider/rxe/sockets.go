@@ -330,6 +330,25 @@ func newBatchReader(conn *net.UDPConn) (*mmsg.Reader, error) {
 	return mmsg.NewPooledReader(conn, readPool)
 }
 
+// sockDrops returns the count of datagrams the kernel dropped on conn
+// (SO_MEMINFO's SK_MEMINFO_DROPS, the counter SO_RXQ_OVFL reports); false
+// when the socket cannot say (closed).
+func sockDrops(conn *net.UDPConn) (uint32, bool) {
+	var v uint32
+	ok := false
+	control(conn, func(fd int) error {
+		var mi [unix.SK_MEMINFO_VARS]uint32
+		l := uint32(unsafe.Sizeof(mi))
+		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_MEMINFO,
+			uintptr(unsafe.Pointer(&mi[0])), uintptr(unsafe.Pointer(&l)), 0)
+		if e == 0 && l > unix.SK_MEMINFO_DROPS*4 {
+			v, ok = mi[unix.SK_MEMINFO_DROPS], true
+		}
+		return nil
+	})
+	return v, ok
+}
+
 // rxqOvfl returns the drop count of a datagram's SO_RXQ_OVFL control
 // message: the datagrams the socket dropped for a full buffer since it was
 // opened (the kernel sends none while it is 0).

@@ -36,6 +36,14 @@ type Driver interface {
 	GroupDestroyed(g *Group)
 }
 
+// CounterRefresher is an optional Driver interface: RefreshCounters brings
+// what the transport counts outside the core up to date (rxe: the kernel's
+// count of datagrams a socket dropped) before the device's counters are
+// read.
+type CounterRefresher interface {
+	RefreshCounters()
+}
+
 // DriverQPInit is what a provider needs to know about a new QP.
 type DriverQPInit struct {
 	Type        verbs.QPType

@@ -295,7 +295,7 @@ func (q *QP) receives() bool {
 }
 
 // DeviceCounters returns the device's counters (verbs.CounterSource).
-func (d *Device) DeviceCounters() []uint64 { return d.ctr.values() }
+func (d *Device) DeviceCounters() []uint64 { return d.Counters() }
 
 // CounterSchema returns the schema of software devices (verbs.CounterSource).
 func (d *Device) CounterSchema() []verbs.CounterDesc { return schema }
@@ -311,7 +311,12 @@ func (d *Device) QPCounters(qpn uint32) ([]uint64, bool) {
 }
 
 // Counters returns a snapshot of the device's counters.
-func (d *Device) Counters() Snapshot { return d.ctr.values() }
+func (d *Device) Counters() Snapshot {
+	if r, ok := d.drv.(CounterRefresher); ok {
+		r.RefreshCounters()
+	}
+	return d.ctr.values()
+}
 
 // QPInfo is a read-only view of one QP, for operator tools.
 type QPInfo struct {
