@@ -359,6 +359,12 @@ func targets(rep *Report) []Target {
 		}
 		add("IB fan-out msg/s vs RoCEv2 (worst case)", "≥ 0.50×", fmt.Sprintf("%.2f× (N=%d, %d B)", lo.Ratio, lo.Receivers, lo.Size), lo.Ratio >= 0.5)
 		add("IB fan-out loss (worst run)", "0", fmt.Sprintf("%.4f%% (N=%d, %d B)", 100*lossy.IBWorstLoss, lossy.Receivers, lossy.Size), lossy.IBWorstLoss == 0)
+		var uncounted, runs uint64
+		for _, r := range rep.IBFanout {
+			uncounted += r.RoCEUncounted
+			runs += uint64(r.Runs)
+		}
+		add("IB part: RoCEv2 lost without a counter", "0", fmt.Sprintf("%d (%d runs)", uncounted, runs), uncounted == 0)
 	}
 	if s := rep.SA; s != nil {
 		add("SA joins/s over the fabric", fmt.Sprintf("≥ %d", minSAJoinsPerS), fmt.Sprintf("%.0f", s.JoinsPerS), s.JoinsPerS >= minSAJoinsPerS)

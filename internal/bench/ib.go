@@ -88,9 +88,12 @@ type IBFanoutResult struct {
 	RoCESentPerS float64 `json:"roce_sent_msgs_per_s"`
 	RoCEMsgsPerS float64 `json:"roce_msgs_per_s"`
 	RoCELoss     float64 `json:"roce_loss"`
-	IBSentPerS   float64 `json:"ib_sent_msgs_per_s"`
-	IBMsgsPerS   float64 `json:"ib_msgs_per_s"`
-	IBBytesPerS  float64 `json:"ib_bytes_per_s"`
+	// RoCEUncounted are the RoCEv2 datagrams lost beyond the receivers'
+	// drop counters, summed over the runs (the target is none).
+	RoCEUncounted uint64  `json:"roce_uncounted"`
+	IBSentPerS    float64 `json:"ib_sent_msgs_per_s"`
+	IBMsgsPerS    float64 `json:"ib_msgs_per_s"`
+	IBBytesPerS   float64 `json:"ib_bytes_per_s"`
 	// IBLoss is 1 − delivered / (sent × receivers) of the median run;
 	// IBWorstLoss the largest over the runs (the target is 0).
 	IBLoss      float64 `json:"ib_loss"`
@@ -231,6 +234,9 @@ func (f *fanout) runIBCase(n, size int) (IBFanoutResult, error) {
 	res.IBSentPerS, res.IBMsgsPerS, res.IBBytesPerS, res.IBLoss = mi.srate(), mi.rate(), mi.brate(), mi.loss(n)
 	res.RoCETxCPUns, res.RoCERxCPUns = medianOf(roce, fanoutRun.txPerMsg), medianOf(roce, fanoutRun.rxPerMsg)
 	res.RoCETotalCPUns = medianOf(roce, fanoutRun.totalPerMsg)
+	for _, r := range roce {
+		res.RoCEUncounted += r.uncounted(n)
+	}
 	res.IBTxCPUns, res.IBRxCPUns = medianOf(ibr, fanoutRun.txPerMsg), medianOf(ibr, fanoutRun.rxPerMsg)
 	res.IBSwitchCPUns = medianOf(ibr, func(r fanoutRun) float64 { return float64(r.swCPU) / float64(max(r.sent, 1)) })
 	res.IBTotalCPUns = medianOf(ibr, fanoutRun.totalPerMsg)
