@@ -2,6 +2,7 @@ package rxe
 
 import (
 	"errors"
+	"runtime"
 
 	"github.com/softrdma/softrdma/internal/mmsg"
 	"github.com/softrdma/softrdma/provider/softverbs"
@@ -72,6 +73,14 @@ func (r *receiver) handleBatch(n int) {
 	r.drainErrors()
 	if r.blk == nil && n > 0 {
 		r.countSocketDrops(n)
+	}
+	if n == RecvBatch {
+		// A full batch: more are waiting, and Serve reads on without
+		// blocking. Let the consumers just woken run first, so that they
+		// repost receive WRs while the backlog lasts; otherwise, on a
+		// single P, the backlog would use up the posted WRs
+		// (no_recv_wr_drops) before they run.
+		runtime.Gosched()
 	}
 }
 
