@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -228,6 +229,11 @@ func (d *Device) receiveLoop() {
 				}
 				d.took()
 			}
+		}
+		if n == recvBatch {
+			// More are waiting: let the consumers just woken run (and
+			// repost receive WRs) before the next batch, as rxe does.
+			runtime.Gosched()
 		}
 	}
 }
