@@ -37,9 +37,7 @@ func BenchmarkReceivePath(b *testing.B) {
 			name[0], name[2], name[3] = unix.AF_INET, 40001>>8, 40001&0xff
 			copy(name[4:], []byte{127, 0, 0, 1})
 			oob := make([]byte, 128)
-			var pi [12]byte
-			copy(pi[8:], g.AsSlice())
-			k := putCmsg(oob, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+			k := putOrigDst(oob, g)
 			k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
 			k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TOS, 0)
 			b.SetBytes(int64(size))
@@ -122,9 +120,7 @@ func BenchmarkForwardPath(b *testing.B) {
 			name[0], name[2], name[3] = unix.AF_INET, 40007>>8, 40007&0xff
 			copy(name[4:], []byte{127, 0, 0, 1})
 			oob := make([]byte, 128)
-			var pi [12]byte
-			copy(pi[8:], []byte{127, 0, 0, 1})
-			k := putCmsg(oob, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+			k := putOrigDst(oob, netip.AddrFrom4([4]byte{127, 0, 0, 1}))
 			k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
 			b.SetBytes(int64(size))
 			for b.Loop() {

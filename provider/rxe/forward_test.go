@@ -34,9 +34,7 @@ func unicastInput(port uint16) (name, oob []byte) {
 	name[0], name[2], name[3] = unix.AF_INET, byte(port>>8), byte(port)
 	copy(name[4:], []byte{127, 0, 0, 1})
 	oob = make([]byte, 128)
-	var pi [12]byte
-	copy(pi[8:], []byte{127, 0, 0, 1})
-	k := putCmsg(oob, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+	k := putOrigDst(oob, netip.AddrFrom4([4]byte{127, 0, 0, 1}))
 	k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
 	return name, oob[:k]
 }
@@ -125,10 +123,8 @@ func TestForwardToOwner(t *testing.T) {
 	// A multicast destination is never forwarded (every member reads it).
 	g := randGroup()
 	frame = in.craft(g, wire.UDHeader{PKey: 0xFFFF, DestQP: q.QPN(), QKey: qkey, SrcQP: 1}, []byte("x"), nil)
-	var pi [12]byte
-	copy(pi[8:], g.AsSlice())
 	moob := make([]byte, 64)
-	k := putCmsg(moob, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+	k := putOrigDst(moob, g)
 	before := b.Counters().Get(softverbs.NoQPDrops)
 	r.handle(frame, name, moob[:k], false)
 	if cb := b.Counters(); cb.Get(softverbs.NoQPDrops) != before+1 || cb.Get(softverbs.Forwarded) != 5 {

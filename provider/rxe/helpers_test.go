@@ -2,6 +2,7 @@ package rxe
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/internal/testenv"
 	"github.com/softrdma/softrdma/provider/softverbs"
@@ -309,6 +311,18 @@ func mcastAH(group netip.Addr) *verbs.AHAttr {
 }
 
 func mgid(group netip.Addr) verbs.GID { return wire.RoCEv2MGID(group) }
+
+// putOrigDst writes the IP_ORIGDSTADDR control message of a datagram to
+// dst:4791 into b, as the kernel hands it to the device's IPv4 sockets, and
+// returns its length.
+func putOrigDst(b []byte, dst netip.Addr) int {
+	var sa [unix.SizeofSockaddrInet4]byte
+	binary.NativeEndian.PutUint16(sa[0:], unix.AF_INET)
+	binary.BigEndian.PutUint16(sa[2:], wire.UDPPort)
+	a := dst.As4()
+	copy(sa[4:], a[:])
+	return putCmsg(b, unix.IPPROTO_IP, unix.IP_ORIGDSTADDR, sa[:])
+}
 
 // eventually polls cond until it holds or fails after a timeout.
 func eventually(t *testing.T, what string, cond func() bool) {

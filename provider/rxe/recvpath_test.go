@@ -30,9 +30,7 @@ func TestHotPathAllocations(t *testing.T) {
 	name[0], name[2], name[3] = unix.AF_INET, 40001>>8, 40001&0xff
 	copy(name[4:], []byte{127, 0, 0, 1})
 	oob := make([]byte, 128)
-	var pi [12]byte
-	copy(pi[8:], g.AsSlice())
-	k := putCmsg(oob, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+	k := putOrigDst(oob, g)
 	k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
 	if a := testing.AllocsPerRun(100, func() { r.handle(frame, name, oob[:k], false); q.recycle() }); a != 0 {
 		t.Errorf("receive path: %v allocations per datagram", a)
@@ -70,9 +68,7 @@ func TestUnicastDispatch(t *testing.T) {
 	name[0], name[2], name[3] = unix.AF_INET, 40002>>8, 40002&0xff
 	copy(name[4:], lo.AsSlice())
 	oob := make([]byte, 128)
-	var pi [12]byte
-	copy(pi[8:], lo.AsSlice())
-	k := putCmsg(oob, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+	k := putOrigDst(oob, lo)
 	// craft computes the ICRC for a destination; use 127.0.0.1.
 	frame := in.craft(lo, wire.UDHeader{PKey: 0xFFFF, DestQP: q.QPN(), QKey: 3, SrcQP: q.QPN()}, []byte("unicast"), nil)
 	r.handle(frame, name, oob[:k], false)

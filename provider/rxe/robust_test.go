@@ -294,9 +294,7 @@ func FuzzReceive(f *testing.F) {
 		name[0], name[2], name[3] = 2, 40000>>8, 40000&0xff
 		copy(name[4:], []byte{127, 0, 0, 1})
 		oob := make([]byte, 128)
-		var pi [12]byte
-		copy(pi[8:], g.AsSlice())
-		k := putCmsg(oob, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+		k := putOrigDst(oob, g)
 		k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, int(ttl))
 		before := d.Counters()
 		r.handle(b, name, oob[:k], false)

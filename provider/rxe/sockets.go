@@ -246,7 +246,6 @@ type rxMeta struct {
 	src     netip.Addr
 	srcPort uint16
 	dst     netip.Addr
-	ifindex int
 	ttl     uint8
 	tos     uint8
 	flow    uint32 // IPv6 flow label
@@ -273,9 +272,6 @@ func parseRxMeta(m *rxMeta, name []byte, oob []byte, v6 bool) {
 		}
 		oob = rest
 		switch {
-		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_PKTINFO && len(data) >= unix.SizeofInet4Pktinfo:
-			m.ifindex = int(binary.NativeEndian.Uint32(data[0:4]))
-			m.dst = netip.AddrFrom4([4]byte(data[8:12]))
 		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_ORIGDSTADDR && len(data) >= 8:
 			m.dst = netip.AddrFrom4([4]byte(data[4:8])) // a struct sockaddr_in
 		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TTL && len(data) >= 4:
@@ -284,7 +280,6 @@ func parseRxMeta(m *rxMeta, name []byte, oob []byte, v6 bool) {
 			m.tos = data[0]
 		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
 			m.dst = netip.AddrFrom16([16]byte(data[0:16]))
-			m.ifindex = int(binary.NativeEndian.Uint32(data[16:20]))
 		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_HOPLIMIT && len(data) >= 4:
 			m.ttl = uint8(binary.NativeEndian.Uint32(data))
 		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_TCLASS && len(data) >= 4:
