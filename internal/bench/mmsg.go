@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/internal/mmsg"
+	"github.com/softrdma/softrdma/internal/rawudp"
 )
 
 // This file is the baseline: plain UDP multicast sockets driven with
@@ -28,7 +29,12 @@ const rcvBuf = 16 << 20
 // options opts ({level, name, value}) and then the IP option mreqOpt
 // (IP_MULTICAST_IF, IP_ADD_MEMBERSHIP) to mreq.
 func listen4(addr string, mreqOpt int, mreq unix.IPMreqn, opts ...[3]int) (*net.UDPConn, error) {
-	return mmsg.ListenUDP("udp4", addr, func(fd int) error {
+	return mmsg.ListenUDP("udp4", addr, setup4(mreqOpt, mreq, opts))
+}
+
+// setup4 returns the socket setup of listen4.
+func setup4(mreqOpt int, mreq unix.IPMreqn, opts [][3]int) func(fd int) error {
+	return func(fd int) error {
 		for _, o := range opts {
 			err := unix.SetsockoptInt(fd, o[0], o[1], o[2])
 			if err != nil && !(o[0] == unix.SOL_SOCKET && o[1] == unix.SO_RCVBUFFORCE) { // EPERM unprivileged, as in the device
@@ -36,12 +42,12 @@ func listen4(addr string, mreqOpt int, mreq unix.IPMreqn, opts ...[3]int) (*net.
 			}
 		}
 		return unix.SetsockoptIPMreqn(fd, unix.IPPROTO_IP, mreqOpt, &mreq)
-	})
+	}
 }
 
 // mmsgSender sends batches of equal datagrams to one group with sendmmsg.
 type mmsgSender struct {
-	conn *net.UDPConn
+	conn *rawudp.Conn
 	raw  syscall.RawConn
 	b    *mmsg.Batch
 	dst  unix.RawSockaddrInet4
@@ -49,13 +55,14 @@ type mmsgSender struct {
 }
 
 // newMmsgSender opens a UDP socket sending to group:4791 out of the
-// interface of src, batch datagrams of size bytes per call.
+// interface of src, batch datagrams of size bytes per call. Like the
+// device's send sockets it stays out of Go's netpoller for writing
+// (rawudp), which would wake a parked thread for every datagram sent.
 func newMmsgSender(src, group netip.Addr, ifindex, batch, size int) (*mmsgSender, error) {
-	conn, err := listen4(netip.AddrPortFrom(src, 0).String(), unix.IP_MULTICAST_IF,
+	conn, err := rawudp.ListenUDP("udp4", netip.AddrPortFrom(src, 0).String(), setup4(unix.IP_MULTICAST_IF,
 		unix.IPMreqn{Address: src.As4(), Ifindex: int32(ifindex)},
-		[3]int{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP, 1},
-		[3]int{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, 64},
-	)
+		[][3]int{{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP, 1}, {unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, 64}},
+	))
 	if err != nil {
 		return nil, err
 	}

@@ -164,19 +164,20 @@ type Reader struct {
 	serveFn func(fd uintptr) bool // r.serveBatches, bound once
 }
 
-// NewReader returns a reader of conn into b, which it keeps.
-func NewReader(conn *net.UDPConn, b *Batch) (*Reader, error) {
+// NewReader returns a reader of conn (a *net.UDPConn or a *rawudp.Conn)
+// into b, which it keeps.
+func NewReader(conn syscall.Conn, b *Batch) (*Reader, error) {
 	return newReader(conn, nil, b)
 }
 
 // NewPooledReader returns a reader of conn whose batch comes from p and
 // goes back to it whenever the socket has nothing to read, so that an idle
 // socket holds no buffers; under load the reader keeps its batch.
-func NewPooledReader(conn *net.UDPConn, p *Pool) (*Reader, error) {
+func NewPooledReader(conn syscall.Conn, p *Pool) (*Reader, error) {
 	return newReader(conn, p, nil)
 }
 
-func newReader(conn *net.UDPConn, p *Pool, b *Batch) (*Reader, error) {
+func newReader(conn syscall.Conn, p *Pool, b *Batch) (*Reader, error) {
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		return nil, err

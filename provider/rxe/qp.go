@@ -1,12 +1,12 @@
 package rxe
 
 import (
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
 
+	"github.com/softrdma/softrdma/internal/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -21,10 +21,10 @@ const qpsPerBlock = 255
 // sendBlock is a pair of send sockets (IPv4, IPv6) and the QPNs derived
 // from the IPv4 socket's port.
 type sendBlock struct {
-	conn4 *net.UDPConn
+	conn4 *rawudp.Conn
 	raw4  syscall.RawConn
 	port4 uint16
-	conn6 *net.UDPConn // nil when IPv6 is unavailable
+	conn6 *rawudp.Conn // nil when IPv6 is unavailable
 	raw6  syscall.RawConn
 	port6 uint16
 	used  [qpsPerBlock + 1]bool // by index 1..255 (Device.mu)

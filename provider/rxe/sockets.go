@@ -10,11 +10,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/internal/mmsg"
+	"github.com/softrdma/softrdma/internal/rawudp"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -91,11 +93,15 @@ func openRecvConn(v6 bool) (*net.UDPConn, error) {
 // address and an ephemeral port (exclusive on the host, which makes the
 // port a unique QPN prefix), with multicast output on interface ifindex.
 // src4 is the device's first IPv4 address, if any, for IP_MULTICAST_IF.
-func openSendConn(v6 bool, ifindex int, src4 netip.Addr) (*net.UDPConn, uint16, error) {
-	var conn *net.UDPConn
+//
+// The socket stays out of Go's netpoller for writing (rawudp): a send
+// socket there would wake a parked netpoller thread for every datagram the
+// kernel frees.
+func openSendConn(v6 bool, ifindex int, src4 netip.Addr) (*rawudp.Conn, uint16, error) {
+	var conn *rawudp.Conn
 	var err error
 	if !v6 {
-		conn, err = mmsg.ListenUDP("udp4", "0.0.0.0:0", func(fd int) error {
+		conn, err = rawudp.ListenUDP("udp4", "0.0.0.0:0", func(fd int) error {
 			if err := setOpts(fd, []sockopt{
 				{unix.SOL_SOCKET, unix.SO_NO_CHECK, 1, false},
 				{unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO, false},
@@ -112,7 +118,7 @@ func openSendConn(v6 bool, ifindex int, src4 netip.Addr) (*net.UDPConn, uint16, 
 			return unix.SetsockoptIPMreqn(fd, unix.IPPROTO_IP, unix.IP_MULTICAST_IF, &mreq)
 		})
 	} else {
-		conn, err = mmsg.ListenUDP("udp6", "[::]:0", func(fd int) error {
+		conn, err = rawudp.ListenUDP("udp6", "[::]:0", func(fd int) error {
 			return setOpts(fd, []sockopt{
 				{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1, false},
 				{unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_TX, 1, false},
@@ -130,7 +136,7 @@ func openSendConn(v6 bool, ifindex int, src4 netip.Addr) (*net.UDPConn, uint16, 
 }
 
 // control runs f on the socket descriptor.
-func control(conn *net.UDPConn, f func(fd int) error) error {
+func control(conn syscall.Conn, f func(fd int) error) error {
 	rc, err := conn.SyscallConn()
 	if err != nil {
 		return err
@@ -321,7 +327,7 @@ var readPool = mmsg.NewPool(func() *mmsg.Batch {
 })
 
 // newBatchReader returns the recvmmsg reader of a receive socket.
-func newBatchReader(conn *net.UDPConn) (*mmsg.Reader, error) {
+func newBatchReader(conn syscall.Conn) (*mmsg.Reader, error) {
 	return mmsg.NewPooledReader(conn, readPool)
 }
 

@@ -1,0 +1,188 @@
+package rawudp
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func listen(t *testing.T) *Conn {
+	t.Helper()
+	c, err := ListenUDP("udp4", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func port(c *Conn) int { return c.LocalAddr().(*net.UDPAddr).Port }
+
+// sendTo sends b from c to 127.0.0.1:p through the RawConn's Write.
+func sendTo(t *testing.T, c *Conn, p int, b []byte) {
+	t.Helper()
+	rc, _ := c.SyscallConn()
+	var serr error
+	err := rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), b, 0, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}, Port: p})
+		return serr != unix.EAGAIN
+	})
+	if err != nil || serr != nil {
+		t.Fatalf("send: %v %v", err, serr)
+	}
+}
+
+// readOne parks in Read until a datagram comes and returns it.
+func readOne(c *Conn) ([]byte, error) {
+	rc, _ := c.SyscallConn()
+	buf := make([]byte, 64)
+	n := 0
+	var rerr error
+	err := rc.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+		return rerr != unix.EAGAIN
+	})
+	if err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return buf[:n], nil
+}
+
+func TestReadParksUntilADatagramComes(t *testing.T) {
+	a, b := listen(t), listen(t)
+	got := make(chan []byte)
+	go func() {
+		d, err := readOne(b)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- d
+	}()
+	sendTo(t, a, port(b), []byte("hello"))
+	if d := <-got; string(d) != "hello" {
+		t.Fatalf("read %q", d)
+	}
+	// The next datagram, sent while nobody reads, is there for the next Read.
+	sendTo(t, a, port(b), []byte("again"))
+	if d, err := readOne(b); err != nil || string(d) != "again" {
+		t.Fatalf("read %q, %v", d, err)
+	}
+}
+
+// The point of the package: the epoll instance the netpoller watches does
+// not report the socket writable, so sending wakes no parked thread; it
+// reports it readable.
+func TestSendingDoesNotSignalTheNetpoller(t *testing.T) {
+	a, b := listen(t), listen(t)
+	var ev [4]unix.EpollEvent
+	epfd := int(a.ep.Fd())
+	for range 100 {
+		sendTo(t, a, port(b), []byte("x"))
+	}
+	if n, err := unix.EpollWait(epfd, ev[:], 0); n != 0 || err != nil {
+		t.Fatalf("after sending, the epoll instance reports %d events (%v): %+v", n, err, ev[:max(n, 0)])
+	}
+	sendTo(t, b, port(a), []byte("y"))
+	if n, err := unix.EpollWait(epfd, ev[:], 1000); n != 1 || err != nil || ev[0].Events&unix.EPOLLIN == 0 {
+		t.Fatalf("a datagram to the socket: %d events (%v): %+v", n, err, ev[:max(n, 0)])
+	}
+}
+
+func TestCloseEndsAParkedRead(t *testing.T) {
+	c, err := ListenUDP("udp4", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() {
+		_, err := readOne(c)
+		done <- err
+	}()
+	// Wait until the reader holds the read slot (it parks right after).
+	for c.rmu.TryLock() {
+		c.rmu.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Read after Close: %v, want net.ErrClosed", err)
+	}
+	if err := c.Close(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("second Close: %v", err)
+	}
+	rc, _ := c.SyscallConn()
+	if err := rc.Control(func(uintptr) {}); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Control after Close: %v", err)
+	}
+	if err := rc.Write(func(uintptr) bool { return true }); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Write after Close: %v", err)
+	}
+}
+
+// A writer that finds no room waits and tries again, and Close ends the
+// wait.
+func TestWriteWaitsForRoomAndCloseEndsTheWait(t *testing.T) {
+	c, err := ListenUDP("udp4", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, _ := c.SyscallConn()
+	tries := 0
+	if err := rc.Write(func(uintptr) bool { tries++; return tries == 3 }); err != nil || tries != 3 {
+		t.Fatalf("Write: %v after %d tries, want nil after 3", err, tries)
+	}
+	started := make(chan struct{})
+	done := make(chan error)
+	go func() {
+		once := false
+		done <- rc.Write(func(uintptr) bool {
+			if !once {
+				once = true
+				close(started)
+			}
+			return false // never room
+		})
+	}()
+	<-started
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Write waiting at Close: %v, want net.ErrClosed", err)
+	}
+}
+
+func TestListenUDP(t *testing.T) {
+	called := false
+	c, err := ListenUDP("udp6", "[::1]:0", func(fd int) error {
+		called = true
+		return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1)
+	})
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	defer c.Close()
+	ap := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	if !called || ap.Addr() != netip.IPv6Loopback() || ap.Port() == 0 {
+		t.Fatalf("bound to %v (setup called: %v)", ap, called)
+	}
+	want := errors.New("setup failed")
+	if _, err := ListenUDP("udp4", "127.0.0.1:0", func(int) error { return want }); err != want {
+		t.Fatalf("setup error: %v", err)
+	}
+	if _, err := ListenUDP("tcp", "127.0.0.1:0", nil); err == nil {
+		t.Fatal("tcp: no error")
+	}
+}
