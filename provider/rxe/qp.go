@@ -1,6 +1,7 @@
 package rxe
 
 import (
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -24,12 +25,15 @@ type sendBlock struct {
 	conn4 *rawudp.Conn
 	raw4  syscall.RawConn
 	port4 uint16
-	conn6 *rawudp.Conn // nil when IPv6 is unavailable
-	raw6  syscall.RawConn
-	port6 uint16
-	used  [qpsPerBlock + 1]bool // by index 1..255 (Device.mu)
-	n     int
-	next  int
+	// mcSrc4 is conn4's multicast source address (IP_MULTICAST_IF): the
+	// device's first IPv4 address when the block was opened, if any.
+	mcSrc4 netip.Addr
+	conn6  *rawudp.Conn // nil when IPv6 is unavailable
+	raw6   syscall.RawConn
+	port6  uint16
+	used   [qpsPerBlock + 1]bool // by index 1..255 (Device.mu)
+	n      int
+	next   int
 }
 
 // capacity is the number of usable indexes; QPN 0xFFFFFF (multicast) is
@@ -123,7 +127,7 @@ func (d *Device) openBlockLocked() (*sendBlock, error) {
 	if err != nil {
 		return nil, d.errf(verbs.ErrnoOf(err), "send socket: %v", err)
 	}
-	b := &sendBlock{conn4: c4, port4: p4}
+	b := &sendBlock{conn4: c4, port4: p4, mcSrc4: src4}
 	if b.raw4, err = c4.SyscallConn(); err != nil {
 		c4.Close()
 		return nil, d.errf(syscall.ENOMEM, "send socket: %v", err)

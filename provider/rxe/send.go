@@ -171,7 +171,7 @@ func (q *qp) build(sl *sendSlot, s *softverbs.UDSend) (v6, send bool, err error)
 			Dst:         dst,
 		})
 		crc = wire.ICRCv4(ip, udp, sl.hdr[:sl.hlen])
-		oob = buildOOB4(sl.oob[:], d.ifindex, src, hop, tc)
+		oob = buildOOB4(sl.oob[:], d.ifindex, src, dst, q.blk.mcSrc4, hop, tc)
 		putSockaddr4(&sl.name, dst)
 	} else {
 		udp.Encode(q.blk.port6, wire.UDPPort, uint16(wire.UDPHeaderLen+sl.total))

@@ -220,17 +220,29 @@ func putCmsgInt(b []byte, level, typ int32, v int) int {
 const sendOOBSpace = (unix.SizeofCmsghdr+unix.SizeofInet6Pktinfo+7)&^7 + 2*((unix.SizeofCmsghdr+4+7)&^7)
 
 // buildOOB4 writes IP_PKTINFO (source address and interface), IP_TTL
-// (unless 0, which IP_TTL cannot express) and IP_TOS into b.
-func buildOOB4(b []byte, ifindex int, src netip.Addr, ttl, tos uint8) []byte {
-	var pi [unix.SizeofInet4Pktinfo]byte
-	binary.NativeEndian.PutUint32(pi[0:4], uint32(ifindex))
-	s := src.As4()
-	copy(pi[4:8], s[:])
-	n := putCmsg(b, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+// (unless 0, which IP_TTL cannot express) and IP_TOS into b, leaving out
+// what the send socket does anyway: the source and interface of a
+// multicast datagram from the socket's multicast source address mcSrc
+// (IP_MULTICAST_IF), and TOS 0. A datagram to a group from the device's
+// first address thus carries IP_TTL alone, which the kernel reads from its
+// stack buffer; the three together (80 bytes) cost it an allocation and a
+// free per datagram (____sys_sendmsg copies more than 36 bytes of control
+// data into sock_kmalloc'd memory).
+func buildOOB4(b []byte, ifindex int, src, dst, mcSrc netip.Addr, ttl, tos uint8) []byte {
+	n := 0
+	if !dst.IsMulticast() || src != mcSrc {
+		var pi [unix.SizeofInet4Pktinfo]byte
+		binary.NativeEndian.PutUint32(pi[0:4], uint32(ifindex))
+		s := src.As4()
+		copy(pi[4:8], s[:])
+		n += putCmsg(b, unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+	}
 	if ttl != 0 {
 		n += putCmsgInt(b[n:], unix.IPPROTO_IP, unix.IP_TTL, int(ttl))
 	}
-	n += putCmsgInt(b[n:], unix.IPPROTO_IP, unix.IP_TOS, int(tos))
+	if tos != 0 {
+		n += putCmsgInt(b[n:], unix.IPPROTO_IP, unix.IP_TOS, int(tos))
+	}
 	return b[:n]
 }
 

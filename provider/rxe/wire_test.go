@@ -231,3 +231,52 @@ func (c *packetCapture) next(t *testing.T, group netip.Addr) []byte {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// buildOOB4 leaves out what the send socket does anyway: the source and
+// interface of a datagram to a group from the socket's multicast source
+// address, and TOS 0; everything else is spelled out.
+func TestBuildOOB4(t *testing.T) {
+	mcSrc, other := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	group, peer := netip.MustParseAddr("239.1.2.3"), netip.MustParseAddr("10.0.0.9")
+	type want struct {
+		pktinfo  netip.Addr // invalid: no IP_PKTINFO
+		ttl, tos int        // -1: no control message
+	}
+	for _, c := range []struct {
+		src, dst netip.Addr
+		ttl, tos uint8
+		want     want
+	}{
+		{mcSrc, group, 64, 0, want{netip.Addr{}, 64, -1}},
+		{mcSrc, group, 1, 0x28, want{netip.Addr{}, 1, 0x28}},
+		{other, group, 64, 0, want{other, 64, -1}},
+		{mcSrc, peer, 64, 0, want{mcSrc, 64, -1}},
+		{mcSrc, group, 0, 0, want{netip.Addr{}, -1, -1}},
+	} {
+		var b [sendOOBSpace]byte
+		oob := buildOOB4(b[:], 7, c.src, c.dst, mcSrc, c.ttl, c.tos)
+		msgs, err := unix.ParseSocketControlMessage(oob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := want{netip.Addr{}, -1, -1}
+		for _, m := range msgs {
+			switch m.Header.Type {
+			case unix.IP_PKTINFO:
+				if ifx := binary.NativeEndian.Uint32(m.Data[0:4]); ifx != 7 {
+					t.Errorf("%+v: pktinfo ifindex %d", c, ifx)
+				}
+				got.pktinfo = netip.AddrFrom4([4]byte(m.Data[4:8]))
+			case unix.IP_TTL:
+				got.ttl = int(binary.NativeEndian.Uint32(m.Data))
+			case unix.IP_TOS:
+				got.tos = int(binary.NativeEndian.Uint32(m.Data))
+			default:
+				t.Errorf("%+v: control message %d", c, m.Header.Type)
+			}
+		}
+		if got != c.want {
+			t.Errorf("src %v dst %v ttl %d tos %#x: got %+v, want %+v", c.src, c.dst, c.ttl, c.tos, got, c.want)
+		}
+	}
+}
