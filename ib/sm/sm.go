@@ -63,6 +63,7 @@ import (
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/sa"
 	"github.com/softrdma/softrdma/internal/mmsg"
+	"github.com/softrdma/softrdma/internal/rawudp"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -218,7 +219,7 @@ type SM struct {
 	cfg     Config
 	epoch   uint64
 	prefix  uint64
-	fabric  *net.UDPConn
+	fabric  *rawudp.Conn // out of the netpoller for writing: see internal/rawudp
 	rawSA   *net.UDPConn
 	timeout time.Duration
 
@@ -259,7 +260,7 @@ func New(cfg Config) (*SM, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.fabric, err = listenUDP(s.cfg.Listen); err != nil {
+	if s.fabric, err = rawudp.ListenUDP("udp", s.cfg.Listen, nil); err != nil {
 		return nil, err
 	}
 	s.rcvbuf = socketBuffer(s.fabric)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/internal/mmsg"
+	"github.com/softrdma/softrdma/internal/rawudp"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -185,7 +186,7 @@ func (s *SM) flush(o *outBatch, raw syscall.RawConn) {
 
 // socketBuffer asks for a large receive buffer and returns what the
 // kernel gave (SO_RCVBUF as getsockopt reports it).
-func socketBuffer(c *net.UDPConn) int {
+func socketBuffer(c *rawudp.Conn) int {
 	c.SetReadBuffer(fabric.SocketBuffer)
 	raw, err := c.SyscallConn()
 	if err != nil {

@@ -24,10 +24,13 @@ package rawudp
 import (
 	"errors"
 	"net"
+	"net/netip"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -41,6 +44,7 @@ const writeWaitMS = 10
 // hand the callbacks the socket's descriptor. Safe for concurrent use.
 type Conn struct {
 	fd    int
+	v6    bool // an AF_INET6 socket
 	local *net.UDPAddr
 	ep    *os.File        // epoll instance watching fd for EPOLLIN, in the netpoller
 	eprc  syscall.RawConn // ep's
@@ -56,13 +60,40 @@ type Conn struct {
 	rcb func(_ uintptr) bool  // c.readCallback, bound once: no allocation per Read
 }
 
-// ListenUDP opens a UDP socket of network "udp4" or "udp6" bound to addr
-// (an IP literal and port, as net.ResolveUDPAddr takes), running setup on
-// the descriptor before bind (to set socket options).
+// ListenUDP opens a UDP socket of network "udp4", "udp6" or "udp" bound to
+// addr (an IP literal and port, as net.ResolveUDPAddr takes), running
+// setup on the descriptor before bind (to set socket options). As with
+// package net, "udp" on a wildcard address is an IPv6 socket that takes
+// IPv4 too (IPV6_V6ONLY 0), or an IPv4 one where IPv6 is unavailable.
 func ListenUDP(network, addr string, setup func(fd int) error) (*Conn, error) {
 	ua, err := net.ResolveUDPAddr(network, addr)
 	if err != nil {
 		return nil, err
+	}
+	if network == "udp" {
+		switch {
+		case ua.IP != nil && !ua.IP.IsUnspecified() && ua.IP.To4() != nil:
+			network = "udp4"
+		case ua.IP != nil && !ua.IP.IsUnspecified():
+			network = "udp6"
+		default:
+			c, err := ListenUDP("udp6", "[::]:"+strconv.Itoa(ua.Port), func(fd int) error {
+				if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0); err != nil {
+					return err
+				}
+				if setup != nil {
+					return setup(fd)
+				}
+				return nil
+			})
+			if err == nil {
+				return c, nil
+			}
+			if !errors.Is(err, unix.EAFNOSUPPORT) {
+				return nil, err
+			}
+			network = "udp4"
+		}
 	}
 	fam := unix.AF_INET
 	var sa unix.Sockaddr
@@ -106,7 +137,7 @@ func ListenUDP(network, addr string, setup func(fd int) error) (*Conn, error) {
 	if err != nil {
 		return nil, opErr("getsockname", err)
 	}
-	c := &Conn{fd: fd}
+	c := &Conn{fd: fd, v6: fam == unix.AF_INET6}
 	switch a := bound.(type) {
 	case *unix.SockaddrInet4:
 		c.local = &net.UDPAddr{IP: net.IP(a.Addr[:]).To16(), Port: a.Port}
@@ -158,6 +189,71 @@ func (c *Conn) Close() error {
 	return unix.Close(c.fd)
 }
 
+// WriteToUDPAddrPort sends b to addr in one datagram, waiting for room in
+// the send buffer as Write does; it allocates nothing. An IPv6 socket
+// sends to an IPv4 address as IPv4-mapped, an IPv4 socket to an
+// IPv4-mapped one as IPv4.
+func (c *Conn) WriteToUDPAddrPort(b []byte, addr netip.AddrPort) (int, error) {
+	var sa [unix.SizeofSockaddrInet6]byte
+	ip := addr.Addr()
+	var saLen uintptr
+	switch {
+	case !c.v6 && ip.Unmap().Is4():
+		a := (*unix.RawSockaddrInet4)(unsafe.Pointer(&sa[0]))
+		a.Family = unix.AF_INET
+		a.Addr = ip.Unmap().As4()
+		saLen = unix.SizeofSockaddrInet4
+	case c.v6 && ip.IsValid():
+		a := (*unix.RawSockaddrInet6)(unsafe.Pointer(&sa[0]))
+		a.Family = unix.AF_INET6
+		a.Addr = ip.As16()
+		saLen = unix.SizeofSockaddrInet6
+	default:
+		return 0, &net.OpError{Op: "write", Net: "udp", Addr: net.UDPAddrFromAddrPort(addr), Err: unix.EAFNOSUPPORT}
+	}
+	// sin_port and sin6_port are at the same offset, in network order.
+	sa[2], sa[3] = byte(addr.Port()>>8), byte(addr.Port())
+	var p unsafe.Pointer
+	if len(b) > 0 {
+		p = unsafe.Pointer(&b[0])
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for {
+		if c.closing.Load() {
+			return 0, net.ErrClosed
+		}
+		n, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(c.fd), uintptr(p), uintptr(len(b)), 0, uintptr(unsafe.Pointer(&sa[0])), saLen)
+		switch e {
+		case 0:
+			return int(n), nil
+		case unix.EAGAIN:
+			c.waitRoom()
+		case unix.EINTR:
+		default:
+			return 0, &net.OpError{Op: "write", Net: "udp", Addr: net.UDPAddrFromAddrPort(addr), Err: os.NewSyscallError("sendto", e)}
+		}
+	}
+}
+
+// SetReadBuffer sets the socket's receive buffer (SO_RCVBUF), as
+// net.UDPConn's does.
+func (c *Conn) SetReadBuffer(bytes int) error {
+	rc, _ := c.SyscallConn()
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, bytes) }); err != nil {
+		return err
+	}
+	return os.NewSyscallError("setsockopt", serr)
+}
+
+// waitRoom waits up to writeWaitMS for room in the send buffer (c.mu is
+// held shared).
+func (c *Conn) waitRoom() {
+	pfd := [1]unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLOUT}}
+	unix.Poll(pfd[:], writeWaitMS) // EINTR or not: the caller tries again
+}
+
 func (c *Conn) readCallback(uintptr) bool { return c.rf(uintptr(c.fd)) }
 
 // rawConn is the syscall.RawConn of a Conn.
@@ -205,9 +301,6 @@ func (r rawConn) Write(f func(fd uintptr) bool) error {
 		if f(uintptr(c.fd)) {
 			return nil
 		}
-		pfd := [1]unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLOUT}}
-		if _, err := unix.Poll(pfd[:], writeWaitMS); err != nil && err != unix.EINTR {
-			return os.NewSyscallError("poll", err)
-		}
+		c.waitRoom()
 	}
 }

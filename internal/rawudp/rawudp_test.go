@@ -186,3 +186,57 @@ func TestListenUDP(t *testing.T) {
 		t.Fatal("tcp: no error")
 	}
 }
+
+func TestWriteToUDPAddrPort(t *testing.T) {
+	a, b := listen(t), listen(t)
+	to := b.LocalAddr().(*net.UDPAddr).AddrPort()
+	if n, err := a.WriteToUDPAddrPort([]byte("four"), to); n != 4 || err != nil {
+		t.Fatalf("WriteToUDPAddrPort: %d, %v", n, err)
+	}
+	if d, err := readOne(b); err != nil || string(d) != "four" {
+		t.Fatalf("read %q, %v", d, err)
+	}
+	// An IPv4-mapped destination from an IPv4 socket goes as IPv4.
+	mapped := netip.AddrPortFrom(netip.AddrFrom16(to.Addr().As16()), to.Port())
+	if _, err := a.WriteToUDPAddrPort([]byte("m"), mapped); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := readOne(b); err != nil || string(d) != "m" {
+		t.Fatalf("read %q, %v", d, err)
+	}
+	if _, err := a.WriteToUDPAddrPort([]byte("x"), netip.MustParseAddrPort("[::1]:9")); !errors.Is(err, unix.EAFNOSUPPORT) {
+		t.Fatalf("IPv6 destination from an IPv4 socket: %v", err)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { a.WriteToUDPAddrPort([]byte("z"), to) }); allocs != 0 {
+		t.Errorf("WriteToUDPAddrPort allocates %.1f times", allocs)
+	}
+	a.Close()
+	if _, err := a.WriteToUDPAddrPort([]byte("x"), to); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// "udp" on a wildcard address takes IPv4 datagrams too (dual stack), as
+// package net's socket does.
+func TestListenUDPDualStack(t *testing.T) {
+	c, err := ListenUDP("udp", ":0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a := listen(t)
+	p := c.LocalAddr().(*net.UDPAddr).Port
+	if _, err := a.WriteToUDPAddrPort([]byte("v4"), netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(p))); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := readOne(c); err != nil || string(d) != "v4" {
+		t.Fatalf("read %q, %v", d, err)
+	}
+	// It answers an IPv4 peer at its plain IPv4 address.
+	if _, err := c.WriteToUDPAddrPort([]byte("back"), a.LocalAddr().(*net.UDPAddr).AddrPort()); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := readOne(a); err != nil || string(d) != "back" {
+		t.Fatalf("read %q, %v", d, err)
+	}
+}

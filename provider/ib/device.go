@@ -28,6 +28,7 @@ import (
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mcast"
 	"github.com/softrdma/softrdma/internal/mmsg"
+	"github.com/softrdma/softrdma/internal/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -115,8 +116,7 @@ type Device struct {
 	vdev   *verbs.Device
 	reg    *Registry
 	core   *softverbs.Device
-	conn   *net.UDPConn
-	sm     *net.UDPAddr
+	conn   *rawudp.Conn   // out of the netpoller for writing: see internal/rawudp
 	smAddr netip.AddrPort // sm, unmapped: the only source the port trusts
 	smDst  netip.AddrPort // sm as the socket sends to it (sendmmsg)
 	gso    bool           // the kernel takes UDP_SEGMENT sends
@@ -184,12 +184,12 @@ func Open(cfg Config) (*Device, error) {
 	if cfg.LinkStallTimeout <= 0 {
 		cfg.LinkStallTimeout = fabric.DefaultLinkStall
 	}
-	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(cfg.Local, 0)))
+	conn, err := rawudp.ListenUDP("udp", netip.AddrPortFrom(cfg.Local, 0).String(), nil)
 	if err != nil {
 		return nil, fmt.Errorf("ib: open: %w", err)
 	}
 	d := &Device{
-		cfg: cfg, conn: conn, sm: sm, guid: cfg.GUID,
+		cfg: cfg, conn: conn, guid: cfg.GUID,
 		smAddr:   netip.AddrPortFrom(sm.AddrPort().Addr().Unmap(), sm.AddrPort().Port()),
 		activeCh: make(chan struct{}), refusedCh: make(chan struct{}), subs: map[int]func(PortEvent){},
 		qpns: map[uint32]bool{}, nextQPN: 2,
@@ -427,7 +427,7 @@ func (d *Device) keepalive() {
 }
 
 func (d *Device) sendControl(c *fabric.Control) {
-	d.conn.WriteToUDP(fabric.EncodeControl(c), d.sm)
+	d.conn.WriteToUDPAddrPort(fabric.EncodeControl(c), d.smDst)
 }
 
 // portInfo applies the SM's answer; an epoch or LID change is a client

@@ -1,12 +1,12 @@
 package ib
 
 import (
-	"net"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/internal/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
 )
 
@@ -21,7 +21,7 @@ import (
 
 // socketBuffer asks for a large receive buffer and returns what the
 // kernel gave (SO_RCVBUF as getsockopt reports it).
-func socketBuffer(c *net.UDPConn) int {
+func socketBuffer(c *rawudp.Conn) int {
 	c.SetReadBuffer(fabric.SocketBuffer)
 	raw, err := c.SyscallConn()
 	if err != nil {
@@ -52,7 +52,7 @@ func (d *Device) creditMoved() {
 // sendFlow sends the port's flow control packet. lmu is held.
 func (d *Device) sendFlow(f fabric.Flow) {
 	var b [fabric.FlowLen]byte
-	d.conn.WriteToUDP(fabric.EncodeFlow(b[:], f), d.sm)
+	d.conn.WriteToUDPAddrPort(fabric.EncodeFlow(b[:], f), d.smDst)
 }
 
 // flowIn applies a flow control packet from the switch. Receive goroutine.
@@ -164,6 +164,6 @@ func (d *Device) xmitManagement(pkt []byte) error {
 	d.lmu.Lock()
 	defer d.lmu.Unlock()
 	d.link.Sent(1)
-	_, err := d.conn.WriteToUDP(pkt, d.sm)
+	_, err := d.conn.WriteToUDPAddrPort(pkt, d.smDst)
 	return err
 }

@@ -48,7 +48,7 @@ func (q *qp) Send(s *softverbs.UDSend) error {
 	}
 	d := q.dev
 	if _, err := d.xmit(1, func(int, int) (int, error) {
-		if _, err := d.conn.WriteToUDP(pkt, d.sm); err != nil {
+		if _, err := d.conn.WriteToUDPAddrPort(pkt, d.smDst); err != nil {
 			return 0, err
 		}
 		return 1, nil
