@@ -140,7 +140,7 @@ func ListenUDP(network, addr string, setup func(fd int) error) (*Conn, error) {
 	c := &Conn{fd: fd, v6: fam == unix.AF_INET6}
 	switch a := bound.(type) {
 	case *unix.SockaddrInet4:
-		c.local = &net.UDPAddr{IP: net.IP(a.Addr[:]).To16(), Port: a.Port}
+		c.local = &net.UDPAddr{IP: net.IP(a.Addr[:]), Port: a.Port} // 4 bytes, as package net's
 	case *unix.SockaddrInet6:
 		c.local = &net.UDPAddr{IP: net.IP(a.Addr[:]), Port: a.Port}
 	}

@@ -165,6 +165,10 @@ func TestWriteWaitsForRoomAndCloseEndsTheWait(t *testing.T) {
 }
 
 func TestListenUDP(t *testing.T) {
+	// An IPv4 socket's address is an IPv4 AddrPort, as package net's.
+	if ap := listen(t).LocalAddr().(*net.UDPAddr).AddrPort(); !ap.Addr().Is4() || ap.Addr() != netip.MustParseAddr("127.0.0.1") {
+		t.Fatalf("IPv4 socket bound to %v", ap)
+	}
 	called := false
 	c, err := ListenUDP("udp6", "[::1]:0", func(fd int) error {
 		called = true
