@@ -14,11 +14,10 @@ func (d *Device) QPCounters(qpn uint32) (softverbs.Snapshot, bool) {
 }
 
 // RefreshCounters brings socket_drops up to date (softverbs.CounterRefresher):
-// the kernel reports a socket's drop count with each datagram it queues
-// (SO_RXQ_OVFL), so datagrams dropped after the last one queued would show
-// only with the next; here every receive socket is asked for its count
-// (SO_MEMINFO), so that a lost datagram has its counter when the counters
-// are read.
+// every receive socket is asked for the count of datagrams the kernel
+// dropped for a full buffer (SO_MEMINFO), so that a lost datagram has its
+// counter whenever the counters are read; a closing socket is asked last
+// (closeSock).
 func (d *Device) RefreshCounters() {
 	d.mu.Lock()
 	socks := make([]*recvSock, 0, len(d.rsocks)+len(d.usocks))
@@ -32,9 +31,8 @@ func (d *Device) RefreshCounters() {
 }
 
 // noteSocketDrops counts the drops of socket s up to v, the kernel's
-// running count (from SO_RXQ_OVFL or SO_MEMINFO: the same counter), once:
-// a count at or below what was already counted changes nothing (a
-// datagram read late carries the count of when it was queued).
+// running count, once: a count at or below what was already counted
+// changes nothing (two concurrent reads of the counters).
 func (d *Device) noteSocketDrops(s *recvSock, v uint32) {
 	for {
 		c := s.drops.Load()

@@ -71,9 +71,6 @@ func (r *receiver) handleBatch(n int) {
 	}
 	r.burst.Flush()
 	r.drainErrors()
-	if r.blk == nil && n > 0 {
-		r.countSocketDrops(n)
-	}
 	if n == RecvBatch {
 		// A full batch: more are waiting, and Serve reads on without
 		// blocking. Let the consumers just woken run first, so that they
@@ -82,16 +79,6 @@ func (r *receiver) handleBatch(n int) {
 		// (no_recv_wr_drops) before they run.
 		runtime.Gosched()
 	}
-}
-
-// countSocketDrops counts what the socket dropped for a full buffer since
-// the last batch: the last datagram of the batch carries the socket's
-// running count as it was when the kernel queued it. (Drops after the
-// last datagram queued are counted when the counters are read:
-// RefreshCounters.)
-func (r *receiver) countSocketDrops(n int) {
-	_, _, oob, _ := r.br.Datagram(n - 1)
-	r.d.noteSocketDrops(r.s, rxqOvfl(oob))
 }
 
 // handle runs rxe's receive checks on one datagram read from a UDP 4791

@@ -13,10 +13,9 @@ import (
 )
 
 // TestSocketDrops: datagrams the kernel drops because a receive socket's
-// buffer is full are counted (SO_RXQ_OVFL with each datagram, SO_MEMINFO
-// when the counters are read), so every datagram sent to the device is
-// either read (rcvd_pkts) or a socket_drops, with nothing sent after the
-// burst. The test shrinks the group's socket buffer to the kernel's minimum
+// buffer is full are counted (SO_MEMINFO when the counters are read), so
+// every datagram sent to the device is either read (rcvd_pkts) or a
+// socket_drops, with nothing sent after the burst. The test shrinks the group's socket buffer to the kernel's minimum
 // and sends a burst that cannot fit while the device reads.
 func TestSocketDrops(t *testing.T) {
 	d := loDev(t)
