@@ -50,28 +50,67 @@ var vcrcTab = func() (t [16][256]uint16) {
 }()
 
 // VCRC returns the variant CRC of pkt, the packet from the first byte of
-// the LRH through the ICRC. It does not allocate.
+// the LRH through the ICRC. It does not allocate. Where the CPU multiplies
+// carry-less (PCLMULQDQ on amd64) the 16-byte blocks are folded first
+// (vcrcFold); the tables take what is left.
 func VCRC(pkt []byte) uint16 {
+	c, rest := vcrcFast(0xFFFF, pkt)
+	return ^vcrcTable(c, rest)
+}
+
+// vcrcTable runs the CRC register c over p with the slicing-by-16 tables
+// (no preset, no final complement).
+func vcrcTable(c uint16, p []byte) uint16 {
 	t := &vcrcTab
-	c := uint16(0xFFFF)
-	for len(pkt) >= 16 {
-		c ^= binary.LittleEndian.Uint16(pkt)
-		c = t[15][byte(c)] ^ t[14][c>>8] ^ t[13][pkt[2]] ^ t[12][pkt[3]] ^
-			t[11][pkt[4]] ^ t[10][pkt[5]] ^ t[9][pkt[6]] ^ t[8][pkt[7]] ^
-			t[7][pkt[8]] ^ t[6][pkt[9]] ^ t[5][pkt[10]] ^ t[4][pkt[11]] ^
-			t[3][pkt[12]] ^ t[2][pkt[13]] ^ t[1][pkt[14]] ^ t[0][pkt[15]]
-		pkt = pkt[16:]
+	for len(p) >= 16 {
+		c ^= binary.LittleEndian.Uint16(p)
+		c = t[15][byte(c)] ^ t[14][c>>8] ^ t[13][p[2]] ^ t[12][p[3]] ^
+			t[11][p[4]] ^ t[10][p[5]] ^ t[9][p[6]] ^ t[8][p[7]] ^
+			t[7][p[8]] ^ t[6][p[9]] ^ t[5][p[10]] ^ t[4][p[11]] ^
+			t[3][p[12]] ^ t[2][p[13]] ^ t[1][p[14]] ^ t[0][p[15]]
+		p = p[16:]
 	}
-	if len(pkt) >= 8 {
-		c ^= binary.LittleEndian.Uint16(pkt)
-		c = t[7][byte(c)] ^ t[6][c>>8] ^ t[5][pkt[2]] ^ t[4][pkt[3]] ^
-			t[3][pkt[4]] ^ t[2][pkt[5]] ^ t[1][pkt[6]] ^ t[0][pkt[7]]
-		pkt = pkt[8:]
+	if len(p) >= 8 {
+		c ^= binary.LittleEndian.Uint16(p)
+		c = t[7][byte(c)] ^ t[6][c>>8] ^ t[5][p[2]] ^ t[4][p[3]] ^
+			t[3][p[4]] ^ t[2][p[5]] ^ t[1][p[6]] ^ t[0][p[7]]
+		p = p[8:]
 	}
-	for _, b := range pkt {
+	for _, b := range p {
 		c = t[0][byte(c)^b] ^ c>>8
 	}
-	return ^c
+	return c
+}
+
+// vcrcFoldConst returns the folding constant of x^e: x^e mod P as a
+// 64-bit bit-reflected value (the coefficient of x^d at bit 63-d), the
+// form a carry-less multiply of two reflected 64-bit halves takes.
+func vcrcFoldConst(e int) uint64 {
+	r := uint32(1) // x^0, normal form; P = x^16 + 0x100B
+	for range e {
+		r <<= 1
+		if r&0x10000 != 0 {
+			r ^= 0x1100B
+		}
+	}
+	var k uint64
+	for d := range 16 {
+		if r>>d&1 != 0 {
+			k |= 1 << (63 - d)
+		}
+	}
+	return k
+}
+
+// vcrcFoldK are the constants of vcrcFold: a 16-byte block D = Dh·x^64 +
+// Dl (Dh its first 8 bytes, bit-reflected) moved on by F bits is
+// Dh·x^(F+64) + Dl·x^F, congruent modulo P to clmul(Dh, K(F+63)) ⊕
+// clmul(Dl, K(F-1)): the carry-less product of two reflected halves
+// carries one factor x. Folds by 512 bits (four blocks in flight), then by
+// 128.
+var vcrcFoldK = [4]uint64{
+	vcrcFoldConst(512 + 63), vcrcFoldConst(512 - 1),
+	vcrcFoldConst(128 + 63), vcrcFoldConst(128 - 1),
 }
 
 // PutVCRC stores crc in b[0:2], least significant byte first.

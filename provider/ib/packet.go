@@ -176,6 +176,11 @@ type receiveScratch struct {
 	grh  [verbs.GRHLen]byte
 	info softverbs.IBRecvInfo
 	dg   softverbs.Datagram
+
+	// bp defers the CQ wake-ups of a batch's deliveries to its end
+	// (&burst in the receive loop; nil elsewhere: a wake-up each).
+	bp    *softverbs.Burst
+	burst softverbs.Burst
 }
 
 // recvBatch is the number of datagrams one recvmmsg of the receive loop
@@ -187,54 +192,60 @@ const recvBatch = 16
 // the switch.
 func (d *Device) receiveLoop() {
 	defer d.wg.Done()
-	var rx receiveScratch
+	rx := &receiveScratch{}
+	rx.bp = &rx.burst
 	r, err := mmsg.NewReader(d.conn, mmsg.NewBatch(recvBatch, maxDatagram, unix.SizeofSockaddrInet6, 0))
 	if err != nil {
 		return
 	}
+	handle := func(n int) { d.handleBatch(r, n, rx) }
 	for {
-		n, err := r.Read()
-		if err != nil {
-			select {
-			case <-d.done:
-				return
-			default:
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
+		// Serve reads batches as rxe's receivers do: no recvmmsg that
+		// would find the socket empty.
+		err := r.Serve(handle)
+		select {
+		case <-d.done:
+			return
+		default:
+		}
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+	}
+}
+
+// handleBatch handles the n datagrams of one batch of the receive loop.
+func (d *Device) handleBatch(r *mmsg.Reader, n int, rx *receiveScratch) {
+	for i := range n {
+		b, name, _, trunc := r.Datagram(i)
+		if !d.fromSM(mmsg.AddrPort(name)) {
+			d.core.Count(softverbs.UntrustedDrops, 1)
 			continue
 		}
-		for i := range n {
-			b, name, _, trunc := r.Datagram(i)
-			if !d.fromSM(mmsg.AddrPort(name)) {
-				d.core.Count(softverbs.UntrustedDrops, 1)
+		switch {
+		case fabric.IsControl(b):
+			if trunc {
+				d.core.Count(softverbs.ControlDrops, 1)
 				continue
 			}
-			switch {
-			case fabric.IsControl(b):
-				if trunc {
-					d.core.Count(softverbs.ControlDrops, 1)
-					continue
-				}
-				d.control(b)
-			case fabric.IsFlow(b):
-				d.flowIn(b)
-			default:
-				if trunc {
-					d.core.Count(softverbs.RcvdPkts, 1)
-					d.core.Count(softverbs.OversizedRecvDrops, 1)
-				} else {
-					d.handlePacket(b, nil, &rx)
-				}
-				d.took()
+			d.control(b)
+		case fabric.IsFlow(b):
+			d.flowIn(b)
+		default:
+			if trunc {
+				d.core.Count(softverbs.RcvdPkts, 1)
+				d.core.Count(softverbs.OversizedRecvDrops, 1)
+			} else {
+				d.handlePacket(b, nil, rx)
 			}
+			d.took()
 		}
-		if n == recvBatch {
-			// More are waiting: let the consumers just woken run (and
-			// repost receive WRs) before the next batch, as rxe does.
-			runtime.Gosched()
-		}
+	}
+	rx.burst.Flush()
+	if n == recvBatch {
+		// More are waiting: let the consumers just woken run (and
+		// repost receive WRs) before the next batch, as rxe does.
+		runtime.Gosched()
 	}
 }
 
@@ -288,11 +299,11 @@ func (d *Device) handlePacket(b []byte, self *qp, rx *receiveScratch) {
 	}
 	switch {
 	case destQP != wire.MulticastQPN:
-		c.DeliverUnicast(destQP, dg, nil)
+		c.DeliverUnicast(destQP, dg, rx.bp)
 	case !p.Global() || !isMulticastLID(p.LRH.DLID()):
 		c.Count(softverbs.MalformedDrops, 1)
 	default:
-		c.DeliverGroup(c.Group(p.GRH.DGID()), p.LRH.DLID(), dg, nil)
+		c.DeliverGroup(c.Group(p.GRH.DGID()), p.LRH.DLID(), dg, rx.bp)
 	}
 	dg.Payload = nil // keep no reference to the packet buffer
 }
