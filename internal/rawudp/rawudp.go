@@ -181,8 +181,11 @@ func (c *Conn) Close() error {
 	if c.closing.Swap(true) {
 		return net.ErrClosed
 	}
-	c.mu.Lock() // wait for writers and Control callbacks
-	c.mu.Unlock()
+	// Wait for writers (a writer waiting for room sees closing within
+	// writeWaitMS) and Control callbacks; keep them out until fd is
+	// closed.
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	// Closing the epoll file wakes a parked reader and waits for a
 	// callback in progress to return.
 	c.ep.Close()
