@@ -68,6 +68,7 @@ the JSON lines).
 	groups := fs.Int("groups", 0, "groups one process joins at once (default 10000)")
 	modes := fs.String("modes", strings.Join(cfg.Modes, ","), "fan-out modes: udp (the baseline), rdma (RoCEv2); one alone gives no ratio (for a profiler)")
 	rxProcs := fs.Int("rx-gomaxprocs", 1, "GOMAXPROCS of the receiver processes (0: Go's default, the number of cores)")
+	slots := fs.Int("slots", cfg.Slots, "receive WRs an RDMA receiver keeps posted, each with a buffer of the payload size and the GRH")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -111,11 +112,11 @@ the JSON lines).
 	if *groups > 0 {
 		cfg.Groups = *groups
 	}
-	if *batch < 1 || *batch > 1024 || *rate < 0 {
-		fmt.Fprintln(stderr, "bench: -batch must be 1..1024 and -rate ≥ 0")
+	if *batch < 1 || *batch > 1024 || *rate < 0 || *slots < 64 || *slots > 1<<16 {
+		fmt.Fprintln(stderr, "bench: -batch must be 1..1024, -rate ≥ 0 and -slots 64..65536")
 		return 2
 	}
-	cfg.Batch, cfg.Rate = *batch, *rate
+	cfg.Batch, cfg.Rate, cfg.Slots = *batch, *rate, *slots
 	exe, err := os.Executable()
 	if err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
