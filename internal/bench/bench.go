@@ -61,7 +61,7 @@ type Config struct {
 
 	// Receivers are the numbers of receiver processes of the fan-out cases.
 	Receivers []int
-	// Sizes are the payload sizes, in bytes (at most 4096).
+	// Sizes are the payload sizes, in bytes (at most maxPayload).
 	Sizes []int
 	// Duration is how long one mode of one case sends.
 	Duration time.Duration
@@ -473,3 +473,6 @@ func geomean(rs []FanoutResult, f func(FanoutResult) float64) float64 {
 	}
 	return math.Exp(sum / float64(n))
 }
+
+// maxPayload is the largest payload size of a run (Config.Sizes).
+const maxPayload = 4096
