@@ -212,14 +212,7 @@ func (s *SM) fabricLoop() error {
 		return err
 	}
 	o := s.newOutBatch()
-	for {
-		n, err := r.Read()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return err
-		}
+	handle := func(n int) {
 		s.mu.Lock()
 		for i := range n {
 			data, name, _, trunc := r.Datagram(i)
@@ -241,6 +234,12 @@ func (s *SM) fabricLoop() error {
 			s.kick()
 		}
 	}
+	// Serve reads batches without the recvmmsg that would find the socket
+	// empty, as the ports' receive loops do.
+	if err := r.Serve(handle); !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
 }
 
 // pump forwards until nothing moves and returns when to look again (zero:
