@@ -245,7 +245,9 @@ func (r *Reader) Read() (int, error) {
 // in the netpoller right away, whose edge-triggered readiness every
 // datagram queued after that read sets — one system call per batch fewer.
 // A pooled reader gives its batch back before each wait. handle runs on
-// the calling goroutine and must not use the Reader.
+// the calling goroutine and must not use the Reader; it runs inside the
+// socket's RawConn.Read callback, so closing the socket waits for it:
+// handle must not wait for anything that happens only after the close.
 func (r *Reader) Serve(handle func(n int)) error {
 	r.serve = handle
 	defer func() { r.serve = nil }()

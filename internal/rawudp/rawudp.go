@@ -176,19 +176,21 @@ func (c *Conn) LocalAddr() net.Addr { return c.local }
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return rawConn{c}, nil }
 
 // Close closes the socket. It waits for callbacks in progress; a Read
-// parked in the netpoller returns net.ErrClosed.
+// parked in the netpoller returns net.ErrClosed, and so does every write
+// from now on — also one a Read callback makes while Close waits for it
+// (a reader that answers what it reads, inside mmsg.Reader.Serve).
 func (c *Conn) Close() error {
 	if c.closing.Swap(true) {
 		return net.ErrClosed
 	}
-	// Wait for writers (a writer waiting for room sees closing within
-	// writeWaitMS) and Control callbacks; keep them out until fd is
-	// closed.
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	// Closing the epoll file wakes a parked reader and waits for a
 	// callback in progress to return.
 	c.ep.Close()
+	// Then wait for writers (a writer waiting for room sees closing
+	// within writeWaitMS) and Control callbacks, and keep them out until
+	// fd is closed.
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	return unix.Close(c.fd)
 }
 

@@ -244,3 +244,43 @@ func TestListenUDPDualStack(t *testing.T) {
 		t.Fatalf("read %q, %v", d, err)
 	}
 }
+
+// A reader that writes from inside its Read callback (a switch answering
+// what it reads) does not hold Close up: the write fails with
+// net.ErrClosed and the callback returns.
+func TestCloseWhileACallbackWrites(t *testing.T) {
+	c, err := ListenUDP("udp4", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := listen(t)
+	to := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	inCallback, closing := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		rc, _ := c.SyscallConn()
+		var werr error
+		rc.Read(func(uintptr) bool {
+			close(inCallback)
+			<-closing
+			// Close has begun: it waits for this callback.
+			for !c.closing.Load() {
+				time.Sleep(time.Millisecond)
+			}
+			_, werr = c.WriteToUDPAddrPort([]byte("late"), a.LocalAddr().(*net.UDPAddr).AddrPort())
+			return true
+		})
+		done <- werr
+	}()
+	a.WriteToUDPAddrPort([]byte("x"), to)
+	<-inCallback
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	close(closing)
+	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("write from the callback during Close: %v, want net.ErrClosed", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}
