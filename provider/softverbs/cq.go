@@ -223,6 +223,23 @@ func (cq *CQ) pushOrOverrun(wc *verbs.WC) {
 	}
 }
 
+// pushAllOrOverrun queues the completions wcs under one lock and wakes a
+// waiter once; the CQ is marked overrun when they do not all fit.
+func (cq *CQ) pushAllOrOverrun(wcs []verbs.WC) {
+	if len(wcs) == 0 {
+		return
+	}
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	for i := range wcs {
+		if !cq.enqueueLocked(&wcs[i], false) {
+			cq.overrun = true
+			break
+		}
+	}
+	cq.wake()
+}
+
 // wake wakes a goroutine in Wait, if any (cq.mu held).
 func (cq *CQ) wake() {
 	if cq.waiters > 0 {

@@ -410,18 +410,15 @@ func (qp *QP) postOne(wr *verbs.SendWR) error {
 }
 
 // sent counts the outcome of one send: sent, refused, or dropped for its
-// size (nothing on the wire, no error).
+// size (wire 0).
 func (qp *QP) sent(wire int, err error) {
-	d := qp.dev
 	switch {
 	case err != nil:
-		d.count(qp, SendErrors)
+		qp.countSent(0, 0, 1, 0)
 	case wire == 0:
-		d.count(qp, OversizedSendDrops)
+		qp.countSent(0, 0, 0, 1)
 	default:
-		d.count(qp, SentPkts)
-		d.ctr[SentBytes].Add(uint64(wire))
-		qp.ctr[SentBytes].Add(uint64(wire))
+		qp.countSent(1, uint64(wire), 0, 0)
 	}
 }
 
@@ -447,8 +444,9 @@ type sendBatch struct {
 	n      [MaxSendBatch]int
 	sig    [MaxSendBatch]bool
 	gather [MaxSendBatch][]byte // copies of multi-SGE payloads
-	k      int                  // datagrams staged
-	nsig   int                  // of which signaled
+	wcs    [MaxSendBatch]verbs.WC
+	k      int // datagrams staged
+	nsig   int // of which signaled
 }
 
 // postBatch posts a chain through the driver's BatchSender.
@@ -486,22 +484,51 @@ func (qp *QP) postBatch(wr *verbs.SendWR, notRTS bool) error {
 	return nil
 }
 
-// flushBatch sends the staged datagrams and queues their completions.
+// flushBatch sends the staged datagrams and queues their completions:
+// the counters of the batch are added once and its completions queued
+// under one CQ lock with one wake-up.
 func (qp *QP) flushBatch(b *sendBatch) {
 	if b.k == 0 {
 		return
 	}
 	qp.bs.SendBatch(b.us[:b.k], b.errs[:b.k])
+	var sent, bytes, failed, oversized uint64
+	nwc := 0
 	for j := range b.k {
-		qp.sent(b.us[j].Wire, b.errs[j])
+		switch w := b.us[j].Wire; {
+		case b.errs[j] != nil:
+			failed++
+		case w == 0:
+			oversized++
+		default:
+			sent++
+			bytes += uint64(w)
+		}
 		if b.sig[j] {
-			wc := sendWC(b.wrid[j], b.n[j], qp.qpn, b.errs[j])
-			qp.sendCQ.pushOrOverrun(&wc)
+			b.wcs[nwc] = sendWC(b.wrid[j], b.n[j], qp.qpn, b.errs[j])
+			nwc++
 		}
 		b.us[j] = UDSend{}
 		b.errs[j] = nil
 	}
+	qp.countSent(sent, bytes, failed, oversized)
+	qp.sendCQ.pushAllOrOverrun(b.wcs[:nwc])
 	b.k, b.nsig = 0, 0
+}
+
+// countSent adds the outcomes of sends to the device's and the QP's
+// counters.
+func (qp *QP) countSent(sent, bytes, failed, oversized uint64) {
+	d := qp.dev
+	for _, c := range [...]struct {
+		k Counter
+		n uint64
+	}{{SentPkts, sent}, {SentBytes, bytes}, {SendErrors, failed}, {OversizedSendDrops, oversized}} {
+		if c.n != 0 {
+			d.ctr[c.k].Add(c.n)
+			qp.ctr[c.k].Add(c.n)
+		}
+	}
 }
 
 // AttachMcast attaches the QP to a multicast group (ibv_attach_mcast). The
