@@ -275,9 +275,7 @@ func (f *forwarder) drain(fd uintptr) {
 // A forwarded datagram is never forwarded again.
 func (r *receiver) handleForwarded(b, name []byte, trunc bool) {
 	d := r.d
-	d.core.Count(softverbs.RcvdPkts, 1)
-	d.core.Count(softverbs.RcvdBytes, uint64(len(b)))
-	d.core.Count(softverbs.RcvdForwarded, 1)
+	d.core.Count(softverbs.RcvdForwarded, 1) // received: counted by handleBatch
 	if trunc {
 		d.core.Count(softverbs.OversizedRecvDrops, 1)
 		return

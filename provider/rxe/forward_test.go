@@ -326,7 +326,7 @@ func FuzzForwarded(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r := newBlockReceiver(d, blk, nil)
 		before := d.Counters()
-		r.handleForwarded(b, name, false)
+		r.receiveOne(b, name, nil)
 		q.recycle()
 		after := d.Counters()
 		if after.Get(softverbs.RcvdPkts) != before.Get(softverbs.RcvdPkts)+1 || after.Get(softverbs.RcvdForwarded) != before.Get(softverbs.RcvdForwarded)+1 {

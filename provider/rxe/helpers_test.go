@@ -471,3 +471,9 @@ func transportQP(tb testing.TB, d *Device, qpn uint32) softverbs.DriverQP {
 	tb.Fatalf("no QP %#x", qpn)
 	return nil
 }
+
+// receiveOne handles datagram b as the one datagram of a batch read by r.
+func (r *receiver) receiveOne(b, name, oob []byte) {
+	r.countReceived(1, uint64(len(b)))
+	r.dispatch(b, name, oob, false)
+}

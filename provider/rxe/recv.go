@@ -61,13 +61,17 @@ func (r *receiver) run() { r.br.Serve(r.handleBatch) }
 
 // handleBatch handles the n datagrams of one batch read by run.
 func (r *receiver) handleBatch(n int) {
+	// Counted received before any is handled, so that no outcome counter
+	// (delivered, a drop) is ever ahead of rcvd_pkts.
+	var bytes uint64
+	for i := 0; i < n; i++ {
+		b, _, _, _ := r.br.Datagram(i)
+		bytes += uint64(len(b))
+	}
+	r.countReceived(n, bytes)
 	for i := 0; i < n; i++ {
 		b, name, oob, trunc := r.br.Datagram(i)
-		if r.blk != nil {
-			r.handleForwarded(b, name, trunc)
-		} else {
-			r.handle(b, name, oob, trunc)
-		}
+		r.dispatch(b, name, oob, trunc)
 	}
 	r.burst.Flush()
 	r.drainErrors()
@@ -81,15 +85,30 @@ func (r *receiver) handleBatch(n int) {
 	}
 }
 
+// dispatch handles one datagram of a batch: forwarded to the send
+// socket this receiver reads, or read from a UDP 4791 socket.
+func (r *receiver) dispatch(b, name, oob []byte, trunc bool) {
+	if r.blk != nil {
+		r.handleForwarded(b, name, trunc)
+	} else {
+		r.handle(b, name, oob, trunc)
+	}
+}
+
+// countReceived counts n datagrams of the given total size received: once
+// a batch, not twice a datagram (atomic adds).
+func (r *receiver) countReceived(n int, bytes uint64) {
+	r.d.core.Count(softverbs.RcvdPkts, uint64(n))
+	r.d.core.Count(softverbs.RcvdBytes, bytes)
+}
+
 // handle runs rxe's receive checks on one datagram read from a UDP 4791
-// socket (kernel.md §10.4) and delivers it, or forwards it to the device
+// socket (handleBatch counts it received) (kernel.md §10.4) and delivers it, or forwards it to the device
 // of the host that owns its QPN. Every drop is counted; nothing here may
 // panic on bad input.
 func (r *receiver) handle(b, name, oob []byte, trunc bool) {
 	d := r.d
 	captureReceived(d, r.v6, b, name, oob)
-	d.core.Count(softverbs.RcvdPkts, 1)
-	d.core.Count(softverbs.RcvdBytes, uint64(len(b)))
 	if trunc {
 		d.core.Count(softverbs.OversizedRecvDrops, 1)
 		return

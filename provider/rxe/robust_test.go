@@ -297,7 +297,7 @@ func FuzzReceive(f *testing.F) {
 		k := putOrigDst(oob, g)
 		k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, int(ttl))
 		before := d.Counters()
-		r.handle(b, name, oob[:k], false)
+		r.receiveOne(b, name, oob[:k])
 		q.recycle()
 		after := d.Counters()
 		if after.Get(softverbs.RcvdPkts) != before.Get(softverbs.RcvdPkts)+1 {
