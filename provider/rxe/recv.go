@@ -159,9 +159,12 @@ func (r *receiver) checkDeliver(b []byte, v6, fwd bool) {
 	udp.Encode(m.srcPort, wire.UDPPort, uint16(wire.UDPHeaderLen+len(b)))
 	if !v6 {
 		ip := wire.IPv4(r.ip[:wire.IPv4HeaderLen])
+		// Encoded with ID 0 and DF, what softrdma and rxe send: the
+		// checksum is computed again only for another ID.
 		ip.Encode(wire.IPv4Fields{
 			TOS:         m.tos,
 			TotalLength: uint16(wire.IPv4HeaderLen + wire.UDPHeaderLen + len(b)),
+			DF:          true,
 			TTL:         m.ttl,
 			Protocol:    wire.IPProtocolUDP,
 			Src:         m.src,
@@ -172,9 +175,11 @@ func (r *receiver) checkDeliver(b []byte, v6, fwd bool) {
 			d.core.Count(softverbs.ICRCErrors, 1)
 			return
 		}
-		ip.SetID(id)
-		ip.SetDF(df)
-		ip.SetChecksum(ip.CalculateChecksum())
+		if id != 0 || !df {
+			ip.SetID(id)
+			ip.SetDF(df)
+			ip.SetChecksum(ip.CalculateChecksum())
+		}
 		wire.PutGRHv4(r.grh[:], ip)
 	} else {
 		ip := wire.IPv6(r.ip[:])
