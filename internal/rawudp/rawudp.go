@@ -33,6 +33,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/internal/mmsg"
 )
 
 // writeWaitMS bounds one poll(2) wait for send room, so that Close, which
@@ -199,25 +201,18 @@ func (c *Conn) Close() error {
 // sends to an IPv4 address as IPv4-mapped, an IPv4 socket to an
 // IPv4-mapped one as IPv4.
 func (c *Conn) WriteToUDPAddrPort(b []byte, addr netip.AddrPort) (int, error) {
-	var sa [unix.SizeofSockaddrInet6]byte
 	ip := addr.Addr()
-	var saLen uintptr
 	switch {
 	case !c.v6 && ip.Unmap().Is4():
-		a := (*unix.RawSockaddrInet4)(unsafe.Pointer(&sa[0]))
-		a.Family = unix.AF_INET
-		a.Addr = ip.Unmap().As4()
-		saLen = unix.SizeofSockaddrInet4
+		ip = ip.Unmap()
+	case c.v6 && ip.Is4():
+		ip = netip.AddrFrom16(ip.As16())
 	case c.v6 && ip.IsValid():
-		a := (*unix.RawSockaddrInet6)(unsafe.Pointer(&sa[0]))
-		a.Family = unix.AF_INET6
-		a.Addr = ip.As16()
-		saLen = unix.SizeofSockaddrInet6
 	default:
 		return 0, &net.OpError{Op: "write", Net: "udp", Addr: net.UDPAddrFromAddrPort(addr), Err: unix.EAFNOSUPPORT}
 	}
-	// sin_port and sin6_port are at the same offset, in network order.
-	sa[2], sa[3] = byte(addr.Port()>>8), byte(addr.Port())
+	var sa [unix.SizeofSockaddrInet6]byte
+	saLen := uintptr(mmsg.PutAddrPort(sa[:], netip.AddrPortFrom(ip, addr.Port())))
 	var p unsafe.Pointer
 	if len(b) > 0 {
 		p = unsafe.Pointer(&b[0])
