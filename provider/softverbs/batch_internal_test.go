@@ -210,6 +210,16 @@ func TestPostSendBatches(t *testing.T) {
 		if batch && (len(q.batches) != 3 || q.batches[0] != MaxSendBatch || q.batches[2] != n-2*MaxSendBatch) {
 			t.Errorf("batches %v", q.batches)
 		}
+		// The counters of a batch are added once: the same totals as a
+		// datagram at a time, on the device and on the QP.
+		c := CoreOf(e.dev).Counters()
+		qc, _ := CoreOf(e.dev).QPCounters(e.qp.Num())
+		for _, got := range []Snapshot{c, qc} {
+			if got.Get(SentPkts) != n-1 || got.Get(SendErrors) != 1 || got.Get(SentBytes) != (n-1)*(40+4) {
+				t.Errorf("batch %v: sent_pkts %d send_errors %d sent_bytes %d, want %d, 1, %d",
+					batch, got.Get(SentPkts), got.Get(SendErrors), got.Get(SentBytes), n-1, (n-1)*44)
+			}
+		}
 		wcs := e.poll(t)
 		if len(wcs) != n/2 {
 			t.Fatalf("batch %v: %d completions", batch, len(wcs))
@@ -383,4 +393,26 @@ func (cq *CQ) waitersNow() int {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	return cq.waiters
+}
+
+// pushAllOrOverrun queues what fits, marks the CQ overrun when the rest
+// does not, and wakes a waiter once.
+func TestPushAllOrOverrun(t *testing.T) {
+	cq := &CQ{cap: 2, ring: make([]verbs.WC, 2), bell: make(chan struct{}, 1), waiters: 1}
+	cq.pushAllOrOverrun([]verbs.WC{{WRID: 1}, {WRID: 2}, {WRID: 3}})
+	if len(cq.bell) != 1 {
+		t.Errorf("bell rung %d times, want 1", len(cq.bell))
+	}
+	wc := make([]verbs.WC, 4)
+	if n, err := cq.Poll(wc); n != 2 || err != nil || wc[0].WRID != 1 || wc[1].WRID != 2 {
+		t.Fatalf("poll: %d %v %+v", n, err, wc[:n])
+	}
+	if _, err := cq.Poll(wc); !errors.Is(err, syscall.EOVERFLOW) {
+		t.Fatalf("after the overrun: %v, want EOVERFLOW", err)
+	}
+	cq2 := &CQ{cap: 4, ring: make([]verbs.WC, 4), bell: make(chan struct{}, 1)}
+	cq2.pushAllOrOverrun([]verbs.WC{{WRID: 7}, {WRID: 8}})
+	if n, err := cq2.Poll(wc); n != 2 || err != nil || wc[1].WRID != 8 {
+		t.Fatalf("room for all: %d %v", n, err)
+	}
 }
