@@ -36,8 +36,8 @@ var crcTab8 = func() (t [8][256]uint32) {
 }()
 
 // crcUpdate feeds p into the raw (non-inverted) CRC register, 8 bytes at a
-// time. It hashes the masked headers, which live in a stack buffer that
-// hash/crc32 would make escape to the heap.
+// time, then 4. It hashes the masked headers, which live in stack buffers
+// that hash/crc32 would make escape to the heap.
 func crcUpdate(reg uint32, p []byte) uint32 {
 	t := &crcTab8
 	for len(p) >= 8 {
@@ -46,29 +46,22 @@ func crcUpdate(reg uint32, p []byte) uint32 {
 			t[4][reg>>24] ^ t[5][reg>>16&0xFF] ^ t[6][reg>>8&0xFF] ^ t[7][reg&0xFF]
 		p = p[8:]
 	}
+	if len(p) >= 4 {
+		reg ^= binary.LittleEndian.Uint32(p)
+		reg = t[0][reg>>24] ^ t[1][reg>>16&0xFF] ^ t[2][reg>>8&0xFF] ^ t[3][reg&0xFF]
+		p = p[4:]
+	}
 	for _, c := range p {
 		reg = t[0][byte(reg)^c] ^ reg>>8
 	}
 	return reg
 }
 
-// icrcHdrBuf holds the masked headers: IP (up to 40) + UDP + BTH.
-type icrcHdrBuf [IPv6HeaderLen + UDPHeaderLen + BTHLen]byte
-
-// icrcTail hashes the masked UDP header and BTH at h[k:] and the rest of
-// the body, and returns the ICRC. The masked headers live in a stack
-// buffer and go through crcUpdate, since hash/crc32 would make them escape.
-func icrcTail(h *icrcHdrBuf, k int, udp UDP, body []byte) uint32 {
-	copy(h[k:k+UDPHeaderLen], udp[:UDPHeaderLen])
-	h[k+udpChecksum], h[k+udpChecksum+1] = 0xFF, 0xFF
-	k += UDPHeaderLen
-	copy(h[k:k+BTHLen], body[:BTHLen])
-	h[k+bthResv8a] = 0xFF
-	k += BTHLen
-	reg := crcUpdate(icrcSeed, h[:k])
-	// Hash the first len%16 bytes here so that hash/crc32's vector loop
-	// gets a multiple of 16 bytes and no byte-at-a-time tail.
-	rest := body[BTHLen:]
+// finishICRC hashes the unmasked rest of a packet into the raw register
+// reg and returns the ICRC. It hashes the first len%16 bytes itself so
+// that hash/crc32's vector loop gets a multiple of 16 bytes and no
+// byte-at-a-time tail.
+func finishICRC(reg uint32, rest []byte) uint32 {
 	if len(rest) >= 64 {
 		head := len(rest) & 15
 		reg = crcUpdate(reg, rest[:head])
@@ -77,25 +70,70 @@ func icrcTail(h *icrcHdrBuf, k int, udp UDP, body []byte) uint32 {
 	return crc32.Update(^reg, crc32.IEEETable, rest)
 }
 
+// ICRCPrefix is the part of a RoCEv2 ICRC that the IP and UDP headers
+// determine: the CRC register after the 8 bytes 0xFF and the masked IP and
+// UDP headers. The masked fields aside, those headers are the same for
+// every packet of one flow and length (addresses, ports, UDP length), so a
+// receiver or sender can compute the prefix once and finish each packet's
+// ICRC from it (ICRC), hashing only the BTH onwards.
+type ICRCPrefix uint32
+
+// ICRCPrefixV4 returns the ICRC prefix of an IPv4 packet: ip is the 20-byte
+// IPv4 header as on the wire (TOS, TTL and the checksum are masked), udp
+// the UDP header (its checksum is masked).
+func ICRCPrefixV4(ip IPv4, udp UDP) ICRCPrefix {
+	var h [IPv4HeaderLen + UDPHeaderLen]byte
+	copy(h[:IPv4HeaderLen], ip[:IPv4HeaderLen])
+	h[ipv4TOS], h[ipv4TTL], h[ipv4Checksum], h[ipv4Checksum+1] = 0xFF, 0xFF, 0xFF, 0xFF
+	maskUDP(h[IPv4HeaderLen:], udp)
+	return ICRCPrefix(crcUpdate(icrcSeed, h[:]))
+}
+
+// ICRCPrefixV6 returns the ICRC prefix of an IPv6 packet: traffic class,
+// flow label and hop limit are masked, and the UDP checksum.
+func ICRCPrefixV6(ip IPv6, udp UDP) ICRCPrefix {
+	var h [IPv6HeaderLen + UDPHeaderLen]byte
+	copy(h[:IPv6HeaderLen], ip[:IPv6HeaderLen])
+	h[0] |= 0x0F
+	h[1], h[2], h[3], h[ipv6HopLimit] = 0xFF, 0xFF, 0xFF, 0xFF
+	maskUDP(h[IPv6HeaderLen:], udp)
+	return ICRCPrefix(crcUpdate(icrcSeed, h[:]))
+}
+
+// maskUDP copies the UDP header into dst with the checksum set to 0xFFFF.
+func maskUDP(dst []byte, udp UDP) {
+	copy(dst[:UDPHeaderLen], udp[:UDPHeaderLen])
+	dst[udpChecksum], dst[udpChecksum+1] = 0xFF, 0xFF
+}
+
+// ICRC returns the ICRC of the packet whose IP and UDP headers gave p: body
+// is the UDP payload without the ICRC (BTH through pad, at least BTHLen
+// bytes). The BTH's byte 4 is masked. It does not allocate.
+func (p ICRCPrefix) ICRC(body []byte) uint32 {
+	// The masked BTH and the 4 bytes after it: two 8-byte steps.
+	var h [BTHLen + 4]byte
+	copy(h[:BTHLen], body[:BTHLen])
+	h[bthResv8a] = 0xFF
+	k, rest := BTHLen, body[BTHLen:]
+	if len(rest) >= 4 {
+		copy(h[BTHLen:], rest[:4])
+		k, rest = k+4, rest[4:]
+	}
+	return finishICRC(crcUpdate(uint32(p), h[:k]), rest)
+}
+
 // ICRCv4 returns the ICRC of a RoCEv2 packet over IPv4. ip is the 20-byte
 // IPv4 header as on the wire, udp the UDP header and body the UDP payload
 // without the ICRC (BTH through pad, at least BTHLen bytes). TOS, TTL and
 // the header checksum are masked. It does not allocate.
 func ICRCv4(ip IPv4, udp UDP, body []byte) uint32 {
-	var h icrcHdrBuf
-	copy(h[:IPv4HeaderLen], ip[:IPv4HeaderLen])
-	h[ipv4TOS], h[ipv4TTL], h[ipv4Checksum], h[ipv4Checksum+1] = 0xFF, 0xFF, 0xFF, 0xFF
-	return icrcTail(&h, IPv4HeaderLen, udp, body)
+	return ICRCPrefixV4(ip, udp).ICRC(body)
 }
 
 // ICRCv6 returns the ICRC of a RoCEv2 packet over IPv6. Arguments as for
 // ICRCv4; traffic class, flow label and hop limit are masked.
 func ICRCv6(ip IPv6, udp UDP, body []byte) uint32 {
-	var h icrcHdrBuf
-	copy(h[:IPv6HeaderLen], ip[:IPv6HeaderLen])
-	h[0] |= 0x0F
-	h[1], h[2], h[3], h[ipv6HopLimit] = 0xFF, 0xFF, 0xFF, 0xFF
-	return icrcTail(&h, IPv6HeaderLen, udp, body)
+	return ICRCPrefixV6(ip, udp).ICRC(body)
 }
 
 // PutICRC stores crc in b[0:4] little-endian, as rxe does.
@@ -127,7 +165,14 @@ func SolveIPv4ID(ip IPv4, udp UDP, body []byte, icrc uint32) (id uint16, df bool
 	hip := IPv4(h[:])
 	hip.SetID(0)
 	hip.SetDF(true)
-	t := ICRCv4(hip, udp, body) ^ icrc
+	return ICRCPrefixV4(hip, udp).SolveIPv4ID(body, icrc)
+}
+
+// SolveIPv4ID is the package's SolveIPv4ID for a prefix p that
+// ICRCPrefixV4 computed from the IPv4 header with ID 0 and DF set (and the
+// UDP header): a receiver of a flow computes that prefix once.
+func (p ICRCPrefix) SolveIPv4ID(body []byte, icrc uint32) (id uint16, df bool, ok bool) {
+	t := p.ICRC(body) ^ icrc
 	if t == 0 {
 		return 0, true, true
 	}

@@ -1,7 +1,5 @@
 package wire
 
-import "hash/crc32"
-
 // The invariant CRC of a native InfiniBand packet (IBA 7.8.1; Shanley,
 // "InfiniBand Network Architecture", ch. 25 "Packet CRCs"). It is the same
 // CRC as the RoCEv2 ICRC (ICRCv4/ICRCv6): the reflected IEEE CRC-32
@@ -63,10 +61,5 @@ func ICRCIB(pkt []byte) uint32 {
 		reg = crcUpdate(0xFFFFFFFF, h[:LRHLen+BTHLen])
 		rest = pkt[LRHLen+BTHLen:]
 	}
-	if len(rest) >= 64 {
-		head := len(rest) & 15
-		reg = crcUpdate(reg, rest[:head])
-		rest = rest[head:]
-	}
-	return crc32.Update(^reg, crc32.IEEETable, rest)
+	return finishICRC(reg, rest)
 }

@@ -223,7 +223,26 @@ func TestPropSolveIPv4ID(t *testing.T) {
 		if id2, df2, ok2 := SolveIPv4ID(junk, f.udp, f.body(), GetICRC(f.data[f.n:])); id2 != id || df2 != df || !ok2 {
 			t.Fatalf("result depends on the ID/DF passed in")
 		}
+		// The prefix of the header with ID 0 and DF gives the same answer,
+		// and finishes the same ICRC as the whole computation.
+		h0 := flowHeader(f.ip)
+		p := ICRCPrefixV4(h0, f.udp)
+		if id3, df3, ok3 := p.SolveIPv4ID(f.body(), GetICRC(f.data[f.n:])); id3 != id || df3 != df || !ok3 {
+			t.Fatalf("ICRCPrefix.SolveIPv4ID = (%#x, %v, %v), want (%#x, %v, true)", id3, df3, ok3, id, df)
+		}
+		if got, want := p.ICRC(f.body()), ICRCv4(h0, f.udp, f.body()); got != want {
+			t.Fatalf("ICRCPrefix.ICRC = %#x, ICRCv4 %#x", got, want)
+		}
 	})
+}
+
+// flowHeader returns a copy of ip with ID 0 and DF set, the header an
+// ICRCPrefix for SolveIPv4ID is computed from.
+func flowHeader(ip IPv4) IPv4 {
+	h := append(IPv4(nil), ip...)
+	h.SetID(0)
+	h.SetDF(true)
+	return h
 }
 
 func TestPropSolveIPv4IDRejectsCorruptICRC(t *testing.T) {

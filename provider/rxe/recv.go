@@ -22,9 +22,16 @@ type receiver struct {
 	meta rxMeta
 	pkt  wire.Packet
 	ip   [wire.IPv6HeaderLen]byte
-	udp  [wire.UDPHeaderLen]byte
 	grh  [verbs.GRHLen]byte
 	dg   softverbs.Datagram
+
+	// The flow of the last datagram checked (flowOK: there was one): its
+	// IP header in ip (IPv4: ID 0 and DF) and ICRC prefix, computed
+	// again only when a datagram's addresses, ports, length, TOS, TTL or
+	// flow label differ.
+	flow   flowKey
+	flowOK bool
+	prefix wire.ICRCPrefix
 
 	// burst defers the CQ wake-ups of a batch's deliveries to its end.
 	burst softverbs.Burst
@@ -155,48 +162,30 @@ func (r *receiver) checkDeliver(b []byte, v6, fwd bool) {
 		d.core.Count(softverbs.TruncatedDrops, 1) // no destination (IP_ORIGDSTADDR, IPV6_PKTINFO) or source: cannot check the ICRC
 		return
 	}
-	udp := wire.UDP(r.udp[:])
-	udp.Encode(m.srcPort, wire.UDPPort, uint16(wire.UDPHeaderLen+len(b)))
+	if !r.flowOK || r.flow.differs(m, len(b), v6) {
+		r.newFlow(m, len(b), v6)
+	}
 	if !v6 {
-		ip := wire.IPv4(r.ip[:wire.IPv4HeaderLen])
-		// Encoded with ID 0 and DF, what softrdma and rxe send: the
-		// checksum is computed again only for another ID.
-		ip.Encode(wire.IPv4Fields{
-			TOS:         m.tos,
-			TotalLength: uint16(wire.IPv4HeaderLen + wire.UDPHeaderLen + len(b)),
-			DF:          true,
-			TTL:         m.ttl,
-			Protocol:    wire.IPProtocolUDP,
-			Src:         m.src,
-			Dst:         m.dst,
-		})
-		id, df, ok := wire.SolveIPv4ID(ip, udp, p.Body, p.ICRC)
+		id, df, ok := r.prefix.SolveIPv4ID(p.Body, p.ICRC)
 		if !ok {
 			d.core.Count(softverbs.ICRCErrors, 1)
 			return
 		}
+		wire.PutGRHv4(r.grh[:], wire.IPv4(r.ip[:wire.IPv4HeaderLen]))
 		if id != 0 || !df {
+			// r.ip has ID 0 and DF, what softrdma and rxe send: the GRH's
+			// copy gets the solved ones and its checksum again.
+			ip := wire.IPv4(r.grh[wire.GRHIPv4Offset:wire.GRHAreaLen])
 			ip.SetID(id)
 			ip.SetDF(df)
 			ip.SetChecksum(ip.CalculateChecksum())
 		}
-		wire.PutGRHv4(r.grh[:], ip)
 	} else {
-		ip := wire.IPv6(r.ip[:])
-		ip.Encode(wire.IPv6Fields{
-			TrafficClass:  m.tos,
-			FlowLabel:     m.flow,
-			PayloadLength: uint16(wire.UDPHeaderLen + len(b)),
-			NextHeader:    wire.IPProtocolUDP,
-			HopLimit:      m.ttl,
-			Src:           m.src,
-			Dst:           m.dst,
-		})
-		if wire.ICRCv6(ip, udp, p.Body) != p.ICRC {
+		if r.prefix.ICRC(p.Body) != p.ICRC {
 			d.core.Count(softverbs.ICRCErrors, 1)
 			return
 		}
-		wire.PutGRHv6(r.grh[:], ip)
+		wire.PutGRHv6(r.grh[:], wire.IPv6(r.ip[:]))
 	}
 
 	destQP := p.BTH.DestQP()
@@ -234,6 +223,56 @@ func (r *receiver) checkDeliver(b []byte, v6, fwd bool) {
 	dg.Self = g != nil && r.fromUs()
 	d.core.DeliverGroup(g, 0, dg, r.bp)
 	dg.Payload = nil // keep no reference to the socket buffer
+}
+
+// flowKey is what the IP and UDP headers of a received datagram are made
+// of: its receive metadata, its length and its IP version.
+type flowKey struct {
+	m  rxMeta
+	n  int
+	v6 bool
+}
+
+// differs reports whether a datagram of n bytes described by m is of
+// another flow than k.
+func (k *flowKey) differs(m *rxMeta, n int, v6 bool) bool {
+	return k.n != n || k.v6 != v6 || k.m != *m
+}
+
+// newFlow encodes the IP and UDP headers of a datagram of n bytes described
+// by m into r.ip (IPv4 with ID 0 and DF) and computes the ICRC prefix of
+// that header and the UDP header.
+func (r *receiver) newFlow(m *rxMeta, n int, v6 bool) {
+	var ub [wire.UDPHeaderLen]byte
+	udp := wire.UDP(ub[:])
+	udp.Encode(m.srcPort, wire.UDPPort, uint16(wire.UDPHeaderLen+n))
+	if !v6 {
+		ip := wire.IPv4(r.ip[:wire.IPv4HeaderLen])
+		ip.Encode(wire.IPv4Fields{
+			TOS:         m.tos,
+			TotalLength: uint16(wire.IPv4HeaderLen + wire.UDPHeaderLen + n),
+			DF:          true,
+			TTL:         m.ttl,
+			Protocol:    wire.IPProtocolUDP,
+			Src:         m.src,
+			Dst:         m.dst,
+		})
+		r.prefix = wire.ICRCPrefixV4(ip, udp)
+	} else {
+		ip := wire.IPv6(r.ip[:])
+		ip.Encode(wire.IPv6Fields{
+			TrafficClass:  m.tos,
+			FlowLabel:     m.flow,
+			PayloadLength: uint16(wire.UDPHeaderLen + n),
+			NextHeader:    wire.IPProtocolUDP,
+			HopLimit:      m.ttl,
+			Src:           m.src,
+			Dst:           m.dst,
+		})
+		r.prefix = wire.ICRCPrefixV6(ip, udp)
+	}
+	r.flow = flowKey{m: *m, n: n, v6: v6}
+	r.flowOK = true
 }
 
 // ownsPort4 reports whether port is the IPv4 send socket port of one of

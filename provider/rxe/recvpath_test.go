@@ -81,3 +81,91 @@ func TestUnicastDispatch(t *testing.T) {
 		t.Errorf("counters %+v", c)
 	}
 }
+
+// TestFlowChanges checks the receiver's per-flow headers: datagrams of
+// flows that differ in one field each (source port, length, TTL, TOS,
+// group) and in their IP IDs, interleaved, each get the GRH of their own
+// IP header, and a corrupt one in the middle of a flow is an ICRC error
+// that leaves the datagrams after it intact.
+func TestFlowChanges(t *testing.T) {
+	d := loDev(t)
+	g1, g2 := randGroup(), randGroup()
+	q := newManualQP(t, d, 0, 9)
+	for _, g := range []netip.Addr{g1, g2} {
+		if err := q.qp.AttachMcast(mgid(g), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.mu.Lock()
+	s := d.mships[g1].sock
+	d.mu.Unlock()
+	r := newReceiver(d, s, nil)
+	hdr := wire.UDHeader{PKey: 0xFFFF, DestQP: wire.MulticastQPN, QKey: 9, SrcQP: 77}
+
+	type flow struct {
+		g        netip.Addr
+		port     uint16
+		size     int
+		ttl, tos uint8
+		id       uint16
+		corrupt  bool
+	}
+	flows := []flow{
+		{g: g1, port: 40001, size: 64, ttl: 1},
+		{g: g1, port: 40002, size: 64, ttl: 1},
+		{g: g1, port: 40001, size: 64, ttl: 1, id: 0x1234},
+		{g: g1, port: 40001, size: 64, ttl: 1},
+		{g: g1, port: 40001, size: 100, ttl: 1},
+		{g: g1, port: 40001, size: 100, ttl: 7},
+		{g: g1, port: 40001, size: 100, ttl: 7, tos: 0x28},
+		{g: g1, port: 40001, size: 100, ttl: 7, tos: 0x28, corrupt: true},
+		{g: g1, port: 40001, size: 100, ttl: 7, tos: 0x28, id: 0xbeef},
+		{g: g2, port: 40001, size: 100, ttl: 7, tos: 0x28},
+		{g: g1, port: 40001, size: 64, ttl: 1},
+	}
+	for i, f := range flows {
+		payload := make([]byte, f.size)
+		payload[0] = byte(i)
+		b := make([]byte, wire.UDLen(f.size, false))
+		n := wire.EncodeUD(b, &hdr, payload)
+		var iph [wire.IPv4HeaderLen]byte
+		ip := wire.IPv4(iph[:])
+		ip.Encode(wire.IPv4Fields{TOS: f.tos, TotalLength: uint16(28 + len(b)), ID: f.id, DF: true, TTL: f.ttl,
+			Protocol: wire.IPProtocolUDP, Src: netip.MustParseAddr("127.0.0.1"), Dst: f.g})
+		var udph [wire.UDPHeaderLen]byte
+		udp := wire.UDP(udph[:])
+		udp.Encode(f.port, wire.UDPPort, uint16(8+len(b)))
+		wire.PutICRC(b[n:], wire.ICRCv4(ip, udp, b[:n]))
+		if f.corrupt {
+			b[n] ^= 1
+		}
+		name := make([]byte, 16)
+		name[0], name[2], name[3] = unix.AF_INET, byte(f.port>>8), byte(f.port)
+		copy(name[4:], []byte{127, 0, 0, 1})
+		oob := make([]byte, 128)
+		k := putOrigDst(oob, f.g)
+		k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, int(f.ttl))
+		k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TOS, int(f.tos))
+		before := d.Counters()
+		r.receiveOne(b, name, oob[:k])
+		c := d.Counters()
+		if f.corrupt {
+			if c.Get(softverbs.ICRCErrors) != before.Get(softverbs.ICRCErrors)+1 {
+				t.Fatalf("datagram %d (corrupt ICRC): not counted as an ICRC error", i)
+			}
+			continue
+		}
+		var wc [1]verbs.WC
+		if n, err := q.rcq.Poll(wc[:]); n != 1 || err != nil || wc[0].Status != verbs.WCSuccess {
+			t.Fatalf("datagram %d: polled %d %v %+v; counters %v", i, n, err, wc[0], c)
+		}
+		buf := q.mr.Buf()[int(wc[0].WRID)*q.size:]
+		if got := buf[wire.GRHIPv4Offset:wire.GRHAreaLen]; string(got) != string(iph[:]) {
+			t.Errorf("datagram %d: GRH % x, want the IP header % x", i, got, iph[:])
+		}
+		if buf[wire.GRHAreaLen] != byte(i) || int(wc[0].ByteLen) != wire.GRHAreaLen+f.size {
+			t.Errorf("datagram %d: payload byte %d, length %d", i, buf[wire.GRHAreaLen], wc[0].ByteLen)
+		}
+		q.qp.PostRecv(&q.wrs[wc[0].WRID])
+	}
+}
