@@ -324,8 +324,8 @@ func TestDeliverBurst(t *testing.T) {
 	for _, p := range []string{"one", "two"} {
 		core.DeliverUnicast(e.qp.Num(), &Datagram{GRH: &grh, PKey: 0xffff, QKey: 1, SrcQP: 7, Payload: []byte(p)}, &b)
 	}
-	if n := core.Counters().Get(Delivered); n != 2 {
-		t.Fatalf("delivered %d", n)
+	if n := core.Counters().Get(Delivered); n != 0 {
+		t.Fatalf("delivered %d before Flush; the Burst counts at Flush", n)
 	}
 	select {
 	case <-woke:
@@ -335,6 +335,10 @@ func TestDeliverBurst(t *testing.T) {
 	b.Flush()
 	if err := <-woke; err != nil {
 		t.Fatal(err)
+	}
+	qc, _ := core.QPCounters(e.qp.Num())
+	if n, nq := core.Counters().Get(Delivered), qc[Delivered]; n != 2 || nq != 2 {
+		t.Fatalf("delivered %d (device), %d (QP) after Flush, want 2", n, nq)
 	}
 	if n := e.rcq.Len(); n != 2 {
 		t.Errorf("%d completions", n)

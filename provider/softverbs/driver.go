@@ -132,16 +132,30 @@ type Datagram struct {
 // provider delivers a batch of datagrams: a completion queued during the
 // batch wakes its CQ's waiter at Flush, once per CQ, instead of at once.
 // The receiving goroutine then runs on instead of waking the consumer
-// (often on another core) for every datagram. A Burst is used by one
-// goroutine at a time; its zero value is ready. The provider must call
-// Flush after each batch.
+// (often on another core) for every datagram. The delivered counters of
+// the device and the QPs are added at Flush too, once per QP, before the
+// wake-ups. A Burst is used by one goroutine at a time; its zero value is
+// ready. The provider must call Flush after each batch.
 type Burst struct {
 	cqs []*CQ
+	qps []burstQP
 }
 
-// Flush wakes the waiters of the CQs that got completions since the last
-// Flush.
+// burstQP counts the datagrams delivered to a QP during a burst.
+type burstQP struct {
+	q *QP
+	n uint64
+}
+
+// Flush counts the datagrams delivered since the last Flush and wakes the
+// waiters of the CQs that got completions.
 func (b *Burst) Flush() {
+	for i, e := range b.qps {
+		e.q.ctr[Delivered].Add(e.n)
+		e.q.dev.ctr[Delivered].Add(e.n)
+		b.qps[i] = burstQP{}
+	}
+	b.qps = b.qps[:0]
 	for i, cq := range b.cqs {
 		cq.mu.Lock()
 		cq.wake()
@@ -149,6 +163,17 @@ func (b *Burst) Flush() {
 		b.cqs[i] = nil
 	}
 	b.cqs = b.cqs[:0]
+}
+
+// delivered records a datagram delivered to q, counted at Flush.
+func (b *Burst) delivered(q *QP) {
+	for i := range b.qps {
+		if b.qps[i].q == q {
+			b.qps[i].n++
+			return
+		}
+	}
+	b.qps = append(b.qps, burstQP{q: q, n: 1})
 }
 
 // add records that cq got a completion to announce.

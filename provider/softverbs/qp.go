@@ -258,6 +258,10 @@ func (qp *QP) PostRecv(wr *verbs.RecvWR) error {
 	qp.mu.Lock()
 	st, dead := qp.state, qp.dead
 	qp.mu.Unlock()
+	// One receive-queue lock for the whole chain: the checks and the SGE
+	// lookups take no lock of their own.
+	qp.rmu.Lock()
+	defer qp.rmu.Unlock()
 	for i := 0; wr != nil; i, wr = i+1, wr.Next {
 		if dead || st == verbs.QPSReset {
 			return &verbs.BadWRError{Index: i, Err: syscall.EINVAL}
@@ -277,9 +281,7 @@ func (qp *QP) PostRecv(wr *verbs.RecvWR) error {
 			}
 			total += sg.n
 		}
-		qp.rmu.Lock()
 		if qp.rn == len(qp.rq) || qp.cap.MaxRecvWR == 0 {
-			qp.rmu.Unlock()
 			return &verbs.BadWRError{Index: i, Err: syscall.ENOMEM}
 		}
 		w := &qp.rq[(qp.rhead+qp.rn)%len(qp.rq)]
@@ -294,7 +296,6 @@ func (qp *QP) PostRecv(wr *verbs.RecvWR) error {
 			}
 		}
 		qp.rn++
-		qp.rmu.Unlock()
 	}
 	return nil
 }

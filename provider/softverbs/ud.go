@@ -269,7 +269,7 @@ func (d *Device) DeliverGroup(g *Group, dlid uint16, dg *Datagram, b *Burst) {
 
 // deliver runs the per-QP checks (state, P_Key, Q_Key, self-loopback
 // blocking) and hands the datagram to q's receive queue; every outcome is
-// counted once.
+// counted once (a delivery with a Burst at its Flush).
 func (d *Device) deliver(q *QP, dg *Datagram, b *Burst) {
 	var c Counter
 	switch {
@@ -283,6 +283,10 @@ func (d *Device) deliver(q *QP, dg *Datagram, b *Burst) {
 		c = SelfLoopbackDrops
 	default:
 		c = q.receive(dg, b)
+		if c == Delivered && b != nil {
+			b.delivered(q)
+			return
+		}
 	}
 	d.count(q, c)
 }
