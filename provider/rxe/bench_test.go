@@ -72,7 +72,7 @@ func BenchmarkReceiveBatch(b *testing.B) {
 			s := d.mships[g].sock
 			d.mu.Unlock()
 			r := newReceiver(d, s, nil)
-			r.bp = &r.burst // as a batched reader's receiver
+			r.batched() // as a batched reader's receiver
 			name := make([]byte, 16)
 			name[0], name[2], name[3] = unix.AF_INET, 40001>>8, 40001&0xff
 			copy(name[4:], []byte{127, 0, 0, 1})

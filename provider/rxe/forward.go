@@ -196,6 +196,7 @@ func (r *receiver) forward(b []byte, port uint16, v6 bool) {
 		d.core.Count(softverbs.ForwardDrops, 1)
 		return
 	}
+	r.burst.Release() // no lock held over the system call
 	f := &r.fwd
 	putFwdHdr(&f.hdr, &r.meta, v6)
 	binary.BigEndian.PutUint16(f.name[2:4], port)
@@ -293,6 +294,7 @@ func (r *receiver) handleForwarded(b, name []byte, trunc bool) {
 		return
 	}
 	if d.core.Tapping() {
+		r.burst.Release() // a tap runs code of its own: no lock held
 		d.captureMeta(v6, b, m)
 	}
 	if !r.parse(b) {

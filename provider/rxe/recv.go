@@ -33,7 +33,8 @@ type receiver struct {
 	flowOK bool
 	prefix wire.ICRCPrefix
 
-	// burst defers the CQ wake-ups of a batch's deliveries to its end.
+	// burst defers the CQ wake-ups of a batch's deliveries to its end
+	// and keeps the locks of a run of deliveries to one QP.
 	burst softverbs.Burst
 	bp    *softverbs.Burst // &burst for batched reads, nil otherwise
 
@@ -58,9 +59,18 @@ func newBlockReceiver(d *Device, blk *sendBlock, br *mmsg.Reader) *receiver {
 func (r *receiver) init() {
 	r.dg.GRH = &r.grh
 	if r.br != nil {
-		r.bp = &r.burst
+		r.batched()
 	}
 	r.fwd.init()
+}
+
+// batched makes r deliver with its Burst, as the receiver of a batched
+// reader: wake-ups and counters once a batch, and the locks of a run of
+// deliveries to one QP held (between deliveries a receiver only parses and
+// checks; it releases the locks before a tap and a forward).
+func (r *receiver) batched() {
+	r.bp = &r.burst
+	r.burst.HoldLocks = true
 }
 
 // run reads batches until the socket is closed.
@@ -115,7 +125,10 @@ func (r *receiver) countReceived(n int, bytes uint64) {
 // panic on bad input.
 func (r *receiver) handle(b, name, oob []byte, trunc bool) {
 	d := r.d
-	captureReceived(d, r.v6, b, name, oob)
+	if d.core.Tapping() {
+		r.burst.Release() // a tap runs code of its own: no lock held
+		captureReceived(d, r.v6, b, name, oob)
+	}
 	if trunc {
 		d.core.Count(softverbs.OversizedRecvDrops, 1)
 		return

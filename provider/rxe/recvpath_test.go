@@ -3,6 +3,7 @@ package rxe
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -167,5 +168,61 @@ func TestFlowChanges(t *testing.T) {
 			t.Errorf("datagram %d: payload byte %d, length %d", i, buf[wire.GRHAreaLen], wc[0].ByteLen)
 		}
 		q.qp.PostRecv(&q.wrs[wc[0].WRID])
+	}
+}
+
+// TestTapSeesNoHeldLocks: a batched receiver keeps a QP's locks from one
+// delivery to the next, and releases them before a tap runs: a tap that
+// polls the CQ in the middle of a batch gets the completion delivered
+// before it instead of waiting for the batch's end forever.
+func TestTapSeesNoHeldLocks(t *testing.T) {
+	d := loDev(t)
+	g := randGroup()
+	q := newManualQP(t, d, 0, 9)
+	if err := q.qp.AttachMcast(mgid(g), 0); err != nil {
+		t.Fatal(err)
+	}
+	in := &injector{port: 40001}
+	frame := in.craft(g, wire.UDHeader{PKey: 0xFFFF, DestQP: wire.MulticastQPN, QKey: 9, SrcQP: 77}, make([]byte, 64), nil)
+	d.mu.Lock()
+	s := d.mships[g].sock
+	d.mu.Unlock()
+	r := newReceiver(d, s, nil)
+	r.batched()
+	name := make([]byte, 16)
+	name[0], name[2], name[3] = unix.AF_INET, 40001>>8, 40001&0xff
+	copy(name[4:], []byte{127, 0, 0, 1})
+	oob := make([]byte, 128)
+	k := putOrigDst(oob, g)
+	k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
+
+	done := make(chan int, 1)
+	go func() {
+		r.countReceived(2, uint64(2*len(frame)))
+		r.dispatch(frame, name, oob[:k], false) // delivered: the QP's locks stay held
+		polled := -1
+		cancel := d.core.Tap(func(verbs.Frame) {
+			var wc [4]verbs.WC
+			polled, _ = q.rcq.Poll(wc[:])
+		})
+		r.dispatch(frame, name, oob[:k], false)
+		r.burst.Flush()
+		cancel()
+		done <- polled
+	}()
+	select {
+	case polled := <-done:
+		if polled != 1 {
+			t.Errorf("the tap polled %d completions, want the 1 delivered before it", polled)
+		}
+	case <-time.After(20 * time.Second):
+		// Let the stuck goroutine finish (the QP's cleanup needs the
+		// lock), then fail.
+		r.burst.Release()
+		<-done
+		t.Fatal("the tap waits for a lock the receiver holds")
+	}
+	if n := q.rcq.Len(); n != 1 {
+		t.Errorf("%d completions left, want 1", n)
 	}
 }

@@ -3,12 +3,14 @@ package softverbs
 import (
 	"context"
 	"errors"
-	"github.com/softrdma/softrdma/verbs"
 	"net/netip"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/softrdma/softrdma/verbs"
 
 	"github.com/softrdma/softrdma/wire"
 )
@@ -418,5 +420,95 @@ func TestPushAllOrOverrun(t *testing.T) {
 	cq2.pushAllOrOverrun([]verbs.WC{{WRID: 7}, {WRID: 8}})
 	if n, err := cq2.Poll(wc); n != 2 || err != nil || wc[1].WRID != 8 {
 		t.Fatalf("room for all: %d %v", n, err)
+	}
+}
+
+// TestBurstHoldsLocks delivers with a Burst that holds locks to three QPs,
+// two of them sharing a receive CQ, in the order A A B C A B: the Burst
+// holds the locks of the QP it delivered to last and no other, the
+// completions are queued in delivery order, and Flush releases everything
+// and counts every delivery.
+func TestBurstHoldsLocks(t *testing.T) {
+	e := newFakeEnv(t, true, 16)
+	ctx := e.rcq.Context()
+	cq2, err := ctx.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newQP := func(rcq *verbs.CQ) *verbs.QP {
+		qp, err := e.pd.CreateQP(&verbs.QPInitAttr{SendCQ: e.scq, RecvCQ: rcq, QPType: verbs.QPTypeUD,
+			Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range []struct {
+			a verbs.QPAttr
+			m verbs.QPAttrMask
+		}{
+			{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 1}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
+			{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
+		} {
+			if err := qp.Modify(&st.a, st.m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return qp
+	}
+	qa, qb, qc := e.qp, newQP(e.rcq), newQP(cq2)
+	rbuf := make([]byte, 3*4*128)
+	mr, err := e.pd.RegMR(rbuf, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, qp := range []*verbs.QP{qa, qb, qc} {
+		for i := range 4 {
+			off := (4*k + i) * 128
+			if err := qp.PostRecv(&verbs.RecvWR{WRID: uint64(100*k + i), SGList: []verbs.SGE{mr.SGE(off, 128)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	core := CoreOf(e.dev)
+	in := func(qp *verbs.QP) *QP { return qp.Ops().(*QP) }
+	b := Burst{HoldLocks: true}
+	var grh [verbs.GRHLen]byte
+	for _, qp := range []*verbs.QP{qa, qa, qb, qc, qa, qb} {
+		core.DeliverUnicast(qp.Num(), &Datagram{GRH: &grh, PKey: 0xffff, QKey: 1, SrcQP: 7, Payload: []byte("x")}, &b)
+	}
+	// Held: B's receive queue and its CQ (shared with A); free: A's, C's,
+	// C's CQ.
+	if in(qb).rmu.TryLock() || e.rcq.Ops().(*CQ).mu.TryLock() {
+		t.Fatal("the locks of the QP delivered to last are not held")
+	}
+	for _, m := range []interface{ TryLock() bool }{&in(qa).rmu, &in(qc).rmu, &cq2.Ops().(*CQ).mu} {
+		if !m.TryLock() {
+			t.Fatal("a lock of another QP is still held")
+		}
+		m.(interface{ Unlock() }).Unlock()
+	}
+	b.Flush()
+	for _, m := range []interface{ TryLock() bool }{&in(qa).rmu, &in(qb).rmu, &in(qc).rmu, &e.rcq.Ops().(*CQ).mu, &cq2.Ops().(*CQ).mu} {
+		if !m.TryLock() {
+			t.Fatal("a lock is held after Flush")
+		}
+		m.(interface{ Unlock() }).Unlock()
+	}
+	wc := make([]verbs.WC, 8)
+	n, err := e.rcq.Poll(wc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for _, w := range wc[:n] {
+		got = append(got, w.WRID)
+	}
+	if want := []uint64{0, 1, 100, 2, 101}; !slices.Equal(got, want) {
+		t.Errorf("completions of the shared CQ: WRIDs %v, want %v", got, want)
+	}
+	if n, _ := cq2.Poll(wc); n != 1 || wc[0].WRID != 200 {
+		t.Errorf("completions of C's CQ: %d, %+v", n, wc[0])
+	}
+	if d := core.Counters().Get(Delivered); d != 6 {
+		t.Errorf("delivered %d, want 6", d)
 	}
 }

@@ -136,9 +136,22 @@ type Datagram struct {
 // the device and the QPs are added at Flush too, once per QP, before the
 // wake-ups. A Burst is used by one goroutine at a time; its zero value is
 // ready. The provider must call Flush after each batch.
+//
+// With HoldLocks, the Burst also keeps the receive-queue lock of the QP it
+// last delivered to and the lock of that QP's receive CQ from one delivery
+// to the next, until a delivery to another QP, Release or Flush: a run of
+// datagrams for one QP takes each lock once. Only a provider that does
+// nothing between the deliveries of a batch that could block or wait for
+// those locks sets it, and it calls Release before anything that could (a
+// tap, a system call).
 type Burst struct {
+	// HoldLocks keeps a QP's locks held from one delivery to the next.
+	HoldLocks bool
+
 	cqs []*CQ
 	qps []burstQP
+	rq  *QP // whose rmu the Burst holds
+	cq  *CQ // whose mu the Burst holds (rq's receive CQ)
 }
 
 // burstQP counts the datagrams delivered to a QP during a burst.
@@ -147,9 +160,11 @@ type burstQP struct {
 	n uint64
 }
 
-// Flush counts the datagrams delivered since the last Flush and wakes the
-// waiters of the CQs that got completions.
+// Flush releases the locks the Burst holds, counts the datagrams
+// delivered since the last Flush and wakes the waiters of the CQs that got
+// completions.
 func (b *Burst) Flush() {
+	b.Release()
 	for i, e := range b.qps {
 		e.q.ctr[Delivered].Add(e.n)
 		e.q.dev.ctr[Delivered].Add(e.n)
@@ -163,6 +178,43 @@ func (b *Burst) Flush() {
 		b.cqs[i] = nil
 	}
 	b.cqs = b.cqs[:0]
+}
+
+// Release releases the locks a Burst with HoldLocks holds (the CQ's, then
+// the receive queue's).
+func (b *Burst) Release() {
+	if b.cq != nil {
+		b.cq.mu.Unlock()
+		b.cq = nil
+	}
+	if b.rq != nil {
+		b.rq.rmu.Unlock()
+		b.rq = nil
+	}
+}
+
+// lockRQ holds q's receive-queue lock, releasing another QP's locks first:
+// the Burst never holds two QPs', so two of them never wait for each other.
+func (b *Burst) lockRQ(q *QP) {
+	if b.rq == q {
+		return
+	}
+	b.Release()
+	q.rmu.Lock()
+	b.rq = q
+}
+
+// lockCQ holds cq's lock, the receive CQ of the QP whose receive-queue
+// lock the Burst holds (locks are taken in that order everywhere).
+func (b *Burst) lockCQ(cq *CQ) {
+	if b.cq == cq {
+		return
+	}
+	if b.cq != nil {
+		b.cq.mu.Unlock()
+	}
+	cq.mu.Lock()
+	b.cq = cq
 }
 
 // delivered records a datagram delivered to q, counted at Flush.

@@ -623,11 +623,16 @@ func (qp *QP) Destroy() error {
 }
 
 // receive consumes the next receive WR and queues the completion; with a
-// Burst the CQ's waiter is woken at the Burst's Flush. It returns the
-// counter of the outcome.
+// Burst the CQ's waiter is woken at the Burst's Flush, and with one that
+// holds locks the QP's and its CQ's stay held after it returns. It returns
+// the counter of the outcome.
 func (qp *QP) receive(dg *Datagram, burst *Burst) Counter {
-	qp.rmu.Lock()
-	defer qp.rmu.Unlock()
+	if burst != nil && burst.HoldLocks {
+		burst.lockRQ(qp)
+	} else {
+		qp.rmu.Lock()
+		defer qp.rmu.Unlock()
+	}
 	if qp.rdead {
 		return NotReadyDrops
 	}
@@ -656,11 +661,18 @@ func (qp *QP) receive(dg *Datagram, burst *Burst) Counter {
 	}
 	// One CQ lock: a full CQ leaves the WR posted (its buffer was written,
 	// which a WR not completed yet allows).
-	if burst == nil {
+	switch {
+	case burst == nil:
 		if !qp.recvCQ.push(&wc, dg.Solicited) {
 			return CQFullDrops
 		}
-	} else {
+	case burst.HoldLocks:
+		burst.lockCQ(qp.recvCQ)
+		if !qp.recvCQ.enqueueLocked(&wc, dg.Solicited) {
+			return CQFullDrops
+		}
+		burst.add(qp.recvCQ)
+	default:
 		if !qp.recvCQ.pushQuiet(&wc, dg.Solicited) {
 			return CQFullDrops
 		}
