@@ -56,10 +56,15 @@ func BenchmarkReceivePath(b *testing.B) {
 // goroutine and a consumer run it: batches of RecvBatch datagrams handled
 // with a Burst (counters and wake-ups once a batch), then the consumer
 // polls the batch's completions and reposts their WRs as one chain. One op
-// is one batch; ns/datagram is the figure to compare.
+// is one batch; ns/datagram is the figure to compare. hold=true is the
+// Burst holding a QP's locks across the batch, as with GOMAXPROCS=1.
 func BenchmarkReceiveBatch(b *testing.B) {
-	for _, size := range benchSizes {
-		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
+	for _, c := range []struct {
+		size int
+		hold bool
+	}{{64, false}, {64, true}, {256, true}, {1024, false}, {1024, true}, {4096, true}} {
+		size := c.size
+		b.Run(fmt.Sprintf("size=%d/hold=%v", size, c.hold), func(b *testing.B) {
 			d := benchDev(b)
 			g := randGroup()
 			q := newManualQP(b, d, 0, 9)
@@ -73,6 +78,7 @@ func BenchmarkReceiveBatch(b *testing.B) {
 			d.mu.Unlock()
 			r := newReceiver(d, s, nil)
 			r.batched() // as a batched reader's receiver
+			r.burst.HoldLocks = c.hold
 			name := make([]byte, 16)
 			name[0], name[2], name[3] = unix.AF_INET, 40001>>8, 40001&0xff
 			copy(name[4:], []byte{127, 0, 0, 1})

@@ -65,19 +65,21 @@ func (r *receiver) init() {
 }
 
 // batched makes r deliver with its Burst, as the receiver of a batched
-// reader: wake-ups and counters once a batch, and the locks of a run of
-// deliveries to one QP held (between deliveries a receiver only parses and
-// checks; it releases the locks before a tap and a forward).
-func (r *receiver) batched() {
-	r.bp = &r.burst
-	r.burst.HoldLocks = true
-}
+// reader: wake-ups and counters once a batch, and with one P the locks of
+// a run of deliveries to one QP held (between deliveries a receiver only
+// parses and checks; it releases the locks before a tap and a forward).
+func (r *receiver) batched() { r.bp = &r.burst }
 
 // run reads batches until the socket is closed.
 func (r *receiver) run() { r.br.Serve(r.handleBatch) }
 
 // handleBatch handles the n datagrams of one batch read by run.
 func (r *receiver) handleBatch(n int) {
+	// With one P no consumer runs while this goroutine delivers: holding
+	// a QP's locks across the batch then costs nobody anything. With more,
+	// a consumer polling on another core would wait for the batch's end
+	// and repost late.
+	r.burst.HoldLocks = runtime.GOMAXPROCS(0) == 1
 	// Counted received before any is handled, so that no outcome counter
 	// (delivered, a drop) is ever ahead of rcvd_pkts.
 	var bytes uint64

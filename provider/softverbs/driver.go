@@ -143,7 +143,9 @@ type Datagram struct {
 // datagrams for one QP takes each lock once. Only a provider that does
 // nothing between the deliveries of a batch that could block or wait for
 // those locks sets it, and it calls Release before anything that could (a
-// tap, a system call).
+// tap, a system call). It pays where no consumer could run meanwhile
+// (GOMAXPROCS=1); with more Ps a consumer polling on another core would
+// wait for the batch's end, and repost late.
 type Burst struct {
 	// HoldLocks keeps a QP's locks held from one delivery to the next.
 	HoldLocks bool
