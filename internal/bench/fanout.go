@@ -332,7 +332,7 @@ func (f *fanout) measure(mode string, n, size int) (fanoutRun, error) {
 		r.waits = c1.Get(softverbs.LinkWaits) - ctr0.Get(softverbs.LinkWaits)
 	}
 	// The receivers read on what waits in their socket buffers (up to
-	// 16 MiB each) and a lossless fabric holds what it has not delivered
+	// 64 MiB each) and a lossless fabric holds what it has not delivered
 	// yet: wait until every datagram arrived, or nothing moved for a drain
 	// time, so that only what was dropped counts as lost and the rate is
 	// over the time the datagrams took to arrive.

@@ -23,7 +23,7 @@ const udpPort = 4791
 
 // rcvBuf is the receive buffer the baseline asks for, as the device does
 // (and in the same way: SO_RCVBUF, then SO_RCVBUFFORCE where permitted).
-const rcvBuf = 16 << 20
+const rcvBuf = 64 << 20
 
 // listen4 opens a udp4 socket bound to addr, sets the integer socket
 // options opts ({level, name, value}) and then the IP option mreqOpt

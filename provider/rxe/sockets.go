@@ -30,11 +30,15 @@ const ipv6FlowInfo = 11
 // recvBufSize is the receive socket buffer the package asks for: as asked
 // where the process may (SO_RCVBUFFORCE, CAP_NET_ADMIN), else up to the
 // host's net.core.rmem_max (SO_RCVBUF). It is a limit, not memory taken:
-// the kernel charges a socket only for what waits in it. In softrdma
-// bench's bursts (250 ms at full speed, 4096-byte datagrams, 1 to 4
-// receivers) a 4 MiB buffer lost 1–15 % of the datagrams and 16 MiB 0–0.7 %
-// (plain UDP sockets alike).
-const recvBufSize = 16 << 20
+// the kernel charges a socket only for what waits in it. What it buys is
+// time: a receiver that the scheduler leaves off the CPU while a sender
+// runs at full speed loses what overflows. In softrdma bench's bursts (250
+// ms at full speed, 4096-byte datagrams, 1 to 4 receivers on 2 cores) a
+// 4 MiB buffer lost 1–15 % of the datagrams; 16 MiB (about 8 ms of 4-KiB
+// datagrams at 330k/s) lost 0–0.7 % until the receivers and the sender
+// got faster, then up to 37–40 % in a case (plain UDP sockets alike);
+// 64 MiB (about 30 ms) lost none in 48 runs of the 4096-byte cases.
+const recvBufSize = 64 << 20
 
 // sockopt is one setsockopt call; optional ones may fail (older kernels).
 type sockopt struct {
