@@ -21,28 +21,11 @@ var benchSizes = []int{64, 256, 1024, 4096}
 func BenchmarkReceivePath(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
-			d := benchDev(b)
-			g := randGroup()
-			q := newManualQP(b, d, 0, 9)
-			if err := q.qp.AttachMcast(mgid(g), 0); err != nil {
-				b.Fatal(err)
-			}
-			in := &injector{port: 40001}
-			frame := in.craft(g, wire.UDHeader{PKey: 0xFFFF, DestQP: wire.MulticastQPN, QKey: 9, SrcQP: 77}, make([]byte, size), nil)
-			d.mu.Lock()
-			s := d.mships[g].sock
-			d.mu.Unlock()
-			r := newReceiver(d, s, nil)
-			name := make([]byte, 16)
-			name[0], name[2], name[3] = unix.AF_INET, 40001>>8, 40001&0xff
-			copy(name[4:], []byte{127, 0, 0, 1})
-			oob := make([]byte, 128)
-			k := putOrigDst(oob, g)
-			k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
-			k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TOS, 0)
+			f := newRecvFixture(b, benchDev(b), size)
+			q, r, frame, name, oob := f.q, f.r, f.frame, f.name, f.oob
 			b.SetBytes(int64(size))
 			for b.Loop() {
-				r.handle(frame, name, oob[:k], false)
+				r.handle(frame, name, oob, false)
 				q.recycle()
 			}
 			if q.n == 0 {
@@ -65,34 +48,17 @@ func BenchmarkReceiveBatch(b *testing.B) {
 	}{{64, false}, {64, true}, {256, true}, {1024, false}, {1024, true}, {4096, true}} {
 		size := c.size
 		b.Run(fmt.Sprintf("size=%d/hold=%v", size, c.hold), func(b *testing.B) {
-			d := benchDev(b)
-			g := randGroup()
-			q := newManualQP(b, d, 0, 9)
-			if err := q.qp.AttachMcast(mgid(g), 0); err != nil {
-				b.Fatal(err)
-			}
-			in := &injector{port: 40001}
-			frame := in.craft(g, wire.UDHeader{PKey: 0xFFFF, DestQP: wire.MulticastQPN, QKey: 9, SrcQP: 77}, make([]byte, size), nil)
-			d.mu.Lock()
-			s := d.mships[g].sock
-			d.mu.Unlock()
-			r := newReceiver(d, s, nil)
+			f := newRecvFixture(b, benchDev(b), size)
+			q, r, frame, name, oob := f.q, f.r, f.frame, f.name, f.oob
 			r.batched() // as a batched reader's receiver
 			r.burst.HoldLocks = c.hold
-			name := make([]byte, 16)
-			name[0], name[2], name[3] = unix.AF_INET, 40001>>8, 40001&0xff
-			copy(name[4:], []byte{127, 0, 0, 1})
-			oob := make([]byte, 128)
-			k := putOrigDst(oob, g)
-			k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
-			k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TOS, 0)
 			wc := make([]verbs.WC, RecvBatch)
 			wrs := make([]verbs.RecvWR, RecvBatch)
 			b.SetBytes(int64(size * RecvBatch))
 			for b.Loop() {
 				r.countReceived(RecvBatch, uint64(RecvBatch*len(frame)))
 				for range RecvBatch {
-					r.dispatch(frame, name, oob[:k], false)
+					r.dispatch(frame, name, oob, false)
 				}
 				r.burst.Flush()
 				n, err := q.rcq.Poll(wc)
@@ -187,7 +153,7 @@ func BenchmarkForwardPath(b *testing.B) {
 			k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
 			b.SetBytes(int64(size))
 			for b.Loop() {
-				r.handle(frame, name, oob[:k], false)
+				r.handle(frame, name, oob, false)
 			}
 			if c := d.Counters(); c.Get(softverbs.Forwarded) == 0 || c.Get(softverbs.ForwardDrops) != 0 {
 				b.Fatalf("forwarded %d, dropped %d", c.Get(softverbs.Forwarded), c.Get(softverbs.ForwardDrops))

@@ -477,3 +477,38 @@ func (r *receiver) receiveOne(b, name, oob []byte) {
 	r.countReceived(1, uint64(len(b)))
 	r.dispatch(b, name, oob, false)
 }
+
+// recvFixture is a device's receive path fed by hand: a QP with 64 posted
+// receive WRs attached to a group (Q_Key 9), the receiver of the group's
+// socket, and one datagram to the group with the source address and
+// control messages recvmmsg would give it.
+type recvFixture struct {
+	g                netip.Addr
+	q                *manualQP
+	r                *receiver
+	frame, name, oob []byte
+}
+
+// newRecvFixture sets up a recvFixture on d with a payload of size bytes.
+func newRecvFixture(tb testing.TB, d *Device, size int) *recvFixture {
+	tb.Helper()
+	f := &recvFixture{g: randGroup(), q: newManualQP(tb, d, 0, 9)}
+	if err := f.q.qp.AttachMcast(mgid(f.g), 0); err != nil {
+		tb.Fatal(err)
+	}
+	in := &injector{port: 40001}
+	f.frame = in.craft(f.g, wire.UDHeader{PKey: 0xFFFF, DestQP: wire.MulticastQPN, QKey: 9, SrcQP: 77}, make([]byte, size), nil)
+	d.mu.Lock()
+	s := d.mships[f.g].sock
+	d.mu.Unlock()
+	f.r = newReceiver(d, s, nil)
+	f.name = make([]byte, 16)
+	f.name[0], f.name[2], f.name[3] = unix.AF_INET, 40001>>8, 40001&0xff
+	copy(f.name[4:], []byte{127, 0, 0, 1})
+	oob := make([]byte, 128)
+	k := putOrigDst(oob, f.g)
+	k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
+	k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TOS, 0)
+	f.oob = oob[:k]
+	return f
+}

@@ -16,24 +16,9 @@ import (
 // path after recvmmsg) and sending allocate nothing.
 func TestHotPathAllocations(t *testing.T) {
 	d := loDev(t)
-	g := randGroup()
-	q := newManualQP(t, d, 0, 9)
-	if err := q.qp.AttachMcast(mgid(g), 0); err != nil {
-		t.Fatal(err)
-	}
-	in := &injector{port: 40001}
-	frame := in.craft(g, wire.UDHeader{PKey: 0xFFFF, DestQP: wire.MulticastQPN, QKey: 9, SrcQP: 77}, make([]byte, 1000), nil)
-	d.mu.Lock()
-	s := d.mships[g].sock
-	d.mu.Unlock()
-	r := newReceiver(d, s, nil)
-	name := make([]byte, 16)
-	name[0], name[2], name[3] = unix.AF_INET, 40001>>8, 40001&0xff
-	copy(name[4:], []byte{127, 0, 0, 1})
-	oob := make([]byte, 128)
-	k := putOrigDst(oob, g)
-	k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
-	if a := testing.AllocsPerRun(100, func() { r.handle(frame, name, oob[:k], false); q.recycle() }); a != 0 {
+	f := newRecvFixture(t, d, 1000)
+	q := f.q
+	if a := testing.AllocsPerRun(100, func() { f.r.handle(f.frame, f.name, f.oob, false); q.recycle() }); a != 0 {
 		t.Errorf("receive path: %v allocations per datagram", a)
 	}
 	if q.n < 100 {
@@ -177,36 +162,21 @@ func TestFlowChanges(t *testing.T) {
 // before it instead of waiting for the batch's end forever.
 func TestTapSeesNoHeldLocks(t *testing.T) {
 	d := loDev(t)
-	g := randGroup()
-	q := newManualQP(t, d, 0, 9)
-	if err := q.qp.AttachMcast(mgid(g), 0); err != nil {
-		t.Fatal(err)
-	}
-	in := &injector{port: 40001}
-	frame := in.craft(g, wire.UDHeader{PKey: 0xFFFF, DestQP: wire.MulticastQPN, QKey: 9, SrcQP: 77}, make([]byte, 64), nil)
-	d.mu.Lock()
-	s := d.mships[g].sock
-	d.mu.Unlock()
-	r := newReceiver(d, s, nil)
+	f := newRecvFixture(t, d, 64)
+	q, r, frame, name, oob := f.q, f.r, f.frame, f.name, f.oob
 	r.batched()
 	r.burst.HoldLocks = true // as handleBatch sets it with GOMAXPROCS=1
-	name := make([]byte, 16)
-	name[0], name[2], name[3] = unix.AF_INET, 40001>>8, 40001&0xff
-	copy(name[4:], []byte{127, 0, 0, 1})
-	oob := make([]byte, 128)
-	k := putOrigDst(oob, g)
-	k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
 
 	done := make(chan int, 1)
 	go func() {
 		r.countReceived(2, uint64(2*len(frame)))
-		r.dispatch(frame, name, oob[:k], false) // delivered: the QP's locks stay held
+		r.dispatch(frame, name, oob, false) // delivered: the QP's locks stay held
 		polled := -1
 		cancel := d.core.Tap(func(verbs.Frame) {
 			var wc [4]verbs.WC
 			polled, _ = q.rcq.Poll(wc[:])
 		})
-		r.dispatch(frame, name, oob[:k], false)
+		r.dispatch(frame, name, oob, false)
 		r.burst.Flush()
 		cancel()
 		done <- polled

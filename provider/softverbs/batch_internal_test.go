@@ -127,18 +127,7 @@ func newFakeEnv(t *testing.T, batch bool, sendCQE int) *fakeEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, st := range []struct {
-		a verbs.QPAttr
-		m verbs.QPAttrMask
-	}{
-		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 1}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
-		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
-		{verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState | verbs.QPAttrSQPSN},
-	} {
-		if err := e.qp.Modify(&st.a, st.m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	bringUp(t, e.qp, verbs.QPSRTS)
 	if e.ah, err = e.pd.CreateAH(&verbs.AHAttr{IsGlobal: true, PortNum: 1, GRH: verbs.GlobalRoute{DGID: wire.RoCEv2MGID(netip.MustParseAddr("239.1.2.3"))}}); err != nil {
 		t.Fatal(err)
 	}
@@ -150,6 +139,27 @@ func newFakeEnv(t *testing.T, batch bool, sendCQE int) *fakeEnv {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// bringUp takes a new UD QP through INIT (port 1, Q_Key 1) up to state
+// last (RTR or RTS).
+func bringUp(t *testing.T, qp *verbs.QP, last verbs.QPState) {
+	t.Helper()
+	for _, st := range []struct {
+		a verbs.QPAttr
+		m verbs.QPAttrMask
+	}{
+		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 1}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
+		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
+		{verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState | verbs.QPAttrSQPSN},
+	} {
+		if err := qp.Modify(&st.a, st.m); err != nil {
+			t.Fatal(err)
+		}
+		if st.a.State == last {
+			return
+		}
+	}
 }
 
 // chain builds n send WRs of 4 bytes each (WR i at offset 4i; every
@@ -441,17 +451,7 @@ func TestBurstHoldsLocks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, st := range []struct {
-			a verbs.QPAttr
-			m verbs.QPAttrMask
-		}{
-			{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 1}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
-			{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
-		} {
-			if err := qp.Modify(&st.a, st.m); err != nil {
-				t.Fatal(err)
-			}
-		}
+		bringUp(t, qp, verbs.QPSRTR)
 		return qp
 	}
 	qa, qb, qc := e.qp, newQP(e.rcq), newQP(cq2)
