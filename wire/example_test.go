@@ -72,3 +72,27 @@ func ExampleEncodeUD() {
 	// Output:
 	// 65 30 ff ff 00 ff ff ff 00 00 00 01 01 23 45 67 00 00 00 11 00 00 00 11 68 65 6c 6c 6f 00 00 00 9a 61 e2 27
 }
+
+// A receiver of a flow computes the ICRC prefix of its IP and UDP headers
+// once (with IP ID 0 and DF, as a UDP socket cannot see them) and checks
+// each datagram of the flow from it, recovering the hidden IP ID.
+func ExampleICRCPrefix() {
+	frame, _ := hex.DecodeString(frameHex)
+	ip := wire.IPv4(frame[:wire.IPv4HeaderLen])
+	udp := wire.UDP(frame[wire.IPv4HeaderLen : wire.IPv4HeaderLen+wire.UDPHeaderLen])
+	var p wire.Packet
+	if err := wire.ParseUD(frame[wire.IPv4HeaderLen+wire.UDPHeaderLen:], &p); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	flow := append(wire.IPv4(nil), ip...)
+	flow.SetID(0)
+	flow.SetDF(true)
+	prefix := wire.ICRCPrefixV4(flow, udp) // once per flow
+
+	id, df, ok := prefix.SolveIPv4ID(p.Body, p.ICRC) // per datagram
+	fmt.Printf("IP ID %#x DF %v ok %v\n", id, df, ok)
+	// Output:
+	// IP ID 0x1b06 DF true ok true
+}
