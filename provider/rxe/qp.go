@@ -79,6 +79,10 @@ type qp struct {
 
 	dead atomic.Bool
 	smu  sync.Mutex // send side
+
+	// flow is the IP and UDP headers of the last datagram built and their
+	// ICRC prefix (q.smu): the next datagram of the same flow copies them.
+	flow sendFlow
 }
 
 // CreateQP creates the transport side of a UD QP (softverbs.Driver). Other

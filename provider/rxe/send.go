@@ -153,39 +153,21 @@ func (q *qp) build(sl *sendSlot, s *softverbs.UDSend) (v6, send bool, err error)
 	sl.total = sl.hlen + len(s.Payload) + pad + wire.ICRCLen
 	sl.tlen = pad + wire.ICRCLen
 	clear(sl.tail[:pad])
-	udp := wire.UDP(sl.udp[:])
 	hop, tc := ah.GRH.HopLimit, ah.GRH.TrafficClass
-	var crc uint32
+	key := sendFlowKey{src: src, dst: dst, hop: hop, tc: tc, total: sl.total}
+	f := &q.flow
+	if !f.ok || f.key != key {
+		q.newFlow(key, v6)
+	}
+	sl.ipLen = f.ipLen
+	sl.ip = f.ip
+	sl.udp = f.udp
+	crc := f.prefix.ICRC(sl.hdr[:sl.hlen])
 	var oob []byte
 	if !v6 {
-		udp.Encode(q.blk.port4, wire.UDPPort, uint16(wire.UDPHeaderLen+sl.total))
-		sl.ipLen = wire.IPv4HeaderLen
-		ip := wire.IPv4(sl.ip[:wire.IPv4HeaderLen])
-		ip.Encode(wire.IPv4Fields{
-			TOS:         tc,
-			TotalLength: uint16(wire.IPv4HeaderLen + wire.UDPHeaderLen + sl.total),
-			DF:          true,
-			TTL:         hop,
-			Protocol:    wire.IPProtocolUDP,
-			Src:         src,
-			Dst:         dst,
-		})
-		crc = wire.ICRCv4(ip, udp, sl.hdr[:sl.hlen])
 		oob = buildOOB4(sl.oob[:], d.ifindex, src, dst, q.blk.mcSrc4, hop, tc)
 		putSockaddr4(&sl.name, dst)
 	} else {
-		udp.Encode(q.blk.port6, wire.UDPPort, uint16(wire.UDPHeaderLen+sl.total))
-		sl.ipLen = wire.IPv6HeaderLen
-		ip := wire.IPv6(sl.ip[:])
-		ip.Encode(wire.IPv6Fields{
-			TrafficClass:  tc,
-			PayloadLength: uint16(wire.UDPHeaderLen + sl.total),
-			NextHeader:    wire.IPProtocolUDP,
-			HopLimit:      hop,
-			Src:           src,
-			Dst:           dst,
-		})
-		crc = wire.ICRCv6(ip, udp, sl.hdr[:sl.hlen])
 		oob = buildOOB6(sl.oob[:], d.ifindex, src, hop, tc)
 		putSockaddr6(&sl.name, dst)
 	}
@@ -195,6 +177,62 @@ func (q *qp) build(sl *sendSlot, s *softverbs.UDSend) (v6, send bool, err error)
 	wire.PutICRC(sl.tail[pad:], crc)
 	sl.oobLen = len(oob)
 	return v6, true, nil
+}
+
+// sendFlowKey is what the IP and UDP headers of a datagram a QP sends are
+// made of (the source port is the QP's send socket's).
+type sendFlowKey struct {
+	src, dst netip.Addr
+	hop, tc  uint8
+	total    int // UDP payload bytes
+}
+
+// sendFlow is a QP's last flow: its headers as the kernel emits them and
+// their ICRC prefix.
+type sendFlow struct {
+	key    sendFlowKey
+	ok     bool
+	ipLen  int
+	ip     [wire.IPv6HeaderLen]byte
+	udp    [wire.UDPHeaderLen]byte
+	prefix wire.ICRCPrefix
+}
+
+// newFlow builds the headers of flow key into q.flow (q.smu held): IPv4
+// with ID 0 and DF, as the send socket's IP_PMTUDISC_DO makes the kernel
+// send them.
+func (q *qp) newFlow(key sendFlowKey, v6 bool) {
+	f := &q.flow
+	udp := wire.UDP(f.udp[:])
+	if !v6 {
+		udp.Encode(q.blk.port4, wire.UDPPort, uint16(wire.UDPHeaderLen+key.total))
+		f.ipLen = wire.IPv4HeaderLen
+		ip := wire.IPv4(f.ip[:wire.IPv4HeaderLen])
+		ip.Encode(wire.IPv4Fields{
+			TOS:         key.tc,
+			TotalLength: uint16(wire.IPv4HeaderLen + wire.UDPHeaderLen + key.total),
+			DF:          true,
+			TTL:         key.hop,
+			Protocol:    wire.IPProtocolUDP,
+			Src:         key.src,
+			Dst:         key.dst,
+		})
+		f.prefix = wire.ICRCPrefixV4(ip, udp)
+	} else {
+		udp.Encode(q.blk.port6, wire.UDPPort, uint16(wire.UDPHeaderLen+key.total))
+		f.ipLen = wire.IPv6HeaderLen
+		ip := wire.IPv6(f.ip[:])
+		ip.Encode(wire.IPv6Fields{
+			TrafficClass:  key.tc,
+			PayloadLength: uint16(wire.UDPHeaderLen + key.total),
+			NextHeader:    wire.IPProtocolUDP,
+			HopLimit:      key.hop,
+			Src:           key.src,
+			Dst:           key.dst,
+		})
+		f.prefix = wire.ICRCPrefixV6(ip, udp)
+	}
+	f.key, f.ok = key, true
 }
 
 // transmit sends the k datagrams built in sc.slots (all of one family)

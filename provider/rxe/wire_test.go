@@ -62,15 +62,22 @@ func TestSentFramesOnTheWire(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Flows that differ in TTL, TOS or length, and back to an earlier one
+	// (the QP keeps the last flow's headers and ICRC prefix).
 	sends := []softverbs.UDSend{
 		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x80010000, Payload: []byte("abc"), Solicited: true},
 		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x01234567, Payload: bytes.Repeat([]byte{0xA5}, 1024), HasImm: true, Imm: 0x01020304},
 		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0xFFFFFFFF, Payload: nil},
+		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x80010000, Payload: []byte("xyz")},
+		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x80010000, Payload: []byte("xyz!")},
+		{RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x80010000, Payload: []byte("xyz!")},
 	}
+	hops := []uint8{10, 11, 12, 10, 10, 13}
+	tcs := []uint8{0, 4, 8, 0, 0, 0}
 	for i, s := range sends {
 		ah := mcastAH(g)
-		ah.GRH.HopLimit = uint8(10 + i)
-		ah.GRH.TrafficClass = uint8(4 * i)
+		ah.GRH.HopLimit = hops[i]
+		ah.GRH.TrafficClass = tcs[i]
 		s.AH = ah
 		if err := q.Send(&s); err != nil {
 			t.Fatal(err)
@@ -118,7 +125,7 @@ func TestSentFramesOnTheWire(t *testing.T) {
 		if !bytes.Equal(p.Payload, s.Payload) || p.HasImm != s.HasImm || p.Imm != s.Imm {
 			t.Errorf("frame %d payload/imm", i)
 		}
-		if m.src != netip.MustParseAddr("127.0.0.1") || m.srcPort != qi.blk.port4 || m.ttl != uint8(10+i) || m.tos != uint8(4*i) {
+		if m.src != netip.MustParseAddr("127.0.0.1") || m.srcPort != qi.blk.port4 || m.ttl != hops[i] || m.tos != tcs[i] {
 			t.Errorf("frame %d meta %+v (send port %d)", i, m, qi.blk.port4)
 		}
 		var iph [20]byte
@@ -135,7 +142,7 @@ func TestSentFramesOnTheWire(t *testing.T) {
 			raw := pkt.next(t, g)
 			rip := wire.IPv4(raw[:20])
 			rudp := wire.UDP(raw[20:28])
-			if rip.ID() != 0 || !rip.DF() || rip.TTL() != uint8(10+i) || rip.TOS() != uint8(4*i) ||
+			if rip.ID() != 0 || !rip.DF() || rip.TTL() != hops[i] || rip.TOS() != tcs[i] ||
 				rudp.Checksum() != 0 || rudp.SrcPort() != qi.blk.port4 || rudp.DstPort() != wire.UDPPort ||
 				!bytes.Equal(raw[28:], b) {
 				t.Errorf("frame %d on the wire: % x", i, raw[:28])
