@@ -87,14 +87,8 @@ func BenchmarkReceiveBatch(b *testing.B) {
 func BenchmarkBuild(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
-			d := benchDev(b)
-			q, err := d.CreateQP(softverbs.DriverQPInit{Type: verbs.QPTypeUD})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer q.Destroy()
+			q, s := benchSend(b, size)
 			qi := q.(*qp)
-			s := &softverbs.UDSend{AH: mcastAH(randGroup()), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 9, Payload: make([]byte, size)}
 			var sl sendSlot
 			qi.smu.Lock()
 			defer qi.smu.Unlock()
@@ -113,13 +107,7 @@ func BenchmarkBuild(b *testing.B) {
 func BenchmarkSendPath(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
-			d := benchDev(b)
-			q, err := d.CreateQP(softverbs.DriverQPInit{Type: verbs.QPTypeUD})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer q.Destroy()
-			s := &softverbs.UDSend{AH: mcastAH(randGroup()), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 9, Payload: make([]byte, size)}
+			q, s := benchSend(b, size)
 			b.SetBytes(int64(size))
 			for b.Loop() {
 				if err := q.Send(s); err != nil {
@@ -128,6 +116,18 @@ func BenchmarkSendPath(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchSend returns a UD QP of the device of lo (destroyed at the end of
+// the benchmark) and a datagram of size bytes to a group nobody joined.
+func benchSend(b *testing.B, size int) (softverbs.DriverQP, *softverbs.UDSend) {
+	b.Helper()
+	q, err := benchDev(b).CreateQP(softverbs.DriverQPInit{Type: verbs.QPTypeUD})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { q.Destroy() })
+	return q, &softverbs.UDSend{AH: mcastAH(randGroup()), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 9, Payload: make([]byte, size)}
 }
 
 // benchDev returns the device of lo, closed at the end of the benchmark.

@@ -254,38 +254,14 @@ func (k *flowKey) differs(m *rxMeta, n int, v6 bool) bool {
 	return k.n != n || k.v6 != v6 || k.m != *m
 }
 
-// newFlow encodes the IP and UDP headers of a datagram of n bytes described
-// by m into r.ip (IPv4 with ID 0 and DF) and computes the ICRC prefix of
-// that header and the UDP header.
+// newFlow encodes the IP header of a datagram of n bytes described by m
+// into r.ip (IPv4 with ID 0 and DF) and computes the ICRC prefix of that
+// header and the UDP header.
 func (r *receiver) newFlow(m *rxMeta, n int, v6 bool) {
-	var ub [wire.UDPHeaderLen]byte
-	udp := wire.UDP(ub[:])
-	udp.Encode(m.srcPort, wire.UDPPort, uint16(wire.UDPHeaderLen+n))
-	if !v6 {
-		ip := wire.IPv4(r.ip[:wire.IPv4HeaderLen])
-		ip.Encode(wire.IPv4Fields{
-			TOS:         m.tos,
-			TotalLength: uint16(wire.IPv4HeaderLen + wire.UDPHeaderLen + n),
-			DF:          true,
-			TTL:         m.ttl,
-			Protocol:    wire.IPProtocolUDP,
-			Src:         m.src,
-			Dst:         m.dst,
-		})
-		r.prefix = wire.ICRCPrefixV4(ip, udp)
-	} else {
-		ip := wire.IPv6(r.ip[:])
-		ip.Encode(wire.IPv6Fields{
-			TrafficClass:  m.tos,
-			FlowLabel:     m.flow,
-			PayloadLength: uint16(wire.UDPHeaderLen + n),
-			NextHeader:    wire.IPProtocolUDP,
-			HopLimit:      m.ttl,
-			Src:           m.src,
-			Dst:           m.dst,
-		})
-		r.prefix = wire.ICRCPrefixV6(ip, udp)
-	}
+	var udp [wire.UDPHeaderLen]byte
+	_, r.prefix = encodeHeaders(&r.ip, &udp, flowHeaders{
+		src: m.src, dst: m.dst, srcPort: m.srcPort, tos: m.tos, ttl: m.ttl, flow: m.flow, n: n, v6: v6,
+	})
 	r.flow = flowKey{m: *m, n: n, v6: v6}
 	r.flowOK = true
 }

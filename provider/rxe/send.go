@@ -1,7 +1,6 @@
 package rxe
 
 import (
-	"encoding/binary"
 	"hash/crc32"
 	"net/netip"
 	"sync"
@@ -163,13 +162,14 @@ func (q *qp) build(sl *sendSlot, s *softverbs.UDSend) (v6, send bool, err error)
 	sl.ip = f.ip
 	sl.udp = f.udp
 	crc := f.prefix.ICRC(sl.hdr[:sl.hlen])
+	// The destination's flow information and scope are 0: IPV6_PKTINFO
+	// names the interface.
+	mmsg.PutAddrPort(sl.name[:], netip.AddrPortFrom(dst, wire.UDPPort))
 	var oob []byte
 	if !v6 {
 		oob = buildOOB4(sl.oob[:], d.ifindex, src, dst, q.blk.mcSrc4, hop, tc)
-		putSockaddr4(&sl.name, dst)
 	} else {
 		oob = buildOOB6(sl.oob[:], d.ifindex, src, hop, tc)
-		putSockaddr6(&sl.name, dst)
 	}
 	// The ICRC runs on over the payload and the pad (CRC-32 streams).
 	crc = crc32.Update(crc, crc32.IEEETable, s.Payload)
@@ -203,36 +203,59 @@ type sendFlow struct {
 // send them.
 func (q *qp) newFlow(key sendFlowKey, v6 bool) {
 	f := &q.flow
-	udp := wire.UDP(f.udp[:])
-	if !v6 {
-		udp.Encode(q.blk.port4, wire.UDPPort, uint16(wire.UDPHeaderLen+key.total))
-		f.ipLen = wire.IPv4HeaderLen
-		ip := wire.IPv4(f.ip[:wire.IPv4HeaderLen])
-		ip.Encode(wire.IPv4Fields{
-			TOS:         key.tc,
-			TotalLength: uint16(wire.IPv4HeaderLen + wire.UDPHeaderLen + key.total),
-			DF:          true,
-			TTL:         key.hop,
-			Protocol:    wire.IPProtocolUDP,
-			Src:         key.src,
-			Dst:         key.dst,
-		})
-		f.prefix = wire.ICRCPrefixV4(ip, udp)
-	} else {
-		udp.Encode(q.blk.port6, wire.UDPPort, uint16(wire.UDPHeaderLen+key.total))
-		f.ipLen = wire.IPv6HeaderLen
-		ip := wire.IPv6(f.ip[:])
-		ip.Encode(wire.IPv6Fields{
-			TrafficClass:  key.tc,
-			PayloadLength: uint16(wire.UDPHeaderLen + key.total),
-			NextHeader:    wire.IPProtocolUDP,
-			HopLimit:      key.hop,
-			Src:           key.src,
-			Dst:           key.dst,
-		})
-		f.prefix = wire.ICRCPrefixV6(ip, udp)
+	port := q.blk.port4
+	if v6 {
+		port = q.blk.port6
 	}
+	f.ipLen, f.prefix = encodeHeaders(&f.ip, &f.udp, flowHeaders{
+		src: key.src, dst: key.dst, srcPort: port, tos: key.tc, ttl: key.hop, n: key.total, v6: v6,
+	})
 	f.key, f.ok = key, true
+}
+
+// flowHeaders is what the IP and UDP headers of a RoCEv2 datagram are made
+// of: addresses, source port (the destination port is 4791), TOS or traffic
+// class, TTL or hop limit, IPv6 flow label, UDP payload bytes.
+type flowHeaders struct {
+	src, dst netip.Addr
+	srcPort  uint16
+	tos, ttl uint8
+	flow     uint32
+	n        int
+	v6       bool
+}
+
+// encodeHeaders writes the IP header of h into ip and its UDP header into
+// udp, as the kernel emits them for a send socket of the device (IPv4: ID 0
+// and DF, IP_PMTUDISC_DO), and returns the IP header's length and the ICRC
+// prefix of the two. The sender and the receiver of a flow share it.
+func encodeHeaders(ip *[wire.IPv6HeaderLen]byte, udp *[wire.UDPHeaderLen]byte, h flowHeaders) (int, wire.ICRCPrefix) {
+	u := wire.UDP(udp[:])
+	u.Encode(h.srcPort, wire.UDPPort, uint16(wire.UDPHeaderLen+h.n))
+	if !h.v6 {
+		ip4 := wire.IPv4(ip[:wire.IPv4HeaderLen])
+		ip4.Encode(wire.IPv4Fields{
+			TOS:         h.tos,
+			TotalLength: uint16(wire.IPv4HeaderLen + wire.UDPHeaderLen + h.n),
+			DF:          true,
+			TTL:         h.ttl,
+			Protocol:    wire.IPProtocolUDP,
+			Src:         h.src,
+			Dst:         h.dst,
+		})
+		return wire.IPv4HeaderLen, wire.ICRCPrefixV4(ip4, u)
+	}
+	ip6 := wire.IPv6(ip[:])
+	ip6.Encode(wire.IPv6Fields{
+		TrafficClass:  h.tos,
+		FlowLabel:     h.flow,
+		PayloadLength: uint16(wire.UDPHeaderLen + h.n),
+		NextHeader:    wire.IPProtocolUDP,
+		HopLimit:      h.ttl,
+		Src:           h.src,
+		Dst:           h.dst,
+	})
+	return wire.IPv6HeaderLen, wire.ICRCPrefixV6(ip6, u)
 }
 
 // transmit sends the k datagrams built in sc.slots (all of one family)
@@ -305,24 +328,4 @@ func (q *qp) captureSlot(sl *sendSlot, payload []byte) {
 	roce = append(roce, payload...)
 	roce = append(roce, sl.tail[:sl.tlen]...)
 	captureSent(q.dev, sl.ip[:sl.ipLen], sl.udp[:], roce)
-}
-
-// putSockaddr4 writes a struct sockaddr_in for dst:4791.
-func putSockaddr4(b *[unix.SizeofSockaddrInet6]byte, dst netip.Addr) {
-	binary.NativeEndian.PutUint16(b[0:2], unix.AF_INET)
-	binary.BigEndian.PutUint16(b[2:4], wire.UDPPort)
-	a := dst.As4()
-	copy(b[4:8], a[:])
-	clear(b[8:unix.SizeofSockaddrInet4])
-}
-
-// putSockaddr6 writes a struct sockaddr_in6 for [dst]:4791 (flow info and
-// scope 0: IPV6_PKTINFO names the interface).
-func putSockaddr6(b *[unix.SizeofSockaddrInet6]byte, dst netip.Addr) {
-	binary.NativeEndian.PutUint16(b[0:2], unix.AF_INET6)
-	binary.BigEndian.PutUint16(b[2:4], wire.UDPPort)
-	clear(b[4:8])
-	a := dst.As16()
-	copy(b[8:24], a[:])
-	clear(b[24:28])
 }
