@@ -18,19 +18,7 @@ import (
 func TestBacklogOnOneP(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	d := loDev(t)
-	g := randGroup()
-	rx := newFakeRx()
-	q := newQP(t, d, rx, 0, 5) // 64 receive WRs, reposted by its consumer
-	if err := q.AttachMcast(mgid(g), 0); err != nil {
-		t.Fatal(err)
-	}
-	tx := newQP(t, d, &fakeRx{ch: make(chan delivery, 1), noWR: true}, 0, 5)
-	bs := tx.drv.(softverbs.BatchSender)
-	ah := mcastAH(g)
-	batch := make([]softverbs.UDSend, softverbs.MaxSendBatch)
-	for i := range batch {
-		batch[i] = softverbs.UDSend{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: make([]byte, 1024)}
-	}
+	rx, bs, batch := newGroupBurst(t, d, 1024)
 	errs := make([]error, len(batch))
 	before := d.Counters()
 	const n = 1024
@@ -71,18 +59,7 @@ func TestBacklogOnOneP(t *testing.T) {
 // the test reads as often as it can during 2,048 datagrams.)
 func TestReceivedCountedFirst(t *testing.T) {
 	d := loDev(t)
-	g := randGroup()
-	rx := newFakeRx()
-	q := newQP(t, d, rx, 0, 5)
-	if err := q.AttachMcast(mgid(g), 0); err != nil {
-		t.Fatal(err)
-	}
-	tx := newQP(t, d, &fakeRx{ch: make(chan delivery, 1), noWR: true}, 0, 5)
-	bs := tx.drv.(softverbs.BatchSender)
-	batch := make([]softverbs.UDSend, softverbs.MaxSendBatch)
-	for i := range batch {
-		batch[i] = softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: make([]byte, 64)}
-	}
+	rx, bs, batch := newGroupBurst(t, d, 64)
 	errs := make([]error, len(batch))
 	outcomes := func(c softverbs.Snapshot) uint64 {
 		return c.Get(softverbs.Delivered) + c.Get(softverbs.NoRecvWRDrops) + c.Get(softverbs.CQFullDrops) +
@@ -126,4 +103,24 @@ func TestReceivedCountedFirst(t *testing.T) {
 	}
 	<-done
 	t.Logf("%d reads of the counters while %d datagrams arrived", checks, n)
+}
+
+// newGroupBurst sets up a multicast fan-in on d: a receiving QP (Q_Key 5,
+// 64 receive WRs reposted by its consumer rx) attached to a new group, and
+// a sending QP's batch sender with a full batch of size-byte datagrams to
+// that group.
+func newGroupBurst(t *testing.T, d *Device, size int) (*fakeRx, softverbs.BatchSender, []softverbs.UDSend) {
+	t.Helper()
+	g := randGroup()
+	rx := newFakeRx()
+	q := newQP(t, d, rx, 0, 5)
+	if err := q.AttachMcast(mgid(g), 0); err != nil {
+		t.Fatal(err)
+	}
+	tx := newQP(t, d, &fakeRx{ch: make(chan delivery, 1), noWR: true}, 0, 5)
+	batch := make([]softverbs.UDSend, softverbs.MaxSendBatch)
+	for i := range batch {
+		batch[i] = softverbs.UDSend{AH: mcastAH(g), RemoteQPN: verbs.MulticastQPN, RemoteQKey: 5, Payload: make([]byte, size)}
+	}
+	return rx, tx.drv.(softverbs.BatchSender), batch
 }
