@@ -58,7 +58,7 @@ the JSON lines).
 	quick := fs.Bool("quick", false, "a run of a few seconds: one receiver, 64-byte payloads, 200 groups")
 	jsonOnly := fs.Bool("json", false, "print only the JSON lines")
 	bind := fs.String("bind", cfg.Bind.String(), "local address; its interface carries the traffic (loopback by default)")
-	parts := fs.String("parts", strings.Join(cfg.Parts, ","), "parts to run: icrc,allocs,control,fanout,ib")
+	parts := fs.String("parts", strings.Join(cfg.Parts, ","), "parts to run: icrc,allocs,control,latency,fanout,ib")
 	recv := fs.String("n", "", "receiver process counts, comma-separated (default 1,2,4)")
 	sizes := fs.String("sizes", "", "payload sizes in bytes, comma-separated (default 64,256,1024,4096)")
 	dur := fs.Duration("d", 0, "send time per mode and case (default 250ms)")

@@ -49,6 +49,7 @@ const (
 	PartControl = "control"
 	PartAllocs  = "allocs"
 	PartIB      = "ib"
+	PartLatency = "latency"
 )
 
 // Config chooses what a run measures.
@@ -112,6 +113,20 @@ type Config struct {
 	// IBCreate is the number of groups the SA alone creates.
 	IBCreate int
 
+	// LatSizes are the payload sizes of the latency part, LatWaits its
+	// wait modes (WaitBlock, WaitPoll); each case makes LatRounds timed
+	// round trips per run after LatWarmup untimed ones, Repeats runs per
+	// mode. LatVeth adds the veth cases (root), LatIB the IB subnet's.
+	// LatEnv is added to the environment of the ping and pong processes
+	// (none by default: a program as a user runs it).
+	LatSizes  []int
+	LatWaits  []string
+	LatRounds int
+	LatWarmup int
+	LatVeth   bool
+	LatIB     bool
+	LatEnv    []string
+
 	// Table, when not nil, gets the human-readable table as the run goes.
 	Table io.Writer
 	// JSON, when not nil, gets one JSON object per line per case.
@@ -125,7 +140,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Bind:        netip.MustParseAddr("127.0.0.1"),
-		Parts:       []string{PartICRC, PartAllocs, PartControl, PartFanout, PartIB},
+		Parts:       []string{PartICRC, PartAllocs, PartControl, PartLatency, PartFanout, PartIB},
 		Receivers:   []int{1, 2, 4},
 		Sizes:       []int{64, 256, 1024, 4096},
 		Duration:    250 * time.Millisecond,
@@ -142,6 +157,12 @@ func DefaultConfig() Config {
 		IBBind:      netip.MustParseAddr("127.0.4.1"),
 		IBJoins:     2000,
 		IBCreate:    16000,
+		LatSizes:    []int{64, 1024},
+		LatWaits:    []string{WaitBlock, WaitPoll},
+		LatRounds:   3000,
+		LatWarmup:   200,
+		LatVeth:     true,
+		LatIB:       true,
 	}
 }
 
@@ -159,6 +180,10 @@ func QuickConfig() Config {
 	c.QPs = 50
 	c.AllocRuns = 20
 	c.IBJoins = 200
+	c.LatSizes = []int{64}
+	c.LatRounds = 300
+	c.LatWarmup = 50
+	c.LatVeth = false
 	return c
 }
 
@@ -172,6 +197,7 @@ type Report struct {
 	Groups   *GroupsResult
 	QP       *QPResult
 	Allocs   []AllocsResult
+	Latency  []LatencyResult
 	Targets  []Target
 }
 
@@ -204,6 +230,8 @@ func Run(cfg Config) (*Report, error) {
 			err = runFanout(&cfg, w, rep)
 		case PartIB:
 			err = runIB(&cfg, w, rep)
+		case PartLatency:
+			err = runLatency(&cfg, w, rep)
 		default:
 			err = fmt.Errorf("unknown part %q", part)
 		}
@@ -351,6 +379,7 @@ func targets(rep *Report) []Target {
 	if fs := measuredFanout(rep.Fanout); len(fs) > 0 {
 		ts = append(ts, fanoutTargets(fs)...)
 	}
+	ts = append(ts, latencyTargets(rep.Latency)...)
 	if len(rep.IBFanout) > 0 {
 		lo, lossy := rep.IBFanout[0], rep.IBFanout[0]
 		for _, r := range rep.IBFanout {

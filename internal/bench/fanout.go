@@ -153,6 +153,7 @@ func startRxProc(argv, env []string) (*rxProc, error) {
 	go func() {
 		defer close(p.lines)
 		sc := bufio.NewScanner(out)
+		sc.Buffer(nil, 4<<20) // a pinger's reply carries its round-trip times
 		for sc.Scan() {
 			p.lines <- slices.Clone(sc.Bytes())
 		}

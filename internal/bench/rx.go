@@ -38,6 +38,15 @@ type rxRequest struct {
 	// SM is the subnet manager's fabric address of an "ib" receiver: the
 	// process opens an IB port at Bind on it (once; later cases reuse it).
 	SM string `json:"sm,omitempty"`
+
+	// The latency part's "pong" (answer on Group2 what arrives on Group
+	// until "pong-stop") and "ping" (Warmup+Count round trips: send to
+	// Group2, wait for the answer on Group) take Wait (WaitBlock or
+	// WaitPoll) too.
+	Group2 string `json:"group2,omitempty"`
+	Wait   string `json:"wait,omitempty"`
+	Count  int    `json:"count,omitempty"`
+	Warmup int    `json:"warmup,omitempty"`
 }
 
 // The subnet manager process of the IB part is a receiver process too:
@@ -62,6 +71,11 @@ type rxReply struct {
 	Addr string `json:"addr,omitempty"`
 	// Discards are the switch's drops and discards so far ("mark").
 	Discards uint64 `json:"discards,omitempty"`
+	// RTTs are a pinger's round-trip times in ns, Lost its round trips
+	// without an answer; Pongs the answers a ponger sent ("pong-stop").
+	RTTs  []int64 `json:"rtts,omitempty"`
+	Lost  int     `json:"lost,omitempty"`
+	Pongs int     `json:"pongs,omitempty"`
 }
 
 // rxCase is a receiver's state during one case.
@@ -90,6 +104,12 @@ func RunReceiver(in io.Reader, out io.Writer) error {
 	enc := json.NewEncoder(out)
 	var cur *rxCase
 	var sub *subnet
+	var pong *ponger
+	defer func() {
+		if pong != nil {
+			pong.stop()
+		}
+	}()
 	// ring is the receive buffer of the rdma cases, kept from case to case
 	// as a program keeps its registered memory: its pages are in memory
 	// (a new buffer per case would fault them in during the measurement).
@@ -134,6 +154,23 @@ func RunReceiver(in io.Reader, out io.Writer) error {
 				}
 			}
 			rep.Addr = sub.addr
+		case "pong":
+			if pong != nil {
+				pong.stop()
+			}
+			var err error
+			if pong, err = startPong(&req); err != nil {
+				rep.Err = err.Error()
+			}
+		case "pong-stop":
+			if pong == nil {
+				rep.Err = "no pong running"
+				break
+			}
+			rep.Pongs, rep.Err = pong.stop()
+			pong = nil
+		case "ping":
+			rep = ping(&req)
 		case "mark":
 			rep.CPUNs = cpuTime()
 			if sub != nil {
