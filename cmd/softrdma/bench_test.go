@@ -46,7 +46,7 @@ func TestBenchQuick(t *testing.T) {
 			t.Errorf("%s line without a ratio: %s", kind, sc.Text())
 		}
 	}
-	for _, k := range []string{"fanout", "icrc", "join", "groups", "qp", "allocs", "ib_fanout", "sa", "target"} {
+	for _, k := range []string{"fanout", "icrc", "join", "groups", "qp", "allocs", "ib_fanout", "sa", "latency", "target"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %q line in:\n%s", k, out)
 		}

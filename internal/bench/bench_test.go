@@ -41,6 +41,7 @@ func TestQuick(t *testing.T) {
 	cfg.Groups = 100
 	cfg.RxCommand = []string{os.Args[0]}
 	cfg.RxEnv = []string{rxEnv}
+	cfg.LatEnv = []string{rxEnv}
 	var table, js bytes.Buffer
 	cfg.Table, cfg.JSON = &table, &js
 	rep, err := Run(cfg)
@@ -49,7 +50,7 @@ func TestQuick(t *testing.T) {
 	}
 	t.Log("\n" + table.String())
 	kinds := lineKinds(t, js.Bytes())
-	for _, k := range []string{"fanout", "icrc", "join", "groups", "qp", "allocs", "ib_fanout", "sa", "target"} {
+	for _, k := range []string{"fanout", "icrc", "join", "groups", "qp", "allocs", "ib_fanout", "sa", "latency", "target"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %q line", k)
 		}

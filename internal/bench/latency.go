@@ -41,7 +41,9 @@ type LatencyResult struct {
 	BaseP99us  float64 `json:"base_p99_us"`
 	BaseP999us float64 `json:"base_p999_us"`
 	BaseLost   int     `json:"base_lost"`
-	// Ratios of the percentiles to the baseline's.
+	// Ratio is the headline, the p50 ratio; then the ratios of each
+	// percentile to the baseline's.
+	Ratio     float64 `json:"ratio"`
 	RatioP50  float64 `json:"ratio_p50"`
 	RatioP99  float64 `json:"ratio_p99"`
 	RatioP999 float64 `json:"ratio_p999"`
@@ -192,6 +194,7 @@ func latCase(cfg *Config, l *latLink, modes [2]string, wait string, size int, sm
 	res.P50us, res.P99us, res.P999us = latPercentiles(runs[1].rtts)
 	res.Lost, res.BaseLost = runs[1].lost, runs[0].lost
 	res.RatioP50, res.RatioP99, res.RatioP999 = res.P50us/res.BaseP50us, res.P99us/res.BaseP99us, res.P999us/res.BaseP999us
+	res.Ratio = res.RatioP50
 	return res, nil
 }
 
