@@ -69,6 +69,10 @@ the JSON lines).
 	modes := fs.String("modes", strings.Join(cfg.Modes, ","), "fan-out modes: udp (the baseline), rdma (RoCEv2); one alone gives no ratio (for a profiler)")
 	rxProcs := fs.Int("rx-gomaxprocs", 1, "GOMAXPROCS of the receiver processes (0: Go's default, the number of cores)")
 	slots := fs.Int("slots", cfg.Slots, "receive WRs an RDMA receiver keeps posted, each with a buffer of the payload size and the GRH")
+	latSizes := fs.String("lat-sizes", "", "latency: payload sizes in bytes, comma-separated (default 64,1024)")
+	latWaits := fs.String("lat-waits", "", "latency: waits, comma-separated: block (rdma_get_recv_comp), poll (ibv_poll_cq loop) (default both)")
+	latLinks := fs.String("lat-links", "", "latency: links, comma-separated: lo, veth (two network namespaces, root), ib (the emulated subnet) (default all)")
+	latRounds := fs.Int("lat-rounds", 0, "latency: timed round trips per run (default 3000)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -117,6 +121,10 @@ the JSON lines).
 		return 2
 	}
 	cfg.Batch, cfg.Rate, cfg.Slots = *batch, *rate, *slots
+	if err := latencyFlags(&cfg, *latSizes, *latWaits, *latLinks, *latRounds); err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 2
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
@@ -144,6 +152,46 @@ the JSON lines).
 		fmt.Fprintf(stdout, "bench: done in %.1fs\n", time.Since(start).Seconds())
 	}
 	return 0
+}
+
+// latencyFlags applies the -lat-* flags to cfg.
+func latencyFlags(cfg *bench.Config, sizes, waits, links string, rounds int) error {
+	var err error
+	if sizes != "" {
+		if cfg.LatSizes, err = intList(sizes, 8, 4096); err != nil {
+			return fmt.Errorf("-lat-sizes: %v", err)
+		}
+	}
+	if waits != "" {
+		cfg.LatWaits = nil
+		for _, w := range strings.Split(waits, ",") {
+			if w != bench.WaitBlock && w != bench.WaitPoll {
+				return fmt.Errorf("-lat-waits: unknown wait %q (block, poll)", w)
+			}
+			cfg.LatWaits = append(cfg.LatWaits, w)
+		}
+	}
+	if links != "" {
+		cfg.LatLo, cfg.LatVeth, cfg.LatIB = false, false, false
+		for _, l := range strings.Split(links, ",") {
+			switch l {
+			case "lo":
+				cfg.LatLo = true
+			case "veth":
+				cfg.LatVeth = true
+			case "ib":
+				cfg.LatIB = true
+			default:
+				return fmt.Errorf("-lat-links: unknown link %q (lo, veth, ib)", l)
+			}
+		}
+	}
+	if rounds < 0 || rounds > 1000000 {
+		return fmt.Errorf("-lat-rounds must be 0..1000000")
+	} else if rounds > 0 {
+		cfg.LatRounds = rounds
+	}
+	return nil
 }
 
 // deferred keeps the JSON lines to print them after the table.

@@ -116,13 +116,15 @@ type Config struct {
 	// LatSizes are the payload sizes of the latency part, LatWaits its
 	// wait modes (WaitBlock, WaitPoll); each case makes LatRounds timed
 	// round trips per run after LatWarmup untimed ones, Repeats runs per
-	// mode. LatVeth adds the veth cases (root), LatIB the IB subnet's.
+	// mode. LatLo runs the loopback cases, LatVeth the veth cases (root),
+	// LatIB the IB subnet's (against RoCEv2 on loopback).
 	// LatEnv is added to the environment of the ping and pong processes
 	// (none by default: a program as a user runs it).
 	LatSizes  []int
 	LatWaits  []string
 	LatRounds int
 	LatWarmup int
+	LatLo     bool
 	LatVeth   bool
 	LatIB     bool
 	LatEnv    []string
@@ -161,6 +163,7 @@ func DefaultConfig() Config {
 		LatWaits:    []string{WaitBlock, WaitPoll},
 		LatRounds:   3000,
 		LatWarmup:   200,
+		LatLo:       true,
 		LatVeth:     true,
 		LatIB:       true,
 	}

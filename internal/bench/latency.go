@@ -228,7 +228,10 @@ func runLatency(cfg *Config, w *writer, rep *Report) error {
 		return err
 	}
 	defer lo.close()
-	links := []*latLink{lo}
+	var links []*latLink
+	if cfg.LatLo {
+		links = append(links, lo)
+	}
 	if cfg.LatVeth {
 		veth, skip, err := vethLink(cfg)
 		if err != nil {

@@ -19,7 +19,9 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -149,8 +151,9 @@ func (p *Pool) Get() *Batch { return p.p.Get().(*Batch) }
 // Put gives a batch back to the pool.
 func (p *Pool) Put(b *Batch) { p.p.Put(b) }
 
-// Reader reads batches of datagrams from one socket with recvmmsg. It is
-// used by one goroutine at a time.
+// Reader reads batches of datagrams from one socket with recvmmsg. Read
+// is used by one goroutine at a time; Serve by one, and Progress and
+// Wait by any while it serves.
 type Reader struct {
 	raw  syscall.RawConn
 	pool *Pool  // nil: b is the reader's own
@@ -160,8 +163,23 @@ type Reader struct {
 	errno syscall.Errno
 	fn    func(fd uintptr) bool // r.recvmmsg, bound once
 
-	serve   func(n int)           // Serve's handler
-	serveFn func(fd uintptr) bool // r.serveBatches, bound once
+	serveFn    func(fd uintptr) bool // r.serveBatches, bound once
+	progressFn func(fd uintptr)      // r.progress, bound once
+
+	// Serve's state, shared with Progress: whoever holds mu reads the
+	// socket and runs the handler.
+	mu       sync.Mutex
+	serve    func(n int)   // Serve's handler, while it runs
+	pending  atomic.Bool   // a goroutine found mu held: its holder reads on
+	fatal    atomic.Uint32 // the errno that ends Serve
+	sleepers atomic.Int32  // goroutines in Wait
+	pauser   readPauser    // the socket, if it can leave the netpoller
+
+	pmu        sync.Mutex  // orders the changes of sleepers and read interest, and the lease
+	paused     bool        // the socket is out of the netpoller
+	lease      *time.Timer // puts it back (leaseOver)
+	leaseArmed bool
+	leaseEnd   time.Time
 }
 
 // NewReader returns a reader of conn (a *net.UDPConn or a *rawudp.Conn)
@@ -183,8 +201,10 @@ func newReader(conn syscall.Conn, p *Pool, b *Batch) (*Reader, error) {
 		return nil, err
 	}
 	r := &Reader{raw: raw, pool: p, b: b}
+	r.pauser, _ = conn.(readPauser)
 	r.fn = r.recvmmsg
 	r.serveFn = r.serveBatches
+	r.progressFn = func(fd uintptr) { r.progress(fd) }
 	return r, nil
 }
 
@@ -252,49 +272,243 @@ func (r *Reader) Read() (int, error) {
 // in the netpoller right away, whose edge-triggered readiness every
 // datagram queued after that read sets — one system call per batch fewer.
 // A pooled reader gives its batch back before each wait. handle runs on
-// the calling goroutine and must not use the Reader; it runs inside the
-// socket's RawConn.Read callback, so closing the socket waits for it:
-// handle must not wait for anything that happens only after the close.
+// the calling goroutine, or on a goroutine in Progress, one at a time, and
+// must not use the Reader; it runs inside the socket's RawConn.Read
+// callback, so closing the socket waits for it: handle must not wait for
+// anything that happens only after the close.
 func (r *Reader) Serve(handle func(n int)) error {
+	r.mu.Lock()
 	r.serve = handle
-	defer func() { r.serve = nil }()
+	r.mu.Unlock()
+	defer func() {
+		r.stopLease()
+		r.mu.Lock()
+		r.serve = nil
+		r.Release()
+		r.mu.Unlock()
+	}()
 	for {
 		// One RawConn.Read for as long as the socket works: its
 		// readiness is reset only here, at the start.
-		err := r.raw.Read(r.serveFn)
-		r.Release()
-		if err != nil {
+		if err := r.raw.Read(r.serveFn); err != nil {
 			return err
 		}
-		if r.errno != 0 {
-			return r.errno
+		if e := syscall.Errno(r.fatal.Load()); e != 0 {
+			return e
 		}
 	}
 }
 
 // serveBatches is Serve's RawConn.Read callback: it reads and hands over
-// batches while they come full; false (wait in the netpoller) after a
-// short batch or when the socket is empty; true only on an error that
-// ends Serve (r.errno).
+// batches until the socket is empty (or another goroutine is reading it);
+// false (wait in the netpoller) then; true only on an error that ends
+// Serve (r.fatal).
 func (r *Reader) serveBatches(fd uintptr) bool {
+	if r.sleepers.Load() > 0 {
+		return false // a consumer in Wait reads it before it leaves
+	}
+	r.progress(fd)
+	return r.fatal.Load() != 0
+}
+
+// Progress reads and hands to Serve's handler, on the calling goroutine,
+// what waits on the socket, without blocking. It is how a consumer that
+// would otherwise wait for Serve's goroutine makes progress itself (a
+// software provider's manual progress): one goroutine reads at a time,
+// and one that finds another reading returns at once, leaving it what
+// arrived (that one reads on until the socket is empty). It does nothing
+// before Serve runs or after the socket is closed. A socket that can take
+// its readability out of the netpoller (rawudp.Conn) does, for leaseTime
+// after the last Progress or Wait: a consumer that polls in a loop then
+// reads everything, and Serve's thread is not woken to take a core from
+// it. It allocates nothing.
+func (r *Reader) Progress() {
+	r.touch()
+	_ = r.raw.Control(r.progressFn)
+}
+
+// progress is Progress on fd (held open by the caller): the read lock is
+// taken without waiting; a goroutine that finds it held marks pending, and
+// the holder, once it unlocks, reads again while pending is set, so no
+// datagram whose readiness woke a goroutine that gave up waits unread.
+func (r *Reader) progress(fd uintptr) int {
+	total := 0
+	for {
+		r.pending.Store(true)
+		if !r.mu.TryLock() {
+			return total
+		}
+		r.pending.Store(false)
+		if r.serve != nil && r.fatal.Load() == 0 {
+			total += r.drainLocked(fd)
+		}
+		r.mu.Unlock()
+		if !r.pending.Load() {
+			return total
+		}
+	}
+}
+
+// drainLocked reads and hands over batches while they come full (r.mu
+// held) and returns how many datagrams it handled; an error that is not
+// transient is kept in r.fatal.
+func (r *Reader) drainLocked(fd uintptr) int {
+	total := 0
 	for {
 		if !r.recvmmsg(fd) {
-			return false // empty: the batch went back to the pool
+			return total // empty: the batch went back to the pool
 		}
 		switch r.errno {
 		case 0:
 		case unix.EINTR, unix.ENOMEM, unix.ENOBUFS:
 			continue // transient
 		default:
-			return true
+			r.fatal.Store(uint32(r.errno))
+			return total
 		}
 		r.serve(r.n)
+		total += r.n
 		if r.n < len(r.b.Hdrs) {
 			r.Release()
-			return false
+			return total
 		}
 	}
 }
+
+// maxWait bounds one Wait: a socket being closed waits for no longer
+// than this for a waiter that was not woken.
+const maxWait = 100 * time.Millisecond
+
+// Wait blocks the calling thread in ppoll(2) until the socket or the file
+// descriptor kick is readable, timeout (at most 100 ms) passes or a signal
+// arrives; then it calls woke (if not nil), makes progress (as Progress)
+// and reports whether kick is readable. It is the wait of a consumer that
+// reads the socket itself, woken by the kernel directly: a blocking system
+// call, not Go's netpoller, so that a datagram wakes one thread — the
+// consumer's — and no goroutine hand-off follows. While a goroutine waits
+// here, Serve's goroutine leaves the socket to it: a socket that can take
+// its readability out of the netpoller (rawudp.Conn) does, for as long as
+// goroutines wait and leaseTime after, so that Serve's thread is not even
+// woken.
+// err is non-nil when the socket is closed. The socket stays open (a close
+// waits) until Wait returns: close it after a shutdown(SHUT_RD), which
+// wakes its waiters.
+func (r *Reader) Wait(kick int, timeout time.Duration, woke func()) (kicked bool, err error) {
+	timeout = min(max(timeout, 0), maxWait)
+	r.sleep(1)
+	err = r.raw.Control(func(fd uintptr) {
+		fds := [2]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(kick), Events: unix.POLLIN}}
+		ts := unix.NsecToTimespec(int64(timeout))
+		_, _, _ = unix.Syscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&fds[0])), 2, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+		kicked = fds[1].Revents != 0
+		if woke != nil {
+			woke()
+		}
+		r.progress(fd)
+	})
+	// Serve reads again after the lease; a datagram that came after the
+	// progress above wakes it as the socket goes back into the netpoller.
+	r.sleep(-1)
+	return kicked, err
+}
+
+// leaseTime is how long a socket that can leave the netpoller stays out
+// of it after the last Wait ended: a consumer that waits again within it
+// (one that answers what it receives, or waits in a loop) pays no
+// epoll_ctl per wait, and Serve's thread stays asleep. What arrives
+// meanwhile waits for the next Wait or Progress, or at the latest for the
+// lease's end, when Serve reads it.
+const leaseTime = time.Millisecond
+
+// sleep counts a goroutine into Wait (d 1) or out of it (d -1). The first
+// in takes the socket's readability out of the netpoller; a lease puts it
+// back once no goroutine has waited for leaseTime (which wakes Serve if
+// datagrams wait).
+func (r *Reader) sleep(d int32) {
+	r.pmu.Lock()
+	defer r.pmu.Unlock()
+	n := r.sleepers.Add(d)
+	if r.pauser == nil {
+		return
+	}
+	switch {
+	case d > 0 && !r.paused:
+		if r.pauser.SetReadInterest(false) == nil {
+			r.paused = true
+		}
+	case n == 0 && r.paused:
+		r.extendLeaseLocked()
+	}
+}
+
+// touch takes the socket's readability out of the netpoller for a
+// consumer that polls it (Progress), until leaseTime after its last poll.
+func (r *Reader) touch() {
+	if r.pauser == nil {
+		return
+	}
+	r.pmu.Lock()
+	defer r.pmu.Unlock()
+	if !r.paused {
+		if r.pauser.SetReadInterest(false) != nil {
+			return
+		}
+		r.paused = true
+	}
+	r.extendLeaseLocked()
+}
+
+// extendLeaseLocked makes the lease end leaseTime from now (r.pmu held).
+func (r *Reader) extendLeaseLocked() {
+	r.leaseEnd = time.Now().Add(leaseTime)
+	if r.leaseArmed {
+		return
+	}
+	r.leaseArmed = true
+	if r.lease == nil {
+		r.lease = time.AfterFunc(leaseTime, r.leaseOver)
+	} else {
+		r.lease.Reset(leaseTime)
+	}
+}
+
+// leaseOver puts the socket back into the netpoller if no goroutine has
+// waited or polled for leaseTime, and reads what waits, else looks again
+// when the lease ends.
+func (r *Reader) leaseOver() {
+	r.pmu.Lock()
+	defer r.pmu.Unlock()
+	r.leaseArmed = false
+	if !r.paused || r.sleepers.Load() > 0 {
+		return
+	}
+	if left := time.Until(r.leaseEnd); left > 0 {
+		r.leaseArmed = true
+		r.lease.Reset(left)
+		return
+	}
+	_ = r.pauser.SetReadInterest(true)
+	r.paused = false
+	// What came during the lease: putting the socket back into the
+	// netpoller need not wake Serve (epoll_ctl wakes nobody for an item
+	// already on the epoll's ready list), so read it here; what comes
+	// from now on wakes Serve.
+	_ = r.raw.Control(r.progressFn)
+}
+
+// stopLease ends the lease of a reader whose Serve returns.
+func (r *Reader) stopLease() {
+	r.pmu.Lock()
+	if r.lease != nil {
+		r.lease.Stop()
+		r.leaseArmed = false
+	}
+	r.pmu.Unlock()
+}
+
+// readPauser is a socket that can take its readability out of the
+// netpoller (rawudp.Conn).
+type readPauser interface{ SetReadInterest(on bool) error }
 
 // Datagram returns the i-th datagram of the last Read, as
 // Batch.Datagram.
@@ -333,8 +547,13 @@ func (s *Sender) Init() { s.fn = s.sendmmsg }
 
 // sendmmsg is the RawConn.Write callback: one sendmmsg; false (wait in the
 // netpoller) while the send buffer is full.
+//
+// A raw system call, as recvmmsg: with MSG_DONTWAIT it never blocks, and
+// a Syscall would wake the runtime's sysmon thread when it sleeps — a
+// thread wake-up (and a core taken from the peer) on every send of a
+// sender that otherwise waits, the latency part's ping-pong.
 func (s *Sender) sendmmsg(fd uintptr) bool {
-	n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hs[0])), uintptr(len(s.hs)), 0, 0, 0)
+	n, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hs[0])), uintptr(len(s.hs)), unix.MSG_DONTWAIT, 0, 0)
 	if e == unix.EAGAIN {
 		return false
 	}

@@ -60,6 +60,11 @@ type Conn struct {
 	rmu sync.Mutex            // one Read at a time (the netpoller has one reader slot)
 	rf  func(fd uintptr) bool // the current Read's callback
 	rcb func(_ uintptr) bool  // c.readCallback, bound once: no allocation per Read
+
+	imu        sync.Mutex // one SetReadInterest at a time
+	iev        unix.EpollEvent
+	ierr       syscall.Errno
+	interestFn func(epfd uintptr) // c.setInterest, bound once
 }
 
 // ListenUDP opens a UDP socket of network "udp4", "udp6" or "udp" bound to
@@ -167,6 +172,7 @@ func ListenUDP(network, addr string, setup func(fd int) error) (*Conn, error) {
 		return nil, err
 	}
 	c.rcb = c.readCallback
+	c.interestFn = c.setInterest
 	ok = true
 	return c, nil
 }
@@ -223,7 +229,8 @@ func (c *Conn) WriteToUDPAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		if c.closing.Load() {
 			return 0, net.ErrClosed
 		}
-		n, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(c.fd), uintptr(p), uintptr(len(b)), 0, uintptr(unsafe.Pointer(&sa[0])), saLen)
+		// Raw: with MSG_DONTWAIT it never blocks (see mmsg's sendmmsg).
+		n, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(c.fd), uintptr(p), uintptr(len(b)), unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(&sa[0])), saLen)
 		switch e {
 		case 0:
 			return int(n), nil
@@ -245,6 +252,41 @@ func (c *Conn) SetReadBuffer(bytes int) error {
 		return err
 	}
 	return os.NewSyscallError("setsockopt", serr)
+}
+
+// SetReadInterest takes the socket's readability out of the netpoller (on
+// false) or puts it back (on true). While it is out, a datagram wakes no
+// goroutine parked in Read — nor the netpoller's thread: for a consumer
+// that waits for the socket on its own thread and reads it itself
+// (mmsg.Reader.Wait). Putting it back does not wake the parked reader for
+// the datagrams that came meanwhile: the caller reads them. It allocates
+// nothing; not to be called inside a Control callback.
+func (c *Conn) SetReadInterest(on bool) error {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closing.Load() {
+		return net.ErrClosed
+	}
+	c.imu.Lock()
+	defer c.imu.Unlock()
+	c.iev = unix.EpollEvent{Fd: int32(c.fd)}
+	if on {
+		c.iev.Events = unix.EPOLLIN
+	}
+	if err := c.eprc.Control(c.interestFn); err != nil {
+		return net.ErrClosed
+	}
+	if c.ierr != 0 {
+		return os.NewSyscallError("epoll_ctl", c.ierr)
+	}
+	return nil
+}
+
+// setInterest is SetReadInterest's Control callback on the epoll
+// descriptor (c.imu held). Raw: epoll_ctl never blocks (see mmsg's
+// recvmmsg).
+func (c *Conn) setInterest(epfd uintptr) {
+	_, _, c.ierr = unix.RawSyscall6(unix.SYS_EPOLL_CTL, epfd, unix.EPOLL_CTL_MOD, uintptr(c.fd), uintptr(unsafe.Pointer(&c.iev)), 0, 0)
 }
 
 // waitRoom waits up to writeWaitMS for room in the send buffer (c.mu is

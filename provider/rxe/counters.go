@@ -52,5 +52,6 @@ func (d *Device) closeSock(s *recvSock) {
 	if v, ok := sockDrops(s.conn); ok {
 		d.noteSocketDrops(s, v)
 	}
+	shutdownRead(s.conn)
 	s.conn.Close()
 }

@@ -184,7 +184,7 @@ func (f *forwarder) init() {
 // sendmsg is the RawConn.Write callback of a forward: one sendmsg that
 // never waits (MSG_DONTWAIT; a full send buffer is a drop).
 func (f *forwarder) sendmsg(fd uintptr) bool {
-	_, _, f.errno = unix.Syscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&f.msg)), unix.MSG_DONTWAIT)
+	_, _, f.errno = unix.RawSyscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&f.msg)), unix.MSG_DONTWAIT)
 	return true
 }
 
@@ -251,7 +251,7 @@ func (f *forwarder) drain(fd uintptr) {
 		f.eh = unix.Msghdr{Iov: &f.eiov, Control: &f.eoob[0]}
 		f.eh.SetIovlen(1)
 		f.eh.SetControllen(len(f.eoob))
-		_, _, e := unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&f.eh)), unix.MSG_ERRQUEUE|unix.MSG_DONTWAIT)
+		_, _, e := unix.RawSyscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&f.eh)), unix.MSG_ERRQUEUE|unix.MSG_DONTWAIT)
 		if e != 0 {
 			return
 		}

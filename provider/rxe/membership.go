@@ -1,13 +1,13 @@
 package rxe
 
 import (
-	"net"
 	"net/netip"
 	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -28,7 +28,7 @@ func (m *membership) alive() bool { return m.cmRefs > 0 || m.grp.Load() != nil }
 // recvSock is one UDP 4791 receive socket with its receive goroutine.
 type recvSock struct {
 	v6      bool
-	conn    *net.UDPConn
+	conn    *rawudp.Conn
 	drops   atomic.Uint32                 // the kernel's drop count of the socket already counted (socket_drops)
 	mships  atomic.Pointer[[]*membership] // immutable; read by the goroutine
 	list    []*membership                 // Device.mu

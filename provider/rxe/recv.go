@@ -41,10 +41,15 @@ type receiver struct {
 	fwd forwarder
 }
 
-// newReceiver returns the receiver of UDP 4791 socket s.
+// newReceiver returns the receiver of UDP 4791 socket s. The socket is the
+// source of what it delivers: a consumer whose CQ it fills may read it
+// itself (softverbs.Source).
 func newReceiver(d *Device, s *recvSock, br *mmsg.Reader) *receiver {
 	r := &receiver{d: d, s: s, v6: s.v6, br: br}
 	r.init()
+	if br != nil {
+		r.burst.Src = softverbs.NewSource(br)
+	}
 	return r
 }
 

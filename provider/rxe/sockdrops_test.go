@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/net/ipv4"
 
+	"github.com/softrdma/softrdma/internal/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -25,7 +26,7 @@ func TestSocketDrops(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.mu.Lock()
-	var conn *net.UDPConn
+	var conn *rawudp.Conn
 	for _, s := range d.rsocks {
 		for _, m := range s.list {
 			if m.addr == g {

@@ -56,7 +56,19 @@ func setOpts(fd int, opts []sockopt) error {
 }
 
 // openRecvConn opens a receive socket on UDP 4791 of the given family.
-func openRecvConn(v6 bool) (*net.UDPConn, error) {
+// It is a rawudp.Conn: out of Go's netpoller while a consumer reads it
+// itself (mmsg.Reader.Wait and Progress), and never woken for
+// writability.
+func openRecvConn(v6 bool) (*rawudp.Conn, error) {
+	if !v6 {
+		return rawudp.ListenUDP("udp4", "0.0.0.0:"+strconv.Itoa(wire.UDPPort), recvSockSetup(false))
+	}
+	return rawudp.ListenUDP("udp6", "[::]:"+strconv.Itoa(wire.UDPPort), recvSockSetup(true))
+}
+
+// recvSockSetup returns the setup of a receive socket of the given family
+// (its options, set before bind).
+func recvSockSetup(v6 bool) func(fd int) error {
 	common := []sockopt{
 		{unix.SOL_SOCKET, unix.SO_REUSEADDR, 1, false},
 		{unix.SOL_SOCKET, unix.SO_RCVBUF, recvBufSize, true},
@@ -67,7 +79,7 @@ func openRecvConn(v6 bool) (*net.UDPConn, error) {
 		// datagram's receive to repeat.
 	}
 	if !v6 {
-		return mmsg.ListenUDP("udp4", "0.0.0.0:"+strconv.Itoa(wire.UDPPort), func(fd int) error {
+		return func(fd int) error {
 			return setOpts(fd, append(common,
 				sockopt{unix.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0, false},
 				// The destination address (the group) comes as
@@ -80,9 +92,9 @@ func openRecvConn(v6 bool) (*net.UDPConn, error) {
 				sockopt{unix.IPPROTO_IP, unix.IP_RECVTTL, 1, false},
 				sockopt{unix.IPPROTO_IP, unix.IP_RECVTOS, 1, false},
 			))
-		})
+		}
 	}
-	return mmsg.ListenUDP("udp6", "[::]:"+strconv.Itoa(wire.UDPPort), func(fd int) error {
+	return func(fd int) error {
 		return setOpts(fd, append(common,
 			sockopt{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1, false},
 			sockopt{unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_ALL, 0, true},
@@ -92,7 +104,7 @@ func openRecvConn(v6 bool) (*net.UDPConn, error) {
 			sockopt{unix.IPPROTO_IPV6, ipv6FlowInfo, 1, true},
 			sockopt{unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_RX, 1, false},
 		))
-	})
+	}
 }
 
 // openSendConn opens a send socket of the given family on the wildcard
@@ -155,7 +167,7 @@ func control(conn syscall.Conn, f func(fd int) error) error {
 }
 
 // joinGroup adds the membership of group on interface ifindex to conn.
-func joinGroup(conn *net.UDPConn, group netip.Addr, ifindex int) error {
+func joinGroup(conn syscall.Conn, group netip.Addr, ifindex int) error {
 	return control(conn, func(fd int) error {
 		if group.Is4() {
 			m := unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(ifindex)}
@@ -167,7 +179,7 @@ func joinGroup(conn *net.UDPConn, group netip.Addr, ifindex int) error {
 }
 
 // leaveGroup drops the membership of group on interface ifindex from conn.
-func leaveGroup(conn *net.UDPConn, group netip.Addr, ifindex int) error {
+func leaveGroup(conn syscall.Conn, group netip.Addr, ifindex int) error {
 	return control(conn, func(fd int) error {
 		if group.Is4() {
 			m := unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(ifindex)}
@@ -352,7 +364,7 @@ func newBatchReader(conn syscall.Conn) (*mmsg.Reader, error) {
 // sockDrops returns the count of datagrams the kernel dropped on conn
 // (SO_MEMINFO's SK_MEMINFO_DROPS, which SO_RXQ_OVFL would report); false
 // when the socket cannot say (closed).
-func sockDrops(conn *net.UDPConn) (uint32, bool) {
+func sockDrops(conn syscall.Conn) (uint32, bool) {
 	var v uint32
 	ok := false
 	control(conn, func(fd int) error {
@@ -366,4 +378,14 @@ func sockDrops(conn *net.UDPConn) (uint32, bool) {
 		return nil
 	})
 	return v, ok
+}
+
+// shutdownRead shuts a receive socket down for reading before it is
+// closed: it wakes the consumers sleeping on it (mmsg.Reader.WaitReadable),
+// whose sleep keeps it open, so that the close does not wait for them.
+// Linux does this on an unconnected UDP socket too (and says ENOTCONN).
+func shutdownRead(conn syscall.Conn) {
+	if rc, err := conn.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) { _ = unix.Shutdown(int(fd), unix.SHUT_RD) })
+	}
 }

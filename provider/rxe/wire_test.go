@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/mmsg"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -29,7 +31,9 @@ func TestSentFramesOnTheWire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	capConn, err := openRecvConn(false)
+	// A socket with the options of the device's, as package net's (to
+	// read it with a deadline).
+	capConn, err := mmsg.ListenUDP("udp4", "0.0.0.0:"+strconv.Itoa(wire.UDPPort), recvSockSetup(false))
 	if err != nil {
 		t.Fatal(err)
 	}

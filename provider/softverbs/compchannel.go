@@ -2,9 +2,12 @@ package softverbs
 
 import (
 	"context"
+	"encoding/binary"
 	"os"
 	"sync"
 	"syscall"
+	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -13,16 +16,31 @@ import (
 )
 
 // CompChannel is a completion event channel: a FIFO of CQ events and an
-// eventfd (semaphore mode) whose count is the number of pending events,
-// so its fd is readable exactly while one is pending, for the program's
-// poll or epoll. GetEvent reads the eventfd through Go's netpoller.
+// eventfd (semaphore mode).
+//
+// Until the program asks for the fd (Fd), nobody else can see it: the
+// events wait in memory, and a goroutine in GetEvent with none pending
+// sleeps on the source of the channel's last completion (a receive socket;
+// see Source) and reads it itself when it is readable, so that a datagram
+// wakes the consumer's thread and no other. The eventfd is then only a
+// kick: written while a goroutine sleeps, by an event that came another
+// way, a cancelled context or Destroy. From the first Fd on, the eventfd's
+// count is the number of pending events (the fd is readable exactly while
+// one is pending, for the program's poll or epoll) and GetEvent reads it
+// through Go's netpoller.
 type CompChannel struct {
 	f  *os.File
 	rc syscall.RawConn
+	fd int // f's descriptor (File.Fd would make it blocking)
 
-	mu    sync.Mutex
-	queue []*CQ // pending events, oldest first
-	cqs   int   // CQs using the channel
+	mu       sync.Mutex
+	queue    []*CQ // pending events, oldest first
+	cqs      int   // CQs using the channel
+	exported bool  // Fd was called: the eventfd counts the events
+	closed   bool
+	asleep   int // goroutines sleeping in GetEvent that an event must kick
+	hint     *CQ // a CQ of the channel with a source, where sleepers sleep
+	wokeFn   func()
 }
 
 // CreateCompChannel creates a completion event channel
@@ -38,37 +56,217 @@ func (c *Context) CreateCompChannel() (verbs.CompChannelOps, error) {
 		f.Close()
 		return nil, err
 	}
-	return &CompChannel{f: f, rc: rc}, nil
+	ch := &CompChannel{f: f, rc: rc, fd: fd}
+	ch.wokeFn = ch.woke
+	return ch, nil
 }
 
 // NumCompVectors returns 1: the software device has one completion vector.
 func (c *Context) NumCompVectors() int { return 1 }
 
-// Fd returns the eventfd.
-func (ch *CompChannel) Fd() int { return int(ch.f.Fd()) }
+// Fd returns the eventfd. From now on it counts the pending events: the
+// ones already queued are added to it.
+func (ch *CompChannel) Fd() int {
+	ch.mu.Lock()
+	if !ch.exported && !ch.closed {
+		ch.exported = true
+		ch.drainLocked()
+		ch.addLocked(uint64(len(ch.queue)))
+	}
+	ch.mu.Unlock()
+	return ch.fd
+}
+
+// addLocked adds n to the eventfd's count (ch.mu held, so that no
+// change of mode falls between a decision to write and the write).
+func (ch *CompChannel) addLocked(n uint64) {
+	if n == 0 || ch.closed {
+		return
+	}
+	var b [8]byte
+	binary.NativeEndian.PutUint64(b[:], n)
+	_ = ch.rc.Control(func(fd uintptr) { _ = eventfdIO(unix.SYS_WRITE, fd, &b) })
+}
+
+// drainLocked reads the eventfd to zero (ch.mu held): the kicks of a
+// channel whose fd is not exported.
+func (ch *CompChannel) drainLocked() {
+	var b [8]byte
+	_ = ch.rc.Control(func(fd uintptr) {
+		for eventfdIO(unix.SYS_READ, fd, &b) == 0 {
+		}
+	})
+}
+
+// eventfdIO reads or writes (trap) the 8-byte count of the non-blocking
+// eventfd fd. A raw system call: it never blocks, and a Syscall would wake
+// the runtime's sysmon thread whenever it sleeps — a thread wake-up on
+// every completion event of a process that otherwise waits.
+func eventfdIO(trap uintptr, fd uintptr, b *[8]byte) syscall.Errno {
+	_, _, e := unix.RawSyscall(trap, fd, uintptr(unsafe.Pointer(&b[0])), 8)
+	return e
+}
 
 // post queues an event of cq (cq.mu is held).
 func (ch *CompChannel) post(cq *CQ) {
 	ch.mu.Lock()
 	ch.queue = append(ch.queue, cq)
+	ch.noteLocked(cq)
+	if ch.exported || ch.asleep > 0 {
+		ch.addLocked(1)
+	}
 	ch.mu.Unlock()
-	var one [8]byte
-	one[0] = 1 // native endian: little on every platform this runs on
-	_ = ch.rc.Write(func(fd uintptr) bool {
-		_, err := unix.Write(int(fd), one[:])
-		return err != unix.EAGAIN
-	})
 }
+
+// noteArmed notes that cq was armed (cq.mu is held): its source is where
+// the channel's sleepers sleep if none is known yet.
+func (ch *CompChannel) noteArmed(cq *CQ) {
+	ch.mu.Lock()
+	ch.noteLocked(cq)
+	ch.mu.Unlock()
+}
+
+// noteLocked makes cq the channel's hint unless cq has no source and the
+// hint has one.
+func (ch *CompChannel) noteLocked(cq *CQ) {
+	if ch.hint == nil || cq.src.Load() != nil || ch.hint.src.Load() == nil {
+		ch.hint = cq
+	}
+}
+
+// maxSleep bounds one sleep of GetEvent on a source (the kick ends it
+// sooner when something happens).
+const maxSleep = 100 * time.Millisecond
 
 // GetEvent returns the CQ of the next event (ibv_get_cq_event).
 func (ch *CompChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps, error) {
+	var stop func() bool
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
+	progressed := false
+	for {
+		ch.mu.Lock()
+		switch {
+		case ch.closed:
+			ch.mu.Unlock()
+			return nil, syscall.EBADF
+		case ch.exported:
+			ch.mu.Unlock()
+			return ch.getEventFd(ctx, nonblock)
+		case len(ch.queue) > 0:
+			cq := ch.popLocked()
+			ch.mu.Unlock()
+			return cq, nil
+		}
+		var src *Source
+		if ch.hint != nil {
+			src = ch.hint.src.Load()
+		}
+		if src != nil && nonblock && !progressed {
+			// What waits on the source, before EAGAIN. (Before a sleep
+			// there is no need: a readable source ends it at once.)
+			ch.mu.Unlock()
+			progressed = true
+			src.in.Progress()
+			continue
+		}
+		if nonblock {
+			ch.mu.Unlock()
+			return nil, syscall.EAGAIN
+		}
+		if err := ctx.Err(); err != nil {
+			ch.mu.Unlock()
+			return nil, err
+		}
+		ch.asleep++
+		ch.mu.Unlock()
+		if stop == nil && ctx.Done() != nil {
+			stop = context.AfterFunc(ctx, ch.kick)
+		}
+		kicked, woke := ch.sleep(ctx, src)
+		ch.mu.Lock()
+		if !woke {
+			ch.asleep--
+		}
+		if kicked && !ch.exported && !ch.closed {
+			ch.drainLocked()
+		}
+		ch.mu.Unlock()
+	}
+}
+
+// kick wakes the channel's sleepers (a context ended).
+func (ch *CompChannel) kick() {
+	ch.mu.Lock()
+	if !ch.exported && ch.asleep > 0 {
+		ch.addLocked(1)
+	}
+	ch.mu.Unlock()
+}
+
+// woke counts a sleeper on a source out before it reads the source, so that
+// what it delivers to the channel kicks nobody.
+func (ch *CompChannel) woke() {
+	ch.mu.Lock()
+	ch.asleep--
+	ch.mu.Unlock()
+}
+
+// sleep waits until src (nil: none known) may have something to read, and
+// reads it, or until the channel is kicked; it reports whether it was
+// kicked and whether it counted itself out of ch.asleep (woke).
+func (ch *CompChannel) sleep(ctx context.Context, src *Source) (kicked, woke bool) {
+	if src != nil {
+		timeout := maxSleep
+		if d, ok := ctx.Deadline(); ok {
+			timeout = min(timeout, time.Until(d))
+		}
+		var err error
+		if cerr := ch.rc.Control(func(fd uintptr) { kicked, err = src.in.Wait(int(fd), timeout, ch.wokeFn) }); cerr != nil {
+			return false, false // closed: GetEvent sees it
+		}
+		if err == nil {
+			return kicked, true
+		}
+		ch.mu.Lock()
+		if ch.hint != nil && ch.hint.src.Load() == src {
+			ch.hint.src.CompareAndSwap(src, nil) // the source is closed
+		}
+		ch.mu.Unlock()
+	}
+	// No source: the kick, through Go's netpoller.
+	_ = pollfd.Read(ctx, ch.f, ch.rc, func(fd uintptr) bool {
+		var b [8]byte
+		return eventfdIO(unix.SYS_READ, fd, &b) != unix.EAGAIN
+	})
+	return true, false
+}
+
+// popLocked takes the oldest event (ch.mu held, the queue not empty).
+func (ch *CompChannel) popLocked() *CQ {
+	cq := ch.queue[0]
+	n := copy(ch.queue, ch.queue[1:]) // a few events at most: the array is kept
+	ch.queue[n] = nil
+	ch.queue = ch.queue[:n]
+	return cq
+}
+
+// getEventFd is GetEvent once the fd is exported: the eventfd's count is
+// taken first, then the event.
+func (ch *CompChannel) getEventFd(ctx context.Context, nonblock bool) (verbs.CQOps, error) {
 	var buf [8]byte
 	take := func(fd uintptr) (bool, error) {
-		_, err := unix.Read(int(fd), buf[:])
-		if err == unix.EAGAIN {
+		switch e := eventfdIO(unix.SYS_READ, fd, &buf); e {
+		case 0:
+			return true, nil
+		case unix.EAGAIN:
 			return false, nil
+		default:
+			return true, e
 		}
-		return true, err
 	}
 	var got bool
 	var rerr error
@@ -94,15 +292,13 @@ func (ch *CompChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps
 	if len(ch.queue) == 0 {
 		return nil, syscall.EIO // the count and the queue always agree
 	}
-	cq := ch.queue[0]
-	ch.queue[0] = nil
-	ch.queue = ch.queue[1:]
-	return cq, nil
+	return ch.popLocked(), nil
 }
 
 // drop removes the pending events of a destroyed CQ, with their counts.
 func (ch *CompChannel) drop(cq *CQ) {
 	ch.mu.Lock()
+	defer ch.mu.Unlock()
 	q := ch.queue[:0]
 	n := 0
 	for _, c := range ch.queue {
@@ -115,20 +311,30 @@ func (ch *CompChannel) drop(cq *CQ) {
 	clear(ch.queue[len(q):])
 	ch.queue = q
 	ch.cqs--
-	ch.mu.Unlock()
+	if ch.hint == cq {
+		ch.hint = nil
+	}
+	if !ch.exported {
+		return
+	}
 	var buf [8]byte
 	for range n {
-		_ = ch.rc.Control(func(fd uintptr) { _, _ = unix.Read(int(fd), buf[:]) })
+		_ = ch.rc.Control(func(fd uintptr) { _ = eventfdIO(unix.SYS_READ, fd, &buf) })
 	}
 }
 
-// Destroy closes the channel (verbs checked that no CQ uses it).
+// Destroy closes the channel (verbs checked that no CQ uses it); its
+// sleepers are kicked and fail with EBADF.
 func (ch *CompChannel) Destroy() error {
 	ch.mu.Lock()
-	busy := ch.cqs > 0
-	ch.mu.Unlock()
-	if busy {
+	if ch.cqs > 0 {
+		ch.mu.Unlock()
 		return syscall.EBUSY
 	}
+	if ch.asleep > 0 {
+		ch.addLocked(1)
+	}
+	ch.closed = true
+	ch.mu.Unlock()
 	return ch.f.Close()
 }

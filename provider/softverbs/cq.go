@@ -3,9 +3,11 @@ package softverbs
 import (
 	"context"
 	"fmt"
-	"github.com/softrdma/softrdma/verbs"
 	"sync"
+	"sync/atomic"
 	"syscall"
+
+	"github.com/softrdma/softrdma/verbs"
 )
 
 // CQ is a completion queue (struct ibv_cq). Poll is non-blocking; Wait
@@ -25,6 +27,10 @@ type CQ struct {
 	overrun bool
 	ch      *CompChannel // nil: no completion channel
 	armed   uint8        // armNone, armAll or armSolicited
+
+	// src is the source of the last completion delivered with a Burst:
+	// Poll on the empty CQ reads it, and its channel's waiter sleeps on it.
+	src atomic.Pointer[Source]
 }
 
 // Arming states of a CQ with a completion channel.
@@ -76,6 +82,9 @@ func (cq *CQ) ReqNotify(solicitedOnly bool) error {
 	} else if cq.armed == armNone {
 		cq.armed = armSolicited
 	}
+	if cq.ch != nil {
+		cq.ch.noteArmed(cq)
+	}
 	return nil
 }
 
@@ -104,7 +113,25 @@ func (cq *CQ) Context() *Context { return cq.ctx }
 // Poll moves up to len(wc) completions into wc and returns how many
 // (ibv_poll_cq). It fails with EOVERFLOW once completions were lost because
 // the CQ was full (the CQ then keeps that error, as an overrun CQ does).
+//
+// An empty CQ makes progress: it reads, without blocking, the source of
+// its last completion (a receive socket) and polls again, so that a
+// consumer polling in a loop receives on its own core, as a plain
+// non-blocking socket would, with no goroutine to wait for.
 func (cq *CQ) Poll(wc []verbs.WC) (int, error) {
+	n, err := cq.poll(wc)
+	if n > 0 || err != nil || len(wc) == 0 {
+		return n, err
+	}
+	if src := cq.src.Load(); src != nil {
+		src.in.Progress()
+		return cq.poll(wc)
+	}
+	return 0, nil
+}
+
+// poll is Poll without progress.
+func (cq *CQ) poll(wc []verbs.WC) (int, error) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.dead {
@@ -145,8 +172,21 @@ func (cq *CQ) Wait(ctx context.Context) error {
 			cq.mu.Unlock()
 			return nil
 		}
+		src := cq.src.Load()
 		cq.waiters++
 		cq.mu.Unlock()
+		if src != nil {
+			src.in.Progress()
+			cq.mu.Lock()
+			got := cq.n > 0 || cq.overrun || cq.dead
+			if got {
+				cq.waiters--
+			}
+			cq.mu.Unlock()
+			if got {
+				continue
+			}
+		}
 		select {
 		case <-cq.bell:
 			cq.mu.Lock()

@@ -149,6 +149,9 @@ type Datagram struct {
 type Burst struct {
 	// HoldLocks keeps a QP's locks held from one delivery to the next.
 	HoldLocks bool
+	// Src is the source of the datagrams delivered (nil: none a consumer
+	// can read itself); the CQs that get completions remember it.
+	Src *Source
 
 	cqs []*CQ
 	qps []burstQP
@@ -230,7 +233,7 @@ func (b *Burst) delivered(q *QP) {
 	b.qps = append(b.qps, burstQP{q: q, n: 1})
 }
 
-// add records that cq got a completion to announce.
+// add records that cq got a completion to announce, and its source.
 func (b *Burst) add(cq *CQ) {
 	for _, c := range b.cqs {
 		if c == cq {
@@ -238,4 +241,7 @@ func (b *Burst) add(cq *CQ) {
 		}
 	}
 	b.cqs = append(b.cqs, cq)
+	if b.Src != nil && cq.src.Load() != b.Src {
+		cq.src.Store(b.Src)
+	}
 }

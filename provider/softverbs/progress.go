@@ -1,0 +1,32 @@
+package softverbs
+
+import (
+	"time"
+)
+
+// A Source is an input of a provider's device that a consumer may read
+// itself (a receive socket): a consumer that finds its CQ empty makes
+// progress instead of waiting for the provider's receive goroutine, and a
+// consumer that must wait sleeps on the source, so that a datagram wakes
+// the consumer's thread directly. The receive goroutine stays, for the
+// completions nobody waits for; the two never read at the same time.
+//
+// A provider sets Burst.Src to the source of the datagrams it delivers
+// with the Burst; each CQ remembers the source of its last completion.
+type Source struct{ in Input }
+
+// Input is what a provider's input offers (mmsg.Reader does).
+type Input interface {
+	// Progress reads and delivers what waits without blocking, unless
+	// another goroutine is reading (that one reads it). It must not
+	// allocate: Poll calls it on every empty poll.
+	Progress()
+	// Wait blocks the calling thread until the input or the file
+	// descriptor kick is readable or timeout passes, then calls woke,
+	// makes progress (as Progress) and reports whether kick is readable;
+	// err: the input is closed (no progress).
+	Wait(kick int, timeout time.Duration, woke func()) (kicked bool, err error)
+}
+
+// NewSource returns the source of in.
+func NewSource(in Input) *Source { return &Source{in: in} }
