@@ -204,7 +204,11 @@ func newReader(conn syscall.Conn, p *Pool, b *Batch) (*Reader, error) {
 	r.pauser, _ = conn.(readPauser)
 	r.fn = r.recvmmsg
 	r.serveFn = r.serveBatches
-	r.progressFn = func(fd uintptr) { r.progress(fd) }
+	// A consumer reads one batch a call where the lease guarantees that
+	// the rest is read (it polls again, or Serve reads it when the lease
+	// ends), so that it reposts its receive WRs between batches as it
+	// would between Serve's; else until the socket is empty.
+	r.progressFn = func(fd uintptr) { r.progress(fd, r.pauser != nil) }
 	return r, nil
 }
 
@@ -307,7 +311,7 @@ func (r *Reader) serveBatches(fd uintptr) bool {
 	if r.sleepers.Load() > 0 {
 		return false // a consumer in Wait reads it before it leaves
 	}
-	r.progress(fd)
+	r.progress(fd, false)
 	return r.fatal.Load() != 0
 }
 
@@ -331,7 +335,11 @@ func (r *Reader) Progress() {
 // taken without waiting; a goroutine that finds it held marks pending, and
 // the holder, once it unlocks, reads again while pending is set, so no
 // datagram whose readiness woke a goroutine that gave up waits unread.
-func (r *Reader) progress(fd uintptr) int {
+//
+// With one, a consumer reads one batch and leaves the rest to its next
+// call (or to the lease's end); a goroutine that found the lock held
+// still gets its read.
+func (r *Reader) progress(fd uintptr, one bool) int {
 	total := 0
 	for {
 		r.pending.Store(true)
@@ -340,7 +348,7 @@ func (r *Reader) progress(fd uintptr) int {
 		}
 		r.pending.Store(false)
 		if r.serve != nil && r.fatal.Load() == 0 {
-			total += r.drainLocked(fd)
+			total += r.drainLocked(fd, one)
 		}
 		r.mu.Unlock()
 		if !r.pending.Load() {
@@ -349,10 +357,10 @@ func (r *Reader) progress(fd uintptr) int {
 	}
 }
 
-// drainLocked reads and hands over batches while they come full (r.mu
-// held) and returns how many datagrams it handled; an error that is not
-// transient is kept in r.fatal.
-func (r *Reader) drainLocked(fd uintptr) int {
+// drainLocked reads and hands over batches while they come full (with
+// one, a single batch) (r.mu held) and returns how many datagrams it
+// handled; an error that is not transient is kept in r.fatal.
+func (r *Reader) drainLocked(fd uintptr, one bool) int {
 	total := 0
 	for {
 		if !r.recvmmsg(fd) {
@@ -368,7 +376,7 @@ func (r *Reader) drainLocked(fd uintptr) int {
 		}
 		r.serve(r.n)
 		total += r.n
-		if r.n < len(r.b.Hdrs) {
+		if r.n < len(r.b.Hdrs) || one {
 			r.Release()
 			return total
 		}
@@ -404,7 +412,7 @@ func (r *Reader) Wait(kick int, timeout time.Duration, woke func()) (kicked bool
 		if woke != nil {
 			woke()
 		}
-		r.progress(fd)
+		r.progress(fd, r.pauser != nil)
 	})
 	// Serve reads again after the lease; a datagram that came after the
 	// progress above wakes it as the socket goes back into the netpoller.
