@@ -175,11 +175,13 @@ type Reader struct {
 	sleepers atomic.Int32  // goroutines in Wait
 	pauser   readPauser    // the socket, if it can leave the netpoller
 
-	pmu        sync.Mutex  // orders the changes of sleepers and read interest, and the lease
-	paused     bool        // the socket is out of the netpoller
-	lease      *time.Timer // puts it back (leaseOver)
-	leaseArmed bool
-	leaseEnd   time.Time
+	uses   atomic.Uint64 // Progress calls and ended Waits: the lease's clock
+	paused atomic.Bool   // the socket is out of the netpoller (set under pmu)
+
+	pmu     sync.Mutex  // orders the changes of read interest, and the lease
+	lease   *time.Timer // puts the socket back (leaseOver)
+	seen    uint64      // uses at the lease's last look
+	stopped bool        // Serve returned: no more lease
 }
 
 // NewReader returns a reader of conn (a *net.UDPConn or a *rawudp.Conn)
@@ -421,58 +423,55 @@ func (r *Reader) Wait(kick int, timeout time.Duration, woke func()) (kicked bool
 }
 
 // leaseTime is how long a socket that can leave the netpoller stays out
-// of it after the last Wait ended: a consumer that waits again within it
-// (one that answers what it receives, or waits in a loop) pays no
-// epoll_ctl per wait, and Serve's thread stays asleep. What arrives
-// meanwhile waits for the next Wait or Progress, or at the latest for the
-// lease's end, when Serve reads it.
+// of it after the last Progress or Wait: between one and two leaseTimes.
+// A consumer that polls or waits again within it (one that answers what
+// it receives, or polls in a loop) pays no epoll_ctl, and Serve's thread
+// stays asleep. What arrives meanwhile waits for the next Wait or
+// Progress, or at the latest for the lease's end, when Serve reads it.
 const leaseTime = time.Millisecond
 
 // sleep counts a goroutine into Wait (d 1) or out of it (d -1). The first
-// in takes the socket's readability out of the netpoller; a lease puts it
-// back once no goroutine has waited for leaseTime (which wakes Serve if
-// datagrams wait).
+// in takes the socket's readability out of the netpoller; the lease puts
+// it back once no goroutine has waited or polled for a while (which wakes
+// Serve if datagrams wait).
 func (r *Reader) sleep(d int32) {
-	r.pmu.Lock()
-	defer r.pmu.Unlock()
-	n := r.sleepers.Add(d)
 	if r.pauser == nil {
+		r.sleepers.Add(d)
 		return
 	}
-	switch {
-	case d > 0 && !r.paused:
-		if r.pauser.SetReadInterest(false) == nil {
-			r.paused = true
-		}
-	case n == 0 && r.paused:
-		r.extendLeaseLocked()
+	if d < 0 {
+		r.uses.Add(1)
+		r.sleepers.Add(d)
+		return
+	}
+	r.sleepers.Add(d)
+	if !r.paused.Load() {
+		r.pause()
 	}
 }
 
 // touch takes the socket's readability out of the netpoller for a
-// consumer that polls it (Progress), until leaseTime after its last poll.
+// consumer that polls it (Progress), for the lease. Two atomic operations
+// while the lease lasts: no lock, no clock.
 func (r *Reader) touch() {
 	if r.pauser == nil {
 		return
 	}
-	r.pmu.Lock()
-	defer r.pmu.Unlock()
-	if !r.paused {
-		if r.pauser.SetReadInterest(false) != nil {
-			return
-		}
-		r.paused = true
+	r.uses.Add(1)
+	if !r.paused.Load() {
+		r.pause()
 	}
-	r.extendLeaseLocked()
 }
 
-// extendLeaseLocked makes the lease end leaseTime from now (r.pmu held).
-func (r *Reader) extendLeaseLocked() {
-	r.leaseEnd = time.Now().Add(leaseTime)
-	if r.leaseArmed {
+// pause takes the socket out of the netpoller and starts the lease.
+func (r *Reader) pause() {
+	r.pmu.Lock()
+	defer r.pmu.Unlock()
+	if r.paused.Load() || r.stopped || r.pauser.SetReadInterest(false) != nil {
 		return
 	}
-	r.leaseArmed = true
+	r.paused.Store(true)
+	r.seen = r.uses.Load()
 	if r.lease == nil {
 		r.lease = time.AfterFunc(leaseTime, r.leaseOver)
 	} else {
@@ -481,22 +480,21 @@ func (r *Reader) extendLeaseLocked() {
 }
 
 // leaseOver puts the socket back into the netpoller if no goroutine has
-// waited or polled for leaseTime, and reads what waits, else looks again
-// when the lease ends.
+// waited or polled since the lease's last look, and reads what waits;
+// else it looks again after leaseTime.
 func (r *Reader) leaseOver() {
 	r.pmu.Lock()
 	defer r.pmu.Unlock()
-	r.leaseArmed = false
-	if !r.paused || r.sleepers.Load() > 0 {
+	if !r.paused.Load() || r.stopped {
 		return
 	}
-	if left := time.Until(r.leaseEnd); left > 0 {
-		r.leaseArmed = true
-		r.lease.Reset(left)
+	if u := r.uses.Load(); u != r.seen || r.sleepers.Load() > 0 {
+		r.seen = u
+		r.lease.Reset(leaseTime)
 		return
 	}
 	_ = r.pauser.SetReadInterest(true)
-	r.paused = false
+	r.paused.Store(false)
 	// What came during the lease: putting the socket back into the
 	// netpoller need not wake Serve (epoll_ctl wakes nobody for an item
 	// already on the epoll's ready list), so read it here; what comes
@@ -507,9 +505,9 @@ func (r *Reader) leaseOver() {
 // stopLease ends the lease of a reader whose Serve returns.
 func (r *Reader) stopLease() {
 	r.pmu.Lock()
+	r.stopped = true
 	if r.lease != nil {
 		r.lease.Stop()
-		r.leaseArmed = false
 	}
 	r.pmu.Unlock()
 }

@@ -31,6 +31,9 @@ type CQ struct {
 	// src is the source of the last completion delivered with a Burst:
 	// Poll on the empty CQ reads it, and its channel's waiter sleeps on it.
 	src atomic.Pointer[Source]
+	// pollable mirrors n > 0 || overrun || dead, for Poll to find an
+	// empty CQ without its lock (a consumer polls in a loop).
+	pollable atomic.Bool
 }
 
 // Arming states of a CQ with a completion channel.
@@ -119,16 +122,22 @@ func (cq *CQ) Context() *Context { return cq.ctx }
 // consumer polling in a loop receives on its own core, as a plain
 // non-blocking socket would, with no goroutine to wait for.
 func (cq *CQ) Poll(wc []verbs.WC) (int, error) {
-	n, err := cq.poll(wc)
-	if n > 0 || err != nil || len(wc) == 0 {
-		return n, err
+	if cq.pollable.Load() || len(wc) == 0 {
+		if n, err := cq.poll(wc); n > 0 || err != nil || len(wc) == 0 {
+			return n, err
+		}
 	}
 	if src := cq.src.Load(); src != nil {
 		src.in.Progress()
-		return cq.poll(wc)
+		if cq.pollable.Load() {
+			return cq.poll(wc)
+		}
 	}
 	return 0, nil
 }
+
+// setPollable updates pollable (cq.mu held).
+func (cq *CQ) setPollable() { cq.pollable.Store(cq.n > 0 || cq.overrun || cq.dead) }
 
 // poll is Poll without progress.
 func (cq *CQ) poll(wc []verbs.WC) (int, error) {
@@ -144,6 +153,7 @@ func (cq *CQ) poll(wc []verbs.WC) (int, error) {
 		cq.n--
 		k++
 	}
+	cq.setPollable()
 	if k == 0 && cq.overrun {
 		return 0, fmt.Errorf("overrun: %w", syscall.EOVERFLOW)
 	}
@@ -249,6 +259,7 @@ func (cq *CQ) enqueueLocked(wc *verbs.WC, solicited bool) bool {
 	}
 	cq.ring[i] = *wc
 	cq.n++
+	cq.pollable.Store(true)
 	cq.notifyLocked(wc, solicited)
 	return true
 }
@@ -258,6 +269,7 @@ func (cq *CQ) pushOrOverrun(wc *verbs.WC) {
 	if !cq.push(wc, false) {
 		cq.mu.Lock()
 		cq.overrun = true
+		cq.pollable.Store(true)
 		cq.wake()
 		cq.mu.Unlock()
 	}
@@ -274,6 +286,7 @@ func (cq *CQ) pushAllOrOverrun(wcs []verbs.WC) {
 	for i := range wcs {
 		if !cq.enqueueLocked(&wcs[i], false) {
 			cq.overrun = true
+			cq.pollable.Store(true)
 			break
 		}
 	}
@@ -315,6 +328,7 @@ func (cq *CQ) Destroy() error {
 		return syscall.EBUSY
 	}
 	cq.dead = true
+	cq.pollable.Store(true)
 	cq.wake()
 	if cq.ch != nil {
 		cq.ch.drop(cq)
