@@ -327,10 +327,32 @@ func (r *Reader) serveBatches(fd uintptr) bool {
 // its readability out of the netpoller (rawudp.Conn) does, for leaseTime
 // after the last Progress or Wait: a consumer that polls in a loop then
 // reads everything, and Serve's thread is not woken to take a core from
-// it. It allocates nothing.
+// it. A consumer that waits by other means afterwards (a channel, an
+// epoll of its own) calls ReadNow instead, or EndLease before it waits.
+// It allocates nothing.
 func (r *Reader) Progress() {
 	r.touch()
 	_ = r.raw.Control(r.progressFn)
+}
+
+// ReadNow is Progress without the lease: Serve goes on reading the socket
+// (for a consumer that polls and then waits for Serve's deliveries, as
+// one with a completion channel of its own in its epoll).
+func (r *Reader) ReadNow() { _ = r.raw.Control(r.progressFn) }
+
+// EndLease puts a socket that Progress took out of the netpoller back at
+// once (unless a goroutine waits in Wait) and reads what waits: for a
+// consumer about to wait for Serve's deliveries. One epoll_ctl when a
+// lease was running; nothing else.
+func (r *Reader) EndLease() {
+	if r.pauser == nil || !r.paused.Load() {
+		return
+	}
+	r.pmu.Lock()
+	defer r.pmu.Unlock()
+	if r.paused.Load() && r.sleepers.Load() == 0 {
+		r.resumeLocked()
+	}
 }
 
 // progress is Progress on fd (held open by the caller): the read lock is
@@ -493,12 +515,16 @@ func (r *Reader) leaseOver() {
 		r.lease.Reset(leaseTime)
 		return
 	}
+	r.resumeLocked()
+}
+
+// resumeLocked puts the socket back into the netpoller and reads what came
+// during the lease (r.pmu held): putting it back need not wake Serve
+// (epoll_ctl wakes nobody for an item already on the epoll's ready list);
+// what comes from now on wakes Serve.
+func (r *Reader) resumeLocked() {
 	_ = r.pauser.SetReadInterest(true)
 	r.paused.Store(false)
-	// What came during the lease: putting the socket back into the
-	// netpoller need not wake Serve (epoll_ctl wakes nobody for an item
-	// already on the epoll's ready list), so read it here; what comes
-	// from now on wakes Serve.
 	_ = r.raw.Control(r.progressFn)
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -34,9 +35,9 @@ type CompChannel struct {
 	fd int // f's descriptor (File.Fd would make it blocking)
 
 	mu       sync.Mutex
-	queue    []*CQ // pending events, oldest first
-	cqs      int   // CQs using the channel
-	exported bool  // Fd was called: the eventfd counts the events
+	queue    []*CQ       // pending events, oldest first
+	cqs      int         // CQs using the channel
+	exported atomic.Bool // Fd was called: the eventfd counts the events (set under mu)
 	closed   bool
 	asleep   int // goroutines sleeping in GetEvent that an event must kick
 	hint     *CQ // a CQ of the channel with a source, where sleepers sleep
@@ -68,8 +69,8 @@ func (c *Context) NumCompVectors() int { return 1 }
 // ones already queued are added to it.
 func (ch *CompChannel) Fd() int {
 	ch.mu.Lock()
-	if !ch.exported && !ch.closed {
-		ch.exported = true
+	if !ch.exported.Load() && !ch.closed {
+		ch.exported.Store(true)
 		ch.drainLocked()
 		ch.addLocked(uint64(len(ch.queue)))
 	}
@@ -112,7 +113,7 @@ func (ch *CompChannel) post(cq *CQ) {
 	ch.mu.Lock()
 	ch.queue = append(ch.queue, cq)
 	ch.noteLocked(cq)
-	if ch.exported || ch.asleep > 0 {
+	if ch.exported.Load() || ch.asleep > 0 {
 		ch.addLocked(1)
 	}
 	ch.mu.Unlock()
@@ -153,7 +154,7 @@ func (ch *CompChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps
 		case ch.closed:
 			ch.mu.Unlock()
 			return nil, syscall.EBADF
-		case ch.exported:
+		case ch.exported.Load():
 			ch.mu.Unlock()
 			return ch.getEventFd(ctx, nonblock)
 		case len(ch.queue) > 0:
@@ -191,7 +192,7 @@ func (ch *CompChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps
 		if !woke {
 			ch.asleep--
 		}
-		if kicked && !ch.exported && !ch.closed {
+		if kicked && !ch.exported.Load() && !ch.closed {
 			ch.drainLocked()
 		}
 		ch.mu.Unlock()
@@ -201,7 +202,7 @@ func (ch *CompChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps
 // kick wakes the channel's sleepers (a context ended).
 func (ch *CompChannel) kick() {
 	ch.mu.Lock()
-	if !ch.exported && ch.asleep > 0 {
+	if !ch.exported.Load() && ch.asleep > 0 {
 		ch.addLocked(1)
 	}
 	ch.mu.Unlock()
@@ -314,7 +315,7 @@ func (ch *CompChannel) drop(cq *CQ) {
 	if ch.hint == cq {
 		ch.hint = nil
 	}
-	if !ch.exported {
+	if !ch.exported.Load() {
 		return
 	}
 	var buf [8]byte

@@ -128,7 +128,11 @@ func (cq *CQ) Poll(wc []verbs.WC) (int, error) {
 		}
 	}
 	if src := cq.src.Load(); src != nil {
-		src.in.Progress()
+		if cq.ch != nil && cq.ch.exported.Load() {
+			src.in.ReadNow() // the program waits for the fd: the provider reads on
+		} else {
+			src.in.Progress()
+		}
 		if cq.pollable.Load() {
 			return cq.poll(wc)
 		}
@@ -186,7 +190,10 @@ func (cq *CQ) Wait(ctx context.Context) error {
 		cq.waiters++
 		cq.mu.Unlock()
 		if src != nil {
-			src.in.Progress()
+			// What waits on the source; then it goes back to the
+			// provider's goroutine, whose deliveries ring the bell.
+			src.in.EndLease()
+			src.in.ReadNow()
 			cq.mu.Lock()
 			got := cq.n > 0 || cq.overrun || cq.dead
 			if got {

@@ -18,9 +18,17 @@ type Source struct{ in Input }
 // Input is what a provider's input offers (mmsg.Reader does).
 type Input interface {
 	// Progress reads and delivers what waits without blocking, unless
-	// another goroutine is reading (that one reads it). It must not
-	// allocate: Poll calls it on every empty poll.
+	// another goroutine is reading (that one reads it), and keeps the
+	// input to the consumers for a while (the provider's goroutine stays
+	// out of the way of one that polls in a loop). It must not allocate:
+	// Poll calls it on every empty poll.
 	Progress()
+	// ReadNow is Progress for a consumer that waits for the provider's
+	// deliveries afterwards: the input is not kept.
+	ReadNow()
+	// EndLease gives the input back to the provider's goroutine at once:
+	// for a consumer about to wait for its deliveries.
+	EndLease()
 	// Wait blocks the calling thread until the input or the file
 	// descriptor kick is readable or timeout passes, then calls woke,
 	// makes progress (as Progress) and reports whether kick is readable;

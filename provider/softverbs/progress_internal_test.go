@@ -31,6 +31,9 @@ func (p *pipeInput) Progress() {
 	}
 }
 
+func (p *pipeInput) ReadNow()  { p.Progress() }
+func (p *pipeInput) EndLease() {}
+
 func (p *pipeInput) Wait(kick int, timeout time.Duration, woke func()) (bool, error) {
 	fds := []unix.PollFd{{Fd: int32(p.r), Events: unix.POLLIN}, {Fd: int32(kick), Events: unix.POLLIN}}
 	unix.Poll(fds, int(timeout/time.Millisecond))
