@@ -46,7 +46,10 @@ Measures, in one run, softrdma against the kernel's own UDP multicast on the
 same machine: fan-out from one sender to N receiver processes (delivered
 messages/s and bytes/s, loss, ratio to plain sendmmsg/recvmmsg sockets), the
 ICRC against hash/crc32, join/leave latency, groups per process and memory
-per group and per QP, allocations per datagram; and the emulated InfiniBand
+per group and per QP, allocations per datagram; the round-trip latency of a
+multicast ping-pong between two processes (blocking and busy-polling, on lo,
+over a veth pair between two network namespaces, and on the IB subnet)
+against plain UDP sockets with raw system calls; and the emulated InfiniBand
 subnet: fan-out through a softsm against the RoCEv2 path (msg/s, CPU per
 datagram, loss), SA joins/s and the time the SA takes to create 16,000
 groups. Prints a table, then one JSON object per line per case (-json: only

@@ -65,7 +65,11 @@ func newPingPeer(req *rxRequest) (pingPeer, error) {
 	size := max(req.Size, 8)
 	switch req.Mode {
 	case "udp":
-		return newUDPPeer(bind, in, out, size, req.Wait == WaitPoll)
+		port := uint16(udpPort)
+		if req.Port != 0 {
+			port = req.Port
+		}
+		return newUDPPeer(bind, in, out, port, size, req.Wait == WaitPoll)
 	case "rdma", "ib":
 		if req.Mode == "ib" {
 			if _, err := ibPort(req.SM, bind); err != nil {
@@ -150,7 +154,7 @@ type udpPeer struct {
 	rbuf     []byte
 }
 
-func newUDPPeer(bind, in, out netip.Addr, size int, poll bool) (*udpPeer, error) {
+func newUDPPeer(bind, in, out netip.Addr, port uint16, size int, poll bool) (*udpPeer, error) {
 	ifindex, err := ifindexOf(bind)
 	if err != nil {
 		return nil, err
@@ -172,7 +176,7 @@ func newUDPPeer(bind, in, out netip.Addr, size int, poll bool) (*udpPeer, error)
 	if err := unix.SetsockoptTimeval(p.rfd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 		return fail(err)
 	}
-	if err := unix.Bind(p.rfd, &unix.SockaddrInet4{Port: udpPort}); err != nil {
+	if err := unix.Bind(p.rfd, &unix.SockaddrInet4{Port: int(port)}); err != nil {
 		return fail(err)
 	}
 	if err := unix.SetsockoptIPMreqn(p.rfd, unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP,
@@ -191,7 +195,7 @@ func newUDPPeer(bind, in, out netip.Addr, size int, poll bool) (*udpPeer, error)
 	}
 	p.dst.Family = unix.AF_INET
 	p.dst.Addr = out.As4()
-	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&p.dst.Port))[:], udpPort)
+	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&p.dst.Port))[:], port)
 	return p, nil
 }
 

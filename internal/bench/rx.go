@@ -43,10 +43,13 @@ type rxRequest struct {
 	// until "pong-stop") and "ping" (Warmup+Count round trips: send to
 	// Group2, wait for the answer on Group) take Wait (WaitBlock or
 	// WaitPoll) too.
+	// Port is the UDP port of a "udp" peer (0: 4791, RoCEv2's; a host
+	// whose kernel has an rxe device holds that one).
 	Group2 string `json:"group2,omitempty"`
 	Wait   string `json:"wait,omitempty"`
 	Count  int    `json:"count,omitempty"`
 	Warmup int    `json:"warmup,omitempty"`
+	Port   uint16 `json:"port,omitempty"`
 }
 
 // The subnet manager process of the IB part is a receiver process too:

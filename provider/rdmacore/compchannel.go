@@ -9,22 +9,30 @@ import (
 	"context"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrdma/softrdma/internal/pollfd"
 	"github.com/softrdma/softrdma/verbs"
 )
 
 // compChannel is the program's completion channel (struct
 // ibv_comp_channel): verbs.CompChannelOps. Its fd is non-blocking; a
-// duplicate in Go's netpoller waits for events.
+// goroutine waits for an event in ppoll(2) on a duplicate of it, on its
+// own thread — not in Go's netpoller — so that the kernel's wake-up
+// reaches the waiting thread itself, with no netpoller thread woken and
+// no goroutine hand-off; an eventfd (kick) ends the wait when its context
+// ends or the channel is destroyed.
 type compChannel struct {
-	ctx *kctx
-	ch  *C.struct_ibv_comp_channel
-	f   *os.File
-	raw syscall.RawConn
+	ctx  *kctx
+	ch   *C.struct_ibv_comp_channel
+	f    *os.File // the duplicate: its RawConn keeps it open while a goroutine waits
+	raw  syscall.RawConn
+	kick int // eventfd
+	dead atomic.Bool
 
 	mu  sync.Mutex
 	cqs map[*C.struct_ibv_cq]*cq
@@ -57,6 +65,11 @@ func (k *kctx) CreateCompChannel() (verbs.CompChannelOps, error) {
 		c.f.Close()
 		C.ibv_destroy_comp_channel(ch)
 		return nil, verbs.OpError("ibv_create_comp_channel", k.dev.name, err)
+	}
+	if c.kick, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
+		c.f.Close()
+		C.ibv_destroy_comp_channel(ch)
+		return nil, verbs.OpError("eventfd", k.dev.name, err)
 	}
 	return c, nil
 }
@@ -102,7 +115,7 @@ func (c *compChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps,
 		if !take() && evErr == 0 {
 			return nil, syscall.EAGAIN
 		}
-	} else if err := pollfd.Read(ctx, c.f, c.raw, func(uintptr) bool { return take() }); err != nil {
+	} else if err := c.wait(ctx, take); err != nil {
 		return nil, err
 	}
 	if evErr != 0 {
@@ -117,9 +130,64 @@ func (c *compChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps,
 	return q, nil
 }
 
+// maxSleep bounds one ppoll of wait (the kick ends it sooner).
+const maxSleep = 100 * time.Millisecond
+
+// wait calls take until it reports done, sleeping in ppoll on the
+// channel's fd and the kick in between; ctx's end (or the channel's
+// destruction: EBADF) ends it.
+func (c *compChannel) wait(ctx context.Context, take func() bool) error {
+	var stop func() bool
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
+	for !take() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if stop == nil && ctx.Done() != nil {
+			stop = context.AfterFunc(ctx, c.kickNow)
+		}
+		timeout := maxSleep
+		if d, ok := ctx.Deadline(); ok {
+			timeout = min(timeout, time.Until(d))
+		}
+		ts := unix.NsecToTimespec(int64(max(timeout, 0)))
+		var kicked bool
+		if err := c.raw.Control(func(fd uintptr) {
+			if c.dead.Load() {
+				return
+			}
+			fds := [2]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(c.kick), Events: unix.POLLIN}}
+			_, _, _ = unix.Syscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&fds[0])), 2, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+			if kicked = fds[1].Revents != 0; kicked {
+				var b [8]byte
+				_, _ = unix.Read(c.kick, b[:])
+			}
+		}); err != nil || c.dead.Load() {
+			return syscall.EBADF
+		}
+	}
+	return nil
+}
+
+// kickNow ends the waits in progress (they look at their context again).
+func (c *compChannel) kickNow() {
+	_ = c.raw.Control(func(uintptr) {
+		if !c.dead.Load() {
+			_, _ = unix.Write(c.kick, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+		}
+	})
+}
+
 // Destroy destroys the channel (ibv_destroy_comp_channel).
 func (c *compChannel) Destroy() error {
-	c.f.Close()
+	c.dead.Store(true)
+	_, _ = unix.Write(c.kick, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+	c.f.Close() // waits for the waits, which the kick ended
+	unix.Close(c.kick)
 	if rc := C.ibv_destroy_comp_channel(c.ch); rc != 0 {
 		return ibvErrno(int(rc))
 	}

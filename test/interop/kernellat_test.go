@@ -1,0 +1,142 @@
+package interop
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/softrdma/softrdma/internal/nettest"
+)
+
+// TestKernelLatency runs the latency part's multicast ping-pong
+// (internal/bench's TestLatencyPeer, built without the race detector)
+// through the rdma-core backend on the kernel's rxe — ping in g1, pong in
+// g2 — against the C path between the same guests: the same ping-pong in C
+// on librdmacm (mcpingpong/mcpingpong.c), and rdma-core's ib_send_lat -c
+// UD, for blocking waits (rdma_get_recv_comp; CQ events; ib_send_lat -e)
+// and busy-polling. ib_send_lat prints half a round trip
+// (t_typical, its median); ours are round trips, compared with twice it.
+// The same ping-pong over plain UDP multicast sockets between the guests
+// tells the multicast path's own cost (ib_send_lat is unicast).
+// It asserts that every run completes; the figures and ratios are for the
+// closing note, not a pass mark (a TCG guest is slow and noisy).
+func TestKernelLatency(t *testing.T) {
+	l := needLab(t)
+	note := report(t)
+	g1, g2 := l.guests[0], l.guests[1]
+	const n = 2000
+	bin := buildGoTestRace(t, "./internal/bench", false)
+	ping, pong := g1.install(t, bin), g2.install(t, bin)
+	peer := func(role, wait, bind, in, out string, extra ...string) string {
+		env := []string{"SOFTRDMA_LAT_PEER=" + role, "SOFTRDMA_LAT_WAIT=" + wait, "SOFTRDMA_LAT_BIND=" + bind,
+			"SOFTRDMA_LAT_GROUP=" + in, "SOFTRDMA_LAT_GROUP2=" + out}
+		env = append(env, extra...)
+		return "cd /tmp && exec timeout -s KILL 300 env " + strings.Join(env, " ")
+	}
+	// pingPong runs the ping-pong in mode (rdma, udp) and returns the
+	// round trip's p50 and p99 in ns.
+	pingPong := func(mode, wait string) (p50, p99 int64) {
+		const a, b = "239.77.1.1", "239.77.1.2"
+		// The UDP baseline on another port than 4791, which the guests'
+		// rxe holds.
+		m := "SOFTRDMA_LAT_MODE=" + mode + " SOFTRDMA_LAT_PORT=4792"
+		p := g2.start(t, "pong "+mode+" "+wait, peer("pong", wait, g2.addr.String(), a, b, m)+" "+pong+" -test.run '^TestLatencyPeer$' -test.v 2>&1")
+		p.waitLine("PONG READY", lineTimeout)
+		c := g1.start(t, "ping "+mode+" "+wait, peer("ping", wait, g1.addr.String(), b, a, m, fmt.Sprintf("SOFTRDMA_LAT_COUNT=%d", n))+" "+ping+" -test.run '^TestLatencyPeer$' -test.v 2>&1")
+		if rc := c.wait(exitTimeout * 3); rc != 0 {
+			t.Fatalf("%s: exit status %d:\n%s", c.name, rc, nettest.Indent(c.output()))
+		}
+		if rc := p.wait(exitTimeout); rc != 0 {
+			t.Fatalf("%s: exit status %d:\n%s", p.name, rc, nettest.Indent(p.output()))
+		}
+		var got, lost int64
+		for _, line := range strings.Split(c.stdout(), "\n") {
+			if _, err := fmt.Sscanf(line, "LATENCY n=%d p50_ns=%d p99_ns=%d lost=%d", &got, &p50, &p99, &lost); err == nil {
+				break
+			}
+		}
+		if got == 0 {
+			t.Fatalf("no LATENCY line:\n%s", c.output())
+		}
+		return p50, p99
+	}
+	// The C path: mcpingpong (this folder), the same multicast ping-pong
+	// in C on librdmacm and libibverbs, built on the host against
+	// Debian's headers and libraries, the guests' too.
+	cbin := filepath.Join(theLab.dir, "mcpingpong")
+	if out, err := exec.Command("gcc", "-O2", "-Wall", "-o", cbin, "mcpingpong/mcpingpong.c", "-lrdmacm", "-libverbs").CombinedOutput(); err != nil {
+		t.Fatalf("gcc mcpingpong.c: %v\n%s", err, out)
+	}
+	cping, cpong := g1.install(t, cbin), g2.install(t, cbin)
+	cPingPong := func(wait string) (p50 int64) {
+		e := ""
+		if wait == "block" {
+			e = " -e"
+		}
+		const a, b = "239.77.2.1", "239.77.2.2"
+		p := g2.start(t, "mcpingpong pong "+wait, fmt.Sprintf("exec timeout -s KILL 300 stdbuf -oL %s -p -b %s -r %s -s %s%s", cpong, g2.addr, a, b, e))
+		p.waitLine("PONG READY", lineTimeout)
+		c := g1.start(t, "mcpingpong ping "+wait, fmt.Sprintf("exec timeout -s KILL 300 %s -b %s -r %s -s %s -n %d%s", cping, g1.addr, b, a, n, e))
+		if rc := c.wait(exitTimeout * 3); rc != 0 {
+			t.Fatalf("%s: exit status %d:\n%s", c.name, rc, nettest.Indent(c.output()))
+		}
+		if rc := p.wait(exitTimeout); rc != 0 {
+			t.Fatalf("%s: exit status %d:\n%s", p.name, rc, nettest.Indent(p.output()))
+		}
+		var got, p99, lost int64
+		for _, line := range strings.Split(c.stdout(), "\n") {
+			if _, err := fmt.Sscanf(line, "LATENCY n=%d p50_ns=%d p99_ns=%d lost=%d", &got, &p50, &p99, &lost); err == nil {
+				break
+			}
+		}
+		if got == 0 {
+			t.Fatalf("no LATENCY line:\n%s", c.output())
+		}
+		return p50
+	}
+	var lines []string
+	for _, wait := range []string{"block", "poll"} {
+		p50, p99 := pingPong("rdma", wait)
+		c50 := cPingPong(wait)
+		u50, _ := pingPong("udp", wait)
+
+		perf := fmt.Sprintf("ib_send_lat -c UD -d rxe0 -x $(%s) -s 64 -n %d", roceV2Index, n)
+		if wait == "block" {
+			perf += " -e"
+		}
+		srv := g2.start(t, "ib_send_lat server "+wait, "exec timeout -s KILL 200 stdbuf -oL "+perf)
+		if err := srv.poll(lineTimeout, func() bool {
+			b, _ := os.ReadFile(srv.path(".out"))
+			return strings.Contains(string(b), "Waiting for client")
+		}); err != nil {
+			t.Fatalf("ib_send_lat server not ready: %v\n%s", err, srv.output())
+		}
+		cl := g1.start(t, "ib_send_lat client "+wait, "exec timeout -s KILL 200 stdbuf -oL "+perf+" "+g2.addr.String())
+		if rc := cl.wait(exitTimeout * 2); rc != 0 {
+			t.Fatalf("%s: exit status %d:\n%s", cl.name, rc, nettest.Indent(cl.output()))
+		}
+		srv.wait(exitTimeout)
+		var typical float64
+		for _, line := range strings.Split(cl.stdout(), "\n") {
+			var bytes, iters int
+			var tmin, tmax float64
+			if _, err := fmt.Sscanf(line, "%d %d %g %g %g", &bytes, &iters, &tmin, &tmax, &typical); err == nil && bytes == 64 {
+				break
+			}
+			typical = 0
+		}
+		if typical == 0 {
+			t.Fatalf("no ib_send_lat result line:\n%s", cl.output())
+		}
+		cRTT := 2 * typical * 1e3
+		line := fmt.Sprintf("%s: ours p50 %.1f µs (p99 %.1f), C (mcpingpong) p50 %.1f µs (ratio %.2fx), plain UDP multicast p50 %.1f µs (ratio %.2fx), ib_send_lat%s (unicast) 2×t_typical %.1f µs (ratio %.2fx)",
+			wait, float64(p50)/1e3, float64(p99)/1e3, float64(c50)/1e3, float64(p50)/float64(c50), float64(u50)/1e3, float64(p50)/float64(u50),
+			map[bool]string{true: " -e", false: ""}[wait == "block"], cRTT/1e3, float64(p50)/cRTT)
+		t.Log(line)
+		lines = append(lines, line)
+	}
+	note.set("multicast ping-pong round trip on rxe0 between %s and %s (TCG guests, 64 B): %s", g1.name, g2.name, strings.Join(lines, "; "))
+}
