@@ -2,7 +2,6 @@ package interop
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -107,27 +106,9 @@ func TestKernelLatency(t *testing.T) {
 		if wait == "block" {
 			perf += " -e"
 		}
-		srv := g2.start(t, "ib_send_lat server "+wait, "exec timeout -s KILL 200 stdbuf -oL "+perf)
-		if err := srv.poll(lineTimeout, func() bool {
-			b, _ := os.ReadFile(srv.path(".out"))
-			return strings.Contains(string(b), "Waiting for client")
-		}); err != nil {
-			t.Fatalf("ib_send_lat server not ready: %v\n%s", err, srv.output())
-		}
-		cl := g1.start(t, "ib_send_lat client "+wait, "exec timeout -s KILL 200 stdbuf -oL "+perf+" "+g2.addr.String())
-		if rc := cl.wait(exitTimeout * 2); rc != 0 {
-			t.Fatalf("%s: exit status %d:\n%s", cl.name, rc, nettest.Indent(cl.output()))
-		}
-		srv.wait(exitTimeout)
-		var typical float64
-		for _, line := range strings.Split(cl.stdout(), "\n") {
-			var bytes, iters int
-			var tmin, tmax float64
-			if _, err := fmt.Sscanf(line, "%d %d %g %g %g", &bytes, &iters, &tmin, &tmax, &typical); err == nil && bytes == 64 {
-				break
-			}
-			typical = 0
-		}
+		cl := runPerftest(t, g1, g2, "ib_send_lat "+wait, "exec timeout -s KILL 200 stdbuf -oL "+perf,
+			"exec timeout -s KILL 200 stdbuf -oL "+perf+" "+g2.addr.String())
+		typical := perftest64(cl.stdout()) // #bytes #iterations t_min t_max t_typical
 		if typical == 0 {
 			t.Fatalf("no ib_send_lat result line:\n%s", cl.output())
 		}

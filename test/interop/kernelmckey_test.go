@@ -218,27 +218,10 @@ func TestKernelSendCost(t *testing.T) {
 	t.Logf("ours: %.0f ns wall, %.0f ns CPU per message", oursWall, oursCPU)
 
 	perf := fmt.Sprintf("ib_send_bw -c UD -d rxe0 -x $(%s) -s 64 -n %d", roceV2Index, n)
-	srv := g2.start(t, "ib_send_bw server", "exec timeout -s KILL 200 stdbuf -oL "+perf)
-	if err := srv.poll(lineTimeout, func() bool {
-		b, _ := os.ReadFile(srv.path(".out"))
-		return strings.Contains(string(b), "Waiting for client")
-	}); err != nil {
-		t.Fatalf("ib_send_bw server not ready: %v\n%s", err, srv.output())
-	}
-	c := g1.start(t, "ib_send_bw client", "exec bash -c \"TIMEFORMAT='TIMES %3R %3U %3S'; time timeout -s KILL 200 "+perf+" "+g2.addr.String()+"\"")
-	if rc := c.wait(exitTimeout * 2); rc != 0 {
-		t.Fatalf("%s: exit status %d:\n%s", c.name, rc, nettest.Indent(c.output()))
-	}
-	srv.wait(exitTimeout)
-	var mpps, real, user, sys float64
-	for _, line := range strings.Split(c.stdout(), "\n") {
-		var bytes, iters int
-		var peak, avg float64
-		if _, err := fmt.Sscanf(line, "%d %d %g %g %g", &bytes, &iters, &peak, &avg, &mpps); err == nil && bytes == 64 {
-			break
-		}
-		mpps = 0
-	}
+	c := runPerftest(t, g1, g2, "ib_send_bw", "exec timeout -s KILL 200 stdbuf -oL "+perf,
+		"exec bash -c \"TIMEFORMAT='TIMES %3R %3U %3S'; time timeout -s KILL 200 "+perf+" "+g2.addr.String()+"\"")
+	var real, user, sys float64
+	mpps := perftest64(c.stdout()) // #bytes #iterations BW peak BW average MsgRate[Mpps]
 	errb, _ := os.ReadFile(c.path(".err"))
 	for _, line := range strings.Split(string(errb), "\n") {
 		if _, err := fmt.Sscanf(line, "TIMES %g %g %g", &real, &user, &sys); err == nil {
@@ -252,4 +235,38 @@ func TestKernelSendCost(t *testing.T) {
 	cCPU := (user + sys) * 1e9 / n // includes its setup and handshake
 	note.set("UD send cost per 64B message on %s's rxe0 (TCG guest, %d sends): ours %.0f ns wall / %.0f ns CPU; ib_send_bw -c UD %.0f ns wall (%.3f Mpps) / %.0f ns CPU (whole process); wall ratio %.2fx",
 		g1.name, n, oursWall, oursCPU, cWall, mpps, cCPU, oursWall/cWall)
+}
+
+// runPerftest runs one of perftest's tools: its server (srvScript) in g2
+// until it waits for its client, then the client (cliScript, against
+// g2) in g1; it returns the client once both exited, the client with
+// status 0.
+func runPerftest(t *testing.T, g1, g2 *guest, name, srvScript, cliScript string) *gcmd {
+	t.Helper()
+	srv := g2.start(t, name+" server", srvScript)
+	if err := srv.poll(lineTimeout, func() bool {
+		b, _ := os.ReadFile(srv.path(".out"))
+		return strings.Contains(string(b), "Waiting for client")
+	}); err != nil {
+		t.Fatalf("%s server not ready: %v\n%s", name, err, srv.output())
+	}
+	c := g1.start(t, name+" client", cliScript)
+	if rc := c.wait(exitTimeout * 2); rc != 0 {
+		t.Fatalf("%s: exit status %d:\n%s", c.name, rc, nettest.Indent(c.output()))
+	}
+	srv.wait(exitTimeout)
+	return c
+}
+
+// perftest64 returns the fifth figure of a perftest tool's result line for
+// 64-byte messages (0 if there is none).
+func perftest64(out string) float64 {
+	for _, line := range strings.Split(out, "\n") {
+		var bytes, iters int
+		var a, b, v float64
+		if _, err := fmt.Sscanf(line, "%d %d %g %g %g", &bytes, &iters, &a, &b, &v); err == nil && bytes == 64 {
+			return v
+		}
+	}
+	return 0
 }
