@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -34,6 +36,7 @@ type CQ struct {
 	// pollable mirrors n > 0 || overrun || dead, for Poll to find an
 	// empty CQ without its lock (a consumer polls in a loop).
 	pollable atomic.Bool
+	empty    atomic.Uint32 // empty polls, for the yield
 }
 
 // Arming states of a CQ with a completion channel.
@@ -136,9 +139,18 @@ func (cq *CQ) Poll(wc []verbs.WC) (int, error) {
 		if cq.pollable.Load() {
 			return cq.poll(wc)
 		}
+		if cq.empty.Add(1)&yieldEvery == 0 {
+			// A program polling in a loop holds a core; now and then it
+			// lets another process on that core run (softsm's switch,
+			// the peer): with no one else there it costs one system call.
+			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		}
 	}
 	return 0, nil
 }
+
+// yieldEvery+1 is how many empty polls of a CQ pass between two yields.
+const yieldEvery = 255
 
 // setPollable updates pollable (cq.mu held).
 func (cq *CQ) setPollable() { cq.pollable.Store(cq.n > 0 || cq.overrun || cq.dead) }
