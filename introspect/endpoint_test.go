@@ -824,3 +824,58 @@ func TestHostMatches(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowBodiesDoNotLockOut: requests that announce a body and never
+// send it (20 of them, more than MaxConns) get their answer and their
+// connection closed at once — the endpoint never waits for a body it will
+// not read — so a request with the token is answered within a second.
+func TestSlowBodiesDoNotLockOut(t *testing.T) {
+	t.Setenv(EnvToken, "")
+	srv, err := Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	addr := srv.Addr()
+	const slow = 20
+	closed := make(chan error, slow)
+	for i := range slow {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		auth := ""
+		if i%2 == 1 {
+			auth = "Authorization: Bearer " + srv.Token() + "\r\n" // authorized, but a body it will not read
+		}
+		fmt.Fprintf(conn, "POST /v1/devices HTTP/1.1\r\nHost: %s\r\n%sContent-Length: 100000\r\n\r\n", addr, auth)
+		go func() {
+			// The answer, then the end of the connection.
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			_, err := io.Copy(io.Discard, conn)
+			closed <- err
+		}()
+	}
+	start := time.Now()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(time.Second))
+	fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", addr, srv.Token())
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("a good request behind %d slow ones: %v after %v", slow, err, time.Since(start))
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("a good request behind %d slow ones: status %d", slow, resp.StatusCode)
+	}
+	for range slow {
+		if err := <-closed; err != nil {
+			t.Fatalf("a connection with an unread body was not closed: %v", err)
+		}
+	}
+}

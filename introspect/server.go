@@ -113,7 +113,7 @@ func Serve(ln net.Listener) (*Server, error) {
 	s.ln = lim
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.srv = &http.Server{
-		Handler:           s.track(s.guard(Handler())),
+		Handler:           s.track(noBody(s.guard(Handler()))),
 		ReadHeaderTimeout: 10 * time.Second,
 		WriteTimeout:      responseWriteTimeout,
 		IdleTimeout:       60 * time.Second,
@@ -195,6 +195,23 @@ func (s *Server) track(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.handlers.Add(1)
 		defer s.handlers.Done()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// noBody answers a request that comes with a body — which no path of the
+// endpoint reads — on a connection that closes after the answer, without
+// reading the body: net/http would otherwise read up to 256 KiB of it
+// after the handler, with no deadline, and a client that announces a body
+// and never sends it would hold one of the MaxConns connections for good
+// (20 of them locked the endpoint out). The read deadline in the past ends
+// that read at once.
+func noBody(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 {
+			w.Header().Set("Connection", "close")
+			defer func() { _ = http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0)) }()
+		}
 		h.ServeHTTP(w, r)
 	})
 }
