@@ -725,34 +725,85 @@ func TestCaptureStalledReader(t *testing.T) {
 	}
 }
 
-// TestConnectionLimit: an endpoint serves at most MaxConns connections at
-// once; one more waits (in the listen backlog) until one closes.
+// TestConnectionLimit: the endpoint's listener hands out at most its
+// limit of connections at once; one more waits until a connection that is
+// being served closes, and, while it waits, the connections that hold a
+// slot without a request (connected longer than slowRequest, or idle
+// between requests) are closed to make room — busy ones never are.
 func TestConnectionLimit(t *testing.T) {
-	srv, c := startServer(t)
-	path := strings.TrimPrefix(srv.Addr(), "unix:")
-	var idle []net.Conn
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimitListener(ln, 2)
+	defer l.Close()
+	accept := func() <-chan net.Conn {
+		ch := make(chan net.Conn, 1)
+		go func() {
+			c, err := l.Accept()
+			if err == nil {
+				ch <- c
+			}
+			close(ch)
+		}()
+		return ch
+	}
+	var clients []net.Conn
 	defer func() {
-		for _, x := range idle {
-			x.Close()
+		for _, c := range clients {
+			c.Close()
 		}
 	}()
-	for range MaxConns {
-		x, err := net.Dial("unix", path)
+	dial := func() {
+		c, err := net.Dial("tcp", ln.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprint(x, "GET / HTTP/1.1\r\n") // an unfinished request holds its connection
-		idle = append(idle, x)
+		clients = append(clients, c)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if _, err := c.Snapshot(ctx); err == nil {
-		t.Fatalf("connection %d served while %d were open", MaxConns+1, MaxConns)
+	var served []net.Conn
+	for range 2 {
+		dial()
+		c := <-accept()
+		l.connState(c, http.StateNew)
+		l.connState(c, http.StateActive) // a request being served
+		served = append(served, c)
 	}
-	idle[0].Close()
-	idle = idle[1:]
-	if _, err := c.Snapshot(ctxT(t)); err != nil {
-		t.Errorf("after a connection closed: %v", err)
+	dial()
+	third := accept()
+	select {
+	case <-third:
+		t.Fatal("a third connection accepted while two are being served")
+	case <-time.After(3 * slowRequest):
+	}
+	// One being served closes: the third gets its slot.
+	served[0].Close()
+	l.connState(served[0], http.StateClosed)
+	c := <-third
+	if c == nil {
+		t.Fatal("no third connection after one closed")
+	}
+	l.connState(c, http.StateNew) // connected, no request yet
+	go func() {
+		// The server's part: reading the request, and the end of the
+		// connection when the read fails.
+		io.Copy(io.Discard, c)
+		l.connState(c, http.StateClosed)
+	}()
+	// A fourth waits; the third, which sends no request, loses its slot.
+	dial()
+	fourth := accept()
+	select {
+	case c4 := <-fourth:
+		if c4 == nil {
+			t.Fatal("Accept failed")
+		}
+		c4.Close()
+	case <-time.After(10 * time.Second):
+		t.Fatal("a connection without a request kept its slot from a waiting one")
+	}
+	if _, err := c.Write([]byte("x")); err == nil {
+		t.Fatal("the connection without a request was not closed")
 	}
 }
 
@@ -876,6 +927,53 @@ func TestSlowBodiesDoNotLockOut(t *testing.T) {
 	for range slow {
 		if err := <-closed; err != nil {
 			t.Fatalf("a connection with an unread body was not closed: %v", err)
+		}
+	}
+}
+
+// TestSlowClientsDoNotLockOut: connections that hold a slot without using
+// it — half a request sent and nothing more, or idle after an answer —
+// more of them than MaxConns, lose their slots to a request with the
+// token, which is answered within a second.
+func TestSlowClientsDoNotLockOut(t *testing.T) {
+	t.Setenv(EnvToken, "")
+	srv, err := Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	addr := srv.Addr()
+	for _, kind := range []string{"half a request", "idle after an answer"} {
+		for range MaxConns + 4 {
+			conn, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if kind == "half a request" {
+				fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\n", addr)
+				continue
+			}
+			// An unauthorized request (401) on a connection kept alive,
+			// read in the background (the client does not close it).
+			fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\n\r\n", addr)
+			go io.Copy(io.Discard, conn)
+		}
+		start := time.Now()
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(time.Second))
+		fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", addr, srv.Token())
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: a good request behind %d such connections: %v after %v", kind, MaxConns+4, err, time.Since(start))
+		}
+		resp.Body.Close()
+		conn.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d", kind, resp.StatusCode)
 		}
 	}
 }

@@ -34,24 +34,63 @@ var captureWriteTimeout = 10 * time.Second
 // limitListener accepts a connection only while fewer than cap(sem) are
 // open. It passes connections through unwrapped (the peer credentials of
 // a *net.UnixConn stay readable); the server's ConnState hook frees a slot
-// when a connection closes.
+// when a connection closes. While every slot is taken, it closes the
+// connections that hold one without using it — idle between requests, or
+// connected for longer than slowRequest without a whole request — so that
+// clients that connect and send nothing (or half a request, slowly) cannot
+// keep a good request waiting.
 type limitListener struct {
 	net.Listener
 	sem       chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
+
+	mu   sync.Mutex
+	idle map[net.Conn]time.Time // connections in StateNew (since) or StateIdle (zero time)
 }
+
+// slowRequest is how long a connection may take to send its request
+// before it loses its slot to a waiting one; evictEvery is how often a
+// full listener looks.
+const (
+	slowRequest = 300 * time.Millisecond
+	evictEvery  = 100 * time.Millisecond
+)
 
 func newLimitListener(ln net.Listener, n int) *limitListener {
-	return &limitListener{Listener: ln, sem: make(chan struct{}, n), done: make(chan struct{})}
+	return &limitListener{Listener: ln, sem: make(chan struct{}, n), done: make(chan struct{}), idle: map[net.Conn]time.Time{}}
 }
 
-// Accept waits for a free slot, then for a connection.
+// Accept waits for a free slot, then for a connection. While it waits,
+// it evicts the connections that hold a slot without using it.
 func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
+	var tick *time.Ticker
+	for acquired := false; !acquired; {
+		select {
+		case l.sem <- struct{}{}:
+			acquired = true
+		case <-l.done:
+			if tick != nil {
+				tick.Stop()
+			}
+			return nil, net.ErrClosed
+		default:
+			if tick == nil {
+				tick = time.NewTicker(evictEvery)
+			}
+			select {
+			case l.sem <- struct{}{}:
+				acquired = true
+			case <-l.done:
+				tick.Stop()
+				return nil, net.ErrClosed
+			case <-tick.C:
+				l.evict()
+			}
+		}
+	}
+	if tick != nil {
+		tick.Stop()
 	}
 	c, err := l.Listener.Accept()
 	if err != nil {
@@ -61,14 +100,38 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	return c, nil
 }
 
+// evict closes the idle connections and those that have not sent a whole
+// request within slowRequest; the server then frees their slots.
+func (l *limitListener) evict() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c, since := range l.idle {
+		if since.IsZero() || time.Since(since) > slowRequest {
+			c.Close()
+			delete(l.idle, c)
+		}
+	}
+}
+
 // Close closes the listener and ends a waiting Accept.
 func (l *limitListener) Close() error {
 	l.closeOnce.Do(func() { close(l.done) })
 	return l.Listener.Close()
 }
 
-// connState frees a connection's slot when the server is done with it.
-func (l *limitListener) connState(_ net.Conn, st http.ConnState) {
+// connState frees a connection's slot when the server is done with it,
+// and keeps track of the connections that hold one without using it.
+func (l *limitListener) connState(c net.Conn, st http.ConnState) {
+	l.mu.Lock()
+	switch st {
+	case http.StateNew:
+		l.idle[c] = time.Now()
+	case http.StateIdle:
+		l.idle[c] = time.Time{}
+	default:
+		delete(l.idle, c)
+	}
+	l.mu.Unlock()
 	if st == http.StateClosed || st == http.StateHijacked {
 		<-l.sem
 	}

@@ -100,7 +100,8 @@ func Start(addr string) (*Server, error) {
 // served; on any other listener a request needs the token (taken from
 // SOFTRDMA_DEBUG_TOKEN, else made up: see Token) and a Host header naming
 // the listener. At most MaxConns connections are served at once; more
-// wait in the listen backlog. On an error ln stays open.
+// wait in the listen backlog, and while they wait the connections that
+// hold a slot without a request are closed. On an error ln stays open.
 func Serve(ln net.Listener) (*Server, error) {
 	s := &Server{network: ln.Addr().Network(), addr: ln.Addr().String(), served: make(chan struct{})}
 	if s.network != "unix" {
