@@ -91,3 +91,9 @@ func RequireBench(t testing.TB) {
 		t.Skipf("multi-process benchmark: runs with %s=1 (a separate CI step, without -race)", BenchEnv)
 	}
 }
+
+// IsolatedEnv is set (to 1) by .ci/run for the test steps it runs in a
+// network namespace of their own, where lo is the only interface: a test
+// that forgets to pin its interface fails there (no route) instead of
+// sending out of the machine.
+const IsolatedEnv = "SOFTRDMA_TEST_ISOLATED"

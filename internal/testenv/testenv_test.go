@@ -1,8 +1,10 @@
 package testenv
 
 import (
+	"net"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -43,5 +45,40 @@ func TestChildKeepsWhatItsParentSet(t *testing.T) {
 	ClearSoftRDMA()
 	if os.Getenv("SOFTRDMA_SM") != "127.0.0.1:4792" {
 		t.Error("a child lost the SOFTRDMA_SM its parent set")
+	}
+}
+
+// TestIsolated: where .ci/run says the tests run isolated, they do: lo is
+// the only interface of the namespace and there is no default route, so
+// nothing a test sends can leave the machine. It sends nothing itself.
+// Elsewhere (a developer's machine) it skips.
+func TestIsolated(t *testing.T) {
+	if os.Getenv(IsolatedEnv) != "1" {
+		t.Skipf("the tests run in the machine's own network namespace (%s=1 is .ci/run's isolated run)", IsolatedEnv)
+	}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagLoopback == 0 {
+			t.Errorf("interface %s in the tests' namespace: a test could send out of it", ifc.Name)
+		}
+	}
+	// Default routes: IPv4 (Iface Destination …, after a header line)
+	// and IPv6 (destination, prefix length, …, device last).
+	if b, err := os.ReadFile("/proc/net/route"); err == nil {
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			if fs := strings.Fields(line); len(fs) > 2 && fs[1] == "00000000" && fs[0] != "lo" {
+				t.Errorf("an IPv4 default route via %s in the tests' namespace", fs[0])
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/net/ipv6_route"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if fs := strings.Fields(line); len(fs) > 2 && fs[0] == strings.Repeat("0", 32) && fs[1] == "00" && fs[len(fs)-1] != "lo" {
+				t.Errorf("an IPv6 default route via %s in the tests' namespace", fs[len(fs)-1])
+			}
+		}
 	}
 }
