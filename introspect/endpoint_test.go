@@ -876,26 +876,59 @@ func TestHostMatches(t *testing.T) {
 	}
 }
 
-// TestSlowBodiesDoNotLockOut: requests that announce a body and never
-// send it (20 of them, more than MaxConns) get their answer and their
-// connection closed at once — the endpoint never waits for a body it will
-// not read — so a request with the token is answered within a second.
-func TestSlowBodiesDoNotLockOut(t *testing.T) {
+// startTCPEndpoint starts an endpoint on 127.0.0.1 with a made-up token.
+func startTCPEndpoint(t *testing.T) *Server {
+	t.Helper()
 	t.Setenv(EnvToken, "")
 	srv, err := Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+// dialTCP opens a connection to addr, closed when the test ends.
+func dialTCP(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// goodRequestWithin sends a request with the token and fails the test
+// unless it is answered 200 within d; behind says what it queued behind.
+func goodRequestWithin(t *testing.T, srv *Server, d time.Duration, behind string) {
+	t.Helper()
+	start := time.Now()
+	conn := dialTCP(t, srv.Addr())
+	conn.SetDeadline(time.Now().Add(d))
+	fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", srv.Addr(), srv.Token())
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("a good request behind %s: %v after %v", behind, err, time.Since(start))
+	}
+	resp.Body.Close()
+	conn.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("a good request behind %s: status %d", behind, resp.StatusCode)
+	}
+}
+
+// TestSlowBodiesDoNotLockOut: requests that announce a body and never
+// send it (20 of them, more than MaxConns) get their answer and their
+// connection closed at once — the endpoint never waits for a body it will
+// not read — so a request with the token is answered within a second.
+func TestSlowBodiesDoNotLockOut(t *testing.T) {
+	srv := startTCPEndpoint(t)
 	addr := srv.Addr()
 	const slow = 20
 	closed := make(chan error, slow)
 	for i := range slow {
-		conn, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
+		conn := dialTCP(t, addr)
 		auth := ""
 		if i%2 == 1 {
 			auth = "Authorization: Bearer " + srv.Token() + "\r\n" // authorized, but a body it will not read
@@ -908,22 +941,7 @@ func TestSlowBodiesDoNotLockOut(t *testing.T) {
 			closed <- err
 		}()
 	}
-	start := time.Now()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(time.Second))
-	fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", addr, srv.Token())
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("a good request behind %d slow ones: %v after %v", slow, err, time.Since(start))
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("a good request behind %d slow ones: status %d", slow, resp.StatusCode)
-	}
+	goodRequestWithin(t, srv, time.Second, fmt.Sprintf("%d requests with unsent bodies", slow))
 	for range slow {
 		if err := <-closed; err != nil {
 			t.Fatalf("a connection with an unread body was not closed: %v", err)
@@ -936,20 +954,11 @@ func TestSlowBodiesDoNotLockOut(t *testing.T) {
 // more of them than MaxConns, lose their slots to a request with the
 // token, which is answered within a second.
 func TestSlowClientsDoNotLockOut(t *testing.T) {
-	t.Setenv(EnvToken, "")
-	srv, err := Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv := startTCPEndpoint(t)
 	addr := srv.Addr()
 	for _, kind := range []string{"half a request", "idle after an answer"} {
 		for range MaxConns + 4 {
-			conn, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
+			conn := dialTCP(t, addr)
 			if kind == "half a request" {
 				fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\n", addr)
 				continue
@@ -959,21 +968,6 @@ func TestSlowClientsDoNotLockOut(t *testing.T) {
 			fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\n\r\n", addr)
 			go io.Copy(io.Discard, conn)
 		}
-		start := time.Now()
-		conn, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn.SetDeadline(time.Now().Add(time.Second))
-		fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", addr, srv.Token())
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		if err != nil {
-			t.Fatalf("%s: a good request behind %d such connections: %v after %v", kind, MaxConns+4, err, time.Since(start))
-		}
-		resp.Body.Close()
-		conn.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("%s: status %d", kind, resp.StatusCode)
-		}
+		goodRequestWithin(t, srv, time.Second, fmt.Sprintf("%d connections with %s", MaxConns+4, kind))
 	}
 }
