@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/netip"
 	"os"
 	"runtime"
@@ -400,18 +399,6 @@ func hex32(v uint32) string {
 }
 
 func isErrno(err error, e syscall.Errno) bool { return errors.Is(err, e) }
-
-// netInterfaces returns the names of the interfaces that are up.
-func netInterfaces() ([]string, error) {
-	ifs, err := net.Interfaces()
-	var out []string
-	for _, i := range ifs {
-		if i.Flags&net.FlagUp != 0 {
-			out = append(out, i.Name)
-		}
-	}
-	return out, err
-}
 
 // manualQP is a test QP without a receive goroutine, for the receive path
 // driven by hand: recycle polls one completion and posts its WR again.
