@@ -24,32 +24,22 @@ type cmDevice struct {
 	sub func() // cancels the netdev event subscription
 }
 
-// deviceForAddr returns the CM device of the port a local address belongs
-// to (see portFinders).
+// deviceForAddr returns the CM device of the device a local address
+// belongs to (see deviceOfAddr).
 func (cm *cmState) deviceForAddr(a netip.Addr) (*cmDevice, error) {
-	p, err := portFor(cm.host, a)
+	vd, err := deviceOfAddr(cm.host, a)
 	if err != nil {
 		return nil, err
 	}
-	return cm.deviceForPort(p)
+	return cm.deviceFor(vd)
 }
 
-// deviceForPort returns the CM device of a port, opening the device on
-// first use.
-func (cm *cmState) deviceForPort(p port) (*cmDevice, error) {
-	return cm.deviceFor(p.device(), p)
-}
-
-// deviceFor returns the CM device of verbs device vd, opening it on first
-// use. p is its port, nil when not known yet (GetDevices): the first
-// caller that knows it sets it.
-func (cm *cmState) deviceFor(vd *verbs.Device, p port) (*cmDevice, error) {
+// deviceFor returns the CM device of verbs device vd, opening it (and
+// picking its port, see portOf) on first use.
+func (cm *cmState) deviceFor(vd *verbs.Device) (*cmDevice, error) {
 	cm.devMu.Lock()
 	defer cm.devMu.Unlock()
 	if cd := cm.devs[vd]; cd != nil {
-		if cd.port == nil && p != nil {
-			cd.port = p
-		}
 		return cd, nil
 	}
 	ctx, err := vd.Open()
@@ -61,7 +51,7 @@ func (cm *cmState) deviceFor(vd *verbs.Device, p port) (*cmDevice, error) {
 		ctx.Close()
 		return nil, err
 	}
-	cd := &cmDevice{port: p, ctx: ctx, pd: pd, ids: map[*ID]struct{}{}}
+	cd := &cmDevice{port: portOf(ctx), ctx: ctx, pd: pd, ids: map[*ID]struct{}{}}
 	cm.devs[vd] = cd
 	return cd, nil
 }
@@ -102,7 +92,7 @@ func (cd *cmDevice) detach(id *ID) {
 
 // netEvent turns netdev changes into DEVICE_REMOVAL / ADDR_CHANGE events,
 // as the kernel's cma_netdev_callback and cma_process_remove do.
-func (cd *cmDevice) netEvent(ev netEvent) {
+func (cd *cmDevice) netEvent(ev verbs.NetdevEvent) {
 	cd.mu.Lock()
 	ids := make([]*ID, 0, len(cd.ids))
 	for id := range cd.ids {
@@ -110,11 +100,11 @@ func (cd *cmDevice) netEvent(ev netEvent) {
 	}
 	cd.mu.Unlock()
 	for _, id := range ids {
-		switch ev.kind {
-		case netdevRemoved:
+		switch ev.Kind {
+		case verbs.NetdevRemoved:
 			id.deviceRemoved()
-		case addrRemoved:
-			id.addrRemoved(ev.addr)
+		case verbs.AddrRemoved:
+			id.addrRemoved(ev.Addr)
 		}
 	}
 }

@@ -19,7 +19,7 @@ import (
 func (id *ID) ResolveRoute(timeout time.Duration) (err error) {
 	defer wrapErr(&err, "rdma_resolve_route", nil)
 	if k := id.kernel(); k != nil {
-		if err := k.resolveRoute(timeout); err != nil {
+		if err := k.ResolveRoute(timeout); err != nil {
 			return err
 		}
 		id.mu.Lock()
@@ -46,7 +46,7 @@ func (id *ID) SrcPort() uint16 {
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.k != nil {
-		return id.k.srcPort()
+		return id.k.SrcPort()
 	}
 	return id.src.portOf()
 }
@@ -57,7 +57,7 @@ func (id *ID) DstPort() uint16 {
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.k != nil {
-		return id.k.dstPort()
+		return id.k.DstPort()
 	}
 	return id.dst.portOf()
 }
@@ -87,7 +87,7 @@ func GetDevicesOn(h *verbs.Host) (_ []*verbs.Context, err error) {
 	cm := cmOf(h)
 	var ctxs []*verbs.Context
 	for _, vd := range h.DeviceList() {
-		cd, err := cm.deviceFor(vd, nil)
+		cd, err := cm.deviceFor(vd)
 		if err != nil {
 			// librdmacm marks a device it cannot open dead and skips it.
 			continue

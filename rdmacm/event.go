@@ -6,6 +6,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/softrdma/softrdma/rdmacm/engine"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -113,7 +114,7 @@ type EventChannel struct {
 
 	// The librdmacm channel of the kernel ids (kernel.go), made on first
 	// use, its reader's exit, and the tokens of its ids and joins.
-	kc     kernelChannel
+	kc     engine.Channel
 	kdone  chan struct{}
 	kids   map[uint64]*ID
 	kmcs   map[uint64]*mcJoin
@@ -156,7 +157,7 @@ func (ch *EventChannel) Close() (err error) {
 	close(ch.ready)
 	// The librdmacm channel stays open while kernel ids MigrateID moved
 	// away live on it: the last one's Destroy closes it.
-	var kc kernelChannel
+	var kc engine.Channel
 	var done chan struct{}
 	if ch.kusers == 0 {
 		kc, done, ch.kc = ch.kc, ch.kdone, nil

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	// The kinds of device the example runs on.
+	_ "github.com/softrdma/softrdma/provider/all"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"

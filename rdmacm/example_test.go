@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"time"
 
+	// The kinds of device the example runs on.
+	_ "github.com/softrdma/softrdma/provider/all"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
 )

@@ -14,6 +14,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/softrdma/softrdma/rdmacm/engine"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -71,7 +72,7 @@ type ID struct {
 	userPD *verbs.PD
 
 	// A kernel id (kernel.go): its librdmacm id, token and port.
-	k     kernelID
+	k     engine.ID
 	ktok  uint64
 	kport uint8
 	khome *EventChannel // the channel whose librdmacm channel has k
@@ -557,7 +558,7 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) (err error) {
 	init := verbs.QPAttr{State: verbs.QPSInit, PortNum: 1}
 	initMask := verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey
 	if id.k != nil {
-		if init, initMask, err = id.k.initQPAttr(); err != nil {
+		if init, initMask, err = id.k.InitQPAttr(); err != nil {
 			return err
 		}
 		id.qkey = init.QKey

@@ -1,14 +1,14 @@
 package rdmacm
 
 import (
-	"errors"
 	"fmt"
-	"net/netip"
+	"net"
 	"os"
+	"strconv"
 	"syscall"
 	"time"
 
-	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/rdmacm/engine"
 )
 
 // This file is the CM's second stack: ids whose address a kernel RDMA
@@ -17,8 +17,9 @@ import (
 // checks and errnos); what librdmacm itself does on top (the attach of the
 // QP when a JOIN event is retrieved, the detach on leave, the waits for
 // acks) stays in this package and is shared with softrdma's ids. The
-// stack exists in builds with the rdmacore tag (kernel_rdmacore.go sets
-// kernel); without it every id is a softrdma id.
+// stack is the engine registered with rdmacm/engine (provider/rdmacore/cm,
+// in builds with the rdmacore tag); without one every id is a softrdma
+// id.
 
 // Backend chooses the RDMA stack of a channel's ids.
 type Backend uint8
@@ -64,10 +65,11 @@ func ParseBackend(s string) (Backend, error) {
 	return 0, fmt.Errorf("backend %q: want auto, soft or kernel: %w", s, syscall.EINVAL)
 }
 
-// KernelAvailable reports whether this build has the kernel's RDMA stack
-// (the rdmacore build tag with cgo). Whether the machine has a kernel
-// RDMA device is another matter: see verbs.DeviceList.
-func KernelAvailable() bool { return kernel != nil }
+// KernelAvailable reports whether this program has the kernel's RDMA
+// stack: an engine registered with rdmacm/engine (provider/rdmacore/cm,
+// which needs the rdmacore build tag and cgo). Whether the machine has a
+// kernel RDMA device is another matter: see verbs.DeviceList.
+func KernelAvailable() bool { return engine.Kernel() != nil }
 
 // envBackend is the backend BackendEnv sets.
 func envBackend() (Backend, error) {
@@ -98,75 +100,17 @@ func (ch *EventChannel) Backend() Backend {
 	return ch.backend
 }
 
-// kernelStack is librdmacm (kernel_rdmacore.go).
-type kernelStack interface {
-	// newChannel creates an event channel (rdma_create_event_channel).
-	newChannel() (kernelChannel, error)
-}
-
-// kernel is the kernel's stack, nil in builds without it.
-var kernel kernelStack
-
-// kernelChannel is a librdmacm event channel.
-type kernelChannel interface {
-	// createID creates an id whose events carry tok.
-	createID(tok uint64, ps PortSpace) (kernelID, error)
-	// ownerOf returns the name of the kernel device that owns a local
-	// address, or "".
-	ownerOf(a netip.Addr) string
-	// next waits for the next event; an error once the channel is closed.
-	next() (*kernelEvent, error)
-	// close ends next and destroys the channel.
-	close() error
-}
-
-// kernelID is a librdmacm id. Addresses are passed as given (nil: none),
-// so that librdmacm and the kernel make the checks.
-type kernelID interface {
-	bind(sa *sockaddr) error
-	resolveAddr(src, dst *sockaddr, timeout time.Duration) error
-	join(sa *sockaddr, tok uint64) error
-	joinEx(compMask, flags uint32, sa *sockaddr, tok uint64) error
-	leave(sa *sockaddr) error
-	// setOption is rdma_set_option with the option's C bytes.
-	setOption(level, name int, val []byte) error
-	// resolveRoute is rdma_resolve_route.
-	resolveRoute(timeout time.Duration) error
-	// srcPort and dstPort are rdma_get_src_port and rdma_get_dst_port,
-	// in host order.
-	srcPort() uint16
-	dstPort() uint16
-	// initQPAttr is rdma_init_qp_attr for the INIT state.
-	initQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error)
-	local() sockaddr
-	peer() sockaddr
-	// deviceName is the kernel device the id is bound to, or "".
-	deviceName() string
-	portNum() uint8
-	destroy() error
-}
-
-// kernelEvent is an event of a kernel channel.
-type kernelEvent struct {
-	typ          EventType
-	status       int
-	idTok, mcTok uint64
-	qpn, qkey    uint32
-	ah           verbs.AHAttr
-	pdLen        uint8
-	ack          func() error
-}
-
 // kernelChannelLocked returns the channel's librdmacm channel, creating it
 // and its reader on first use (ch.mu is held).
-func (ch *EventChannel) kernelChannelLocked() (kernelChannel, error) {
+func (ch *EventChannel) kernelChannelLocked() (engine.Channel, error) {
 	if ch.kc != nil {
 		return ch.kc, nil
 	}
+	kernel := engine.Kernel()
 	if kernel == nil {
-		return nil, fmt.Errorf("no kernel RDMA stack in this build (tag rdmacore): %w", syscall.ENODEV)
+		return nil, fmt.Errorf("no kernel RDMA stack in this program (import provider/rdmacore/cm, build tag rdmacore): %w", syscall.ENODEV)
 	}
-	kc, err := kernel.newChannel()
+	kc, err := kernel.NewChannel()
 	if err != nil {
 		return nil, err
 	}
@@ -183,34 +127,35 @@ func (ch *EventChannel) kernelChannelLocked() (kernelChannel, error) {
 // The channel is the home of its kernel ids (the librdmacm channel their
 // librdmacm ids live on): an id MigrateID moved keeps its librdmacm id
 // here, and its events go to the queue of the id's channel of the moment.
-func (ch *EventChannel) kernelReader(kc kernelChannel, done chan struct{}) {
+func (ch *EventChannel) kernelReader(kc engine.Channel, done chan struct{}) {
 	defer close(done)
 	for {
-		kev, err := kc.next()
+		kev, err := kc.Next()
 		if err != nil {
 			return
 		}
+		typ := EventType(kev.Type)
 		ch.mu.Lock()
-		id := ch.kids[kev.idTok]
+		id := ch.kids[kev.IDToken]
 		var mc *mcJoin
-		if kev.typ == EventMulticastJoin || kev.typ == EventMulticastError {
-			mc = ch.kmcs[kev.mcTok]
+		if typ == EventMulticastJoin || typ == EventMulticastError {
+			mc = ch.kmcs[kev.MCToken]
 		}
 		ch.mu.Unlock()
-		if id == nil || (mc == nil && kev.mcTok != 0) {
-			kev.ack()
+		if id == nil || (mc == nil && kev.MCToken != 0) {
+			kev.Ack()
 			continue
 		}
 		// kdead and kleft are set under the id's channel's lock.
 		target := id.lockCh()
 		if target.closed || id.kdead || (mc != nil && mc.kleft) {
 			target.mu.Unlock()
-			kev.ack()
+			kev.Ack()
 			continue
 		}
-		ev := &Event{ID: id, Event: kev.typ, Status: kev.status, mc: mc, kack: kev.ack}
+		ev := &Event{ID: id, Event: typ, Status: kev.Status, mc: mc, kack: kev.Ack}
 		if mc != nil {
-			ev.Param = UDParam{PrivateData: mc.context, PrivateDataLen: kev.pdLen, AHAttr: kev.ah, QPNum: kev.qpn, QKey: kev.qkey}
+			ev.Param = UDParam{PrivateData: mc.context, PrivateDataLen: kev.PrivateDataLen, AHAttr: kev.AHAttr, QPNum: kev.QPNum, QKey: kev.QKey}
 		}
 		target.enqueueLocked(ev)
 		target.mu.Unlock()
@@ -219,11 +164,11 @@ func (ch *EventChannel) kernelReader(kc kernelChannel, done chan struct{}) {
 
 // closeKernel ends the reader and destroys the librdmacm channel (every
 // id is destroyed, so no event is left to ack).
-func (ch *EventChannel) closeKernel(kc kernelChannel, done chan struct{}) {
+func (ch *EventChannel) closeKernel(kc engine.Channel, done chan struct{}) {
 	if kc == nil {
 		return
 	}
-	kc.close()
+	kc.Close()
 	<-done
 }
 
@@ -240,11 +185,11 @@ func (id *ID) toKernelLocked(a *sockaddr) (bool, error) {
 	case BackendSoft:
 		return false, nil
 	case BackendAuto:
-		if kernel == nil || id.state != stateIdle || a == nil || !a.isIP() || a.ip.IsUnspecified() {
+		if engine.Kernel() == nil || id.state != stateIdle || a == nil || !a.isIP() || a.ip.IsUnspecified() {
 			return false, nil
 		}
 		kc, err := ch.kernelChannelLocked()
-		if err != nil || kc.ownerOf(a.ip.WithZone("")) == "" {
+		if err != nil || kc.OwnerOf(a.ip.WithZone("")) == "" {
 			return false, nil // no kernel RDMA device, or not its address
 		}
 	}
@@ -253,14 +198,14 @@ func (id *ID) toKernelLocked(a *sockaddr) (bool, error) {
 		return false, err
 	}
 	ch.ktok++
-	k, err := kc.createID(ch.ktok, id.ps)
+	k, err := kc.CreateID(ch.ktok, uint16(id.ps))
 	if err != nil {
 		return false, err
 	}
 	// The options set so far are the librdmacm id's too.
 	for _, o := range id.opts {
-		if err := k.setOption(o.level, o.name, o.val); err != nil {
-			k.destroy()
+		if err := k.SetOption(o.level, o.name, o.val); err != nil {
+			k.Destroy()
 			return false, err
 		}
 	}
@@ -273,7 +218,7 @@ func (id *ID) toKernelLocked(a *sockaddr) (bool, error) {
 // kernelBindLocked binds a kernel id (rdma_bind_addr) and takes the
 // address and device the kernel bound it to (id.mu is held).
 func (id *ID) kernelBindLocked(sa *sockaddr) error {
-	if err := id.k.bind(sa); err != nil {
+	if err := id.k.Bind(toEngine(sa)); err != nil {
 		return err
 	}
 	id.state = stateAddrBound
@@ -283,9 +228,9 @@ func (id *ID) kernelBindLocked(sa *sockaddr) error {
 // kernelRefreshLocked reads the addresses and device of a kernel id, after
 // a bind or a resolution (id.mu is held).
 func (id *ID) kernelRefreshLocked() error {
-	id.src, id.dst = id.k.local(), id.k.peer()
-	id.kport = id.k.portNum()
-	name := id.k.deviceName()
+	id.src, id.dst = fromEngine(id.k.Local()), fromEngine(id.k.Peer())
+	id.kport = id.k.PortNum()
+	name := id.k.DeviceName()
 	if name == "" || (id.dev != nil && id.dev.name() == name) {
 		return nil
 	}
@@ -293,7 +238,7 @@ func (id *ID) kernelRefreshLocked() error {
 	if vd == nil {
 		return fmt.Errorf("kernel device %s is not in the device list: %w", name, syscall.ENODEV)
 	}
-	cd, err := id.ch().cm.deviceForPort(kernelPort{vd})
+	cd, err := id.ch().cm.deviceFor(vd)
 	if err != nil {
 		return err
 	}
@@ -305,30 +250,10 @@ func (id *ID) kernelRefreshLocked() error {
 	return nil
 }
 
-// kernelPort is the port of a kernel device. The kernel's CM does the
-// port's work for kernel ids (GID lookup, joins, netdev events), so only
-// device is ever asked; the rest refuses.
-type kernelPort struct{ dev *verbs.Device }
-
-var errKernelPort = errors.New("the kernel's CM serves this device")
-
-func (p kernelPort) device() *verbs.Device { return p.dev }
-func (kernelPort) gidIndex(*verbs.Context, netip.Addr) (uint8, error) {
-	return 0, fmt.Errorf("%w: %w", errKernelPort, syscall.EINVAL)
-}
-func (kernelPort) ipoibQKey() (uint32, error) {
-	return 0, fmt.Errorf("%w: %w", errKernelPort, syscall.ENODEV)
-}
-func (kernelPort) join(*ID, *mcJoin) error {
-	return fmt.Errorf("%w: %w", errKernelPort, syscall.EINVAL)
-}
-func (kernelPort) leave(*mcJoin) func() error      { return nil }
-func (kernelPort) subscribe(func(netEvent)) func() { return nil }
-
 // kernelJoin is rdma_join_multicast(_ex) of a kernel id: the attributes go
 // to librdmacm as given. The join is recorded first, so that its event
 // finds it.
-func (id *ID) kernelJoin(k kernelID, ex bool, attr JoinMCAttrEx, ctx any) error {
+func (id *ID) kernelJoin(k engine.ID, ex bool, attr JoinMCAttrEx, ctx any) error {
 	var sa *sockaddr
 	if attr.Addr != nil {
 		s, err := toSockaddr(attr.Addr)
@@ -352,9 +277,9 @@ func (id *ID) kernelJoin(k kernelID, ex bool, attr JoinMCAttrEx, ctx any) error 
 	id.mu.Unlock()
 	var err error
 	if ex {
-		err = k.joinEx(attr.CompMask, attr.JoinFlags, sa, mc.ktok)
+		err = k.JoinEx(attr.CompMask, attr.JoinFlags, toEngine(sa), mc.ktok)
 	} else {
-		err = k.join(sa, mc.ktok)
+		err = k.Join(toEngine(sa), mc.ktok)
 	}
 	flags := MCJoinFlagFullMember
 	if mc.sendOnly {
@@ -388,7 +313,7 @@ func indexOf(mcs []*mcJoin, mc *mcJoin) int {
 // here (librdmacm's id has no QP), the join's unread events are acked and
 // dropped, then librdmacm leaves and waits for the acks of the events
 // already retrieved. An address no join has is librdmacm's EADDRNOTAVAIL.
-func (id *ID) kernelLeave(k kernelID, sa sockaddr) error {
+func (id *ID) kernelLeave(k engine.ID, sa sockaddr) error {
 	id.mu.Lock()
 	var mc *mcJoin
 	for i := len(id.mcs) - 1; i >= 0; i-- {
@@ -410,7 +335,7 @@ func (id *ID) kernelLeave(k kernelID, sa sockaddr) error {
 		}
 		ch.mu.Unlock()
 	}
-	err := k.leave(&sa)
+	err := k.Leave(toEngine(&sa))
 	if mc != nil {
 		home := id.khome
 		home.mu.Lock()
@@ -432,7 +357,7 @@ func (id *ID) kernelDestroy() error {
 		id.parked = nil
 	}
 	ch.mu.Unlock()
-	err := id.k.destroy()
+	err := id.k.Destroy()
 	home := id.khome
 	home.mu.Lock()
 	delete(home.kids, id.ktok)
@@ -444,7 +369,7 @@ func (id *ID) kernelDestroy() error {
 	// The last kernel id of a channel closed while ids it had moved
 	// lived on closes its librdmacm channel.
 	home.kusers--
-	var kc kernelChannel
+	var kc engine.Channel
 	var done chan struct{}
 	if home.kusers == 0 && home.closed {
 		kc, done, home.kc = home.kc, home.kdone, nil
@@ -455,7 +380,7 @@ func (id *ID) kernelDestroy() error {
 }
 
 // kernel returns the id's librdmacm id, nil for a softrdma id.
-func (id *ID) kernel() kernelID {
+func (id *ID) kernel() engine.ID {
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	return id.k
@@ -466,7 +391,7 @@ func (id *ID) kernel() kernelID {
 // reports whether the id is a kernel id.
 func (id *ID) kernelResolve(hasSrc bool, src, dst sockaddr, timeout time.Duration) (done bool, err error) {
 	id.mu.Lock()
-	var k kernelID
+	var k engine.ID
 	if id.k == nil && id.state == stateIdle && dst.isIP() {
 		a := src
 		if !hasSrc || src.ip.IsUnspecified() {
@@ -491,7 +416,7 @@ func (id *ID) kernelResolve(hasSrc bool, src, dst sockaddr, timeout time.Duratio
 	if hasSrc {
 		s = &src
 	}
-	if err := k.resolveAddr(s, &dst, timeout); err != nil {
+	if err := k.ResolveAddr(toEngine(s), toEngine(&dst), timeout); err != nil {
 		return true, err
 	}
 	id.mu.Lock()
@@ -500,4 +425,60 @@ func (id *ID) kernelResolve(hasSrc bool, src, dst sockaddr, timeout time.Duratio
 	}
 	id.mu.Unlock()
 	return true, id.complete(nil)
+}
+
+// toEngine converts a socket address for an engine; nil for none. An
+// IPv6 zone becomes the scope id.
+func toEngine(sa *sockaddr) *engine.Sockaddr {
+	if sa == nil {
+		return nil
+	}
+	if sa.family == afIB {
+		return &engine.Sockaddr{
+			Family: engine.AFIB, PKey: sa.ib.PKey, FlowInfo: sa.ib.FlowInfo, GID: sa.ib.GID,
+			SID: sa.ib.SID, SIDMask: sa.ib.SIDMask, IBScope: sa.ib.ScopeID,
+		}
+	}
+	s := &engine.Sockaddr{Family: sa.family, IP: sa.ip.WithZone(""), Port: sa.port}
+	if z := sa.ip.Zone(); z != "" && sa.family == syscall.AF_INET6 {
+		if ifi, err := interfaceIndex(z); err == nil {
+			s.Scope = uint32(ifi)
+		}
+	}
+	return s
+}
+
+// fromEngine converts an engine's socket address; a scope id becomes the
+// IPv6 zone.
+func fromEngine(s engine.Sockaddr) sockaddr {
+	switch s.Family {
+	case 0:
+		return sockaddr{}
+	case engine.AFIB:
+		return sockaddr{family: afIB, ib: IBAddr{PKey: s.PKey, FlowInfo: s.FlowInfo, GID: s.GID, SID: s.SID, SIDMask: s.SIDMask, ScopeID: s.IBScope}}
+	}
+	ip := s.IP
+	if s.Family == syscall.AF_INET6 && s.Scope != 0 {
+		if name, err := interfaceName(int(s.Scope)); err == nil {
+			ip = ip.WithZone(name)
+		}
+	}
+	return sockaddr{family: s.Family, ip: ip, port: s.Port}
+}
+
+// interfaceIndex is the scope id of an IPv6 zone (a name or a number).
+func interfaceIndex(zone string) (int, error) {
+	if ifi, err := net.InterfaceByName(zone); err == nil {
+		return ifi.Index, nil
+	}
+	return strconv.Atoi(zone)
+}
+
+// interfaceName is the zone of an IPv6 scope id.
+func interfaceName(index int) (string, error) {
+	ifi, err := net.InterfaceByIndex(index)
+	if err != nil {
+		return "", err
+	}
+	return ifi.Name, nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/rdmacm/engine"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -25,8 +26,8 @@ type fakeKernel struct {
 	destroys atomic.Int64
 }
 
-func (f *fakeKernel) newChannel() (kernelChannel, error) {
-	c := &fakeKChan{f: f, evs: make(chan *kernelEvent, 64), stop: make(chan struct{})}
+func (f *fakeKernel) NewChannel() (engine.Channel, error) {
+	c := &fakeKChan{f: f, evs: make(chan *engine.Event, 64), stop: make(chan struct{})}
 	f.mu.Lock()
 	f.chans = append(f.chans, c)
 	f.mu.Unlock()
@@ -35,16 +36,16 @@ func (f *fakeKernel) newChannel() (kernelChannel, error) {
 
 type fakeKChan struct {
 	f      *fakeKernel
-	evs    chan *kernelEvent
+	evs    chan *engine.Event
 	stop   chan struct{}
 	closed atomic.Bool
 }
 
-func (c *fakeKChan) createID(tok uint64, ps PortSpace) (kernelID, error) {
+func (c *fakeKChan) CreateID(tok uint64, ps uint16) (engine.ID, error) {
 	return &fakeKID{c: c, tok: tok}, nil
 }
-func (c *fakeKChan) ownerOf(netip.Addr) string { return "" }
-func (c *fakeKChan) next() (*kernelEvent, error) {
+func (c *fakeKChan) OwnerOf(netip.Addr) string { return "" }
+func (c *fakeKChan) Next() (*engine.Event, error) {
 	select {
 	case ev := <-c.evs:
 		return ev, nil
@@ -52,37 +53,37 @@ func (c *fakeKChan) next() (*kernelEvent, error) {
 		return nil, errors.New("closed")
 	}
 }
-func (c *fakeKChan) close() error {
+func (c *fakeKChan) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		close(c.stop)
 	}
 	return nil
 }
 
-func (c *fakeKChan) push(ev *kernelEvent) {
+func (c *fakeKChan) push(ev *engine.Event) {
 	c.f.events.Add(1)
-	ev.ack = func() error { c.f.acks.Add(1); return nil }
+	ev.Ack = func() error { c.f.acks.Add(1); return nil }
 	c.evs <- ev
 }
 
 type fakeKID struct {
 	c   *fakeKChan
 	tok uint64
-	src sockaddr
+	src engine.Sockaddr
 }
 
-func (k *fakeKID) bind(sa *sockaddr) error { k.src = *sa; return nil }
-func (k *fakeKID) resolveAddr(src, dst *sockaddr, _ time.Duration) error {
-	k.c.push(&kernelEvent{typ: EventAddrResolved, idTok: k.tok})
+func (k *fakeKID) Bind(sa *engine.Sockaddr) error { k.src = *sa; return nil }
+func (k *fakeKID) ResolveAddr(src, dst *engine.Sockaddr, _ time.Duration) error {
+	k.c.push(&engine.Event{Type: int(EventAddrResolved), IDToken: k.tok})
 	return nil
 }
-func (k *fakeKID) join(sa *sockaddr, tok uint64) error {
-	k.c.push(&kernelEvent{typ: EventMulticastJoin, idTok: k.tok, mcTok: tok, qpn: MulticastQPN, qkey: UDPQKey})
+func (k *fakeKID) Join(sa *engine.Sockaddr, tok uint64) error {
+	k.c.push(&engine.Event{Type: int(EventMulticastJoin), IDToken: k.tok, MCToken: tok, QPNum: MulticastQPN, QKey: UDPQKey})
 	return nil
 }
-func (k *fakeKID) joinEx(_, _ uint32, sa *sockaddr, tok uint64) error { return k.join(sa, tok) }
-func (k *fakeKID) leave(*sockaddr) error                              { return nil }
-func (k *fakeKID) setOption(level, name int, val []byte) error {
+func (k *fakeKID) JoinEx(_, _ uint32, sa *engine.Sockaddr, tok uint64) error { return k.Join(sa, tok) }
+func (k *fakeKID) Leave(*engine.Sockaddr) error                              { return nil }
+func (k *fakeKID) SetOption(level, name int, val []byte) error {
 	if level != OptionID || name > OptionIDAckTimeout {
 		return syscall.ENOSYS
 	}
@@ -91,27 +92,27 @@ func (k *fakeKID) setOption(level, name int, val []byte) error {
 	k.c.f.mu.Unlock()
 	return nil
 }
-func (k *fakeKID) resolveRoute(time.Duration) error {
-	k.c.push(&kernelEvent{typ: EventRouteResolved, idTok: k.tok})
+func (k *fakeKID) ResolveRoute(time.Duration) error {
+	k.c.push(&engine.Event{Type: int(EventRouteResolved), IDToken: k.tok})
 	return nil
 }
-func (k *fakeKID) srcPort() uint16 { return 4242 }
-func (k *fakeKID) dstPort() uint16 { return 4791 }
-func (k *fakeKID) initQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error) {
+func (k *fakeKID) SrcPort() uint16 { return 4242 }
+func (k *fakeKID) DstPort() uint16 { return 4791 }
+func (k *fakeKID) InitQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error) {
 	return verbs.QPAttr{}, 0, syscall.ENOSYS
 }
-func (k *fakeKID) local() sockaddr    { return k.src }
-func (k *fakeKID) peer() sockaddr     { return sockaddr{} }
-func (k *fakeKID) deviceName() string { return "" }
-func (k *fakeKID) portNum() uint8     { return 1 }
-func (k *fakeKID) destroy() error     { k.c.f.destroys.Add(1); return nil }
+func (k *fakeKID) Local() engine.Sockaddr { return k.src }
+func (k *fakeKID) Peer() engine.Sockaddr  { return engine.Sockaddr{} }
+func (k *fakeKID) DeviceName() string     { return "" }
+func (k *fakeKID) PortNum() uint8         { return 1 }
+func (k *fakeKID) Destroy() error         { k.c.f.destroys.Add(1); return nil }
 
 // withFakeKernel makes f the kernel stack for the test.
 func withFakeKernel(t *testing.T) *fakeKernel {
 	f := &fakeKernel{}
-	saved := kernel
-	kernel = f
-	t.Cleanup(func() { kernel = saved })
+	saved := engine.Kernel()
+	engine.Register(f)
+	t.Cleanup(func() { engine.Register(saved) })
 	return f
 }
 

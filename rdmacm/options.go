@@ -85,7 +85,7 @@ func (id *ID) SetOption(level, optname int, optval any) (err error) {
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.k != nil {
-		if err := id.k.setOption(level, optname, val); err != nil {
+		if err := id.k.SetOption(level, optname, val); err != nil {
 			return err
 		}
 		if level == OptionID && optname == OptionIDTOS && len(val) == 1 {

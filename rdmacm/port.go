@@ -1,19 +1,20 @@
 package rdmacm
 
 import (
+	"fmt"
 	"net/netip"
+	"syscall"
 
+	"github.com/softrdma/softrdma/ib/mcast"
 	"github.com/softrdma/softrdma/verbs"
 )
 
-// port is what a kind of device gives the CM: the link-layer specific half
-// of the kernel's cma.c (cma_iboe_join_multicast or cma_join_ib_multicast,
-// the PS_IPOIB Q_Key, GID lookup, netdev events). Each kind of port lives in
-// its own file (port_rxe.go, port_ib.go) and is the only code of rdmacm that
-// knows a provider; everything else talks to this interface.
+// port is the link-layer specific half of the kernel's cma.c for one
+// device (cma_iboe_join_multicast or cma_join_ib_multicast, the PS_IPOIB
+// Q_Key, GID lookup, netdev events). portOf picks it from the device's
+// link layer and capabilities (port_roce.go, port_ib.go); the CM never
+// knows which provider is behind a device.
 type port interface {
-	// device returns the verbs device the port belongs to.
-	device() *verbs.Device
 	// gidIndex returns the GID table index that stands for a local address.
 	gidIndex(ctx *verbs.Context, a netip.Addr) (uint8, error)
 	// ipoibQKey returns the Q_Key of the port's IPoIB broadcast group, the
@@ -30,36 +31,57 @@ type port interface {
 	leave(mc *mcJoin) (wait func() error)
 	// subscribe delivers the port's netdev events to fn until cancel is
 	// called; ports without netdev events return a nil cancel.
-	subscribe(fn func(netEvent)) (cancel func())
+	subscribe(fn func(verbs.NetdevEvent)) (cancel func())
 }
 
-// netEventKind is a change of a port's network device.
-type netEventKind uint8
-
-const (
-	netdevRemoved netEventKind = iota // the interface went away
-	addrRemoved                       // an address left the interface
-)
-
-// netEvent is a netdev change, as the kernel's cma_netdev_callback sees it.
-type netEvent struct {
-	kind netEventKind
-	addr netip.Addr
-}
-
-// portFinders are asked in order for the port of a local address; the
-// first that owns the address wins: an InfiniBand port whose IPoIB
-// address it is, else the RoCEv2 device of the interface that owns it.
-// A finder returns a nil port when the address is not its.
-var portFinders = []func(*verbs.Host, netip.Addr) (port, error){ibPortFor, rxePortFor}
-
-// portFor returns the port of host h a local address belongs to.
-func portFor(h *verbs.Host, a netip.Addr) (port, error) {
-	for _, find := range portFinders {
-		p, err := find(h, a)
-		if err != nil || p != nil {
-			return p, err
+// portOf returns the port of an open device, as cma.c asks
+// rdma_protocol_roce and rdma_cap_ib_mcast: a RoCE port on a network
+// interface joins IP groups, an InfiniBand port with an SA join engine
+// joins through the SA; any other device (a kernel device, whose ids the
+// kernel's CM serves) gets a port that refuses.
+func portOf(ctx *verbs.Context) port {
+	dev := ctx.Device()
+	pa, err := ctx.QueryPort(1)
+	if err != nil {
+		return noPort{dev.Name()}
+	}
+	switch pa.LinkLayer {
+	case verbs.LinkLayerEthernet:
+		if nd, ok := verbs.Capability[verbs.NetdevPort](dev); ok {
+			return rocePort{name: dev.Name(), nd: nd}
+		}
+	case verbs.LinkLayerInfiniBand:
+		if jp, ok := verbs.Capability[mcast.JoinPort](dev); ok {
+			return ibPort{name: dev.Name(), p: jp}
 		}
 	}
-	return nil, errNoPort(a)
+	return noPort{dev.Name()}
+}
+
+// noPort is the port of a device that offers the CM no join of its own:
+// a kernel device (the kernel's CM does the port's work for kernel ids:
+// GID lookup, joins, netdev events), or a device whose provider offers
+// neither capability. Everything but subscribe refuses.
+type noPort struct{ name string }
+
+func (p noPort) err(errno syscall.Errno) error {
+	return fmt.Errorf("device %s offers the CM no multicast join (neither an IP interface nor an SA): %w", p.name, errno)
+}
+func (p noPort) gidIndex(*verbs.Context, netip.Addr) (uint8, error) { return 0, p.err(syscall.EINVAL) }
+func (p noPort) ipoibQKey() (uint32, error)                         { return 0, p.err(syscall.ENODEV) }
+func (p noPort) join(*ID, *mcJoin) error                            { return p.err(syscall.EINVAL) }
+func (noPort) leave(*mcJoin) func() error                           { return nil }
+func (noPort) subscribe(func(verbs.NetdevEvent)) func()             { return nil }
+
+// deviceOfAddr returns host h's device a local address belongs to (the
+// first kind of device that claims it, see verbs.Host.DeviceForAddr).
+func deviceOfAddr(h *verbs.Host, a netip.Addr) (*verbs.Device, error) {
+	d, err := h.DeviceForAddr(a)
+	if err != nil {
+		return nil, err
+	}
+	if d == nil {
+		return nil, errNoPort(a)
+	}
+	return d, nil
 }

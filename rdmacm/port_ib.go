@@ -8,35 +8,17 @@ import (
 
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/mcast"
-	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
 
-// ibPort is an InfiniBand port on an emulated subnet (provider/ib): joins
-// are SA requests (cma_join_ib_multicast), the address stands for the
-// port's IPoIB address.
-type ibPort struct{ p *ib.Device }
-
-// ibPortFor returns the IB port whose IPoIB address a is: an open one, or
-// one opened on the subnet that SOFTRDMA_SM names; nil when a is not an
-// IPoIB address.
-func ibPortFor(h *verbs.Host, a netip.Addr) (port, error) {
-	r := ib.On(h)
-	p := r.ForAddr(a)
-	if p == nil {
-		var err error
-		if p, err = r.OpenFromEnv(a); err != nil {
-			return nil, err
-		}
-	}
-	if p == nil {
-		return nil, nil
-	}
-	return ibPort{p}, nil
+// ibPort is an InfiniBand port with an SA join engine (mcast.JoinPort):
+// joins are SA requests (cma_join_ib_multicast), the address stands for
+// the port's IPoIB address.
+type ibPort struct {
+	name string
+	p    mcast.JoinPort
 }
-
-func (p ibPort) device() *verbs.Device { return p.p.Verbs() }
 
 // gidIndex: an IB port's IPoIB address stands for its port GID, index 0.
 func (ibPort) gidIndex(*verbs.Context, netip.Addr) (uint8, error) { return 0, nil }
@@ -46,7 +28,7 @@ func (ibPort) gidIndex(*verbs.Context, netip.Addr) (uint8, error) { return 0, ni
 func (p ibPort) ipoibQKey() (uint32, error) {
 	bc, ok := p.p.Multicast().BroadcastGroup()
 	if !ok {
-		return 0, fmt.Errorf("no IPoIB broadcast group on %s: %w", p.p.Name(), syscall.EADDRNOTAVAIL)
+		return 0, fmt.Errorf("no IPoIB broadcast group on %s: %w", p.name, syscall.EADDRNOTAVAIL)
 	}
 	return bc.QKey, nil
 }
@@ -59,7 +41,7 @@ func (p ibPort) ipoibQKey() (uint32, error) {
 func (p ibPort) join(id *ID, mc *mcJoin) error {
 	bc, ok := p.p.Multicast().BroadcastGroup()
 	if !ok {
-		return fmt.Errorf("no IPoIB broadcast group on %s: %w", p.p.Name(), syscall.EADDRNOTAVAIL)
+		return fmt.Errorf("no IPoIB broadcast group on %s: %w", p.name, syscall.EADDRNOTAVAIL)
 	}
 	var mgid verbs.GID
 	if mc.addr.family == afIB {
@@ -146,4 +128,4 @@ func (p ibPort) leave(mc *mcJoin) func() error {
 
 // subscribe: an IB port reports its changes (reregister, LID change)
 // through its joins' callbacks, not as netdev events.
-func (ibPort) subscribe(func(netEvent)) (cancel func()) { return nil }
+func (ibPort) subscribe(func(verbs.NetdevEvent)) (cancel func()) { return nil }

@@ -14,6 +14,9 @@
 package main
 
 import (
+	// Every kind of device (RoCEv2, InfiniBand, the kernel's with the rdmacore tag).
+	_ "github.com/softrdma/softrdma/provider/all"
+
 	"fmt"
 	"io"
 	"os"

@@ -524,3 +524,13 @@ func (e *Engine) Close() {
 	e.sa.close()
 	e.wg.Wait()
 }
+
+// JoinPort is the capability of an InfiniBand port whose multicast joins
+// go to the subnet's SA (the kernel's rdma_cap_ib_mcast): its join engine
+// and its port GID. The RDMA CM finds it with verbs.Capability.
+type JoinPort interface {
+	// Multicast returns the port's join engine.
+	Multicast() *Engine
+	// PortGID returns the port's GID (index 0 of its GID table).
+	PortGID() verbs.GID
+}

@@ -27,6 +27,9 @@
 package bench
 
 import (
+	// Every kind of device (RoCEv2, InfiniBand, the kernel's with the rdmacore tag).
+	_ "github.com/softrdma/softrdma/provider/all"
+
 	"encoding/json"
 	"fmt"
 	"io"

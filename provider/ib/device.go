@@ -280,6 +280,33 @@ func (r *Registry) OpenFromEnv(a netip.Addr) (*Device, error) {
 	return Open(Config{SM: sm, Local: a.Unmap().WithZone(""), Host: r.host})
 }
 
+// addrOwner finds the port of an IPoIB address for the RDMA CM
+// (verbs.AddrOwner).
+type addrOwner struct{}
+
+// DeviceForAddr returns the host's open port whose IPoIB address a is, or
+// the port OpenFromEnv opens for it; (nil, nil) when there is none.
+func (addrOwner) DeviceForAddr(h *verbs.Host, a netip.Addr) (*verbs.Device, error) {
+	r := On(h)
+	d := r.ForAddr(a)
+	if d == nil {
+		var err error
+		if d, err = r.OpenFromEnv(a); err != nil || d == nil {
+			return nil, err
+		}
+	}
+	return d.Verbs(), nil
+}
+
+// AddrOrder puts IB ports before kinds that claim every address of an
+// interface: an IPoIB address may also be an interface's (127.0.0.x).
+func (addrOwner) AddrOrder() int { return 10 }
+
+// A port is the RDMA CM's InfiniBand port.
+var _ mcast.JoinPort = (*Device)(nil)
+
+func init() { verbs.RegisterAddrOwner(addrOwner{}) }
+
 // CloseAll closes every port of the host.
 func (r *Registry) CloseAll() {
 	r.mu.Lock()

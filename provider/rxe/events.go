@@ -13,43 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// NetEventKind says what happened to the device's interface.
-type NetEventKind int
-
-// Netdev event kinds.
-const (
-	// NetdevRemoved: the interface was deleted.
-	NetdevRemoved NetEventKind = iota + 1
-	// AddrRemoved: an address was removed from the interface.
-	AddrRemoved
-	// AddrAdded: an address was added to the interface.
-	AddrAdded
-)
-
-// String returns the kind's name.
-func (k NetEventKind) String() string {
-	switch k {
-	case NetdevRemoved:
-		return "NetdevRemoved"
-	case AddrRemoved:
-		return "AddrRemoved"
-	case AddrAdded:
-		return "AddrAdded"
-	}
-	return "unknown"
-}
-
-// NetEvent is a change of the device's interface, for the RDMA CM
-// (RDMA_CM_EVENT_ADDR_CHANGE / DEVICE_REMOVAL).
-type NetEvent struct {
-	Kind NetEventKind
-	Addr netip.Addr // the address for AddrAdded / AddrRemoved
-}
-
 // events is the device's netlink watcher and its subscribers.
 type events struct {
 	mu     sync.Mutex
-	subs   map[int]func(NetEvent)
+	subs   map[int]func(verbs.NetdevEvent)
 	nextID int
 	done   chan struct{} // closes the watcher; nil when not running
 	live   bool          // the watcher receives link and address changes
@@ -89,17 +56,17 @@ func (e *events) waitDispatch() {
 	}
 }
 
-// Watch calls fn for every change of the device's interface (removal,
+// WatchNetdev calls fn for every change of the device's interface (removal,
 // address added or removed) until cancel is called; when cancel returns fn
 // is not running and is not called again (cancel from inside fn does not
 // wait for itself). Callbacks run on one watcher goroutine, in order; the
 // netlink subscription runs only while subscribers exist. If netlink is
 // unavailable no event is ever delivered.
-func (d *Device) Watch(fn func(NetEvent)) (cancel func()) {
+func (d *Device) WatchNetdev(fn func(verbs.NetdevEvent)) (cancel func()) {
 	e := &d.ev
 	e.mu.Lock()
 	if e.subs == nil {
-		e.subs = map[int]func(NetEvent){}
+		e.subs = map[int]func(verbs.NetdevEvent){}
 	}
 	id := e.nextID
 	e.nextID++
@@ -192,7 +159,7 @@ func (d *Device) watch(done, exited chan struct{}, linkCh chan netlink.LinkUpdat
 			}
 			d.refreshInfo()
 			if u.Header.Type == unix.RTM_DELLINK {
-				d.emit(done, NetEvent{Kind: NetdevRemoved})
+				d.emit(done, verbs.NetdevEvent{Kind: verbs.NetdevRemoved})
 			}
 		case u, ok := <-addrCh:
 			if !ok {
@@ -207,17 +174,17 @@ func (d *Device) watch(done, exited chan struct{}, linkCh chan netlink.LinkUpdat
 			if !ok {
 				continue
 			}
-			k := AddrRemoved
+			k := verbs.AddrRemoved
 			if u.NewAddr {
-				k = AddrAdded
+				k = verbs.AddrAdded
 			}
-			d.emit(done, NetEvent{Kind: k, Addr: a.Unmap()})
+			d.emit(done, verbs.NetdevEvent{Kind: k, Addr: a.Unmap()})
 		}
 	}
 }
 
 // emit calls the current subscribers, unless the watcher is stopping.
-func (d *Device) emit(done chan struct{}, ev NetEvent) {
+func (d *Device) emit(done chan struct{}, ev verbs.NetdevEvent) {
 	select {
 	case <-done:
 		return
@@ -226,7 +193,7 @@ func (d *Device) emit(done chan struct{}, ev NetEvent) {
 	e := &d.ev
 	e.mu.Lock()
 	ids := slices.Sorted(maps.Keys(e.subs))
-	fns := make([]func(NetEvent), len(ids))
+	fns := make([]func(verbs.NetdevEvent), len(ids))
 	for i, id := range ids {
 		fns[i] = e.subs[id]
 	}
@@ -253,5 +220,5 @@ func (d *Device) emit(done chan struct{}, ev NetEvent) {
 // Subscribe reports the interface's changes as device events
 // (verbs.EventSource, through the verbs core), for operator tools.
 func (d *Device) Subscribe(fn func(verbs.DeviceEvent)) (cancel func()) {
-	return d.Watch(func(ev NetEvent) { fn(verbs.DeviceEvent{Kind: ev.Kind.String(), Addr: ev.Addr}) })
+	return d.WatchNetdev(func(ev verbs.NetdevEvent) { fn(verbs.DeviceEvent{Kind: ev.Kind.String(), Addr: ev.Addr}) })
 }

@@ -61,13 +61,13 @@ func TestNetEvents(t *testing.T) {
 	if d.Name() != "rxe_"+name {
 		t.Errorf("name %q", d.Name())
 	}
-	evs := make(chan NetEvent, 64)
-	cancel := d.Watch(func(e NetEvent) { evs <- e })
+	evs := make(chan verbs.NetdevEvent, 64)
+	cancel := d.WatchNetdev(func(e verbs.NetdevEvent) { evs <- e })
 	defer cancel()
 	// A second subscriber, cancelled at once, does not stop the first.
-	d.Watch(func(NetEvent) {})()
+	d.WatchNetdev(func(verbs.NetdevEvent) {})()
 
-	expect := func(kind NetEventKind, addr netip.Addr) {
+	expect := func(kind verbs.NetdevEventKind, addr netip.Addr) {
 		t.Helper()
 		timeout := time.After(5 * time.Second)
 		for {
@@ -86,7 +86,7 @@ func TestNetEvents(t *testing.T) {
 	if err := netlink.AddrAdd(link, nlAddr); err != nil {
 		t.Fatal(err)
 	}
-	expect(AddrAdded, addr)
+	expect(verbs.AddrAdded, addr)
 	tbl, err := d.GIDTable(1)
 	if err != nil || len(tbl) == 0 || tbl[0].GID != wire.GIDFromAddr(addr) || tbl[0].NetdevIdx != link.Attrs().Index {
 		t.Errorf("gid table %+v %v", tbl, err)
@@ -100,12 +100,12 @@ func TestNetEvents(t *testing.T) {
 	if err := netlink.AddrDel(link, nlAddr); err != nil {
 		t.Fatal(err)
 	}
-	expect(AddrRemoved, addr)
+	expect(verbs.AddrRemoved, addr)
 	if err := netlink.LinkDel(link); err != nil {
 		t.Fatal(err)
 	}
 	deleted = true
-	expect(NetdevRemoved, netip.Addr{})
+	expect(verbs.NetdevRemoved, netip.Addr{})
 	if pa, _ := d.QueryPort(1); pa.State != verbs.PortDown {
 		t.Errorf("port of a removed interface %v", pa.State)
 	}
@@ -118,7 +118,7 @@ func TestCancelWaitsForCallback(t *testing.T) {
 	d := loDev(t)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var finished atomic.Bool
-	cancel := d.Watch(func(NetEvent) {
+	cancel := d.WatchNetdev(func(verbs.NetdevEvent) {
 		close(entered)
 		<-release
 		finished.Store(true)
@@ -126,7 +126,7 @@ func TestCancelWaitsForCallback(t *testing.T) {
 	d.ev.mu.Lock()
 	done := d.ev.done
 	d.ev.mu.Unlock()
-	go d.emit(done, NetEvent{Kind: AddrAdded})
+	go d.emit(done, verbs.NetdevEvent{Kind: verbs.AddrAdded})
 	<-entered
 	stopped := make(chan struct{})
 	go func() { cancel(); close(stopped) }()
@@ -144,11 +144,11 @@ func TestCancelWaitsForCallback(t *testing.T) {
 	// A callback cancelling itself returns.
 	var self func()
 	returned := make(chan struct{})
-	self = d.Watch(func(NetEvent) { self(); close(returned) })
+	self = d.WatchNetdev(func(verbs.NetdevEvent) { self(); close(returned) })
 	d.ev.mu.Lock()
 	done = d.ev.done
 	d.ev.mu.Unlock()
-	go d.emit(done, NetEvent{Kind: AddrAdded})
+	go d.emit(done, verbs.NetdevEvent{Kind: verbs.AddrAdded})
 	select {
 	case <-returned:
 	case <-time.After(5 * time.Second):

@@ -321,4 +321,3 @@ func TestCloseReleasesEverything(t *testing.T) {
 	}
 	d2.Close()
 }
-

@@ -46,7 +46,28 @@ func (provider) Discover(h *verbs.Host) {
 	}
 }
 
-func init() { verbs.RegisterProvider(provider{}) }
+// DeviceForAddr returns the device of the interface that owns local
+// address a (verbs.AddrOwner); see Registry.ForAddr.
+func (provider) DeviceForAddr(h *verbs.Host, a netip.Addr) (*verbs.Device, error) {
+	d, err := On(h).ForAddr(a)
+	if err != nil {
+		return nil, err
+	}
+	return d.Verbs(), nil
+}
+
+// AddrOrder puts the RoCEv2 devices after kinds whose devices have
+// addresses of their own: a RoCEv2 device claims every address of its
+// interface (verbs.AddrOwner).
+func (provider) AddrOrder() int { return 100 }
+
+// A device is the RDMA CM's RoCE port of its interface.
+var _ verbs.NetdevPort = (*Device)(nil)
+
+func init() {
+	verbs.RegisterProvider(provider{})
+	verbs.RegisterAddrOwner(provider{})
+}
 
 // ForInterface returns the device of interface ifindex, creating (and
 // registering with verbs) it on first use. An unknown interface gives an

@@ -59,6 +59,10 @@ func CoreOf(d *verbs.Device) *Device {
 // Driver returns the provider's side of the device.
 func (d *Device) Driver() Driver { return d.drv }
 
+// Unwrap returns the provider's driver, through which verbs.Capability
+// finds what the provider offers beyond the verbs.
+func (d *Device) Unwrap() any { return d.drv }
+
 // objKind is a kind of verbs object the device limits.
 type objKind int
 

@@ -1,6 +1,9 @@
 package conformance
 
 import (
+	// Every kind of device (RoCEv2, InfiniBand, the kernel's with the rdmacore tag).
+	_ "github.com/softrdma/softrdma/provider/all"
+
 	"context"
 	"fmt"
 	"net/netip"

@@ -43,6 +43,9 @@
 package main
 
 import (
+	// Every kind of device (RoCEv2, InfiniBand, the kernel's with the rdmacore tag).
+	_ "github.com/softrdma/softrdma/provider/all"
+
 	"bufio"
 	"context"
 	"errors"

@@ -1,8 +1,9 @@
 //go:build rdmacore && cgo
 
-package rdmacore
+package cm
 
 /*
+#cgo LDFLAGS: -lrdmacm -libverbs
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>

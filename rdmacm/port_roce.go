@@ -5,28 +5,19 @@ import (
 	"net/netip"
 	"syscall"
 
-	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
 
-// rxePort is a RoCEv2 port of softrdma's software device (provider/rxe):
+// rocePort is a RoCE port on a network interface (verbs.NetdevPort):
 // cma_iboe_join_multicast, IP group memberships, netdev events.
-type rxePort struct{ d *rxe.Device }
-
-// rxePortFor returns host h's RoCEv2 device of the interface that owns a.
-func rxePortFor(h *verbs.Host, a netip.Addr) (port, error) {
-	d, err := rxe.On(h).ForAddr(a)
-	if err != nil {
-		return nil, err
-	}
-	return rxePort{d}, nil
+type rocePort struct {
+	name string
+	nd   verbs.NetdevPort
 }
 
-func (p rxePort) device() *verbs.Device { return p.d.Verbs() }
-
 // gidIndex finds the address's RoCEv2 GID in the port's GID table.
-func (p rxePort) gidIndex(ctx *verbs.Context, a netip.Addr) (uint8, error) {
+func (p rocePort) gidIndex(ctx *verbs.Context, a netip.Addr) (uint8, error) {
 	tbl, err := ctx.QueryGIDTable(1)
 	if err != nil {
 		return 0, err
@@ -37,23 +28,23 @@ func (p rxePort) gidIndex(ctx *verbs.Context, a netip.Addr) (uint8, error) {
 			return uint8(e.Index), nil
 		}
 	}
-	return 0, fmt.Errorf("%v is not a GID of %s: %w", a, p.d.Name(), syscall.EADDRNOTAVAIL)
+	return 0, fmt.Errorf("%v is not a GID of %s: %w", a, p.name, syscall.EADDRNOTAVAIL)
 }
 
 // ipoibQKey fails: a RoCE port has no IPoIB broadcast group (ENODEV, as
 // Linux).
-func (rxePort) ipoibQKey() (uint32, error) {
+func (rocePort) ipoibQKey() (uint32, error) {
 	return 0, fmt.Errorf("no IPoIB broadcast group on a RoCE port: %w", syscall.ENODEV)
 }
 
-// rxeMembership is what a RoCEv2 full-member join holds: a reference on
+// roceMembership is what a RoCE full-member join holds: a reference on
 // the interface's IP membership of the group (IGMP/MLD report).
-type rxeMembership struct{ group netip.Addr }
+type roceMembership struct{ group netip.Addr }
 
 // join is cma_iboe_join_multicast: the MGID is the group's RoCEv2 mapping,
 // a full member takes a reference on the IP group membership, and the
 // MULTICAST_JOIN event is queued at once.
-func (p rxePort) join(id *ID, mc *mcJoin) error {
+func (p rocePort) join(id *ID, mc *mcJoin) error {
 	sa := mc.addr
 	if !sa.isIP() {
 		return ENOTSUPP
@@ -75,10 +66,10 @@ func (p rxePort) join(id *ID, mc *mcJoin) error {
 	// Linux takes the IP membership for any address (ip_mc_inc_group does
 	// not check the range); a socket can only join real multicast groups.
 	if !mc.sendOnly && group.IsMulticast() {
-		if err := p.d.IncGroup(group); err != nil {
+		if err := p.nd.IncGroup(group); err != nil {
 			return err
 		}
-		mc.held, mc.netRef = rxeMembership{group}, true
+		mc.held, mc.netRef = roceMembership{group}, true
 	}
 	mgid := wire.RoCEv2MGID(group)
 	id.queue(&Event{ID: id, Event: EventMulticastJoin, mc: mc, Param: UDParam{
@@ -95,23 +86,15 @@ func (p rxePort) join(id *ID, mc *mcJoin) error {
 }
 
 // leave drops the join's reference on the IP group membership.
-func (p rxePort) leave(mc *mcJoin) func() error {
-	if m, ok := mc.held.(rxeMembership); ok {
-		p.d.DecGroup(m.group)
+func (p rocePort) leave(mc *mcJoin) func() error {
+	if m, ok := mc.held.(roceMembership); ok {
+		p.nd.DecGroup(m.group)
 	}
 	mc.held, mc.netRef = nil, false
 	return nil
 }
 
-// subscribe turns the interface's netlink changes into the CM's netdev
-// events.
-func (p rxePort) subscribe(fn func(netEvent)) (cancel func()) {
-	return p.d.Watch(func(ev rxe.NetEvent) {
-		switch ev.Kind {
-		case rxe.NetdevRemoved:
-			fn(netEvent{kind: netdevRemoved})
-		case rxe.AddrRemoved:
-			fn(netEvent{kind: addrRemoved, addr: ev.Addr})
-		}
-	})
+// subscribe passes the interface's changes on as the CM's netdev events.
+func (p rocePort) subscribe(fn func(verbs.NetdevEvent)) (cancel func()) {
+	return p.nd.WatchNetdev(fn)
 }

@@ -1,6 +1,6 @@
 //go:build rdmacore && cgo
 
-package rdmacore
+package cm
 
 /*
 #include <endian.h>

@@ -1,42 +1,34 @@
 //go:build rdmacore && cgo
 
-package rdmacore
+package cm
+
+/*
+#include <netinet/in.h>
+#include <infiniband/ib.h>
+*/
+import "C"
 
 import (
 	"encoding/binary"
 	"net/netip"
 	"syscall"
+
+	"github.com/softrdma/softrdma/rdmacm/engine"
 )
 
-// Sockaddr is a socket address as librdmacm takes it: AF_INET
-// (struct sockaddr_in), AF_INET6 (sockaddr_in6) or AF_IB (sockaddr_ib).
-type Sockaddr struct {
-	Family int
-	// IP, Port and Scope are the address of AF_INET and AF_INET6.
-	IP    netip.Addr
-	Port  uint16
-	Scope uint32
-	// The AF_IB fields (struct sockaddr_ib).
-	PKey     uint16
-	FlowInfo uint32
-	GID      [16]byte
-	SID      uint64
-	SIDMask  uint64
-	IBScope  uint64
-}
-
-// AFIB is AF_IB, the InfiniBand address family.
-const AFIB = 27
-
-// Socket address sizes of the C structs (checked against C in the tests).
+// The C structs' sizes, from the distribution's headers.
 const (
-	sizeofSockaddrIn  = 16
-	sizeofSockaddrIn6 = 28
-	sizeofSockaddrIB  = 48
+	sizeofSockaddrIn  = C.sizeof_struct_sockaddr_in
+	sizeofSockaddrIn6 = C.sizeof_struct_sockaddr_in6
+	sizeofSockaddrIB  = C.sizeof_struct_sockaddr_ib
 )
 
-// Marshal returns the C bytes of the address; nil for an unknown family.
-func (s Sockaddr) Marshal() []byte {
+// marshal returns the C bytes of a socket address (struct sockaddr_in,
+// sockaddr_in6 or sockaddr_ib); nil for none or an unknown family.
+func marshal(s *engine.Sockaddr) []byte {
+	if s == nil {
+		return nil
+	}
 	switch s.Family {
 	case syscall.AF_INET:
 		b := make([]byte, sizeofSockaddrIn)
@@ -53,9 +45,9 @@ func (s Sockaddr) Marshal() []byte {
 		copy(b[8:24], a[:])
 		binary.NativeEndian.PutUint32(b[24:], s.Scope)
 		return b
-	case AFIB:
+	case engine.AFIB:
 		b := make([]byte, sizeofSockaddrIB)
-		binary.NativeEndian.PutUint16(b[0:], AFIB)
+		binary.NativeEndian.PutUint16(b[0:], engine.AFIB)
 		binary.BigEndian.PutUint16(b[2:], s.PKey)
 		binary.BigEndian.PutUint32(b[4:], s.FlowInfo)
 		copy(b[8:24], s.GID[:])
@@ -67,11 +59,11 @@ func (s Sockaddr) Marshal() []byte {
 	return nil
 }
 
-// ParseSockaddr decodes the C bytes of a socket address; ok is false for
+// parse decodes the C bytes of a socket address; the zero Sockaddr for
 // an unknown family or short bytes.
-func ParseSockaddr(b []byte) (s Sockaddr, ok bool) {
+func parse(b []byte) (s engine.Sockaddr) {
 	if len(b) < 2 {
-		return s, false
+		return s
 	}
 	s.Family = int(binary.NativeEndian.Uint16(b))
 	switch {
@@ -82,7 +74,7 @@ func ParseSockaddr(b []byte) (s Sockaddr, ok bool) {
 		s.Port = binary.BigEndian.Uint16(b[2:])
 		s.IP = netip.AddrFrom16([16]byte(b[8:24]))
 		s.Scope = binary.NativeEndian.Uint32(b[24:])
-	case s.Family == AFIB && len(b) >= sizeofSockaddrIB:
+	case s.Family == engine.AFIB && len(b) >= sizeofSockaddrIB:
 		s.PKey = binary.BigEndian.Uint16(b[2:])
 		s.FlowInfo = binary.BigEndian.Uint32(b[4:])
 		copy(s.GID[:], b[8:24])
@@ -90,7 +82,7 @@ func ParseSockaddr(b []byte) (s Sockaddr, ok bool) {
 		s.SIDMask = binary.BigEndian.Uint64(b[32:])
 		s.IBScope = binary.NativeEndian.Uint64(b[40:])
 	default:
-		return Sockaddr{}, false
+		return engine.Sockaddr{}
 	}
-	return s, true
+	return s
 }

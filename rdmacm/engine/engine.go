@@ -1,0 +1,112 @@
+// Package engine is the seam between the rdmacm front and an RDMA CM that
+// does an id's work elsewhere: the kernel's CM through rdma-core's
+// librdmacm (provider/rdmacore/cm). The front keeps librdmacm's own part
+// (event queues and acks, the QP attach on a JOIN event, the detach on
+// leave); an engine does bind, resolve, join and leave with its checks
+// and errnos. An engine package registers itself from init with Register,
+// as a database/sql driver does; a build without one has no kernel stack.
+package engine
+
+import (
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// Stack is an RDMA CM engine.
+type Stack interface {
+	// NewChannel creates an event channel (rdma_create_event_channel).
+	NewChannel() (Channel, error)
+}
+
+// Channel is an engine's event channel.
+type Channel interface {
+	// CreateID creates an id of port space ps whose events carry tok.
+	CreateID(tok uint64, ps uint16) (ID, error)
+	// OwnerOf returns the name of the engine's device that owns a local
+	// address, or "".
+	OwnerOf(a netip.Addr) string
+	// Next waits for the next event; an error once the channel is closed.
+	Next() (*Event, error)
+	// Close ends Next and destroys the channel.
+	Close() error
+}
+
+// ID is an engine's CM id. Addresses are passed as given (nil: none), so
+// that the engine makes the checks.
+type ID interface {
+	Bind(sa *Sockaddr) error
+	ResolveAddr(src, dst *Sockaddr, timeout time.Duration) error
+	Join(sa *Sockaddr, tok uint64) error
+	JoinEx(compMask, flags uint32, sa *Sockaddr, tok uint64) error
+	Leave(sa *Sockaddr) error
+	// SetOption is rdma_set_option with the option's C bytes.
+	SetOption(level, name int, val []byte) error
+	// ResolveRoute is rdma_resolve_route.
+	ResolveRoute(timeout time.Duration) error
+	// SrcPort and DstPort are rdma_get_src_port and rdma_get_dst_port, in
+	// host order.
+	SrcPort() uint16
+	DstPort() uint16
+	// InitQPAttr is rdma_init_qp_attr for the INIT state.
+	InitQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error)
+	Local() Sockaddr
+	Peer() Sockaddr
+	// DeviceName is the device the id is bound to, or "".
+	DeviceName() string
+	PortNum() uint8
+	Destroy() error
+}
+
+// Event is an event of an engine's channel.
+type Event struct {
+	Type           int // enum rdma_cm_event_type
+	Status         int
+	IDToken        uint64
+	MCToken        uint64 // the join's token for MULTICAST_JOIN / _ERROR
+	QPNum, QKey    uint32
+	AHAttr         verbs.AHAttr
+	PrivateDataLen uint8
+	Ack            func() error // rdma_ack_cm_event
+}
+
+// Sockaddr is a socket address as librdmacm takes it: AF_INET, AF_INET6
+// (IP, Port, Scope) or AF_IB (the sockaddr_ib fields).
+type Sockaddr struct {
+	Family int
+	IP     netip.Addr // without zone: Scope carries it
+	Port   uint16
+	Scope  uint32
+	// The AF_IB fields.
+	PKey     uint16
+	FlowInfo uint32
+	GID      verbs.GID
+	SID      uint64
+	SIDMask  uint64
+	IBScope  uint64
+}
+
+// AFIB is AF_IB, the InfiniBand address family.
+const AFIB = 27
+
+var registered struct {
+	sync.Mutex
+	s Stack
+}
+
+// Register makes s the kernel stack of every new event channel. A second
+// registration replaces the first.
+func Register(s Stack) {
+	registered.Lock()
+	registered.s = s
+	registered.Unlock()
+}
+
+// Kernel returns the registered stack, nil when none is.
+func Kernel() Stack {
+	registered.Lock()
+	defer registered.Unlock()
+	return registered.s
+}

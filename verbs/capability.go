@@ -1,0 +1,121 @@
+package verbs
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+	"sync"
+)
+
+// This file is the seam between the RDMA CM and the kinds of device: what
+// the CM asks of a device beyond the verbs, found by capability, never by
+// provider type, as the kernel's cma.c asks rdma_protocol_roce and
+// rdma_cap_ib_mcast of a port and ib_device_get_netdev of a RoCE port.
+
+// AddrOwner is a kind of device that can say which of a host's devices a
+// local IP address belongs to, making the device exist if needed (the
+// kernel's cma_acquire_dev_by_src_ip). A provider package registers one
+// from init with RegisterAddrOwner.
+type AddrOwner interface {
+	// DeviceForAddr returns h's device of local address a; (nil, nil) when
+	// the address is not one of this kind's.
+	DeviceForAddr(h *Host, a netip.Addr) (*Device, error)
+	// AddrOrder orders the owners asked: lower first. A kind whose devices
+	// have addresses of their own (an InfiniBand port's IPoIB address)
+	// comes before one that claims every address of an interface.
+	AddrOrder() int
+}
+
+var addrOwners struct {
+	sync.Mutex
+	list []AddrOwner
+}
+
+// RegisterAddrOwner adds a kind of device to every host's address lookup
+// (Host.DeviceForAddr).
+func RegisterAddrOwner(o AddrOwner) {
+	addrOwners.Lock()
+	defer addrOwners.Unlock()
+	addrOwners.list = append(addrOwners.list, o)
+	slices.SortStableFunc(addrOwners.list, func(a, b AddrOwner) int { return cmp.Compare(a.AddrOrder(), b.AddrOrder()) })
+}
+
+// DeviceForAddr returns the device local address a belongs to: the
+// answer of the first registered AddrOwner, in AddrOrder, that claims the
+// address or fails (an owner that cannot open the device it would claim
+// the address for stops the search). (nil, nil) when no owner claims it.
+func (h *Host) DeviceForAddr(a netip.Addr) (*Device, error) {
+	addrOwners.Lock()
+	os := slices.Clone(addrOwners.list)
+	addrOwners.Unlock()
+	for _, o := range os {
+		if d, err := o.DeviceForAddr(h, a); d != nil || err != nil {
+			return d, err
+		}
+	}
+	return nil, nil
+}
+
+// Capability returns what device d offers as T: its backend's DeviceOps
+// when that implements T, else the provider behind a backend that unwraps
+// to it (softrdma's software core unwraps to its provider's driver). The
+// CM asks for NetdevPort and for the SA client's port interface this way.
+func Capability[T any](d *Device) (T, bool) {
+	if c, ok := d.ops.(T); ok {
+		return c, true
+	}
+	if u, ok := d.ops.(interface{ Unwrap() any }); ok {
+		c, ok := u.Unwrap().(T)
+		return c, ok
+	}
+	var zero T
+	return zero, false
+}
+
+// NetdevPort is the capability of a RoCE port that sits on a network
+// interface (the kernel's ib_device_get_netdev): the interface's IP
+// multicast memberships, which the RDMA CM takes for full-member joins
+// (the kernel's ip_mc_inc_group and ip_mc_dec_group), and its changes.
+type NetdevPort interface {
+	// IncGroup takes a reference on the interface's membership of an IP
+	// multicast group; the first one joins (IGMP/MLD report).
+	IncGroup(group netip.Addr) error
+	// DecGroup drops a reference taken with IncGroup; the last one leaves.
+	DecGroup(group netip.Addr) error
+	// WatchNetdev delivers the interface's changes to fn until cancel is
+	// called; cancel waits for a running fn (unless called from it).
+	WatchNetdev(fn func(NetdevEvent)) (cancel func())
+}
+
+// NetdevEventKind says what happened to a port's network interface.
+type NetdevEventKind int
+
+// Netdev event kinds.
+const (
+	// NetdevRemoved: the interface was deleted.
+	NetdevRemoved NetdevEventKind = iota + 1
+	// AddrRemoved: an address was removed from the interface.
+	AddrRemoved
+	// AddrAdded: an address was added to the interface.
+	AddrAdded
+)
+
+// String returns the kind's name.
+func (k NetdevEventKind) String() string {
+	switch k {
+	case NetdevRemoved:
+		return "NetdevRemoved"
+	case AddrRemoved:
+		return "AddrRemoved"
+	case AddrAdded:
+		return "AddrAdded"
+	}
+	return "unknown"
+}
+
+// NetdevEvent is a change of a port's network interface, for the RDMA CM
+// (RDMA_CM_EVENT_ADDR_CHANGE / DEVICE_REMOVAL).
+type NetdevEvent struct {
+	Kind NetdevEventKind
+	Addr netip.Addr // the address for AddrAdded / AddrRemoved
+}
