@@ -1,7 +1,10 @@
 // Package conformance is one suite of RDMA CM multicast cases written
 // against the public API (rdmacm and verbs) and run on every backend:
-// softrdma's RoCEv2 device on the host (go test ./test/conformance), and
-// the kernel's Soft-RoCE in the QEMU guests of test/interop, through the
+// softrdma's RoCEv2 device on the host (go test ./test/conformance), its
+// emulated InfiniBand subnet (TestConformanceIB), a kind of device that
+// this package registers itself, as a provider would, without rdmacm
+// knowing it (TestConformanceFakeKind, fakekind_test.go), and the kernel's
+// Soft-RoCE in the QEMU guests of test/interop, through the
 // rdmacore build (test/interop's TestKernelConformance copies the test
 // binary into a guest). Each case asserts the behaviour documented for the
 // backend it runs on (README, "Differences"), so an undocumented

@@ -87,12 +87,14 @@ type suite struct {
 }
 
 // target is what a run tests: softrdma's RoCEv2 device, softrdma's
-// emulated InfiniBand subnet, or the kernel's RDMA stack.
+// emulated InfiniBand subnet, a kind of device registered from this test
+// package (fakekind_test.go), or the kernel's RDMA stack.
 type target string
 
 const (
 	targetSoft   target = "soft"
 	targetSoftIB target = "soft-ib"
+	targetFake   target = "fake-kind" // expects what soft does
 	targetKernel target = "kernel"
 )
 
