@@ -1,14 +1,12 @@
 package rdmacm
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
 	"syscall"
 
 	"github.com/softrdma/softrdma/verbs"
-	"github.com/vishvananda/netlink"
 )
 
 // cmDevice is librdmacm's per-device state (struct cma_device): one open
@@ -112,38 +110,4 @@ func (cd *cmDevice) netEvent(ev verbs.NetdevEvent) {
 // gidIndex returns the GID table index of a local address.
 func (cd *cmDevice) gidIndex(a netip.Addr) (uint8, error) {
 	return cd.port.gidIndex(cd.ctx, a)
-}
-
-// routeSource picks the interface and source address towards dst through
-// the routing tables, as rdma_resolve_addr does without a source address.
-func routeSource(dst netip.Addr) (netip.Addr, error) {
-	routes, err := netlink.RouteGet(dst.AsSlice())
-	if err != nil || len(routes) == 0 {
-		if err == nil {
-			err = syscall.ENETUNREACH
-		}
-		var errno syscall.Errno
-		if !errors.As(err, &errno) {
-			err = fmt.Errorf("%v: %w", err, syscall.ENETUNREACH)
-		}
-		return netip.Addr{}, err
-	}
-	r := routes[0]
-	if src, ok := netip.AddrFromSlice(r.Src); ok && src.IsValid() && !src.IsUnspecified() {
-		return src.Unmap(), nil
-	}
-	link, err := netlink.LinkByIndex(r.LinkIndex)
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("%v: %w", err, syscall.ENODEV)
-	}
-	fam := netlink.FAMILY_V4
-	if dst.Is6() && !dst.Is4In6() {
-		fam = netlink.FAMILY_V6
-	}
-	addrs, err := netlink.AddrList(link, fam)
-	if err != nil || len(addrs) == 0 {
-		return netip.Addr{}, fmt.Errorf("no address on %s: %w", link.Attrs().Name, syscall.EADDRNOTAVAIL)
-	}
-	a, _ := netip.AddrFromSlice(addrs[0].IP)
-	return a.Unmap(), nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/softrdma/softrdma/rdmacm/engine"
+	"github.com/softrdma/softrdma/rdmacm/internal/addr"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -432,8 +433,8 @@ func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) 
 	wildSrc := src == nil || s.ip.IsUnspecified()
 	if !d.ip.IsLoopback() && (wildSrc || !d.ip.IsMulticast()) {
 		// From a bound source, a unicast destination no route has is taken
-		// to be on the source's link (resolveNeighbour).
-		if routeSrc, err = routeSource(d.ip.WithZone("")); err != nil && wildSrc {
+		// to be on the source's link (addr.ResolveNeighbour).
+		if routeSrc, err = addr.RouteSource(d.ip.WithZone("")); err != nil && wildSrc {
 			return fmt.Errorf("route to %v: %w", d.ip, err)
 		}
 	}
@@ -788,7 +789,7 @@ func (id *ID) startNeighbourLocked(dst netip.Addr, timeout time.Duration) {
 		defer close(done)
 		err := herr
 		if h != nil {
-			err = resolveNeighbour(ctx, h, src, dst, timeout)
+			err = addr.ResolveNeighbour(ctx, h, src, dst, timeout)
 			h.Close()
 		}
 		id.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/rdmacm/engine"
+	"github.com/softrdma/softrdma/rdmacm/internal/addr"
 )
 
 // This file is the CM's second stack: ids whose address a kernel RDMA
@@ -397,7 +398,7 @@ func (id *ID) kernelResolve(hasSrc bool, src, dst sockaddr, timeout time.Duratio
 		if !hasSrc || src.ip.IsUnspecified() {
 			a = sockaddr{family: dst.family, ip: dst.ip}
 			if !dst.ip.IsLoopback() {
-				if a.ip, err = routeSource(dst.ip.WithZone("")); err != nil {
+				if a.ip, err = addr.RouteSource(dst.ip.WithZone("")); err != nil {
 					a = sockaddr{} // the softrdma path reports the failed lookup
 				}
 			}

@@ -1,4 +1,9 @@
-package rdmacm
+// Package addr is the RDMA CM's address resolution, the kernel's
+// drivers/infiniband/core/addr.c: the source address a route gives a
+// destination, and the neighbour a unicast destination needs before it
+// counts as resolved. It asks the kernel through netlink, in the network
+// namespace of the calling thread (or of the handle given).
+package addr
 
 import (
 	"context"
@@ -13,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// resolveNeighbour is the neighbour half of the kernel's address
+// ResolveNeighbour is the neighbour half of the kernel's address
 // resolution (addr.c): rdma_resolve_addr of a unicast destination reports
 // ADDR_RESOLVED only once the next hop's link-layer address is known, and
 // ADDR_ERROR -ETIMEDOUT when the timeout passes first. The next hop is the
@@ -25,7 +30,7 @@ import (
 // without the privilege to start it, an entry the kernel has or makes
 // still counts.
 // h is a netlink handle of the network namespace of the resolving call.
-func resolveNeighbour(ctx context.Context, h *netlink.Handle, src, dst netip.Addr, timeout time.Duration) error {
+func ResolveNeighbour(ctx context.Context, h *netlink.Handle, src, dst netip.Addr, timeout time.Duration) error {
 	link, hop, err := nextHop(h, src, dst)
 	if err != nil {
 		return err
