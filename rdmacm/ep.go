@@ -18,25 +18,7 @@ import (
 // neighbour resolution; InfiniBand: no SA PathRecord query).
 func (id *ID) ResolveRoute(timeout time.Duration) (err error) {
 	defer wrapErr(&err, "rdma_resolve_route", nil)
-	if k := id.kernel(); k != nil {
-		if err := k.ResolveRoute(timeout); err != nil {
-			return err
-		}
-		id.mu.Lock()
-		if id.state == stateAddrResolved {
-			id.state = stateRouteQuery
-		}
-		id.mu.Unlock()
-		return id.complete(nil)
-	}
-	id.mu.Lock()
-	if id.state != stateAddrResolved || id.dev == nil {
-		id.mu.Unlock()
-		return syscall.EINVAL
-	}
-	id.state = stateRouteResolved
-	id.mu.Unlock()
-	return id.complete(id.queue(&Event{ID: id, Event: EventRouteResolved}))
+	return id.engine().resolveRoute(id, timeout)
 }
 
 // SrcPort returns the id's source port (rdma_get_src_port), in host order
@@ -45,10 +27,7 @@ func (id *ID) ResolveRoute(timeout time.Duration) (err error) {
 func (id *ID) SrcPort() uint16 {
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	if id.k != nil {
-		return id.k.SrcPort()
-	}
-	return id.src.portOf()
+	return id.eng.srcPort(id)
 }
 
 // DstPort returns the id's destination port (rdma_get_dst_port), in host
@@ -56,10 +35,7 @@ func (id *ID) SrcPort() uint16 {
 func (id *ID) DstPort() uint16 {
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	if id.k != nil {
-		return id.k.DstPort()
-	}
-	return id.dst.portOf()
+	return id.eng.dstPort(id)
 }
 
 // portOf is librdmacm's ucma_get_port.

@@ -14,7 +14,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/softrdma/softrdma/rdmacm/engine"
 	"github.com/softrdma/softrdma/rdmacm/internal/addr"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -56,7 +55,7 @@ type ID struct {
 	recvCQ   *verbs.CQ
 	mcs      []*mcJoin // oldest first; lookups go newest first, like librdmacm's list
 
-	// A unicast resolution in progress (neigh.go): its cancel and end.
+	// A unicast resolution in progress (internal/addr): its cancel and end.
 	resolveStop context.CancelFunc
 	resolveDone chan struct{}
 
@@ -72,11 +71,9 @@ type ID struct {
 	// A passive endpoint's PD (CreateEP: id->pd).
 	userPD *verbs.PD
 
-	// A kernel id (kernel.go): its librdmacm id, token and port.
-	k     engine.ID
-	ktok  uint64
-	kport uint8
-	khome *EventChannel // the channel whose librdmacm channel has k
+	// The engine doing the id's CM work (engine.go): softrdma's devices
+	// until toKernelLocked gives the id to the kernel's stack.
+	eng idEngine
 
 	// guarded by ch.mu
 	eventsReported  int
@@ -102,7 +99,7 @@ func createID(ch *EventChannel, ctx any, ps PortSpace, qpType verbs.QPType) (_ *
 	default:
 		return nil, fmt.Errorf("port space %#x: %w", uint16(ps), syscall.EINVAL)
 	}
-	id := &ID{context: ctx, ps: ps, qpType: ps.qpType()}
+	id := &ID{context: ctx, ps: ps, qpType: ps.qpType(), eng: softEngine{}}
 	if ps == PS_IB && qpType != 0 {
 		id.qpType = qpType
 	}
@@ -125,7 +122,7 @@ func createID(ch *EventChannel, ctx any, ps PortSpace, qpType verbs.QPType) (_ *
 	ch.mu.Unlock()
 	if kern {
 		id.mu.Lock()
-		_, err := id.toKernelLocked(nil)
+		_, err = id.toKernelLocked(nil)
 		id.mu.Unlock()
 		if err != nil {
 			ch.mu.Lock()
@@ -203,10 +200,7 @@ func (id *ID) PortNum() uint8 {
 	if id.dev == nil {
 		return 0
 	}
-	if id.k != nil {
-		return id.kport
-	}
-	return 1
+	return id.eng.portNum(id)
 }
 
 // QP returns the id's QP, or nil.
@@ -355,15 +349,11 @@ func (id *ID) BindAddr(addr net.Addr) (err error) {
 	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	if kern, err := id.toKernelLocked(&sa); err != nil {
+	eng, err := id.toKernelLocked(&sa)
+	if err != nil {
 		return err
-	} else if kern {
-		return id.kernelBindLocked(&sa)
 	}
-	if !sa.isIP() {
-		return fmt.Errorf("AF_IB needs an InfiniBand device: %w", syscall.EINVAL)
-	}
-	return id.bindLocked(sa)
+	return eng.bindLocked(id, sa)
 }
 
 func (id *ID) bindLocked(sa sockaddr) error {
@@ -403,7 +393,7 @@ func (id *ID) bindLocked(sa sockaddr) error {
 // fails the call (ENETUNREACH), as the kernel's rdma_resolve_ip does; a
 // route to an interface without an RDMA device is an ADDR_ERROR event. A
 // unicast destination resolves once its next hop's link-layer address is
-// known, else ADDR_ERROR -ETIMEDOUT when timeout passes (neigh.go).
+// known, else ADDR_ERROR -ETIMEDOUT when timeout passes (internal/addr).
 // The result comes as an ADDR_RESOLVED or ADDR_ERROR event; a synchronous
 // id waits for it.
 func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) {
@@ -418,72 +408,15 @@ func (id *ID) ResolveAddr(src, dst net.Addr, timeout time.Duration) (err error) 
 			return fmt.Errorf("src: %w", err)
 		}
 	}
-	if done, err := id.kernelResolve(src != nil, s, d, timeout); done {
+	var sp *sockaddr
+	if src != nil {
+		sp = &s
+	}
+	eng, err := id.engineForResolve(sp, d)
+	if err != nil {
 		return err
 	}
-	if !d.isIP() || (src != nil && !s.isIP()) {
-		return fmt.Errorf("AF_IB needs an InfiniBand device: %w", syscall.EINVAL)
-	}
-	if src != nil && s.family != d.family {
-		return fmt.Errorf("address families differ: %w", syscall.EINVAL)
-	}
-	// The route lookup: the kernel's rdma_resolve_ip fails the call when
-	// there is no route (a multicast group from a given source needs none).
-	var routeSrc netip.Addr
-	wildSrc := src == nil || s.ip.IsUnspecified()
-	if !d.ip.IsLoopback() && (wildSrc || !d.ip.IsMulticast()) {
-		// From a bound source, a unicast destination no route has is taken
-		// to be on the source's link (addr.ResolveNeighbour).
-		if routeSrc, err = addr.RouteSource(d.ip.WithZone("")); err != nil && wildSrc {
-			return fmt.Errorf("route to %v: %w", d.ip, err)
-		}
-	}
-	id.mu.Lock()
-	if id.state == stateIdle {
-		if src == nil || s.ip.IsUnspecified() {
-			// Bind to the source the route lookup picked.
-			a := routeSrc
-			if d.ip.IsLoopback() {
-				a = d.ip
-			}
-			if src != nil {
-				s.ip = a
-			} else {
-				s = sockaddr{family: d.family, ip: a}
-			}
-			if err := id.bindLocked(s); err != nil {
-				// A route without an RDMA device: addr_handler's failed
-				// cma_acquire_dev, an ADDR_ERROR event.
-				id.mu.Unlock()
-				return id.complete(id.queue(&Event{ID: id, Event: EventAddrError, Status: -int(verbs.ErrnoOf(err))}))
-			}
-		} else if err := id.bindLocked(s); err != nil {
-			id.mu.Unlock()
-			return fmt.Errorf("bind %v: %w", s.netAddr(), err)
-		}
-	}
-	switch id.state {
-	case stateAddrBound, stateAddrResolved:
-	default:
-		id.mu.Unlock()
-		return syscall.EINVAL
-	}
-	id.dst = d
-	if id.dev != nil && id.k == nil && !d.ip.IsMulticast() && !d.ip.IsLoopback() && !d.ip.IsUnspecified() {
-		// A unicast destination: ADDR_RESOLVED once its neighbour is known.
-		id.startNeighbourLocked(d.ip.WithZone(""), timeout)
-		id.mu.Unlock()
-		return id.complete(nil)
-	}
-	var ev *Event
-	if id.dev == nil {
-		ev = &Event{ID: id, Event: EventAddrError, Status: -int(syscall.ENODEV)}
-	} else {
-		id.state = stateAddrResolved
-		ev = &Event{ID: id, Event: EventAddrResolved}
-	}
-	id.mu.Unlock()
-	return id.complete(id.queue(ev))
+	return eng.resolveAddr(id, sp, d, timeout)
 }
 
 // queue enqueues an event of this id and returns it.
@@ -556,14 +489,8 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) (err error) {
 	}
 	// INIT takes the P_Key index, port and Q_Key of the id: the kernel's
 	// (rdma_init_qp_attr) for a kernel id.
-	init := verbs.QPAttr{State: verbs.QPSInit, PortNum: 1}
-	initMask := verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey
-	if id.k != nil {
-		if init, initMask, err = id.k.InitQPAttr(); err != nil {
-			return err
-		}
-		id.qkey = init.QKey
-	} else if init.QKey, err = id.defaultQKey(); err != nil {
+	init, initMask, err := id.eng.initQPAttrLocked(id)
+	if err != nil {
 		return err
 	}
 	if id.qpType != verbs.QPTypeUD {
@@ -714,16 +641,10 @@ func (id *ID) Destroy() (err error) {
 	destroyCQs(id.ownCQs)
 	id.ownCQs = nil
 	dev := id.dev
-	if id.src.isIP() && id.k == nil {
-		id.ch().cm.releasePort(id, id.src.port)
+	if w := id.eng.releaseLocked(id); w != nil {
+		waits = append(waits, w)
 	}
 	id.mu.Unlock()
-	if id.k != nil {
-		// librdmacm leaves the id's groups and waits for the acks.
-		if err := id.kernelDestroy(); err != nil && len(waits) == 0 {
-			waits = append(waits, func() error { return err })
-		}
-	}
 	// The SA Deletes of the id's IB joins were started together: Destroy
 	// returns when all were answered or timed out.
 	var leaveErr error

@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/softrdma/softrdma/rdmacm/engine"
 	"github.com/softrdma/softrdma/rdmacm/internal/addr"
+	"github.com/softrdma/softrdma/verbs"
 )
 
 // This file is the CM's second stack: ids whose address a kernel RDMA
@@ -173,65 +175,105 @@ func (ch *EventChannel) closeKernel(kc engine.Channel, done chan struct{}) {
 	<-done
 }
 
+// kernelEngine is the engine of a kernel id: its librdmacm id on the
+// librdmacm channel of its home channel (the channel it was created on;
+// MigrateID does not move it), the id's token there, and the port the
+// kernel bound it to. The kernel's CM makes the checks and gives the
+// errnos; librdmacm's own part (the attach of the QP when a JOIN event is
+// retrieved, the detach on leave, the waits for acks) stays in the front.
+type kernelEngine struct {
+	k    engine.ID
+	tok  uint64
+	port uint8         // id.mu
+	home *EventChannel // the channel whose librdmacm channel has k
+}
+
 // toKernelLocked decides whether the idle id goes to the kernel's stack
 // for local address a (nil: not known yet) and, if so, creates its
-// librdmacm id. It reports whether the id is a kernel id (id.mu is held).
-func (id *ID) toKernelLocked(a *sockaddr) (bool, error) {
-	if id.k != nil {
-		return true, nil
+// librdmacm id and makes it the id's engine: at once for a channel whose
+// backend is BackendKernel, at the first bind or resolve for BackendAuto
+// (as librdmacm picks the device then) when a kernel device owns the
+// address. It returns the id's engine (id.mu is held).
+func (id *ID) toKernelLocked(a *sockaddr) (idEngine, error) {
+	if _, kern := id.eng.(*kernelEngine); kern {
+		return id.eng, nil
 	}
 	ch := id.lockCh()
 	defer ch.mu.Unlock()
 	switch ch.backend {
 	case BackendSoft:
-		return false, nil
+		return id.eng, nil
 	case BackendAuto:
 		if engine.Kernel() == nil || id.state != stateIdle || a == nil || !a.isIP() || a.ip.IsUnspecified() {
-			return false, nil
+			return id.eng, nil
 		}
 		kc, err := ch.kernelChannelLocked()
 		if err != nil || kc.OwnerOf(a.ip.WithZone("")) == "" {
-			return false, nil // no kernel RDMA device, or not its address
+			return id.eng, nil // no kernel RDMA device, or not its address
 		}
 	}
 	kc, err := ch.kernelChannelLocked()
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	ch.ktok++
 	k, err := kc.CreateID(ch.ktok, uint16(id.ps))
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	// The options set so far are the librdmacm id's too.
 	for _, o := range id.opts {
 		if err := k.SetOption(o.level, o.name, o.val); err != nil {
 			k.Destroy()
-			return false, err
+			return nil, err
 		}
 	}
-	id.k, id.ktok, id.khome = k, ch.ktok, ch
-	ch.kids[id.ktok] = id
+	id.eng = &kernelEngine{k: k, tok: ch.ktok, home: ch}
+	ch.kids[ch.ktok] = id
 	ch.kusers++
-	return true, nil
+	return id.eng, nil
 }
 
-// kernelBindLocked binds a kernel id (rdma_bind_addr) and takes the
-// address and device the kernel bound it to (id.mu is held).
-func (id *ID) kernelBindLocked(sa *sockaddr) error {
-	if err := id.k.Bind(toEngine(sa)); err != nil {
+// engineForResolve returns the engine of an id about to resolve dst: an
+// idle id goes to the kernel's stack when a kernel device owns its source
+// (given, else the route's).
+func (id *ID) engineForResolve(src *sockaddr, dst sockaddr) (idEngine, error) {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if _, kern := id.eng.(*kernelEngine); kern || id.state != stateIdle || !dst.isIP() {
+		return id.eng, nil
+	}
+	var a sockaddr
+	if src != nil && !src.ip.IsUnspecified() {
+		a = *src
+	} else {
+		a = sockaddr{family: dst.family, ip: dst.ip}
+		if !dst.ip.IsLoopback() {
+			var err error
+			if a.ip, err = addr.RouteSource(dst.ip.WithZone("")); err != nil {
+				a = sockaddr{} // the softrdma engine reports the failed lookup
+			}
+		}
+	}
+	return id.toKernelLocked(&a)
+}
+
+// bindLocked binds a kernel id (rdma_bind_addr) and takes the address and
+// device the kernel bound it to.
+func (e *kernelEngine) bindLocked(id *ID, sa sockaddr) error {
+	if err := e.k.Bind(toEngine(&sa)); err != nil {
 		return err
 	}
 	id.state = stateAddrBound
-	return id.kernelRefreshLocked()
+	return e.refreshLocked(id)
 }
 
-// kernelRefreshLocked reads the addresses and device of a kernel id, after
-// a bind or a resolution (id.mu is held).
-func (id *ID) kernelRefreshLocked() error {
-	id.src, id.dst = fromEngine(id.k.Local()), fromEngine(id.k.Peer())
-	id.kport = id.k.PortNum()
-	name := id.k.DeviceName()
+// refreshLocked reads the addresses and device of a kernel id, after a
+// bind or a resolution (id.mu is held).
+func (e *kernelEngine) refreshLocked(id *ID) error {
+	id.src, id.dst = fromEngine(e.k.Local()), fromEngine(e.k.Peer())
+	e.port = e.k.PortNum()
+	name := e.k.DeviceName()
 	if name == "" || (id.dev != nil && id.dev.name() == name) {
 		return nil
 	}
@@ -251,10 +293,89 @@ func (id *ID) kernelRefreshLocked() error {
 	return nil
 }
 
-// kernelJoin is rdma_join_multicast(_ex) of a kernel id: the attributes go
-// to librdmacm as given. The join is recorded first, so that its event
-// finds it.
-func (id *ID) kernelJoin(k engine.ID, ex bool, attr JoinMCAttrEx, ctx any) error {
+// resolveAddr is librdmacm's rdma_resolve_addr; ADDR_RESOLVED or
+// ADDR_ERROR follows on the channel.
+func (e *kernelEngine) resolveAddr(id *ID, src *sockaddr, dst sockaddr, timeout time.Duration) error {
+	if err := e.k.ResolveAddr(toEngine(src), toEngine(&dst), timeout); err != nil {
+		return err
+	}
+	id.mu.Lock()
+	if id.state == stateIdle || id.state == stateAddrBound {
+		id.state = stateAddrQuery
+	}
+	id.mu.Unlock()
+	return id.complete(nil)
+}
+
+// resolveRoute is librdmacm's rdma_resolve_route.
+func (e *kernelEngine) resolveRoute(id *ID, timeout time.Duration) error {
+	if err := e.k.ResolveRoute(timeout); err != nil {
+		return err
+	}
+	id.mu.Lock()
+	if id.state == stateAddrResolved {
+		id.state = stateRouteQuery
+	}
+	id.mu.Unlock()
+	return id.complete(nil)
+}
+
+// retrieved follows the kernel's state and addresses when an address or
+// route event is retrieved.
+func (e *kernelEngine) retrieved(id *ID, ev *Event) {
+	switch ev.Event {
+	case EventRouteResolved, EventRouteError:
+		id.mu.Lock()
+		if id.state == stateRouteQuery {
+			id.state = stateRouteResolved
+			if ev.Event == EventRouteError {
+				id.state = stateAddrResolved
+			}
+		}
+		id.mu.Unlock()
+	case EventAddrResolved, EventAddrChange:
+		id.mu.Lock()
+		if ev.Event == EventAddrResolved && id.state != stateDestroying {
+			id.state = stateAddrResolved
+		}
+		if err := e.refreshLocked(id); err != nil && ev.Status == 0 {
+			// The device is the kernel's but not in the device list.
+			ev.Event, ev.Status, ev.Err = EventAddrError, -int(verbs.ErrnoOf(err)), err
+		}
+		id.mu.Unlock()
+	}
+}
+
+// setOptionLocked passes the option to librdmacm as is.
+func (e *kernelEngine) setOptionLocked(id *ID, level, name int, val []byte) error {
+	if err := e.k.SetOption(level, name, val); err != nil {
+		return err
+	}
+	if level == OptionID && name == OptionIDTOS && len(val) == 1 {
+		id.tos, id.tosSet = val[0], true
+	}
+	return nil
+}
+
+func (e *kernelEngine) srcPort(*ID) uint16 { return e.k.SrcPort() }
+func (e *kernelEngine) dstPort(*ID) uint16 { return e.k.DstPort() }
+func (e *kernelEngine) portNum(*ID) uint8  { return e.port }
+
+// initQPAttrLocked is the kernel's rdma_init_qp_attr; its Q_Key becomes
+// the id's.
+func (e *kernelEngine) initQPAttrLocked(id *ID) (verbs.QPAttr, verbs.QPAttrMask, error) {
+	init, mask, err := e.k.InitQPAttr()
+	if err != nil {
+		return init, mask, err
+	}
+	id.qkey = init.QKey
+	return init, mask, nil
+}
+
+// join is rdma_join_multicast(_ex) of a kernel id: the attributes go to
+// librdmacm as given. The join is recorded first, so that its event finds
+// it.
+func (e *kernelEngine) join(id *ID, ex bool, attr JoinMCAttrEx, ctx any) error {
 	var sa *sockaddr
 	if attr.Addr != nil {
 		s, err := toSockaddr(attr.Addr)
@@ -267,7 +388,7 @@ func (id *ID) kernelJoin(k engine.ID, ex bool, attr JoinMCAttrEx, ctx any) error
 	if sa != nil {
 		mc.addr = *sa
 	}
-	ch := id.khome // the channel of the librdmacm id
+	ch := e.home
 	ch.mu.Lock()
 	ch.ktok++
 	mc.ktok = ch.ktok
@@ -278,9 +399,9 @@ func (id *ID) kernelJoin(k engine.ID, ex bool, attr JoinMCAttrEx, ctx any) error
 	id.mu.Unlock()
 	var err error
 	if ex {
-		err = k.JoinEx(attr.CompMask, attr.JoinFlags, toEngine(sa), mc.ktok)
+		err = e.k.JoinEx(attr.CompMask, attr.JoinFlags, toEngine(sa), mc.ktok)
 	} else {
-		err = k.Join(toEngine(sa), mc.ktok)
+		err = e.k.Join(toEngine(sa), mc.ktok)
 	}
 	flags := MCJoinFlagFullMember
 	if mc.sendOnly {
@@ -289,9 +410,7 @@ func (id *ID) kernelJoin(k engine.ID, ex bool, attr JoinMCAttrEx, ctx any) error
 	observeJoin(id, mc.addr, flags, err)
 	if err != nil {
 		id.mu.Lock()
-		if i := indexOf(id.mcs, mc); i >= 0 {
-			id.mcs = append(id.mcs[:i], id.mcs[i+1:]...)
-		}
+		id.mcs = slices.DeleteFunc(id.mcs, func(m *mcJoin) bool { return m == mc })
 		id.mu.Unlock()
 		ch.mu.Lock()
 		delete(ch.kmcs, mc.ktok)
@@ -301,26 +420,17 @@ func (id *ID) kernelJoin(k engine.ID, ex bool, attr JoinMCAttrEx, ctx any) error
 	return id.complete(nil)
 }
 
-func indexOf(mcs []*mcJoin, mc *mcJoin) int {
-	for i, m := range mcs {
-		if m == mc {
-			return i
-		}
-	}
-	return -1
-}
-
-// kernelLeave is rdma_leave_multicast of a kernel id: the QP is detached
-// here (librdmacm's id has no QP), the join's unread events are acked and
+// leave is rdma_leave_multicast of a kernel id: the QP is detached here
+// (librdmacm's id has no QP), the join's unread events are acked and
 // dropped, then librdmacm leaves and waits for the acks of the events
 // already retrieved. An address no join has is librdmacm's EADDRNOTAVAIL.
-func (id *ID) kernelLeave(k engine.ID, sa sockaddr) error {
+func (e *kernelEngine) leave(id *ID, sa sockaddr) error {
 	id.mu.Lock()
 	var mc *mcJoin
 	for i := len(id.mcs) - 1; i >= 0; i-- {
 		if id.mcs[i].addr == sa {
 			mc = id.mcs[i]
-			id.mcs = append(id.mcs[:i], id.mcs[i+1:]...)
+			id.mcs = slices.Delete(id.mcs, i, i+1)
 			break
 		}
 	}
@@ -336,20 +446,25 @@ func (id *ID) kernelLeave(k engine.ID, sa sockaddr) error {
 		}
 		ch.mu.Unlock()
 	}
-	err := k.Leave(toEngine(&sa))
+	err := e.k.Leave(toEngine(&sa))
 	if mc != nil {
-		home := id.khome
-		home.mu.Lock()
-		delete(home.kmcs, mc.ktok)
-		home.mu.Unlock()
+		e.home.mu.Lock()
+		delete(e.home.kmcs, mc.ktok)
+		e.home.mu.Unlock()
 	}
 	return err
 }
 
-// kernelDestroy ends a kernel id after Destroy's common part: its unread
-// events are acked and dropped, later ones acked on arrival, and
-// librdmacm destroys the id, waiting for the acks of retrieved events.
-func (id *ID) kernelDestroy() error {
+// releaseLocked: librdmacm leaves the id's groups and waits for the acks
+// when the returned wait destroys the id.
+func (e *kernelEngine) releaseLocked(id *ID) func() error {
+	return func() error { return e.destroy(id) }
+}
+
+// destroy ends a kernel id after Destroy's common part: its unread events
+// are acked and dropped, later ones acked on arrival, and librdmacm
+// destroys the id, waiting for the acks of retrieved events.
+func (e *kernelEngine) destroy(id *ID) error {
 	ch := id.lockCh()
 	id.kdead = true
 	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id })
@@ -358,10 +473,10 @@ func (id *ID) kernelDestroy() error {
 		id.parked = nil
 	}
 	ch.mu.Unlock()
-	err := id.k.Destroy()
-	home := id.khome
+	err := e.k.Destroy()
+	home := e.home
 	home.mu.Lock()
-	delete(home.kids, id.ktok)
+	delete(home.kids, e.tok)
 	for tok, mc := range home.kmcs {
 		if mc.id == id {
 			delete(home.kmcs, tok)
@@ -378,54 +493,6 @@ func (id *ID) kernelDestroy() error {
 	home.mu.Unlock()
 	home.closeKernel(kc, done)
 	return err
-}
-
-// kernel returns the id's librdmacm id, nil for a softrdma id.
-func (id *ID) kernel() engine.ID {
-	id.mu.Lock()
-	defer id.mu.Unlock()
-	return id.k
-}
-
-// kernelResolve is rdma_resolve_addr of a kernel id, or of an idle id
-// whose source (given, else the route's) a kernel device owns; done
-// reports whether the id is a kernel id.
-func (id *ID) kernelResolve(hasSrc bool, src, dst sockaddr, timeout time.Duration) (done bool, err error) {
-	id.mu.Lock()
-	var k engine.ID
-	if id.k == nil && id.state == stateIdle && dst.isIP() {
-		a := src
-		if !hasSrc || src.ip.IsUnspecified() {
-			a = sockaddr{family: dst.family, ip: dst.ip}
-			if !dst.ip.IsLoopback() {
-				if a.ip, err = addr.RouteSource(dst.ip.WithZone("")); err != nil {
-					a = sockaddr{} // the softrdma path reports the failed lookup
-				}
-			}
-		}
-		if _, err := id.toKernelLocked(&a); err != nil {
-			id.mu.Unlock()
-			return true, err
-		}
-	}
-	k = id.k
-	id.mu.Unlock()
-	if k == nil {
-		return false, nil
-	}
-	var s *sockaddr
-	if hasSrc {
-		s = &src
-	}
-	if err := k.ResolveAddr(toEngine(s), toEngine(&dst), timeout); err != nil {
-		return true, err
-	}
-	id.mu.Lock()
-	if id.state == stateIdle || id.state == stateAddrBound {
-		id.state = stateAddrQuery
-	}
-	id.mu.Unlock()
-	return true, id.complete(nil)
 }
 
 // toEngine converts a socket address for an engine; nil for none. An

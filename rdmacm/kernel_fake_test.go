@@ -139,7 +139,7 @@ func TestKernelIDMigrate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if id.kernel() == nil {
+	if _, kern := id.engine().(*kernelEngine); !kern {
 		t.Fatal("not a kernel id")
 	}
 	if err := id.SetOption(OptionID, OptionIDTOS, uint8(0x20)); err != nil {
@@ -247,10 +247,10 @@ func TestKernelIDOptionsReplayed(t *testing.T) {
 	ch.SetBackend(BackendKernel)
 	// An idle id of a kernel channel becomes a kernel id at bind.
 	id.mu.Lock()
-	kern, err := id.toKernelLocked(&sockaddr{})
+	eng, err := id.toKernelLocked(&sockaddr{})
 	id.mu.Unlock()
-	if err != nil || !kern {
-		t.Fatalf("to kernel: %v %v", kern, err)
+	if _, kern := eng.(*kernelEngine); err != nil || !kern {
+		t.Fatalf("to kernel: %T %v", eng, err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -3,7 +3,6 @@ package rdmacm
 import (
 	"fmt"
 	"net"
-	"slices"
 	"sync/atomic"
 	"syscall"
 
@@ -35,13 +34,7 @@ type mcJoin struct {
 // (rdma_join_multicast); ctx comes back in the event's PrivateData.
 func (id *ID) JoinMulticast(addr net.Addr, ctx any) (err error) {
 	defer wrapErr(&err, "rdma_join_multicast", addr)
-	if k := id.kernel(); k != nil {
-		return id.kernelJoin(k, false, JoinMCAttrEx{Addr: addr}, ctx)
-	}
-	if _, err := toSockaddr(addr); err != nil {
-		return err
-	}
-	return id.join(addr, MCJoinFlagFullMember, ctx)
+	return id.engine().join(id, false, JoinMCAttrEx{Addr: addr}, ctx)
 }
 
 // JoinMulticastEx joins a multicast group (rdma_join_multicast_ex). Checks,
@@ -54,22 +47,7 @@ func (id *ID) JoinMulticastEx(attr *JoinMCAttrEx, ctx any) (err error) {
 	if attr == nil {
 		return fmt.Errorf("nil attributes: %w", syscall.EINVAL)
 	}
-	if k := id.kernel(); k != nil {
-		return id.kernelJoin(k, true, *attr, ctx)
-	}
-	if attr.CompMask >= JoinMCAttrReserved {
-		return fmt.Errorf("comp_mask %#x: %w", attr.CompMask, syscall.EOPNOTSUPP)
-	}
-	if attr.CompMask&JoinMCAttrAddress == 0 {
-		return fmt.Errorf("no address: %w", syscall.EINVAL)
-	}
-	if attr.CompMask&JoinMCAttrJoinFlags == 0 || attr.JoinFlags >= MCJoinFlagReserved {
-		return fmt.Errorf("join flags: %w", syscall.EINVAL)
-	}
-	if _, err := toSockaddr(attr.Addr); err != nil {
-		return err
-	}
-	return id.join(attr.Addr, attr.JoinFlags, ctx)
+	return id.engine().join(id, true, *attr, ctx)
 }
 
 func (id *ID) join(addr net.Addr, flags uint32, ctx any) error {
@@ -104,27 +82,7 @@ func (id *ID) joinLocked(sa sockaddr, flags uint32, ctx any) error {
 // MULTICAST_ERROR with status -1, keeping its UD parameters (ah_attr,
 // qp_num, qkey), as librdmacm does.
 func (id *ID) processEvent(ev *Event) {
-	if id.k != nil && (ev.Event == EventRouteResolved || ev.Event == EventRouteError) {
-		id.mu.Lock()
-		if id.state == stateRouteQuery {
-			id.state = stateRouteResolved
-			if ev.Event == EventRouteError {
-				id.state = stateAddrResolved
-			}
-		}
-		id.mu.Unlock()
-	}
-	if id.k != nil && (ev.Event == EventAddrResolved || ev.Event == EventAddrChange) {
-		id.mu.Lock()
-		if ev.Event == EventAddrResolved && id.state != stateDestroying {
-			id.state = stateAddrResolved
-		}
-		if err := id.kernelRefreshLocked(); err != nil && ev.Status == 0 {
-			// The device is the kernel's but not in the device list.
-			ev.Event, ev.Status, ev.Err = EventAddrError, -int(verbs.ErrnoOf(err)), err
-		}
-		id.mu.Unlock()
-	}
+	id.engine().retrieved(id, ev)
 	if ev.mc == nil || ev.Event != EventMulticastJoin {
 		return
 	}
@@ -160,40 +118,7 @@ func (id *ID) LeaveMulticast(addr net.Addr) (err error) {
 	if err != nil {
 		return err
 	}
-	if k := id.kernel(); k != nil {
-		return id.kernelLeave(k, sa)
-	}
-	id.mu.Lock()
-	var mc *mcJoin
-	// Newest first, as librdmacm's list (joins are appended).
-	for i := len(id.mcs) - 1; i >= 0; i-- {
-		if id.mcs[i].addr == sa {
-			mc = id.mcs[i]
-			id.mcs = slices.Delete(id.mcs, i, i+1)
-			break
-		}
-	}
-	if mc == nil {
-		id.mu.Unlock()
-		return fmt.Errorf("not joined: %w", syscall.EADDRNOTAVAIL)
-	}
-	wait := id.leaveLocked(mc)
-	id.mu.Unlock()
-	if wait != nil {
-		err = wait()
-	}
-
-	ch := id.lockCh()
-	defer ch.mu.Unlock()
-	// A synchronous id's parked JOIN event would otherwise never be acked.
-	if p := id.parked; p != nil && p.mc == mc {
-		id.ackLocked(p)
-		id.parked = nil
-	}
-	for mc.eventsCompleted < mc.eventsReported {
-		ch.cond.Wait()
-	}
-	return err
+	return id.engine().leave(id, sa)
 }
 
 // leaveLocked undoes a join: detach (errors ignored, as librdmacm), drop

@@ -84,22 +84,7 @@ func (id *ID) SetOption(level, optname int, optval any) (err error) {
 	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	if id.k != nil {
-		if err := id.k.SetOption(level, optname, val); err != nil {
-			return err
-		}
-		if level == OptionID && optname == OptionIDTOS && len(val) == 1 {
-			id.tos, id.tosSet = val[0], true
-		}
-		return nil
-	}
-	if err := id.setOptionLocked(level, optname, val); err != nil {
-		return err
-	}
-	if level == OptionID && id.state == stateIdle {
-		id.opts = append(id.opts, idOption{level, optname, val})
-	}
-	return nil
+	return id.eng.setOptionLocked(id, level, optname, val)
 }
 
 // optBytes returns the C bytes of an option value.

@@ -1,0 +1,60 @@
+package rdmacm
+
+import (
+	"time"
+
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// idEngine does the CM work of an id: softEngine on softrdma's devices
+// (soft.go), kernelEngine on the kernel's stack through the registered
+// rdmacm/engine (kernel.go). The front (id.go, mcast.go, ep.go,
+// options.go, event.go) keeps what librdmacm itself does — ids, channels,
+// events and acks, the QP and its attach on a JOIN event, the waits — and
+// hands the rest to the id's engine without asking which one it is. An
+// id's engine is softrdma's until toKernelLocked gives it to the kernel:
+// at CreateID on a BackendKernel channel, at the first bind or resolve on
+// a BackendAuto one when a kernel device owns the address.
+//
+// Methods named …Locked are called with id.mu held; the others without.
+type idEngine interface {
+	// bindLocked binds the idle id to sa (rdma_bind_addr).
+	bindLocked(id *ID, sa sockaddr) error
+	// resolveAddr resolves dst from src (nil: none given)
+	// (rdma_resolve_addr); the result is an event.
+	resolveAddr(id *ID, src *sockaddr, dst sockaddr, timeout time.Duration) error
+	// resolveRoute is rdma_resolve_route.
+	resolveRoute(id *ID, timeout time.Duration) error
+	// retrieved runs when one of the id's events is retrieved, before the
+	// front's own processing.
+	retrieved(id *ID, ev *Event)
+	// setOptionLocked is rdma_set_option with the option's C bytes.
+	setOptionLocked(id *ID, level, name int, val []byte) error
+	// srcPort, dstPort and portNum are rdma_get_src_port,
+	// rdma_get_dst_port and the id's port_num (id.mu is held).
+	srcPort(id *ID) uint16
+	dstPort(id *ID) uint16
+	portNum(id *ID) uint8
+	// initQPAttrLocked is rdma_init_qp_attr for INIT.
+	initQPAttrLocked(id *ID) (verbs.QPAttr, verbs.QPAttrMask, error)
+	// join is rdma_join_multicast (ex false) or rdma_join_multicast_ex.
+	join(id *ID, ex bool, attr JoinMCAttrEx, ctx any) error
+	// leave is rdma_leave_multicast of the join whose address is sa.
+	leave(id *ID, sa sockaddr) error
+	// releaseLocked ends the engine's part of a Destroy once the front
+	// left the joins; what it still waits for is the returned wait,
+	// called once id.mu is released (nil: nothing).
+	releaseLocked(id *ID) (wait func() error)
+}
+
+// engine returns the id's engine.
+func (id *ID) engine() idEngine {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.eng
+}
+
+var (
+	_ idEngine = softEngine{}
+	_ idEngine = (*kernelEngine)(nil)
+)
