@@ -23,6 +23,9 @@ type cmState struct {
 	// channels' locks at once.
 	migrateMu sync.Mutex
 
+	// stats counts the host's joins, leaves and attach failures.
+	stats mcStats
+
 	handleMu sync.Mutex
 	next     uint64
 	ids      map[*ID]uint64

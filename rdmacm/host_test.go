@@ -10,8 +10,8 @@ import (
 )
 
 // TestIsolatedHost runs the CM on a host of its own: its device list has
-// the device of every interface, its ids and devices are its own (not
-// DefaultHost's), and closing it releases them.
+// the device of every interface, its ids, devices and multicast counts are
+// its own (not DefaultHost's), and closing it releases them.
 func TestIsolatedHost(t *testing.T) {
 	h := verbs.NewHost()
 	ifs, err := net.Interfaces()
@@ -43,6 +43,7 @@ func TestIsolatedHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := randGroup()
+	before := Stats()
 	join(t, id, g, MCJoinFlagFullMember, nil).Ack()
 	if id.Verbs().Device().Host() != h || id.Verbs().Device() == verbs.DeviceByName("rxe_lo") {
 		t.Errorf("id bound to a device of another host")
@@ -57,6 +58,16 @@ func TestIsolatedHost(t *testing.T) {
 	}
 	if err := id.LeaveMulticast(g); err != nil {
 		t.Fatal(err)
+	}
+	// The counts are the host's: the default host's did not move.
+	if st := StatsHost(h); st.Joins != 1 || st.Leaves != 1 {
+		t.Errorf("host counts %+v, want 1 join and 1 leave", st)
+	}
+	if st := InspectHost(h).Stats; st.Joins != 1 {
+		t.Errorf("InspectHost counts %+v", st)
+	}
+	if st := Stats(); st.Joins != before.Joins || st.Leaves != before.Leaves {
+		t.Errorf("default host counts moved: %+v → %+v", before, st)
 	}
 	if err := id.Destroy(); err != nil {
 		t.Fatal(err)

@@ -82,8 +82,8 @@ type Inspection struct {
 	Stats    MulticastStats
 }
 
-// MulticastStats counts the process's multicast control-plane operations
-// since it started.
+// MulticastStats counts a host's multicast control-plane operations since
+// it was made (verbs.DefaultHost: since the process started).
 type MulticastStats struct {
 	// Joins counts JoinMulticast/JoinMulticastEx calls that succeeded.
 	Joins uint64
@@ -96,17 +96,22 @@ type MulticastStats struct {
 	AttachErrors uint64
 }
 
-var mcStats struct {
+// mcStats are a host's counts (cmState.stats).
+type mcStats struct {
 	joins, joinErrors, leaves, attachErrors atomic.Uint64
 }
 
-// Stats returns the process's multicast operation counts.
-func Stats() MulticastStats {
+// Stats returns the multicast operation counts of verbs.DefaultHost.
+func Stats() MulticastStats { return StatsHost(verbs.DefaultHost()) }
+
+// StatsHost returns the multicast operation counts of host h.
+func StatsHost(h *verbs.Host) MulticastStats {
+	st := &cmOf(h).stats
 	return MulticastStats{
-		Joins:        mcStats.joins.Load(),
-		JoinErrors:   mcStats.joinErrors.Load(),
-		Leaves:       mcStats.leaves.Load(),
-		AttachErrors: mcStats.attachErrors.Load(),
+		Joins:        st.joins.Load(),
+		JoinErrors:   st.joinErrors.Load(),
+		Leaves:       st.leaves.Load(),
+		AttachErrors: st.attachErrors.Load(),
 	}
 }
 
@@ -266,7 +271,7 @@ func InspectHost(h *verbs.Host) Inspection {
 	}
 	slices.SortFunc(out.IDs, func(a, b IDInfo) int { return cmpU64(a.Handle, b.Handle) })
 	slices.SortFunc(out.Channels, func(a, b ChannelInfo) int { return cmpU64(a.Handle, b.Handle) })
-	out.Stats = Stats()
+	out.Stats = StatsHost(h)
 	return out
 }
 
@@ -299,10 +304,11 @@ func joinFlagName(sendOnly bool) string {
 
 // observeJoin counts and logs a join call (called without id.mu held).
 func observeJoin(id *ID, sa sockaddr, flags uint32, err error) {
+	st := &id.ch().cm.stats
 	if err != nil {
-		mcStats.joinErrors.Add(1)
+		st.joinErrors.Add(1)
 	} else {
-		mcStats.joins.Add(1)
+		st.joins.Add(1)
 	}
 	l := logger.Load()
 	if l == nil {
@@ -324,7 +330,7 @@ func observeJoin(id *ID, sa sockaddr, flags uint32, err error) {
 
 // observeLeave counts and logs a join's removal (called with id.mu held).
 func observeLeave(id *ID, mc *mcJoin) {
-	mcStats.leaves.Add(1)
+	id.ch().cm.stats.leaves.Add(1)
 	l := logger.Load()
 	if l == nil {
 		return
@@ -346,7 +352,7 @@ func observeLeave(id *ID, mc *mcJoin) {
 // observeAttachError counts and logs a failed attach at JOIN retrieval
 // (called with id.mu held).
 func observeAttachError(id *ID, mc *mcJoin, err error) {
-	mcStats.attachErrors.Add(1)
+	id.ch().cm.stats.attachErrors.Add(1)
 	l := logger.Load()
 	if l == nil {
 		return

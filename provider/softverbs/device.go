@@ -8,6 +8,7 @@ package softverbs
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/softrdma/softrdma/verbs"
@@ -19,6 +20,8 @@ type Device struct {
 	drv  Driver
 	ctr  counters
 	taps taps
+
+	nextKey atomic.Uint32 // numbers the device's MR keys (the kernel's are per device too)
 
 	mu        sync.Mutex // the tables below
 	closed    bool

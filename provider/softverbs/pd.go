@@ -66,8 +66,6 @@ func (pd *PD) hold(qp, ah int) error {
 	return nil
 }
 
-var nextKey atomic.Uint32
-
 // MR is a registered memory region (struct ibv_mr) over a Go byte slice.
 // The slice must not be resized or reused for other purposes while it is
 // registered; verbs keeps a reference, so it stays at the same address.
@@ -91,7 +89,7 @@ func (pd *PD) RegMR(buf []byte, access verbs.Access) (verbs.MROps, error) {
 		pd:     pd,
 		buf:    buf,
 		addr:   uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
-		lkey:   nextKey.Add(1)<<8 | 0x5a,
+		lkey:   pd.ctx.dev.nextKey.Add(1)<<8 | 0x5a,
 		access: access,
 	}
 	if err := pd.ctx.dev.take(objMR); err != nil {
