@@ -29,7 +29,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/softrdma/softrdma/capture"
-	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/rdmacm"

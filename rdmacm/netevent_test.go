@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/verbs"
 )
 

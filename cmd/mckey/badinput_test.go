@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 )
 
 // closedUDPPort returns a loopback UDP address nothing listens on.

@@ -23,7 +23,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 )
 
 // Paths of the binaries TestMain builds.
@@ -55,7 +55,7 @@ func testMain(m *testing.M) int {
 	if raceEnabled {
 		args = append(args, "-race") // a race in a child then fails its test (exit status 66)
 	}
-	args = append(args, ".", "../../internal/testcmd/mcpeer")
+	args = append(args, ".", "../../internal/harness/testcmd/mcpeer")
 	out, err := exec.Command("go", args...).CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "mckey test: go %s: %v\n%s", strings.Join(args, " "), err, out)

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/bench"
+	"github.com/softrdma/softrdma/internal/harness/bench"
 )
 
 // rxCommand is the hidden subcommand of a fan-out receiver process: bench

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 )
 
 // TestBenchQuick builds the binary and runs `softrdma bench -quick -json`

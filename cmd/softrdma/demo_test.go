@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 )
 
 func TestDemo(t *testing.T) {

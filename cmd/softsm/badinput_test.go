@@ -17,7 +17,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
-	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 )
 
 // TestBadInvocationsProcess runs the softsm binary with each mistake: it

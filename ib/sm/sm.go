@@ -62,8 +62,8 @@ import (
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/sa"
-	"github.com/softrdma/softrdma/internal/mmsg"
-	"github.com/softrdma/softrdma/internal/rawudp"
+	"github.com/softrdma/softrdma/internal/sys/mmsg"
+	"github.com/softrdma/softrdma/internal/sys/rawudp"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -219,7 +219,7 @@ type SM struct {
 	cfg     Config
 	epoch   uint64
 	prefix  uint64
-	fabric  *rawudp.Conn // out of the netpoller for writing: see internal/rawudp
+	fabric  *rawudp.Conn // out of the netpoller for writing: see internal/sys/rawudp
 	rawSA   *net.UDPConn
 	timeout time.Duration
 

@@ -11,8 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/ib/fabric"
-	"github.com/softrdma/softrdma/internal/mmsg"
-	"github.com/softrdma/softrdma/internal/rawudp"
+	"github.com/softrdma/softrdma/internal/sys/mmsg"
+	"github.com/softrdma/softrdma/internal/sys/rawudp"
 	"github.com/softrdma/softrdma/wire"
 )
 

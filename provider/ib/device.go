@@ -27,8 +27,8 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mcast"
-	"github.com/softrdma/softrdma/internal/mmsg"
-	"github.com/softrdma/softrdma/internal/rawudp"
+	"github.com/softrdma/softrdma/internal/sys/mmsg"
+	"github.com/softrdma/softrdma/internal/sys/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -116,7 +116,7 @@ type Device struct {
 	vdev   *verbs.Device
 	reg    *Registry
 	core   *softverbs.Device
-	conn   *rawudp.Conn   // out of the netpoller for writing: see internal/rawudp
+	conn   *rawudp.Conn   // out of the netpoller for writing: see internal/sys/rawudp
 	smAddr netip.AddrPort // sm, unmapped: the only source the port trusts
 	smDst  netip.AddrPort // sm as the socket sends to it (sendmmsg)
 	gso    bool           // the kernel takes UDP_SEGMENT sends

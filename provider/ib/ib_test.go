@@ -15,7 +15,7 @@ import (
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/mcast"
 	"github.com/softrdma/softrdma/ib/sm"
-	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/verbs"
 	"go.uber.org/goleak"

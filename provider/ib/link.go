@@ -6,7 +6,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/ib/fabric"
-	"github.com/softrdma/softrdma/internal/rawudp"
+	"github.com/softrdma/softrdma/internal/sys/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
-	"github.com/softrdma/softrdma/internal/mmsg"
+	"github.com/softrdma/softrdma/internal/sys/mmsg"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"

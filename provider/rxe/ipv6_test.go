@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )

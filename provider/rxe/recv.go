@@ -4,7 +4,7 @@ import (
 	"errors"
 	"runtime"
 
-	"github.com/softrdma/softrdma/internal/mmsg"
+	"github.com/softrdma/softrdma/internal/sys/mmsg"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"

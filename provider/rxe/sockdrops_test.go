@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/net/ipv4"
 
-	"github.com/softrdma/softrdma/internal/rawudp"
+	"github.com/softrdma/softrdma/internal/sys/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/wire"
 )

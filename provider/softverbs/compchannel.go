@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrdma/softrdma/internal/pollfd"
+	"github.com/softrdma/softrdma/internal/sys/pollfd"
 	"github.com/softrdma/softrdma/verbs"
 )
 

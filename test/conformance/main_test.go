@@ -12,8 +12,8 @@ import (
 	"testing"
 
 	"github.com/softrdma/softrdma/ib/sm"
-	"github.com/softrdma/softrdma/internal/nettest"
-	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/verbs"
 	"go.uber.org/goleak"

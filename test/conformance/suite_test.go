@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/internal/harness/nettest"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
 )

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/internal/harness/nettest"
 )
 
 // TestKernelConformance runs the conformance suite (test/conformance) in

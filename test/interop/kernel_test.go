@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/internal/harness/nettest"
 )
 
 // Go test binaries run in a guest: built on the host (go test -c) into the

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/internal/harness/nettest"
 )
 
 // The lab: one switch namespace with the snooping bridge br0, the host

@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/softrdma/softrdma/internal/nettest"
-	"github.com/softrdma/softrdma/internal/testenv"
+	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"go.uber.org/goleak"
 )
 

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/nettest"
+	"github.com/softrdma/softrdma/internal/harness/nettest"
 )
 
 // procMaxRun is how long a process of a test may run at the most.

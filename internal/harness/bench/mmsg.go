@@ -9,13 +9,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrdma/softrdma/internal/mmsg"
-	"github.com/softrdma/softrdma/internal/rawudp"
+	"github.com/softrdma/softrdma/internal/sys/mmsg"
+	"github.com/softrdma/softrdma/internal/sys/rawudp"
 )
 
 // This file is the baseline: plain UDP multicast sockets driven with
 // sendmmsg/recvmmsg, batch for batch like the device's own sockets (the
-// same batching code, internal/mmsg).
+// same batching code, internal/sys/mmsg).
 
 // udpPort is the port the baseline uses: RoCEv2's, so that the kernel walks
 // the same UDP hash slot for the baseline as for the device.

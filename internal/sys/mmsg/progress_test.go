@@ -9,8 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrdma/softrdma/internal/mmsg"
-	"github.com/softrdma/softrdma/internal/rawudp"
+	"github.com/softrdma/softrdma/internal/sys/mmsg"
+	"github.com/softrdma/softrdma/internal/sys/rawudp"
 )
 
 // served opens a rawudp socket on 127.0.0.1 (one that can leave the

@@ -6,7 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrdma/softrdma/internal/rawudp"
+	"github.com/softrdma/softrdma/internal/sys/rawudp"
 )
 
 // A socket that sends without waking Go's netpoller, and one that reads

@@ -34,7 +34,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrdma/softrdma/internal/mmsg"
+	"github.com/softrdma/softrdma/internal/sys/mmsg"
 )
 
 // writeWaitMS bounds one poll(2) wait for send room, so that Close, which
