@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/introspect"
+	"github.com/softrdma/softrdma/verbs"
 )
 
 func init() {
@@ -163,6 +164,16 @@ func devicesCmd(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// linkLayer is the link layer of the device's first port, which decides
+// what it shows (SA memberships on InfiniBand, sockets and UDP source
+// ports on RoCE), whatever kind of device it is.
+func linkLayer(d introspect.Device) string {
+	if len(d.Ports) == 0 {
+		return ""
+	}
+	return d.Ports[0].LinkLayer
+}
+
 func printDevice(w io.Writer, d introspect.Device, verbose bool) {
 	// Values line up at column 40 with 8-column tabs.
 	kv := func(indent, k string, v any) {
@@ -197,7 +208,7 @@ func printDevice(w io.Writer, d introspect.Device, verbose bool) {
 	kv("\t", "max_total_mcast_qp_attach", l.MaxTotalMcastQPAttach)
 	if verbose {
 		u := d.Usage
-		if d.Kind == "ib" {
+		if linkLayer(d) == verbs.LinkLayerInfiniBand.String() {
 			kv("\t", "in_use", fmt.Sprintf("%d QPs, %d mcast groups, %d attachments, %d SA memberships",
 				u.QPs, u.McastGroups, u.McastAttachments, u.SAMemberships))
 		} else {
@@ -241,7 +252,7 @@ func printDevice(w io.Writer, d introspect.Device, verbose bool) {
 			groups = strings.Join(q.Groups, ",")
 		}
 		sport := ""
-		if d.Kind == "rxe" {
+		if linkLayer(d) == verbs.LinkLayerEthernet.String() && q.SrcPort != 0 {
 			sport = fmt.Sprintf("  udp_sport %d", q.SrcPort)
 		}
 		fmt.Fprintf(w, "\t\tqpn %#06x  %s %-5s qkey %#08x  port %d%s  groups %s", q.QPN, q.Type, q.State, q.QKey, q.Port, sport, groups)
