@@ -6,16 +6,16 @@ import (
 	"syscall"
 )
 
-// AH is an address handle (struct ibv_ah).
-type AH struct {
-	pd   *PD
+// ahObj is an address handle (struct ibv_ah).
+type ahObj struct {
+	pd   *pdObj
 	attr verbs.AHAttr
 	dead bool
 }
 
 // CreateAH creates an address handle (ibv_create_ah). On an Ethernet (RoCE)
 // port the GRH is mandatory and its SGID index must exist.
-func (pd *PD) CreateAH(attr *verbs.AHAttr) (verbs.AHOps, error) {
+func (pd *pdObj) CreateAH(attr *verbs.AHAttr) (verbs.AHOps, error) {
 	if attr == nil {
 		return nil, syscall.EINVAL
 	}
@@ -29,10 +29,10 @@ func (pd *PD) CreateAH(attr *verbs.AHAttr) (verbs.AHOps, error) {
 		pd.ctx.dev.put(objAH)
 		return nil, err
 	}
-	return &AH{pd: pd, attr: *attr}, nil
+	return &ahObj{pd: pd, attr: *attr}, nil
 }
 
-func (pd *PD) checkAH(attr *verbs.AHAttr) error {
+func (pd *pdObj) checkAH(attr *verbs.AHAttr) error {
 	pa, err := pd.ctx.QueryPort(attr.PortNum)
 	if err != nil {
 		return err
@@ -49,13 +49,13 @@ func (pd *PD) checkAH(attr *verbs.AHAttr) error {
 }
 
 // Attr returns the attributes the AH was created with.
-func (ah *AH) Attr() verbs.AHAttr { return ah.attr }
+func (ah *ahObj) Attr() verbs.AHAttr { return ah.attr }
 
 // PD returns the protection domain of the AH.
-func (ah *AH) PD() *PD { return ah.pd }
+func (ah *ahObj) PD() *pdObj { return ah.pd }
 
 // Destroy destroys the address handle (ibv_destroy_ah).
-func (ah *AH) Destroy() error {
+func (ah *ahObj) Destroy() error {
 	if ah.dead {
 		return syscall.EINVAL
 	}

@@ -107,7 +107,7 @@ type fakeEnv struct {
 func newFakeEnv(t *testing.T, batch bool, sendCQE int) *fakeEnv {
 	t.Helper()
 	e := &fakeEnv{drv: &fakeDrv{batch: batch}}
-	_, e.dev = Register(e.drv)
+	_, e.dev = register(e.drv)
 	t.Cleanup(func() { verbs.UnregisterDevice(e.dev) })
 	ctx, err := e.dev.Open()
 	if err != nil {
@@ -328,7 +328,7 @@ func TestDeliverBurst(t *testing.T) {
 	core := CoreOf(e.dev)
 	woke := make(chan error, 1)
 	go func() { woke <- e.rcq.Wait(context.Background()) }()
-	for e.rcq.Ops().(*CQ).waitersNow() == 0 {
+	for e.rcq.Ops().(*cqObj).waitersNow() == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	var b Burst
@@ -371,7 +371,7 @@ func TestCQWaiters(t *testing.T) {
 		go func() { errs <- e.scq.Wait(context.Background()) }()
 	}
 	go func() { errs <- e.scq.Wait(ctx) }()
-	for e.scq.Ops().(*CQ).waitersNow() < 4 {
+	for e.scq.Ops().(*cqObj).waitersNow() < 4 {
 		time.Sleep(time.Millisecond)
 	}
 	cancel()
@@ -391,7 +391,7 @@ func TestCQWaiters(t *testing.T) {
 	for range 2 {
 		go func() { errs <- e.rcq.Wait(context.Background()) }()
 	}
-	for e.rcq.Ops().(*CQ).waitersNow() < 2 {
+	for e.rcq.Ops().(*cqObj).waitersNow() < 2 {
 		time.Sleep(time.Millisecond)
 	}
 	e.qp.Destroy()
@@ -405,7 +405,7 @@ func TestCQWaiters(t *testing.T) {
 	}
 }
 
-func (cq *CQ) waitersNow() int {
+func (cq *cqObj) waitersNow() int {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	return cq.waiters
@@ -414,7 +414,7 @@ func (cq *CQ) waitersNow() int {
 // pushAllOrOverrun queues what fits, marks the CQ overrun when the rest
 // does not, and wakes a waiter once.
 func TestPushAllOrOverrun(t *testing.T) {
-	cq := &CQ{cap: 2, ring: make([]verbs.WC, 2), bell: make(chan struct{}, 1), waiters: 1}
+	cq := &cqObj{cap: 2, ring: make([]verbs.WC, 2), bell: make(chan struct{}, 1), waiters: 1}
 	cq.pushAllOrOverrun([]verbs.WC{{WRID: 1}, {WRID: 2}, {WRID: 3}})
 	if len(cq.bell) != 1 {
 		t.Errorf("bell rung %d times, want 1", len(cq.bell))
@@ -426,7 +426,7 @@ func TestPushAllOrOverrun(t *testing.T) {
 	if _, err := cq.Poll(wc); !errors.Is(err, syscall.EOVERFLOW) {
 		t.Fatalf("after the overrun: %v, want EOVERFLOW", err)
 	}
-	cq2 := &CQ{cap: 4, ring: make([]verbs.WC, 4), bell: make(chan struct{}, 1)}
+	cq2 := &cqObj{cap: 4, ring: make([]verbs.WC, 4), bell: make(chan struct{}, 1)}
 	cq2.pushAllOrOverrun([]verbs.WC{{WRID: 7}, {WRID: 8}})
 	if n, err := cq2.Poll(wc); n != 2 || err != nil || wc[1].WRID != 8 {
 		t.Fatalf("room for all: %d %v", n, err)
@@ -469,7 +469,7 @@ func TestBurstHoldsLocks(t *testing.T) {
 		}
 	}
 	core := CoreOf(e.dev)
-	in := func(qp *verbs.QP) *QP { return qp.Ops().(*QP) }
+	in := func(qp *verbs.QP) *qpObj { return qp.Ops().(*qpObj) }
 	b := Burst{HoldLocks: true}
 	var grh [verbs.GRHLen]byte
 	for _, qp := range []*verbs.QP{qa, qa, qb, qc, qa, qb} {
@@ -477,17 +477,17 @@ func TestBurstHoldsLocks(t *testing.T) {
 	}
 	// Held: B's receive queue and its CQ (shared with A); free: A's, C's,
 	// C's CQ.
-	if in(qb).rmu.TryLock() || e.rcq.Ops().(*CQ).mu.TryLock() {
+	if in(qb).rmu.TryLock() || e.rcq.Ops().(*cqObj).mu.TryLock() {
 		t.Fatal("the locks of the QP delivered to last are not held")
 	}
-	for _, m := range []interface{ TryLock() bool }{&in(qa).rmu, &in(qc).rmu, &cq2.Ops().(*CQ).mu} {
+	for _, m := range []interface{ TryLock() bool }{&in(qa).rmu, &in(qc).rmu, &cq2.Ops().(*cqObj).mu} {
 		if !m.TryLock() {
 			t.Fatal("a lock of another QP is still held")
 		}
 		m.(interface{ Unlock() }).Unlock()
 	}
 	b.Flush()
-	for _, m := range []interface{ TryLock() bool }{&in(qa).rmu, &in(qb).rmu, &in(qc).rmu, &e.rcq.Ops().(*CQ).mu, &cq2.Ops().(*CQ).mu} {
+	for _, m := range []interface{ TryLock() bool }{&in(qa).rmu, &in(qb).rmu, &in(qc).rmu, &e.rcq.Ops().(*cqObj).mu, &cq2.Ops().(*cqObj).mu} {
 		if !m.TryLock() {
 			t.Fatal("a lock is held after Flush")
 		}

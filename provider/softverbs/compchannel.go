@@ -16,7 +16,7 @@ import (
 	"github.com/softrdma/softrdma/verbs"
 )
 
-// CompChannel is a completion event channel: a FIFO of CQ events and an
+// compChannel is a completion event channel: a FIFO of CQ events and an
 // eventfd (semaphore mode).
 //
 // Until the program asks for the fd (Fd), nobody else can see it: the
@@ -29,24 +29,24 @@ import (
 // count is the number of pending events (the fd is readable exactly while
 // one is pending, for the program's poll or epoll) and GetEvent reads it
 // through Go's netpoller.
-type CompChannel struct {
+type compChannel struct {
 	f  *os.File
 	rc syscall.RawConn
 	fd int // f's descriptor (File.Fd would make it blocking)
 
 	mu       sync.Mutex
-	queue    []*CQ       // pending events, oldest first
+	queue    []*cqObj    // pending events, oldest first
 	cqs      int         // CQs using the channel
 	exported atomic.Bool // Fd was called: the eventfd counts the events (set under mu)
 	closed   bool
-	asleep   int // goroutines sleeping in GetEvent that an event must kick
-	hint     *CQ // a CQ of the channel with a source, where sleepers sleep
+	asleep   int    // goroutines sleeping in GetEvent that an event must kick
+	hint     *cqObj // a CQ of the channel with a source, where sleepers sleep
 	wokeFn   func()
 }
 
 // CreateCompChannel creates a completion event channel
 // (ibv_create_comp_channel).
-func (c *Context) CreateCompChannel() (verbs.CompChannelOps, error) {
+func (c *ctxObj) CreateCompChannel() (verbs.CompChannelOps, error) {
 	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_SEMAPHORE|unix.EFD_CLOEXEC)
 	if err != nil {
 		return nil, err
@@ -57,17 +57,17 @@ func (c *Context) CreateCompChannel() (verbs.CompChannelOps, error) {
 		f.Close()
 		return nil, err
 	}
-	ch := &CompChannel{f: f, rc: rc, fd: fd}
+	ch := &compChannel{f: f, rc: rc, fd: fd}
 	ch.wokeFn = ch.woke
 	return ch, nil
 }
 
 // NumCompVectors returns 1: the software device has one completion vector.
-func (c *Context) NumCompVectors() int { return 1 }
+func (c *ctxObj) NumCompVectors() int { return 1 }
 
 // Fd returns the eventfd. From now on it counts the pending events: the
 // ones already queued are added to it.
-func (ch *CompChannel) Fd() int {
+func (ch *compChannel) Fd() int {
 	ch.mu.Lock()
 	if !ch.exported.Load() && !ch.closed {
 		ch.exported.Store(true)
@@ -80,7 +80,7 @@ func (ch *CompChannel) Fd() int {
 
 // addLocked adds n to the eventfd's count (ch.mu held, so that no
 // change of mode falls between a decision to write and the write).
-func (ch *CompChannel) addLocked(n uint64) {
+func (ch *compChannel) addLocked(n uint64) {
 	if n == 0 || ch.closed {
 		return
 	}
@@ -91,7 +91,7 @@ func (ch *CompChannel) addLocked(n uint64) {
 
 // drainLocked reads the eventfd to zero (ch.mu held): the kicks of a
 // channel whose fd is not exported.
-func (ch *CompChannel) drainLocked() {
+func (ch *compChannel) drainLocked() {
 	var b [8]byte
 	_ = ch.rc.Control(func(fd uintptr) {
 		for eventfdIO(unix.SYS_READ, fd, &b) == 0 {
@@ -109,7 +109,7 @@ func eventfdIO(trap uintptr, fd uintptr, b *[8]byte) syscall.Errno {
 }
 
 // post queues an event of cq (cq.mu is held).
-func (ch *CompChannel) post(cq *CQ) {
+func (ch *compChannel) post(cq *cqObj) {
 	ch.mu.Lock()
 	ch.queue = append(ch.queue, cq)
 	ch.noteLocked(cq)
@@ -121,7 +121,7 @@ func (ch *CompChannel) post(cq *CQ) {
 
 // noteArmed notes that cq was armed (cq.mu is held): its source is where
 // the channel's sleepers sleep if none is known yet.
-func (ch *CompChannel) noteArmed(cq *CQ) {
+func (ch *compChannel) noteArmed(cq *cqObj) {
 	ch.mu.Lock()
 	ch.noteLocked(cq)
 	ch.mu.Unlock()
@@ -129,7 +129,7 @@ func (ch *CompChannel) noteArmed(cq *CQ) {
 
 // noteLocked makes cq the channel's hint unless cq has no source and the
 // hint has one.
-func (ch *CompChannel) noteLocked(cq *CQ) {
+func (ch *compChannel) noteLocked(cq *cqObj) {
 	if ch.hint == nil || cq.src.Load() != nil || ch.hint.src.Load() == nil {
 		ch.hint = cq
 	}
@@ -140,7 +140,7 @@ func (ch *CompChannel) noteLocked(cq *CQ) {
 const maxSleep = 100 * time.Millisecond
 
 // GetEvent returns the CQ of the next event (ibv_get_cq_event).
-func (ch *CompChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps, error) {
+func (ch *compChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps, error) {
 	var stop func() bool
 	defer func() {
 		if stop != nil {
@@ -200,7 +200,7 @@ func (ch *CompChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps
 }
 
 // kick wakes the channel's sleepers (a context ended).
-func (ch *CompChannel) kick() {
+func (ch *compChannel) kick() {
 	ch.mu.Lock()
 	if !ch.exported.Load() && ch.asleep > 0 {
 		ch.addLocked(1)
@@ -210,7 +210,7 @@ func (ch *CompChannel) kick() {
 
 // woke counts a sleeper on a source out before it reads the source, so that
 // what it delivers to the channel kicks nobody.
-func (ch *CompChannel) woke() {
+func (ch *compChannel) woke() {
 	ch.mu.Lock()
 	ch.asleep--
 	ch.mu.Unlock()
@@ -219,7 +219,7 @@ func (ch *CompChannel) woke() {
 // sleep waits until src (nil: none known) may have something to read, and
 // reads it, or until the channel is kicked; it reports whether it was
 // kicked and whether it counted itself out of ch.asleep (woke).
-func (ch *CompChannel) sleep(ctx context.Context, src *Source) (kicked, woke bool) {
+func (ch *compChannel) sleep(ctx context.Context, src *Source) (kicked, woke bool) {
 	if src != nil {
 		timeout := maxSleep
 		if d, ok := ctx.Deadline(); ok {
@@ -247,7 +247,7 @@ func (ch *CompChannel) sleep(ctx context.Context, src *Source) (kicked, woke boo
 }
 
 // popLocked takes the oldest event (ch.mu held, the queue not empty).
-func (ch *CompChannel) popLocked() *CQ {
+func (ch *compChannel) popLocked() *cqObj {
 	cq := ch.queue[0]
 	n := copy(ch.queue, ch.queue[1:]) // a few events at most: the array is kept
 	ch.queue[n] = nil
@@ -257,7 +257,7 @@ func (ch *CompChannel) popLocked() *CQ {
 
 // getEventFd is GetEvent once the fd is exported: the eventfd's count is
 // taken first, then the event.
-func (ch *CompChannel) getEventFd(ctx context.Context, nonblock bool) (verbs.CQOps, error) {
+func (ch *compChannel) getEventFd(ctx context.Context, nonblock bool) (verbs.CQOps, error) {
 	var buf [8]byte
 	take := func(fd uintptr) (bool, error) {
 		switch e := eventfdIO(unix.SYS_READ, fd, &buf); e {
@@ -297,7 +297,7 @@ func (ch *CompChannel) getEventFd(ctx context.Context, nonblock bool) (verbs.CQO
 }
 
 // drop removes the pending events of a destroyed CQ, with their counts.
-func (ch *CompChannel) drop(cq *CQ) {
+func (ch *compChannel) drop(cq *cqObj) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	q := ch.queue[:0]
@@ -326,7 +326,7 @@ func (ch *CompChannel) drop(cq *CQ) {
 
 // Destroy closes the channel (verbs checked that no CQ uses it); its
 // sleepers are kicked and fail with EBADF.
-func (ch *CompChannel) Destroy() error {
+func (ch *compChannel) Destroy() error {
 	ch.mu.Lock()
 	if ch.cqs > 0 {
 		ch.mu.Unlock()

@@ -38,7 +38,7 @@ func TestLimits(t *testing.T) {
 	drv := &fakeDrv{attr: fakeAttr}
 	drv.attr.MaxPD, drv.attr.MaxCQ, drv.attr.MaxMR, drv.attr.MaxAH, drv.attr.MaxQP = 2, 3, 1, 1, 2
 	drv.attr.MaxMcastGrp, drv.attr.MaxMcastQPAttach, drv.attr.MaxTotalMcastQP = 2, 1, 2
-	_, dev := Register(drv)
+	_, dev := register(drv)
 	defer verbs.UnregisterDevice(dev)
 	ctx, err := dev.Open()
 	if err != nil {
@@ -133,4 +133,11 @@ func TestLimits(t *testing.T) {
 	if err := ctx.Close(); err != nil {
 		t.Errorf("close: %v", err)
 	}
+}
+
+// register creates the verbs core of a provider's device and adds it to
+// verbs' device list.
+func register(drv Driver) (*Device, *verbs.Device) {
+	d := New(drv)
+	return d, verbs.RegisterDevice(d)
 }

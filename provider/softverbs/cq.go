@@ -12,10 +12,10 @@ import (
 	"github.com/softrdma/softrdma/verbs"
 )
 
-// CQ is a completion queue (struct ibv_cq). Poll is non-blocking; Wait
+// cqObj is a completion queue (struct ibv_cq). Poll is non-blocking; Wait
 // blocks until a completion is available, like a completion channel.
-type CQ struct {
-	ctx *Context
+type cqObj struct {
+	ctx *ctxObj
 	cap int
 
 	mu      sync.Mutex
@@ -27,7 +27,7 @@ type CQ struct {
 	qps     int
 	dead    bool
 	overrun bool
-	ch      *CompChannel // nil: no completion channel
+	ch      *compChannel // nil: no completion channel
 	armed   uint8        // armNone, armAll or armSolicited
 
 	// src is the source of the last completion delivered with a Burst:
@@ -48,11 +48,11 @@ const (
 
 // CreateCQ creates a CQ with room for at least cqe completions
 // (ibv_create_cq), reporting events to ch when it is not nil.
-func (c *Context) CreateCQ(cqe int, ch verbs.CompChannelOps, vector int) (verbs.CQOps, error) {
-	var cch *CompChannel
+func (c *ctxObj) CreateCQ(cqe int, ch verbs.CompChannelOps, vector int) (verbs.CQOps, error) {
+	var cch *compChannel
 	if ch != nil {
 		var ok bool
-		if cch, ok = ch.(*CompChannel); !ok {
+		if cch, ok = ch.(*compChannel); !ok {
 			return nil, fmt.Errorf("channel of another backend: %w", syscall.EINVAL)
 		}
 	}
@@ -71,13 +71,13 @@ func (c *Context) CreateCQ(cqe int, ch verbs.CompChannelOps, vector int) (verbs.
 		cch.cqs++
 		cch.mu.Unlock()
 	}
-	return &CQ{ctx: c, cap: cqe, ring: make([]verbs.WC, cqe), bell: make(chan struct{}, 1), ch: cch}, nil
+	return &cqObj{ctx: c, cap: cqe, ring: make([]verbs.WC, cqe), bell: make(chan struct{}, 1), ch: cch}, nil
 }
 
 // ReqNotify arms the CQ for its next completion, or with solicitedOnly
 // its next solicited receive or unsuccessful completion
 // (ibv_req_notify_cq). Arming twice keeps the wider arming.
-func (cq *CQ) ReqNotify(solicitedOnly bool) error {
+func (cq *cqObj) ReqNotify(solicitedOnly bool) error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.dead {
@@ -95,11 +95,11 @@ func (cq *CQ) ReqNotify(solicitedOnly bool) error {
 }
 
 // AckEvents does nothing: verbs counts the acknowledgements.
-func (cq *CQ) AckEvents(int) {}
+func (cq *cqObj) AckEvents(int) {}
 
 // notifyLocked raises the CQ's event when it is armed for this
 // completion (cq.mu is held).
-func (cq *CQ) notifyLocked(wc *verbs.WC, solicited bool) {
+func (cq *cqObj) notifyLocked(wc *verbs.WC, solicited bool) {
 	if cq.armed == armNone || cq.ch == nil {
 		return
 	}
@@ -111,10 +111,10 @@ func (cq *CQ) notifyLocked(wc *verbs.WC, solicited bool) {
 }
 
 // Cap returns the number of completions the CQ holds.
-func (cq *CQ) Cap() int { return cq.cap }
+func (cq *cqObj) Cap() int { return cq.cap }
 
 // Context returns the device context of the CQ.
-func (cq *CQ) Context() *Context { return cq.ctx }
+func (cq *cqObj) Context() *ctxObj { return cq.ctx }
 
 // Poll moves up to len(wc) completions into wc and returns how many
 // (ibv_poll_cq). It fails with EOVERFLOW once completions were lost because
@@ -124,7 +124,7 @@ func (cq *CQ) Context() *Context { return cq.ctx }
 // its last completion (a receive socket) and polls again, so that a
 // consumer polling in a loop receives on its own core, as a plain
 // non-blocking socket would, with no goroutine to wait for.
-func (cq *CQ) Poll(wc []verbs.WC) (int, error) {
+func (cq *cqObj) Poll(wc []verbs.WC) (int, error) {
 	if cq.pollable.Load() || len(wc) == 0 {
 		if n, err := cq.poll(wc); n > 0 || err != nil || len(wc) == 0 {
 			return n, err
@@ -153,10 +153,10 @@ func (cq *CQ) Poll(wc []verbs.WC) (int, error) {
 const yieldEvery = 255
 
 // setPollable updates pollable (cq.mu held).
-func (cq *CQ) setPollable() { cq.pollable.Store(cq.n > 0 || cq.overrun || cq.dead) }
+func (cq *cqObj) setPollable() { cq.pollable.Store(cq.n > 0 || cq.overrun || cq.dead) }
 
 // poll is Poll without progress.
-func (cq *CQ) poll(wc []verbs.WC) (int, error) {
+func (cq *cqObj) poll(wc []verbs.WC) (int, error) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.dead {
@@ -177,7 +177,7 @@ func (cq *CQ) poll(wc []verbs.WC) (int, error) {
 }
 
 // Len returns the number of completions waiting to be polled.
-func (cq *CQ) Len() int {
+func (cq *cqObj) Len() int {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	return cq.n
@@ -185,7 +185,7 @@ func (cq *CQ) Len() int {
 
 // Wait blocks until at least one completion can be polled, the context is
 // done, or the CQ is destroyed (then EINVAL). It does not allocate.
-func (cq *CQ) Wait(ctx context.Context) error {
+func (cq *cqObj) Wait(ctx context.Context) error {
 	for {
 		cq.mu.Lock()
 		if cq.dead {
@@ -232,14 +232,14 @@ func (cq *CQ) Wait(ctx context.Context) error {
 
 // wakeNext passes a wake-up on to the next waiter, if any: one ring wakes
 // one waiter, which rings again for the others before it returns.
-func (cq *CQ) wakeNext() {
+func (cq *cqObj) wakeNext() {
 	if cq.waiters > 0 {
 		cq.ring1()
 	}
 }
 
 // ring1 rings the bell unless it is already ringing.
-func (cq *CQ) ring1() {
+func (cq *cqObj) ring1() {
 	select {
 	case cq.bell <- struct{}{}:
 	default:
@@ -248,7 +248,7 @@ func (cq *CQ) ring1() {
 
 // push queues a completion and wakes a waiter; it reports false when the
 // CQ is full.
-func (cq *CQ) push(wc *verbs.WC, solicited bool) bool {
+func (cq *cqObj) push(wc *verbs.WC, solicited bool) bool {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if !cq.enqueueLocked(wc, solicited) {
@@ -260,7 +260,7 @@ func (cq *CQ) push(wc *verbs.WC, solicited bool) bool {
 
 // pushQuiet queues a completion without waking a waiter (the caller's
 // Burst will); it reports false when the CQ is full.
-func (cq *CQ) pushQuiet(wc *verbs.WC, solicited bool) bool {
+func (cq *cqObj) pushQuiet(wc *verbs.WC, solicited bool) bool {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	return cq.enqueueLocked(wc, solicited)
@@ -268,7 +268,7 @@ func (cq *CQ) pushQuiet(wc *verbs.WC, solicited bool) bool {
 
 // enqueueLocked queues a completion (solicited: a receive of a message
 // with the SE bit) and raises the channel event it arms for.
-func (cq *CQ) enqueueLocked(wc *verbs.WC, solicited bool) bool {
+func (cq *cqObj) enqueueLocked(wc *verbs.WC, solicited bool) bool {
 	if cq.dead || cq.n == len(cq.ring) {
 		return false
 	}
@@ -284,7 +284,7 @@ func (cq *CQ) enqueueLocked(wc *verbs.WC, solicited bool) bool {
 }
 
 // pushOrOverrun queues a completion or marks the CQ overrun.
-func (cq *CQ) pushOrOverrun(wc *verbs.WC) {
+func (cq *cqObj) pushOrOverrun(wc *verbs.WC) {
 	if !cq.push(wc, false) {
 		cq.mu.Lock()
 		cq.overrun = true
@@ -296,7 +296,7 @@ func (cq *CQ) pushOrOverrun(wc *verbs.WC) {
 
 // pushAllOrOverrun queues the completions wcs under one lock and wakes a
 // waiter once; the CQ is marked overrun when they do not all fit.
-func (cq *CQ) pushAllOrOverrun(wcs []verbs.WC) {
+func (cq *cqObj) pushAllOrOverrun(wcs []verbs.WC) {
 	if len(wcs) == 0 {
 		return
 	}
@@ -313,20 +313,20 @@ func (cq *CQ) pushAllOrOverrun(wcs []verbs.WC) {
 }
 
 // wake wakes a goroutine in Wait, if any (cq.mu held).
-func (cq *CQ) wake() {
+func (cq *cqObj) wake() {
 	if cq.waiters > 0 {
 		cq.ring1()
 	}
 }
 
 // roomFor reports whether the CQ can take k more completions.
-func (cq *CQ) roomFor(k int) bool {
+func (cq *cqObj) roomFor(k int) bool {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	return !cq.dead && cq.n+k <= len(cq.ring)
 }
 
-func (cq *CQ) hold(d int) error {
+func (cq *cqObj) hold(d int) error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.dead {
@@ -337,7 +337,7 @@ func (cq *CQ) hold(d int) error {
 }
 
 // Destroy destroys the CQ (ibv_destroy_cq); EBUSY while a QP uses it.
-func (cq *CQ) Destroy() error {
+func (cq *cqObj) Destroy() error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.dead {

@@ -25,13 +25,13 @@ type Device struct {
 
 	mu        sync.Mutex // the tables below
 	closed    bool
-	qps       map[uint32]*QP
+	qps       map[uint32]*qpObj
 	groups    map[verbs.GID]*Group
 	nattach   int
 	attachSeq uint64      // orders a QP's attachments
 	objs      [numObj]int // PDs, CQs, MRs, AHs, QPs, against the device's limits
 
-	qpView    *cowMap[uint32, *QP]       // read by the receive path
+	qpView    *cowMap[uint32, *qpObj]    // read by the receive path
 	groupView *cowMap[verbs.GID, *Group] // read by the receive path
 }
 
@@ -39,17 +39,10 @@ type Device struct {
 func New(drv Driver) *Device {
 	return &Device{
 		drv: drv, ctr: newCounters(),
-		qps: map[uint32]*QP{}, groups: map[verbs.GID]*Group{},
-		qpView:    newCOWMap[uint32, *QP](func(n uint32) int { return int(n) }),
+		qps: map[uint32]*qpObj{}, groups: map[verbs.GID]*Group{},
+		qpView:    newCOWMap[uint32, *qpObj](func(n uint32) int { return int(n) }),
 		groupView: newCOWMap[verbs.GID, *Group](func(g verbs.GID) int { return int(g[15]) }),
 	}
-}
-
-// Register creates the verbs core of a provider's device and adds it to
-// verbs' device list.
-func Register(drv Driver) (*Device, *verbs.Device) {
-	d := New(drv)
-	return d, verbs.RegisterDevice(d)
 }
 
 // CoreOf returns the software core behind a verbs device, or nil when the
@@ -110,10 +103,10 @@ func (d *Device) Name() string { return d.drv.Name() }
 func (d *Device) Attr() verbs.DeviceAttr { return d.drv.Attr() }
 
 // Open opens the device (verbs.DeviceOps).
-func (d *Device) Open() (verbs.ContextOps, error) { return &Context{dev: d}, nil }
+func (d *Device) Open() (verbs.ContextOps, error) { return &ctxObj{dev: d}, nil }
 
-// Context is an open software device (verbs.ContextOps).
-type Context struct {
+// ctxObj is an open software device (verbs.ContextOps).
+type ctxObj struct {
 	dev *Device
 
 	mu     sync.Mutex
@@ -123,7 +116,7 @@ type Context struct {
 }
 
 // QueryPort returns a port's attributes (verbs.ContextOps).
-func (c *Context) QueryPort(port uint8) (verbs.PortAttr, error) {
+func (c *ctxObj) QueryPort(port uint8) (verbs.PortAttr, error) {
 	if port == 0 || port > c.dev.drv.Attr().PhysPortCnt {
 		return verbs.PortAttr{}, fmt.Errorf("port %d: %w", port, syscall.EINVAL)
 	}
@@ -131,7 +124,7 @@ func (c *Context) QueryPort(port uint8) (verbs.PortAttr, error) {
 }
 
 // QueryGIDTable returns a port's GID table (verbs.ContextOps).
-func (c *Context) QueryGIDTable(port uint8) ([]verbs.GIDEntry, error) {
+func (c *ctxObj) QueryGIDTable(port uint8) ([]verbs.GIDEntry, error) {
 	if port == 0 || port > c.dev.drv.Attr().PhysPortCnt {
 		return nil, fmt.Errorf("port %d: %w", port, syscall.EINVAL)
 	}
@@ -139,7 +132,7 @@ func (c *Context) QueryGIDTable(port uint8) ([]verbs.GIDEntry, error) {
 }
 
 // queryGIDEntry returns the GID table entry at index.
-func (c *Context) queryGIDEntry(port uint8, index int) (verbs.GIDEntry, error) {
+func (c *ctxObj) queryGIDEntry(port uint8, index int) (verbs.GIDEntry, error) {
 	tbl, err := c.QueryGIDTable(port)
 	if err != nil {
 		return verbs.GIDEntry{}, err
@@ -154,7 +147,7 @@ func (c *Context) queryGIDEntry(port uint8, index int) (verbs.GIDEntry, error) {
 
 // Close closes the context (verbs.ContextOps). It fails with EBUSY while
 // protection domains or CQs of the context exist.
-func (c *Context) Close() error {
+func (c *ctxObj) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -167,7 +160,7 @@ func (c *Context) Close() error {
 	return nil
 }
 
-func (c *Context) use(pd, cq int) error {
+func (c *ctxObj) use(pd, cq int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -178,7 +171,7 @@ func (c *Context) use(pd, cq int) error {
 	return nil
 }
 
-func (c *Context) release(pd, cq int) {
+func (c *ctxObj) release(pd, cq int) {
 	c.mu.Lock()
 	c.pds -= pd
 	c.cqs -= cq
@@ -188,12 +181,12 @@ func (c *Context) release(pd, cq int) {
 // The software core implements every backend interface of verbs.
 var (
 	_ verbs.DeviceOps  = (*Device)(nil)
-	_ verbs.ContextOps = (*Context)(nil)
-	_ verbs.PDOps      = (*PD)(nil)
-	_ verbs.MROps      = (*MR)(nil)
-	_ verbs.AHOps      = (*AH)(nil)
-	_ verbs.CQOps      = (*CQ)(nil)
-	_ verbs.QPOps      = (*QP)(nil)
+	_ verbs.ContextOps = (*ctxObj)(nil)
+	_ verbs.PDOps      = (*pdObj)(nil)
+	_ verbs.MROps      = (*mrObj)(nil)
+	_ verbs.AHOps      = (*ahObj)(nil)
+	_ verbs.CQOps      = (*cqObj)(nil)
+	_ verbs.QPOps      = (*qpObj)(nil)
 
 	_ verbs.CounterSource = (*Device)(nil)
 )

@@ -1,8 +1,6 @@
 package softverbs
 
 import (
-	"errors"
-
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -93,9 +91,6 @@ type UDSend struct {
 	Wire int
 }
 
-// ErrDeviceClosed is returned for work on a device whose provider closed it.
-var ErrDeviceClosed = errors.New("device closed")
-
 // IBRecvInfo is what an InfiniBand provider knows about a received packet
 // beyond what a RoCE provider does: the LRH fields of the completion, and
 // whether a GRH came with it (without one the GRH area is undefined and
@@ -153,15 +148,15 @@ type Burst struct {
 	// can read itself); the CQs that get completions remember it.
 	Src *Source
 
-	cqs []*CQ
+	cqs []*cqObj
 	qps []burstQP
-	rq  *QP // whose rmu the Burst holds
-	cq  *CQ // whose mu the Burst holds (rq's receive CQ)
+	rq  *qpObj // whose rmu the Burst holds
+	cq  *cqObj // whose mu the Burst holds (rq's receive CQ)
 }
 
 // burstQP counts the datagrams delivered to a QP during a burst.
 type burstQP struct {
-	q *QP
+	q *qpObj
 	n uint64
 }
 
@@ -200,7 +195,7 @@ func (b *Burst) Release() {
 
 // lockRQ holds q's receive-queue lock, releasing another QP's locks first:
 // the Burst never holds two QPs', so two of them never wait for each other.
-func (b *Burst) lockRQ(q *QP) {
+func (b *Burst) lockRQ(q *qpObj) {
 	if b.rq == q {
 		return
 	}
@@ -211,7 +206,7 @@ func (b *Burst) lockRQ(q *QP) {
 
 // lockCQ holds cq's lock, the receive CQ of the QP whose receive-queue
 // lock the Burst holds (locks are taken in that order everywhere).
-func (b *Burst) lockCQ(cq *CQ) {
+func (b *Burst) lockCQ(cq *cqObj) {
 	if b.cq == cq {
 		return
 	}
@@ -223,7 +218,7 @@ func (b *Burst) lockCQ(cq *CQ) {
 }
 
 // delivered records a datagram delivered to q, counted at Flush.
-func (b *Burst) delivered(q *QP) {
+func (b *Burst) delivered(q *qpObj) {
 	for i := range b.qps {
 		if b.qps[i].q == q {
 			b.qps[i].n++
@@ -234,7 +229,7 @@ func (b *Burst) delivered(q *QP) {
 }
 
 // add records that cq got a completion to announce, and its source.
-func (b *Burst) add(cq *CQ) {
+func (b *Burst) add(cq *cqObj) {
 	for _, c := range b.cqs {
 		if c == cq {
 			return

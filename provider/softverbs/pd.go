@@ -9,20 +9,20 @@ import (
 	"unsafe"
 )
 
-// PD is a protection domain (struct ibv_pd).
-type PD struct {
-	ctx *Context
+// pdObj is a protection domain (struct ibv_pd).
+type pdObj struct {
+	ctx *ctxObj
 
 	mu     sync.Mutex
-	mrs    map[uint32]*MR // by lkey; copied on write into mrView
-	mrView atomic.Pointer[map[uint32]*MR]
+	mrs    map[uint32]*mrObj // by lkey; copied on write into mrView
+	mrView atomic.Pointer[map[uint32]*mrObj]
 	qps    int
 	ahs    int
 	dead   bool
 }
 
 // AllocPD allocates a protection domain (ibv_alloc_pd).
-func (c *Context) AllocPD() (verbs.PDOps, error) {
+func (c *ctxObj) AllocPD() (verbs.PDOps, error) {
 	if err := c.dev.take(objPD); err != nil {
 		return nil, err
 	}
@@ -30,17 +30,17 @@ func (c *Context) AllocPD() (verbs.PDOps, error) {
 		c.dev.put(objPD)
 		return nil, err
 	}
-	pd := &PD{ctx: c, mrs: map[uint32]*MR{}}
-	pd.mrView.Store(&map[uint32]*MR{})
+	pd := &pdObj{ctx: c, mrs: map[uint32]*mrObj{}}
+	pd.mrView.Store(&map[uint32]*mrObj{})
 	return pd, nil
 }
 
 // Context returns the device context of the PD.
-func (pd *PD) Context() *Context { return pd.ctx }
+func (pd *pdObj) Context() *ctxObj { return pd.ctx }
 
 // Dealloc frees the PD (ibv_dealloc_pd). It fails with EBUSY while memory
 // regions, QPs or address handles of the PD exist.
-func (pd *PD) Dealloc() error {
+func (pd *pdObj) Dealloc() error {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.dead {
@@ -55,7 +55,7 @@ func (pd *PD) Dealloc() error {
 	return nil
 }
 
-func (pd *PD) hold(qp, ah int) error {
+func (pd *pdObj) hold(qp, ah int) error {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.dead {
@@ -66,11 +66,11 @@ func (pd *PD) hold(qp, ah int) error {
 	return nil
 }
 
-// MR is a registered memory region (struct ibv_mr) over a Go byte slice.
+// mrObj is a registered memory region (struct ibv_mr) over a Go byte slice.
 // The slice must not be resized or reused for other purposes while it is
 // registered; verbs keeps a reference, so it stays at the same address.
-type MR struct {
-	pd     *PD
+type mrObj struct {
+	pd     *pdObj
 	buf    []byte
 	addr   uint64
 	lkey   uint32
@@ -78,14 +78,14 @@ type MR struct {
 }
 
 // RegMR registers buf (ibv_reg_mr). Receives need AccessLocalWrite.
-func (pd *PD) RegMR(buf []byte, access verbs.Access) (verbs.MROps, error) {
+func (pd *pdObj) RegMR(buf []byte, access verbs.Access) (verbs.MROps, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("empty buffer: %w", syscall.EINVAL)
 	}
 	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
 		return nil, fmt.Errorf("remote write needs local write: %w", syscall.EINVAL)
 	}
-	mr := &MR{
+	mr := &mrObj{
 		pd:     pd,
 		buf:    buf,
 		addr:   uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
@@ -106,8 +106,8 @@ func (pd *PD) RegMR(buf []byte, access verbs.Access) (verbs.MROps, error) {
 	return mr, nil
 }
 
-func (pd *PD) publishMRs() {
-	m := make(map[uint32]*MR, len(pd.mrs))
+func (pd *pdObj) publishMRs() {
+	m := make(map[uint32]*mrObj, len(pd.mrs))
 	for k, v := range pd.mrs {
 		m[k] = v
 	}
@@ -116,7 +116,7 @@ func (pd *PD) publishMRs() {
 
 // Dereg deregisters the region (ibv_dereg_mr). Receive WRs already posted
 // on it keep their reference; do not dereg memory a QP may still write.
-func (mr *MR) Dereg() error {
+func (mr *mrObj) Dereg() error {
 	pd := mr.pd
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
@@ -130,34 +130,34 @@ func (mr *MR) Dereg() error {
 }
 
 // LKey returns the local key.
-func (mr *MR) LKey() uint32 { return mr.lkey }
+func (mr *mrObj) LKey() uint32 { return mr.lkey }
 
 // RKey returns the remote key (equal to the local key here).
-func (mr *MR) RKey() uint32 { return mr.lkey }
+func (mr *mrObj) RKey() uint32 { return mr.lkey }
 
 // Addr returns the address of the first registered byte, for SGEs.
-func (mr *MR) Addr() uint64 { return mr.addr }
+func (mr *mrObj) Addr() uint64 { return mr.addr }
 
 // Len returns the length of the region.
-func (mr *MR) Len() int { return len(mr.buf) }
+func (mr *mrObj) Len() int { return len(mr.buf) }
 
 // Buf returns the registered slice.
-func (mr *MR) Buf() []byte { return mr.buf }
+func (mr *mrObj) Buf() []byte { return mr.buf }
 
 // SGE returns a scatter/gather element for length bytes at offset off.
-func (mr *MR) SGE(off, length int) verbs.SGE {
+func (mr *mrObj) SGE(off, length int) verbs.SGE {
 	return verbs.SGE{Addr: mr.addr + uint64(off), Length: uint32(length), LKey: mr.lkey}
 }
 
 // seg is an SGE resolved to registered memory.
 type seg struct {
-	mr  *MR
+	mr  *mrObj
 	off int
 	n   int
 }
 
 // resolve checks an SGE against the PD's regions.
-func (pd *PD) resolve(s verbs.SGE, write bool) (seg, error) {
+func (pd *pdObj) resolve(s verbs.SGE, write bool) (seg, error) {
 	mr := (*pd.mrView.Load())[s.LKey]
 	if mr == nil {
 		return seg{}, fmt.Errorf("sge lkey %#x: %w", s.LKey, syscall.EINVAL)

@@ -15,7 +15,7 @@ import (
 // datagram that Progress turns into a completion of cq.
 type pipeInput struct {
 	r, w int
-	cq   *CQ
+	cq   *cqObj
 }
 
 func (p *pipeInput) Progress() {
@@ -66,7 +66,7 @@ func channelEnv(t *testing.T) (*verbs.CompChannel, *verbs.CQ, *pipeInput) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
-	in := &pipeInput{r: fds[0], w: fds[1], cq: cq.Ops().(*CQ)}
+	in := &pipeInput{r: fds[0], w: fds[1], cq: cq.Ops().(*cqObj)}
 	in.cq.src.Store(NewSource(in))
 	return ch, cq, in
 }

@@ -10,12 +10,12 @@ import (
 	"github.com/softrdma/softrdma/verbs"
 )
 
-// QP is a queue pair (struct ibv_qp). Only UD QPs are supported.
-type QP struct {
-	pd      *PD
+// qpObj is a queue pair (struct ibv_qp). Only UD QPs are supported.
+type qpObj struct {
+	pd      *pdObj
 	drv     DriverQP
-	sendCQ  *CQ
-	recvCQ  *CQ
+	sendCQ  *cqObj
+	recvCQ  *cqObj
 	cap     verbs.QPCap
 	typ     verbs.QPType
 	sigAll  bool
@@ -26,7 +26,7 @@ type QP struct {
 	dev       *Device
 	blockSelf bool
 	ctr       counters
-	groups    map[Attachment]uint64 // attachments and their attach sequence (dev.mu)
+	groups    map[attachment]uint64 // attachments and their attach sequence (dev.mu)
 
 	// What the receive path reads without locks.
 	rxState atomic.Uint32 // verbs.QPState
@@ -60,12 +60,12 @@ type recvWQE struct {
 }
 
 // CreateQP creates a queue pair (ibv_create_qp / ibv_create_qp_ex).
-func (pd *PD) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
+func (pd *pdObj) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
 	if init == nil || init.SendCQ == nil || init.RecvCQ == nil {
 		return nil, fmt.Errorf("missing cq: %w", syscall.EINVAL)
 	}
-	sendCQ, ok1 := init.SendCQ.Ops().(*CQ)
-	recvCQ, ok2 := init.RecvCQ.Ops().(*CQ)
+	sendCQ, ok1 := init.SendCQ.Ops().(*cqObj)
+	recvCQ, ok2 := init.RecvCQ.Ops().(*cqObj)
 	if !ok1 || !ok2 || sendCQ.ctx != pd.ctx || recvCQ.ctx != pd.ctx {
 		return nil, fmt.Errorf("cq of another device: %w", syscall.EINVAL)
 	}
@@ -89,7 +89,7 @@ func (pd *PD) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
 		c.MaxRecvSGE = 1
 	}
 	d := pd.ctx.dev
-	qp := &QP{
+	qp := &qpObj{
 		pd: pd, dev: d, sendCQ: sendCQ, recvCQ: recvCQ, cap: c, typ: init.QPType,
 		sigAll: init.SQSigAll, flags: init.CreateFlags, context: init.Context,
 		blockSelf: init.CreateFlags&verbs.CreateBlockSelfMcastLB != 0,
@@ -122,35 +122,35 @@ func (pd *PD) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
 }
 
 // Num returns the QP number (qp->qp_num).
-func (qp *QP) Num() uint32 { return qp.qpn }
+func (qp *qpObj) Num() uint32 { return qp.qpn }
 
 // Type returns the QP type.
-func (qp *QP) Type() verbs.QPType { return qp.typ }
+func (qp *qpObj) Type() verbs.QPType { return qp.typ }
 
 // PD returns the protection domain of the QP.
-func (qp *QP) PD() *PD { return qp.pd }
+func (qp *qpObj) PD() *pdObj { return qp.pd }
 
 // UserContext returns the Context given at creation (qp->qp_context).
-func (qp *QP) UserContext() any { return qp.context }
+func (qp *qpObj) UserContext() any { return qp.context }
 
 // SendCQ returns the send completion queue.
-func (qp *QP) SendCQ() *CQ { return qp.sendCQ }
+func (qp *qpObj) SendCQ() *cqObj { return qp.sendCQ }
 
 // RecvCQ returns the receive completion queue.
-func (qp *QP) RecvCQ() *CQ { return qp.recvCQ }
+func (qp *qpObj) RecvCQ() *cqObj { return qp.recvCQ }
 
 // CreateFlags returns the creation flags.
-func (qp *QP) CreateFlags() verbs.CreateFlags { return qp.flags }
+func (qp *qpObj) CreateFlags() verbs.CreateFlags { return qp.flags }
 
 // State returns the current QP state.
-func (qp *QP) State() verbs.QPState {
+func (qp *qpObj) State() verbs.QPState {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	return qp.state
 }
 
 // Query returns the QP's attributes (ibv_query_qp).
-func (qp *QP) Query() verbs.QPAttr {
+func (qp *qpObj) Query() verbs.QPAttr {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	a := qp.attr
@@ -171,7 +171,7 @@ var udTransitions = map[[2]verbs.QPState][2]verbs.QPAttrMask{
 // Modify changes QP attributes and state (ibv_modify_qp). UD QPs walk
 // RESET → INIT (P_Key index, port, Q_Key) → RTR → RTS (SQ PSN); any state
 // may go to RESET or ERR. A wrong transition or mask gives EINVAL.
-func (qp *QP) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
+func (qp *qpObj) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	if attr == nil {
 		return syscall.EINVAL
 	}
@@ -238,7 +238,7 @@ func (qp *QP) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 }
 
 // flushRecv empties the receive queue, with flush completions when report.
-func (qp *QP) flushRecv(report bool) {
+func (qp *qpObj) flushRecv(report bool) {
 	qp.rmu.Lock()
 	defer qp.rmu.Unlock()
 	for qp.rn > 0 {
@@ -254,7 +254,7 @@ func (qp *QP) flushRecv(report bool) {
 
 // PostRecv posts a chain of receive work requests (ibv_post_recv). Each
 // buffer must hold the 40-byte GRH area plus the payload.
-func (qp *QP) PostRecv(wr *verbs.RecvWR) error {
+func (qp *qpObj) PostRecv(wr *verbs.RecvWR) error {
 	qp.mu.Lock()
 	st, dead := qp.state, qp.dead
 	qp.mu.Unlock()
@@ -307,7 +307,7 @@ func (qp *QP) PostRecv(wr *verbs.RecvWR) error {
 // it MaxSendBatch at a time, and their completions are queued after each
 // batch; a request that fails its checks ends the chain with BadWRError
 // after the requests before it were sent.
-func (qp *QP) PostSend(wr *verbs.SendWR) error {
+func (qp *qpObj) PostSend(wr *verbs.SendWR) error {
 	qp.smu.Lock()
 	defer qp.smu.Unlock()
 	qp.mu.Lock()
@@ -331,12 +331,12 @@ func (qp *QP) PostSend(wr *verbs.SendWR) error {
 // handle, its length and
 // whether it is signaled; pending is the number of signaled WRs whose
 // completions are not queued yet.
-func (qp *QP) checkSend(wr *verbs.SendWR, pending int) (ah *AH, n int, signaled bool, err error) {
+func (qp *qpObj) checkSend(wr *verbs.SendWR, pending int) (ah *ahObj, n int, signaled bool, err error) {
 	if wr.Opcode != verbs.WRSend && wr.Opcode != verbs.WRSendWithImm {
 		return nil, 0, false, fmt.Errorf("opcode %d on UD: %w", wr.Opcode, syscall.EINVAL)
 	}
 	if wr.UD.AH != nil {
-		ah, _ = wr.UD.AH.Ops().(*AH)
+		ah, _ = wr.UD.AH.Ops().(*ahObj)
 	}
 	if ah == nil || ah.dead || ah.pd != qp.pd {
 		return nil, 0, false, fmt.Errorf("bad address handle: %w", syscall.EINVAL)
@@ -359,7 +359,7 @@ func (qp *QP) checkSend(wr *verbs.SendWR, pending int) (ah *AH, n int, signaled 
 
 // payload returns the bytes of a send WR of n bytes: the registered
 // memory itself for one SGE, else a copy gathered into *gather.
-func (qp *QP) payload(wr *verbs.SendWR, n int, gather *[]byte) ([]byte, error) {
+func (qp *qpObj) payload(wr *verbs.SendWR, n int, gather *[]byte) ([]byte, error) {
 	if len(wr.SGList) == 1 {
 		sg, err := qp.pd.resolve(wr.SGList[0], false)
 		if err != nil {
@@ -381,7 +381,7 @@ func (qp *QP) payload(wr *verbs.SendWR, n int, gather *[]byte) ([]byte, error) {
 	return buf, nil
 }
 
-func (qp *QP) udSend(ah *AH, wr *verbs.SendWR, payload []byte) UDSend {
+func (qp *qpObj) udSend(ah *ahObj, wr *verbs.SendWR, payload []byte) UDSend {
 	return UDSend{
 		AH: &ah.attr, RemoteQPN: wr.UD.RemoteQPN & 0xffffff, RemoteQKey: wr.UD.RemoteQKey,
 		PSN: (qp.psn.Add(1) - 1) & 0xffffff,
@@ -390,7 +390,7 @@ func (qp *QP) udSend(ah *AH, wr *verbs.SendWR, payload []byte) UDSend {
 	}
 }
 
-func (qp *QP) postOne(wr *verbs.SendWR) error {
+func (qp *qpObj) postOne(wr *verbs.SendWR) error {
 	ah, n, signaled, err := qp.checkSend(wr, 0)
 	if err != nil {
 		return err
@@ -412,7 +412,7 @@ func (qp *QP) postOne(wr *verbs.SendWR) error {
 
 // sent counts the outcome of one send: sent, refused, or dropped for its
 // size (wire 0).
-func (qp *QP) sent(wire int, err error) {
+func (qp *qpObj) sent(wire int, err error) {
 	switch {
 	case err != nil:
 		qp.countSent(0, 0, 1, 0)
@@ -451,7 +451,7 @@ type sendBatch struct {
 }
 
 // postBatch posts a chain through the driver's BatchSender.
-func (qp *QP) postBatch(wr *verbs.SendWR, notRTS bool) error {
+func (qp *qpObj) postBatch(wr *verbs.SendWR, notRTS bool) error {
 	if qp.sb == nil {
 		qp.sb = &sendBatch{}
 	}
@@ -488,7 +488,7 @@ func (qp *QP) postBatch(wr *verbs.SendWR, notRTS bool) error {
 // flushBatch sends the staged datagrams and queues their completions:
 // the counters of the batch are added once and its completions queued
 // under one CQ lock with one wake-up.
-func (qp *QP) flushBatch(b *sendBatch) {
+func (qp *qpObj) flushBatch(b *sendBatch) {
 	if b.k == 0 {
 		return
 	}
@@ -519,7 +519,7 @@ func (qp *QP) flushBatch(b *sendBatch) {
 
 // countSent adds the outcomes of sends to the device's and the QP's
 // counters.
-func (qp *QP) countSent(sent, bytes, failed, oversized uint64) {
+func (qp *qpObj) countSent(sent, bytes, failed, oversized uint64) {
 	d := qp.dev
 	for _, c := range [...]struct {
 		k Counter
@@ -535,7 +535,7 @@ func (qp *QP) countSent(sent, bytes, failed, oversized uint64) {
 // AttachMcast attaches the QP to a multicast group (ibv_attach_mcast). The
 // GID must be multicast and, on InfiniBand, the LID a multicast LID; on
 // RoCE the LID is ignored.
-func (qp *QP) AttachMcast(gid verbs.GID, lid uint16) error {
+func (qp *qpObj) AttachMcast(gid verbs.GID, lid uint16) error {
 	lid, err := qp.checkMcast(gid, lid)
 	if err == nil {
 		err = qp.dev.attach(qp, gid, lid)
@@ -547,7 +547,7 @@ func (qp *QP) AttachMcast(gid verbs.GID, lid uint16) error {
 }
 
 // DetachMcast detaches the QP from a multicast group (ibv_detach_mcast).
-func (qp *QP) DetachMcast(gid verbs.GID, lid uint16) error {
+func (qp *qpObj) DetachMcast(gid verbs.GID, lid uint16) error {
 	lid, err := qp.checkMcast(gid, lid)
 	if err == nil {
 		err = qp.dev.detach(qp, gid, lid)
@@ -560,7 +560,7 @@ func (qp *QP) DetachMcast(gid verbs.GID, lid uint16) error {
 
 // checkMcast checks an attach or detach and returns the LID the group
 // table keys it by (0 on RoCE).
-func (qp *QP) checkMcast(gid verbs.GID, lid uint16) (uint16, error) {
+func (qp *qpObj) checkMcast(gid verbs.GID, lid uint16) (uint16, error) {
 	qp.mu.Lock()
 	dead := qp.dead
 	qp.mu.Unlock()
@@ -576,7 +576,7 @@ func (qp *QP) checkMcast(gid verbs.GID, lid uint16) (uint16, error) {
 	return lid, nil
 }
 
-func (qp *QP) linkLayer() verbs.LinkLayer {
+func (qp *qpObj) linkLayer() verbs.LinkLayer {
 	qp.mu.Lock()
 	ll := qp.port.LinkLayer
 	qp.mu.Unlock()
@@ -594,7 +594,7 @@ func (qp *QP) linkLayer() verbs.LinkLayer {
 // multicast group first, as the kernel does for userspace QPs. When it
 // returns, no receive path touches the QP's buffers: the receive queue is
 // closed under its lock, which every delivery holds.
-func (qp *QP) Destroy() error {
+func (qp *qpObj) Destroy() error {
 	qp.mu.Lock()
 	if qp.dead {
 		qp.mu.Unlock()
@@ -626,7 +626,7 @@ func (qp *QP) Destroy() error {
 // Burst the CQ's waiter is woken at the Burst's Flush, and with one that
 // holds locks the QP's and its CQ's stay held after it returns. It returns
 // the counter of the outcome.
-func (qp *QP) receive(dg *Datagram, burst *Burst) Counter {
+func (qp *qpObj) receive(dg *Datagram, burst *Burst) Counter {
 	if burst != nil && burst.HoldLocks {
 		burst.lockRQ(qp)
 	} else {

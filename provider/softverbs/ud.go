@@ -31,7 +31,7 @@ type Group struct {
 // member is one attachment: a QP and the LID it attached with (0 on RoCE,
 // where the LID is ignored).
 type member struct {
-	qp  *QP
+	qp  *qpObj
 	lid uint16
 }
 
@@ -50,8 +50,8 @@ func (g *Group) QPNs() []uint32 {
 	return out
 }
 
-// Attachment is one multicast attachment of a QP.
-type Attachment struct {
+// attachment is one multicast attachment of a QP.
+type attachment struct {
 	MGID verbs.GID
 	LID  uint16
 }
@@ -70,7 +70,7 @@ func limit(what string, n, max int) error {
 // an attached QP again is a no-op; ENOMEM when a new group would exceed
 // max_mcast_grp, the group max_mcast_qp_attach QPs, or the device
 // max_total_mcast_qp_attach attachments.
-func (d *Device) attach(q *QP, gid verbs.GID, lid uint16) error {
+func (d *Device) attach(q *qpObj, gid verbs.GID, lid uint16) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -106,17 +106,17 @@ func (d *Device) attach(q *QP, gid verbs.GID, lid uint16) error {
 	g.list = append(g.list, member{q, lid})
 	g.publish()
 	if q.groups == nil {
-		q.groups = map[Attachment]uint64{}
+		q.groups = map[attachment]uint64{}
 	}
 	d.attachSeq++
-	q.groups[Attachment{gid, lid}] = d.attachSeq
+	q.groups[attachment{gid, lid}] = d.attachSeq
 	d.nattach++
 	return nil
 }
 
 // detach removes q's attachment to gid: EINVAL when the device has no such
 // group or q is not attached to it. The last detach removes the group.
-func (d *Device) detach(q *QP, gid verbs.GID, lid uint16) error {
+func (d *Device) detach(q *qpObj, gid verbs.GID, lid uint16) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -133,10 +133,10 @@ func (d *Device) detach(q *QP, gid verbs.GID, lid uint16) error {
 	return nil
 }
 
-func (d *Device) detachLocked(q *QP, g *Group, lid uint16) {
+func (d *Device) detachLocked(q *qpObj, g *Group, lid uint16) {
 	g.list = slices.DeleteFunc(g.list, func(m member) bool { return m == member{q, lid} })
 	g.publish()
-	delete(q.groups, Attachment{g.MGID, lid})
+	delete(q.groups, attachment{g.MGID, lid})
 	d.nattach--
 	if len(g.list) > 0 {
 		return
@@ -147,17 +147,17 @@ func (d *Device) detachLocked(q *QP, g *Group, lid uint16) {
 }
 
 // attachments returns q's attachments in attach order (dev.mu held).
-func (q *QP) attachments() []Attachment {
-	out := make([]Attachment, 0, len(q.groups))
+func (q *qpObj) attachments() []attachment {
+	out := make([]attachment, 0, len(q.groups))
 	for a := range q.groups {
 		out = append(out, a)
 	}
-	slices.SortFunc(out, func(a, b Attachment) int { return cmp.Compare(q.groups[a], q.groups[b]) })
+	slices.SortFunc(out, func(a, b attachment) int { return cmp.Compare(q.groups[a], q.groups[b]) })
 	return out
 }
 
 // detachAllLocked detaches q from every group.
-func (d *Device) detachAllLocked(q *QP) {
+func (d *Device) detachAllLocked(q *qpObj) {
 	as := q.attachments()
 	for i := len(as) - 1; i >= 0; i-- { // newest first
 		d.detachLocked(q, d.groups[as[i].MGID], as[i].LID)
@@ -189,8 +189,8 @@ func (d *Device) Group(gid verbs.GID) *Group {
 	return g
 }
 
-// GroupInfo is a read-only view of one multicast group.
-type GroupInfo struct {
+// groupInfo is a read-only view of one multicast group.
+type groupInfo struct {
 	MGID verbs.GID
 	// QPNs are the attached QPs in attach order, with the LIDs they
 	// attached with (0 on RoCE).
@@ -201,19 +201,19 @@ type GroupInfo struct {
 }
 
 // Groups returns the device's multicast groups, by MGID.
-func (d *Device) Groups() []GroupInfo {
+func (d *Device) Groups() []groupInfo {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make([]GroupInfo, 0, len(d.groups))
+	out := make([]groupInfo, 0, len(d.groups))
 	for _, g := range d.groups {
-		gi := GroupInfo{MGID: g.MGID, Transport: g.Transport}
+		gi := groupInfo{MGID: g.MGID, Transport: g.Transport}
 		for _, m := range g.list {
 			gi.QPNs = append(gi.QPNs, m.qp.qpn)
 			gi.LIDs = append(gi.LIDs, m.lid)
 		}
 		out = append(out, gi)
 	}
-	slices.SortFunc(out, func(a, b GroupInfo) int { return slices.Compare(a.MGID[:], b.MGID[:]) })
+	slices.SortFunc(out, func(a, b groupInfo) int { return slices.Compare(a.MGID[:], b.MGID[:]) })
 	return out
 }
 
@@ -229,7 +229,7 @@ func (d *Device) Attachments() int {
 func (d *Device) Count(c Counter, n uint64) { d.ctr[c].Add(n) }
 
 // count adds one to a counter of the device and, when q is not nil, of q.
-func (d *Device) count(q *QP, c Counter) {
+func (d *Device) count(q *qpObj, c Counter) {
 	d.ctr[c].Add(1)
 	if q != nil {
 		q.ctr[c].Add(1)
@@ -270,7 +270,7 @@ func (d *Device) DeliverGroup(g *Group, dlid uint16, dg *Datagram, b *Burst) {
 // deliver runs the per-QP checks (state, P_Key, Q_Key, self-loopback
 // blocking) and hands the datagram to q's receive queue; every outcome is
 // counted once (a delivery with a Burst at its Flush).
-func (d *Device) deliver(q *QP, dg *Datagram, b *Burst) {
+func (d *Device) deliver(q *qpObj, dg *Datagram, b *Burst) {
 	var c Counter
 	switch {
 	case !q.receives():
@@ -293,7 +293,7 @@ func (d *Device) deliver(q *QP, dg *Datagram, b *Burst) {
 
 // receives reports whether the QP's state accepts datagrams: RTR to SQE,
 // not RESET, INIT or ERR (rxe's check_type_state).
-func (q *QP) receives() bool {
+func (q *qpObj) receives() bool {
 	s := verbs.QPState(q.rxState.Load())
 	return s >= verbs.QPSRTR && s <= verbs.QPSSQE
 }
@@ -322,15 +322,15 @@ func (d *Device) Counters() Snapshot {
 	return d.ctr.values()
 }
 
-// QPInfo is a read-only view of one QP, for operator tools.
-type QPInfo struct {
+// qpInfo is a read-only view of one QP, for operator tools.
+type qpInfo struct {
 	QPN              uint32
 	State            verbs.QPState
 	QKey             uint32
 	Port             uint8
 	BlockSelfMcastLB bool
 	// Groups are the QP's multicast attachments, in attach order.
-	Groups []Attachment
+	Groups []attachment
 	// Counters are the QP's counters, indexed by Counter.
 	Counters Snapshot
 	// Transport is the provider's side of the QP.
@@ -338,17 +338,17 @@ type QPInfo struct {
 }
 
 // QPs returns the device's QPs, by QPN.
-func (d *Device) QPs() []QPInfo {
+func (d *Device) QPs() []qpInfo {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make([]QPInfo, 0, len(d.qps))
+	out := make([]qpInfo, 0, len(d.qps))
 	for _, q := range d.qps {
-		out = append(out, QPInfo{
+		out = append(out, qpInfo{
 			QPN: q.qpn, State: verbs.QPState(q.rxState.Load()), QKey: q.rxQKey.Load(),
 			Port: uint8(q.rxPort.Load()), BlockSelfMcastLB: q.blockSelf,
 			Groups: q.attachments(), Counters: q.ctr.values(), Transport: q.drv,
 		})
 	}
-	slices.SortFunc(out, func(a, b QPInfo) int { return int(a.QPN) - int(b.QPN) })
+	slices.SortFunc(out, func(a, b qpInfo) int { return int(a.QPN) - int(b.QPN) })
 	return out
 }
