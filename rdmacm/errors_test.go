@@ -3,10 +3,13 @@ package rdmacm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -180,5 +183,49 @@ func TestEveryErrorHasErrno(t *testing.T) {
 	// An ended wait still says why, for the caller that checks the context.
 	if _, err := busyCh.GetEvent(cancelled); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled GetEvent: %v", err)
+	}
+}
+
+// TestEINVALSaysWhy: an EINVAL that can have several causes names the one
+// it has, next to librdmacm's errno.
+func TestEINVALSaysWhy(t *testing.T) {
+	ch, id := newID(t, PS_UDP)
+	_, tcp := newID(t, PS_TCP)
+	withQP(t, id, 1, 256, 0)
+	unbound, err := CreateID(ch, nil, PS_UDP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unbound.Destroy()
+	ah, err := id.PD().CreateAH(&verbs.AHAttr{IsGlobal: true, PortNum: 1, GRH: verbs.GlobalRoute{DGID: verbs.GID(netip.MustParseAddr("::ffff:239.9.9.9").As16())}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ah.Destroy()
+	g := randGroup()
+	routed, err := CreateID(nil, nil, PS_UDP) // synchronous: each call waits for its event
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer routed.Destroy()
+	if err := routed.ResolveAddr(lo, g, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := routed.ResolveRoute(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, reason string
+		err          error
+	}{
+		{"unbound id", "not bound to a device", unbound.JoinMulticast(g, nil)},
+		{"PS_TCP id", "port space RDMA_PS_TCP has IBV_QPT_RC QPs, a join wants IBV_QPT_UD", tcp.JoinMulticast(g, nil)},
+		{"group 0.0.0.0", "group address 0.0.0.0 is unspecified", id.JoinMulticast(UDPAddr(netip.IPv4Unspecified()), nil)},
+		{"route resolved", "id is ROUTE_RESOLVED, a join wants ADDR_BOUND or ADDR_RESOLVED", routed.JoinMulticast(g, nil)},
+		{"opcode left zero", "opcode IBV_WR_RDMA_WRITE (0) on a UD QP", id.QP().PostSend(&verbs.SendWR{UD: verbs.UDWR{AH: ah}})},
+	} {
+		if !errors.Is(c.err, syscall.EINVAL) || !strings.Contains(fmt.Sprint(c.err), c.reason) {
+			t.Errorf("%s: %v, want EINVAL saying %q", c.name, c.err, c.reason)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package rdmacm
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -115,7 +116,7 @@ func (ch *EventChannel) kernelChannelLocked() (engine.Channel, error) {
 	}
 	kc, err := kernel.NewChannel()
 	if err != nil {
-		return nil, err
+		return nil, kernelErr("rdma_create_event_channel", err)
 	}
 	ch.kc, ch.kdone = kc, make(chan struct{})
 	ch.kids, ch.kmcs = map[uint64]*ID{}, map[uint64]*mcJoin{}
@@ -219,7 +220,7 @@ func (id *ID) toKernelLocked(a *sockaddr) (idEngine, error) {
 	ch.ktok++
 	k, err := kc.CreateID(ch.ktok, uint16(id.ps))
 	if err != nil {
-		return nil, err
+		return nil, kernelErr("rdma_create_id", err)
 	}
 	// The options set so far are the librdmacm id's too.
 	for _, o := range id.opts {
@@ -549,4 +550,13 @@ func interfaceName(index int) (string, error) {
 		return "", err
 	}
 	return ifi.Name, nil
+}
+
+// kernelErr names what librdmacm's failure means: ENODEV from a channel or
+// an id is a host without kernel RDMA devices (librdmacm found none).
+func kernelErr(call string, err error) error {
+	if errors.Is(err, syscall.ENODEV) {
+		return fmt.Errorf("the kernel's stack: librdmacm's %s found no kernel RDMA device on this host (ibv_devices lists none; SOFTRDMA_BACKEND=soft uses softrdma's): %w", call, err)
+	}
+	return fmt.Errorf("the kernel's stack: librdmacm's %s: %w", call, err)
 }

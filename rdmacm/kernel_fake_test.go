@@ -2,7 +2,9 @@ package rdmacm
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -256,5 +258,39 @@ func TestKernelIDOptionsReplayed(t *testing.T) {
 	defer f.mu.Unlock()
 	if len(f.opts) != 2 || f.opts[0].name != OptionIDReuseAddr || f.opts[1].name != OptionIDTOS || f.opts[1].val[0] != 0x10 {
 		t.Errorf("replayed %+v", f.opts)
+	}
+}
+
+// noDevKernel is librdmacm on a host without kernel RDMA devices: its
+// channel opens, its ids fail with ENODEV.
+type noDevKernel struct{ fakeKernel }
+
+func (f *noDevKernel) NewChannel() (engine.Channel, error) {
+	c, _ := f.fakeKernel.NewChannel()
+	return noDevChan{c.(*fakeKChan)}, nil
+}
+
+type noDevChan struct{ *fakeKChan }
+
+func (noDevChan) CreateID(uint64, uint16) (engine.ID, error) { return nil, syscall.ENODEV }
+
+// TestKernelWithoutDevicesSaysSo: SOFTRDMA_BACKEND=kernel on a host whose
+// librdmacm finds no device fails CreateID with librdmacm's ENODEV and a
+// reason that says so.
+func TestKernelWithoutDevicesSaysSo(t *testing.T) {
+	saved := engine.Kernel()
+	engine.Register(&noDevKernel{})
+	t.Cleanup(func() { engine.Register(saved) })
+	h := verbs.NewHost()
+	defer h.Close()
+	ch, err := CreateEventChannelOn(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	ch.SetBackend(BackendKernel)
+	_, err = CreateID(ch, nil, PS_UDP)
+	if !errors.Is(err, syscall.ENODEV) || !strings.Contains(fmt.Sprint(err), "found no kernel RDMA device") {
+		t.Errorf("CreateID: %v, want ENODEV saying no kernel RDMA device was found", err)
 	}
 }

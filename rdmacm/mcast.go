@@ -65,8 +65,13 @@ func (id *ID) join(addr net.Addr, flags uint32, ctx any) error {
 // joinLocked is the kernel's rdma_join_multicast: the id checks, then the
 // port's join (RoCE queues the JOIN event at once, IB when the SA answers).
 func (id *ID) joinLocked(sa sockaddr, flags uint32, ctx any) error {
-	if id.dev == nil || (id.state != stateAddrBound && id.state != stateAddrResolved) || id.qpType != verbs.QPTypeUD {
-		return syscall.EINVAL
+	switch {
+	case id.dev == nil:
+		return fmt.Errorf("id is not bound to a device (bind or resolve a local address of one first): %w", syscall.EINVAL)
+	case id.state != stateAddrBound && id.state != stateAddrResolved:
+		return fmt.Errorf("id is %s, a join wants ADDR_BOUND or ADDR_RESOLVED: %w", stateName(id.state), syscall.EINVAL)
+	case id.qpType != verbs.QPTypeUD:
+		return fmt.Errorf("port space %v has %v QPs, a join wants %v: %w", id.ps, id.qpType, verbs.QPTypeUD, syscall.EINVAL)
 	}
 	mc := &mcJoin{id: id, context: ctx, addr: sa, sendOnly: flags == MCJoinFlagSendOnlyFullMember}
 	if err := id.dev.port.join(id, mc); err != nil {

@@ -49,7 +49,7 @@ func (p ibPort) join(id *ID, mc *mcJoin) error {
 	} else {
 		group := mc.addr.ip.WithZone("").Unmap()
 		if group.IsLoopback() {
-			return fmt.Errorf("loopback group address: %w", syscall.EINVAL)
+			return fmt.Errorf("group address %v is a loopback address: %w", group, syscall.EINVAL)
 		}
 		mgid = wire.IBMGID(group, binary.BigEndian.Uint16(bc.MGID[4:6]), bc.MGID[1]&0x0f, id.ps == PS_UDP)
 	}

@@ -51,11 +51,11 @@ func (p rocePort) join(id *ID, mc *mcJoin) error {
 	}
 	group := sa.ip.WithZone("").Unmap()
 	if group.IsUnspecified() {
-		return syscall.EINVAL
+		return fmt.Errorf("group address %v is unspecified: %w", group, syscall.EINVAL)
 	}
 	if group.IsLoopback() {
 		// Linux accepts it and yields MGID 0; we refuse (see README).
-		return fmt.Errorf("loopback group address: %w", syscall.EINVAL)
+		return fmt.Errorf("group address %v is a loopback address, which softrdma refuses (Linux joins it with MGID 0): %w", group, syscall.EINVAL)
 	}
 	if pa, err := id.dev.ctx.QueryPort(1); err != nil || pa.State != verbs.PortActive {
 		return syscall.ENODEV

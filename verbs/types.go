@@ -1,6 +1,8 @@
 package verbs
 
 import (
+	"fmt"
+
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -319,6 +321,22 @@ const (
 	WRSend        WROpcode = 2
 	WRSendWithImm WROpcode = 3
 )
+
+// wrOpcodeNames are the names of enum ibv_wr_opcode.
+var wrOpcodeNames = [...]string{
+	"IBV_WR_RDMA_WRITE", "IBV_WR_RDMA_WRITE_WITH_IMM", "IBV_WR_SEND", "IBV_WR_SEND_WITH_IMM",
+	"IBV_WR_RDMA_READ", "IBV_WR_ATOMIC_CMP_AND_SWP", "IBV_WR_ATOMIC_FETCH_AND_ADD",
+}
+
+// String returns the opcode's libibverbs name and number, e.g.
+// "IBV_WR_RDMA_WRITE (0)" (the zero value: a SendWR whose Opcode was not
+// set).
+func (o WROpcode) String() string {
+	if int(o) < len(wrOpcodeNames) {
+		return fmt.Sprintf("%s (%d)", wrOpcodeNames[o], uint8(o))
+	}
+	return fmt.Sprintf("opcode %d", uint8(o))
+}
 
 // SendFlags modify a send work request (enum ibv_send_flags).
 type SendFlags uint32

@@ -78,6 +78,9 @@ func TestBadInvocations(t *testing.T) {
 		{"pcap not writable", nil, append([]string{"--pcap", "/nonexistent/dir/x.pcap"}, lo...), 1, "mckey: --pcap /nonexistent/dir/x.pcap: "},
 		{"no subnet manager", []string{"SOFTRDMA_SM=" + noSM}, []string{"-m", "230.1.2.3", "-b", "127.0.2.1"}, 255,
 			"mckey: no subnet manager answered at SOFTRDMA_SM=" + noSM},
+		{"unknown backend", []string{"SOFTRDMA_BACKEND=bogus"}, lo, 1,
+			`SOFTRDMA_BACKEND: backend "bogus": want auto, soft or kernel`},
+		{"zero group", nil, []string{"-m", "0.0.0.0", "-b", "127.0.0.1", "--join-pause", "0s"}, 255, "group address 0.0.0.0 is unspecified"},
 		{"SOFTRDMA_SM not an address", []string{"SOFTRDMA_SM=nosm"}, []string{"-m", "230.1.2.3", "-b", "127.0.2.2"}, 255,
 			"mckey: SOFTRDMA_SM=nosm: "},
 	}

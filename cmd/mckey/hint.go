@@ -2,16 +2,19 @@ package main
 
 // Hints: rdma-core's mckey reports a failure as an errno or an event status
 // only. softrdma's mckey prints those lines unchanged and adds, on stderr,
-// one line that names the cause: the subnet manager SOFTRDMA_SM names, or
-// the interface the route lookup picked when -b is absent.
+// one line that names the cause: the subnet manager SOFTRDMA_SM names, the
+// interface the route lookup picked when -b is absent, or the reason the
+// call's error carries (why).
 
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"syscall"
 
+	"github.com/softrdma/softrdma/verbs"
 	"github.com/vishvananda/netlink"
 )
 
@@ -40,6 +43,19 @@ func (t *mckey) bindHint(err error) {
 func (t *mckey) joinHint(err error) {
 	if t.cfg.unmapped && errors.Is(err, errNotSupp) && os.Getenv("SOFTRDMA_SM") == "" {
 		fmt.Fprintf(t.errOut, "mckey: -M %s: an unmapped (AF_IB) group needs an InfiniBand port, and -b %s is on RoCE (SOFTRDMA_SM is unset)\n", t.cfg.dst, t.cfg.src)
+		return
+	}
+	why(t.errOut, err)
+}
+
+// why prints, after rdma-core's perror-style line (which keeps only the
+// errno), the cause softrdma knows of a failed call when the errno does
+// not say it all: "mckey: rdma_join_multicast_ex 0.0.0.0:0: group address
+// 0.0.0.0 is unspecified: invalid argument".
+func why(w io.Writer, err error) {
+	var e *verbs.Error
+	if errors.As(err, &e) && e.Err != nil {
+		fmt.Fprintf(w, "mckey: %v\n", err)
 	}
 }
 

@@ -219,6 +219,7 @@ func runContext(ctx context.Context, args []string, out, errOut io.Writer) int {
 	t.channel, err = rdmacm.CreateEventChannel()
 	if err != nil {
 		fmt.Fprintf(errOut, "failed to create RDMA CM event channel: %s\n", strerror(err))
+		why(errOut, err)
 		return 1
 	}
 	defer t.channel.Close()
@@ -230,6 +231,7 @@ func runContext(ctx context.Context, args []string, out, errOut io.Writer) int {
 	if err := t.allocNodes(); err != nil {
 		// rdma-core exits silently here; say why.
 		fmt.Fprintf(errOut, "mckey: rdma_create_id (port space %#x): %s\n", int(cfg.ps), strerror(err))
+		why(errOut, err)
 		return 1
 	}
 	ret := t.run()
@@ -518,6 +520,7 @@ func (t *mckey) initNode(n *node) (int, error) {
 	}
 	if err := n.cm.CreateQPEx(pd, &attr); err != nil {
 		fmt.Fprintf(t.errOut, "mckey: unable to create QP: %s\n", strerror(err))
+		why(t.errOut, err)
 		return -1, err
 	}
 	if ret := t.createMessage(n); ret != 0 {
@@ -633,9 +636,7 @@ func (t *mckey) addrHandler(n *node) (int, error) {
 	attr := rdmacm.JoinMCAttrEx{CompMask: rdmacm.JoinMCAttrAddress | rdmacm.JoinMCAttrJoinFlags, JoinFlags: flags, Addr: t.dstAddr}
 	if err := n.cm.JoinMulticastEx(&attr, n); err != nil {
 		fmt.Fprintf(t.errOut, "mckey: failure joining: %s\n", strerror(err))
-		if !t.cfg.unmapped {
-			t.joinHint(err)
-		}
+		t.joinHint(err)
 		t.connectError()
 		return -1, err
 	}

@@ -5,9 +5,10 @@
 //
 // It exists only in builds with the build tag rdmacore and cgo enabled
 // (go build -tags rdmacore), linking librdmacm and libibverbs (Debian:
-// librdmacm-dev, libibverbs-dev; rdma-core 44 or newer). Without the tag,
-// or with CGO_ENABLED=0, the package is empty and softrdma uses only its
-// software devices.
+// librdmacm-dev, libibverbs-dev; rdma-core 44 or newer). Without the tag
+// the package is empty and softrdma uses only its software devices; the
+// tag with CGO_ENABLED=0 fails the build (nocgo.go) rather than leave the
+// kernel's stack out without a word. Its CM half is provider/rdmacore/cm.
 //
 // The package registers a verbs.Provider, so verbs.DeviceList lists the
 // kernel's devices next to the software ones; the rdmacm package uses its

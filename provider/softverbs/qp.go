@@ -333,7 +333,7 @@ func (qp *qpObj) PostSend(wr *verbs.SendWR) error {
 // completions are not queued yet.
 func (qp *qpObj) checkSend(wr *verbs.SendWR, pending int) (ah *ahObj, n int, signaled bool, err error) {
 	if wr.Opcode != verbs.WRSend && wr.Opcode != verbs.WRSendWithImm {
-		return nil, 0, false, fmt.Errorf("opcode %d on UD: %w", wr.Opcode, syscall.EINVAL)
+		return nil, 0, false, fmt.Errorf("opcode %v on a UD QP, which takes only IBV_WR_SEND and IBV_WR_SEND_WITH_IMM: %w", wr.Opcode, syscall.EINVAL)
 	}
 	if wr.UD.AH != nil {
 		ah, _ = wr.UD.AH.Ops().(*ahObj)
