@@ -132,6 +132,32 @@ func TestNoRouteNamesTheCause(t *testing.T) {
 	}
 }
 
+// TestFailedSendsSaySo sends to an IPv6 group in a network namespace whose
+// only interface is lo, which has no route to it: every send fails
+// (ENETUNREACH), as rxe fails the WQE. rdma-core's mckey would print "data
+// transfers complete" and exit 0; this one names the failure and exits
+// non-zero.
+func TestFailedSendsSaySo(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		testenv.Require(t, "needs root for a network namespace without routes")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		testenv.Require(t, "no unshare: %v", err)
+	}
+	p := start(t, "mckey", unshare, "-n", "sh", "-c", `ip link set lo up && exec "$0" "$@"`,
+		mckeyBin, "-m", "ff15::1234", "-b", "::1", "-s", "-C", "5", "--join-pause", "0s")
+	r := p.finish()
+	all := strings.Join(append(r.stdout, r.stderr...), "\n")
+	if want := "mckey: 5 of 5 sends to ff15::1234 failed: local QP operation error (vendor_err 101: Network is unreachable)"; !strings.Contains(all, want) {
+		t.Errorf("no %q in\n%s", want, all)
+	}
+	if strings.Contains(all, "data transfers complete") || r.code == 0 {
+		t.Errorf("exit status %d, output\n%s", r.code, all)
+	}
+}
+
 // TestSignalLeaves sends SIGINT and SIGTERM to a receiver waiting for
 // messages: it leaves its group (the leave is logged, not a teardown of
 // the id), removes its endpoint socket, and dies of the signal, as

@@ -59,6 +59,7 @@ type mckey struct {
 	channel      *rdmacm.EventChannel
 	nodes        []*node
 	connectsLeft int
+	sendFailed   int // the status of failed sends (sendErrors), which survives the leaves
 	dstAddr      net.Addr
 	srcAddr      net.Addr
 	// resolver looks up host names (nil: net.DefaultResolver); dnsDial
@@ -378,7 +379,7 @@ func (t *mckey) run() int {
 	var ext int // a failure of an extension (--timeout, --verify) survives the leaves
 	if ret == 0 {
 		ret = t.transfer()
-		if ret == -int(syscall.ETIMEDOUT) || ret == -int(syscall.EIO) {
+		if ret == -int(syscall.ETIMEDOUT) || ret == -int(syscall.EIO) || (ret != 0 && ret == t.sendFailed) {
 			ext = ret
 		}
 	}
@@ -432,6 +433,9 @@ func (t *mckey) transfer() int {
 			if ret := t.postSends(n); ret != 0 {
 				return ret
 			}
+		}
+		if t.sendFailed = t.sendErrors(); t.sendFailed != 0 {
+			return t.sendFailed
 		}
 	} else {
 		fmt.Fprintf(t.out, "receiving data transfers\n")
@@ -656,6 +660,50 @@ func (t *mckey) joinHandler(n *node, p *rdmacm.UDParam) int {
 	n.connected = true
 	t.connectsLeft--
 	return 0
+}
+
+// sendErrors reports the sends that failed. rdma-core's mckey posts its
+// sends unsignaled and never polls for them, so a send the device could
+// not transmit (no route to the group: ENETUNREACH) went unnoticed and the
+// run said "data transfers complete". A failed send completes even
+// unsignaled (as rxe completes it), at once on softrdma's devices: the
+// completions already queued are read, and a failure ends the run with
+// the errno the device gave.
+func (t *mckey) sendErrors() int {
+	var wc [8]verbs.WC
+	ret := 0
+	for _, n := range t.nodes {
+		if !n.connected {
+			continue
+		}
+		failed := 0
+		var first verbs.WC
+		for {
+			k, err := n.cq.Poll(wc[:])
+			if err != nil || k == 0 {
+				break
+			}
+			for _, c := range wc[:k] {
+				if c.Status != verbs.WCSuccess {
+					if failed == 0 {
+						first = c
+					}
+					failed++
+				}
+			}
+		}
+		if failed == 0 {
+			continue
+		}
+		errno := syscall.EIO
+		if first.VendorErr != 0 {
+			errno = syscall.Errno(first.VendorErr)
+		}
+		fmt.Fprintf(t.errOut, "mckey: %d of %d sends to %s failed: %s (vendor_err %d: %s)\n",
+			failed, t.cfg.messageCount, t.cfg.dst, first.Status, first.VendorErr, strerror(errno))
+		ret = -int(errno)
+	}
+	return ret
 }
 
 // pollCQs waits for message_count completions on every joined node. With

@@ -200,12 +200,13 @@ func (e *fakeEnv) poll(t *testing.T) []verbs.WC {
 
 // TestPostSendBatches posts a chain to a batching provider: it gets the
 // datagrams MaxSendBatch at a time, in order, with the right payloads, and
-// the signaled ones complete in order with the status of their send.
+// the signaled ones complete in order with the status of their send, and
+// a failed unsignaled one completes too (rxe completes every failed WQE).
 func TestPostSendBatches(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		e := newFakeEnv(t, batch, 256)
 		q := e.drv.qps[0]
-		q.fail = map[int]error{40: syscall.ENOBUFS}
+		q.fail = map[int]error{40: syscall.ENOBUFS, 41: syscall.ENETUNREACH} // 41 is unsignaled
 		const n = 70
 		wrs := e.chain(n, func(i int) bool { return i%2 == 0 })
 		if err := e.qp.PostSend(&wrs[0]); err != nil {
@@ -227,21 +228,30 @@ func TestPostSendBatches(t *testing.T) {
 		c := CoreOf(e.dev).Counters()
 		qc, _ := CoreOf(e.dev).QPCounters(e.qp.Num())
 		for _, got := range []Snapshot{c, qc} {
-			if got.Get(SentPkts) != n-1 || got.Get(SendErrors) != 1 || got.Get(SentBytes) != (n-1)*(40+4) {
-				t.Errorf("batch %v: sent_pkts %d send_errors %d sent_bytes %d, want %d, 1, %d",
-					batch, got.Get(SentPkts), got.Get(SendErrors), got.Get(SentBytes), n-1, (n-1)*44)
+			if got.Get(SentPkts) != n-2 || got.Get(SendErrors) != 2 || got.Get(SentBytes) != (n-2)*(40+4) {
+				t.Errorf("batch %v: sent_pkts %d send_errors %d sent_bytes %d, want %d, 2, %d",
+					batch, got.Get(SentPkts), got.Get(SendErrors), got.Get(SentBytes), n-2, (n-2)*44)
 			}
 		}
 		wcs := e.poll(t)
-		if len(wcs) != n/2 {
-			t.Fatalf("batch %v: %d completions", batch, len(wcs))
+		var want []uint64 // the WRIDs that complete: the signaled ones and 41
+		for i := 0; i < n; i++ {
+			if i%2 == 0 || i == 41 {
+				want = append(want, uint64(i))
+			}
+		}
+		if len(wcs) != len(want) {
+			t.Fatalf("batch %v: %d completions, want %d", batch, len(wcs), len(want))
 		}
 		for k, wc := range wcs {
 			status, vendor := verbs.WCSuccess, uint32(0)
-			if wc.WRID == 40 {
+			switch wc.WRID {
+			case 40:
 				status, vendor = verbs.WCLocQPOpErr, uint32(syscall.ENOBUFS)
+			case 41:
+				status, vendor = verbs.WCLocQPOpErr, uint32(syscall.ENETUNREACH)
 			}
-			if wc.WRID != uint64(2*k) || wc.Status != status || wc.VendorErr != vendor || wc.ByteLen != 4 || wc.Opcode != verbs.WCOpSend {
+			if wc.WRID != want[k] || wc.Status != status || wc.VendorErr != vendor || wc.ByteLen != 4 || wc.Opcode != verbs.WCOpSend {
 				t.Errorf("batch %v: completion %d: %+v", batch, k, wc)
 			}
 		}

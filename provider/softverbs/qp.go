@@ -403,7 +403,9 @@ func (qp *qpObj) postOne(wr *verbs.SendWR) error {
 	err = qp.drv.Send(&qp.us)
 	qp.sent(qp.us.Wire, err)
 	qp.us = UDSend{}
-	if signaled {
+	if signaled || err != nil {
+		// A failed send completes even unsignaled, as rxe's completer
+		// posts every WQE whose status is not success.
 		wc := sendWC(wr.WRID, n, qp.qpn, err)
 		qp.sendCQ.pushOrOverrun(&wc)
 	}
@@ -505,7 +507,7 @@ func (qp *qpObj) flushBatch(b *sendBatch) {
 			sent++
 			bytes += uint64(w)
 		}
-		if b.sig[j] {
+		if b.sig[j] || b.errs[j] != nil { // a failure completes even unsignaled (postOne)
 			b.wcs[nwc] = sendWC(b.wrid[j], b.n[j], qp.qpn, b.errs[j])
 			nwc++
 		}
