@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -129,6 +130,29 @@ func TestNoRouteNamesTheCause(t *testing.T) {
 	}
 	if r.code == 0 {
 		t.Errorf("exit status 0")
+	}
+}
+
+// TestNoBindSaysWhere runs mckey without -b or --iface in a network
+// namespace whose route for multicast is lo: one stderr line names the
+// interface the route lookup picked and the address and device the id
+// landed on.
+func TestNoBindSaysWhere(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		testenv.Require(t, "needs root for a network namespace of its own")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		testenv.Require(t, "no unshare: %v", err)
+	}
+	g := randomGroup()
+	p := start(t, "mckey", unshare, "-n", "sh", "-c", `ip link set lo up && ip route add 224.0.0.0/4 dev lo && exec "$0" "$@"`,
+		mckeyBin, "-m", g, "-C", "0", "--join-pause", "0s")
+	r := p.finish()
+	want := regexp.MustCompile(`^mckey: no -b: the route lookup for ` + regexp.QuoteMeta(g) + ` picked interface lo; bound to 127\.0\.0\.1:\d+ on device rxe_lo$`)
+	if !slices.ContainsFunc(r.stderr, want.MatchString) || r.code != 0 {
+		t.Errorf("exit %d, stderr %q, want a line matching %v", r.code, r.stderr, want)
 	}
 }
 

@@ -83,6 +83,14 @@ func (t *mckey) addrErrorHint(status int) {
 	fmt.Fprintf(t.errOut, "mckey: no -b: %s; name the local address with -b or the interface with --iface\n", routeOf(t.cfg.dst))
 }
 
+// landedHint says, once, where an id landed without -b or --iface: the
+// interface the route lookup picked and the id's address and device. A
+// sender and a receiver on different devices never meet; this line is how
+// a user sees it.
+func (t *mckey) landedHint(n *node) {
+	fmt.Fprintf(t.errOut, "mckey: no -b: %s; bound to %v on device %s\n", routeOf(t.cfg.dst), n.cm.SrcAddr(), n.cm.DeviceName())
+}
+
 // routeOf describes what the kernel's route lookup picks for dst.
 func routeOf(dst string) string {
 	ip := net.ParseIP(dst)
@@ -97,6 +105,9 @@ func routeOf(dst string) string {
 	name := fmt.Sprintf("ifindex %d", r.LinkIndex)
 	if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
 		name = l.Attrs().Name
+	}
+	if r.Src == nil {
+		return fmt.Sprintf("the route lookup for %s picked interface %s", dst, name)
 	}
 	return fmt.Sprintf("the route lookup for %s picked interface %s (source %v)", dst, name, r.Src)
 }

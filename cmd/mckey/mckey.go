@@ -616,6 +616,9 @@ func (t *mckey) postSends(n *node) int {
 }
 
 func (t *mckey) addrHandler(n *node) (int, error) {
+	if n.id == 0 && t.cfg.src == "" && !t.cfg.unmapped {
+		t.landedHint(n)
+	}
 	if ret := t.verifyTestParams(n); ret != 0 {
 		t.connectError()
 		return ret, syscall.Errno(-ret)
