@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 
 	"github.com/softrdma/softrdma/verbs"
@@ -89,6 +90,38 @@ func (t *mckey) addrErrorHint(status int) {
 // a user sees it.
 func (t *mckey) landedHint(n *node) {
 	fmt.Fprintf(t.errOut, "mckey: no -b: %s; bound to %v on device %s\n", routeOf(t.cfg.dst), n.cm.SrcAddr(), n.cm.DeviceName())
+}
+
+// dropHint says, after a receive timeout, what the device the receiver
+// listened on dropped since its receives were posted, counter by counter
+// (too_long_drops: messages larger than the receive buffers…), or that
+// it dropped nothing: then nothing for the group reached that device.
+func (t *mckey) dropHint(n *node) {
+	dev := n.cm.Verbs().Device()
+	addr := n.cm.SrcAddr().String()
+	if u, ok := n.cm.SrcAddr().(*net.UDPAddr); ok {
+		addr = u.IP.String()
+	}
+	schema, vals, ok := dev.Counters()
+	if !ok || len(n.drops0) != len(vals) {
+		return
+	}
+	var grew []string
+	for i, c := range schema {
+		if c.Reason != "" && vals[i] > n.drops0[i] {
+			grew = append(grew, fmt.Sprintf("%s=%d", c.Name, vals[i]-n.drops0[i]))
+		}
+	}
+	if len(grew) == 0 && t.cfg.sendOnly {
+		fmt.Fprintf(t.errOut, "mckey: -o: a send-only full member receives nothing (its QP is not attached, its device not in the group)\n")
+		return
+	}
+	if len(grew) == 0 {
+		fmt.Fprintf(t.errOut, "mckey: device %s (bound to %s) dropped nothing: no datagram for %s reached it; is the sender on this device (-b)?\n",
+			dev.Name(), addr, t.cfg.dst)
+		return
+	}
+	fmt.Fprintf(t.errOut, "mckey: device %s (bound to %s) dropped since the receives were posted: %s\n", dev.Name(), addr, strings.Join(grew, " "))
 }
 
 // routeOf describes what the kernel's route lookup picks for dst.

@@ -50,6 +50,7 @@ type node struct {
 	remoteQPN uint32
 	remoteQK  uint32
 	mem       []byte
+	drops0    []uint64 // the device's counters when the receives were posted (dropHint)
 }
 
 type mckey struct {
@@ -635,6 +636,9 @@ func (t *mckey) addrHandler(n *node) (int, error) {
 			t.connectError()
 			return ret, syscall.Errno(ret)
 		}
+		if _, vals, ok := n.cm.Verbs().Device().Counters(); ok {
+			n.drops0 = vals
+		}
 	}
 	flags := rdmacm.MCJoinFlagFullMember
 	if t.cfg.sendOnly {
@@ -747,6 +751,7 @@ func (t *mckey) pollCQs() int {
 			}
 			if err != nil {
 				fmt.Fprintf(t.out, "mckey: receive timeout: %d of %d messages\n", done, t.cfg.messageCount)
+				t.dropHint(n)
 				return -int(syscall.ETIMEDOUT)
 			}
 		}

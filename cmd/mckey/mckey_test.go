@@ -127,6 +127,7 @@ func TestOutputWithoutPeer(t *testing.T) {
 		name:   "receiver timeout",
 		args:   []string{"-m", g, "-b", "127.0.0.1", "-C", "3", "--timeout", "500ms", "--join-pause", "100ms"},
 		stdout: timeoutLines(g, 3),
+		stderr: []string{"mckey: device rxe_lo (bound to 127.0.0.1) dropped nothing: no datagram for " + g + " reached it; is the sender on this device (-b)?"},
 		code:   timeoutStatus,
 	}, {
 		// GNU getopt: non-option arguments (ignored) may come between options.
@@ -241,7 +242,8 @@ func TestSendOnlyMemberReceivesNothing(t *testing.T) {
 	full.exit()
 
 	r := mk.finish()
-	checkRun(t, "mckey -o receiver", r, timeoutLines(g, 5), nil, timeoutStatus)
+	checkRun(t, "mckey -o receiver", r, timeoutLines(g, 5),
+		[]string{"mckey: -o: a send-only full member receives nothing (its QP is not attached, its device not in the group)"}, timeoutStatus)
 }
 
 // timeoutStatus is mckey's exit status after --timeout expired: -ETIMEDOUT & 0xff.
@@ -467,4 +469,29 @@ func TestVerifyFailure(t *testing.T) {
 		"return status -5",
 	}, nil, -5&0xff)
 	s.exit()
+}
+
+// TestTimeoutNamesTheDrops: a receiver of 100-byte messages sent 1,000-byte
+// ones times out, and says why: its device counted them in too_long_drops.
+// A receiver that got nothing at all says its device dropped nothing.
+func TestTimeoutNamesTheDrops(t *testing.T) {
+	t.Parallel()
+	g := randomGroup()
+	rcv := start(t, "mckey receiver", mckeyBin, "-m", g, "-b", "127.0.0.1", "-C", "3", "-S", "100",
+		"--timeout", "1s", "--join-pause", "100ms")
+	rcv.waitLine(joinedRE, lineTimeout)
+	s := startPeer(t, "S", g, "-S", "1000", "-o")
+	s.send(3)
+	r := rcv.finish()
+	want := regexp.MustCompile(`^mckey: device rxe_lo \(bound to 127\.0\.0\.1\) dropped since the receives were posted: too_long_drops=3$`)
+	if !slices.ContainsFunc(r.stderr, want.MatchString) || r.code != timeoutStatus {
+		t.Errorf("exit %d, stderr %q, want a line matching %v", r.code, r.stderr, want)
+	}
+	s.exit()
+
+	quiet := runMckey(t, "-m", randomGroup(), "-b", "127.0.0.1", "-C", "1", "--timeout", "300ms", "--join-pause", "0s")
+	want = regexp.MustCompile(`^mckey: device rxe_lo \(bound to 127\.0\.0\.1\) dropped nothing: no datagram for .* reached it; is the sender on this device \(-b\)\?$`)
+	if !slices.ContainsFunc(quiet.stderr, want.MatchString) {
+		t.Errorf("stderr %q, want a line matching %v", quiet.stderr, want)
+	}
 }
