@@ -510,6 +510,7 @@ func (t *mckey) initNode(n *node) (int, error) {
 	}
 	if n.cq, err = ctx.CreateCQ(cqe); err != nil {
 		fmt.Fprintf(t.out, "mckey: unable to create CQ\n")
+		why(t.errOut, err)
 		return -int(syscall.ENOMEM), err
 	}
 	wr := max(t.cfg.messageCount, 1)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -520,5 +521,35 @@ func TestBurstHoldsLocks(t *testing.T) {
 	}
 	if d := core.Counters().Get(Delivered); d != 6 {
 		t.Errorf("delivered %d, want 6", d)
+	}
+}
+
+// TestLimitsSayWhich: a CQ, a QP or a receive beyond the device's or the
+// QP's limit fails with libibverbs' errno and names the limit.
+func TestLimitsSayWhich(t *testing.T) {
+	e := newFakeEnv(t, false, 256)
+	ctx := e.pd.Context()
+	_, err := ctx.CreateCQ(fakeAttr.MaxCQE + 1)
+	if !errors.Is(err, syscall.EINVAL) || !strings.Contains(err.Error(), "the device takes 1 to 1024 (max_cqe)") {
+		t.Errorf("create cq: %v", err)
+	}
+	cq, err := ctx.CreateCQ(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cq.Destroy()
+	_, err = e.pd.CreateQP(&verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTypeUD, Cap: verbs.QPCap{MaxSendWR: fakeAttr.MaxQPWR + 1}})
+	if !errors.Is(err, syscall.EINVAL) || !strings.Contains(err.Error(), "max_qp_wr 1024") {
+		t.Errorf("create qp: %v", err)
+	}
+	wr := verbs.RecvWR{SGList: []verbs.SGE{e.mr.SGE(0, 64)}}
+	for range 4 { // the QP's max_recv_wr
+		if err := e.qp.PostRecv(&wr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = e.qp.PostRecv(&wr)
+	if !errors.Is(err, syscall.ENOMEM) || !strings.Contains(err.Error(), "receive queue full: 4 of max_recv_wr 4 posted") {
+		t.Errorf("post recv: %v", err)
 	}
 }

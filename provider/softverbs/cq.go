@@ -56,8 +56,8 @@ func (c *ctxObj) CreateCQ(cqe int, ch verbs.CompChannelOps, vector int) (verbs.C
 			return nil, fmt.Errorf("channel of another backend: %w", syscall.EINVAL)
 		}
 	}
-	if cqe < 1 || cqe > c.dev.drv.Attr().MaxCQE {
-		return nil, fmt.Errorf("%d entries: %w", cqe, syscall.EINVAL)
+	if maxCQE := c.dev.drv.Attr().MaxCQE; cqe < 1 || cqe > maxCQE {
+		return nil, fmt.Errorf("%d entries, the device takes 1 to %d (max_cqe): %w", cqe, maxCQE, syscall.EINVAL)
 	}
 	if err := c.dev.take(objCQ); err != nil {
 		return nil, err

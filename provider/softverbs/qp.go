@@ -80,7 +80,8 @@ func (pd *pdObj) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
 	if c.MaxSendWR < 0 || c.MaxRecvWR < 0 || c.MaxSendWR > da.MaxQPWR || c.MaxRecvWR > da.MaxQPWR ||
 		c.MaxSendSGE < 0 || c.MaxRecvSGE < 0 || c.MaxSendSGE > da.MaxSGE || c.MaxRecvSGE > da.MaxSGE ||
 		c.MaxInlineData < 0 || c.MaxInlineData > da.MaxInlineData {
-		return nil, fmt.Errorf("capabilities %+v: %w", c, syscall.EINVAL)
+		return nil, fmt.Errorf("capabilities %+v beyond the device's (max_qp_wr %d, max_sge %d, max_inline_data %d): %w",
+			c, da.MaxQPWR, da.MaxSGE, da.MaxInlineData, syscall.EINVAL)
 	}
 	if c.MaxSendSGE == 0 {
 		c.MaxSendSGE = 1
@@ -282,7 +283,7 @@ func (qp *qpObj) PostRecv(wr *verbs.RecvWR) error {
 			total += sg.n
 		}
 		if qp.rn == len(qp.rq) || qp.cap.MaxRecvWR == 0 {
-			return &verbs.BadWRError{Index: i, Err: syscall.ENOMEM}
+			return &verbs.BadWRError{Index: i, Err: fmt.Errorf("receive queue full: %d of max_recv_wr %d posted: %w", qp.rn, qp.cap.MaxRecvWR, syscall.ENOMEM)}
 		}
 		w := &qp.rq[(qp.rhead+qp.rn)%len(qp.rq)]
 		w.wrid, w.total = wr.WRID, total
