@@ -29,5 +29,6 @@
 //
 // Logs: EnableLogging (or SOFTRDMA_LOG=info with FromEnv) sends the RDMA
 // CM's joins, leaves and errors, device and netdev events, and
-// rate-limited drop reports to a log/slog logger.
+// rate-limited drop reports to a log/slog logger; they are package
+// logging's, which SOFTRDMA_LOG turns on in any rdmacm program.
 package introspect

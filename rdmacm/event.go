@@ -6,6 +6,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/softrdma/softrdma/logging"
 	"github.com/softrdma/softrdma/rdmacm/engine"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -129,11 +130,16 @@ func CreateEventChannel() (_ *EventChannel, err error) {
 }
 
 // newEventChannel makes a channel of the CM state cm, with the backend
-// BackendEnv sets.
+// BackendEnv sets. The first one starts the logs SOFTRDMA_LOG asks for
+// (logging.StartFromEnv); a value it cannot parse fails every channel
+// (EINVAL, naming the variable).
 func newEventChannel(cm *cmState) (*EventChannel, error) {
 	b, err := envBackend()
 	if err != nil {
 		return nil, err
+	}
+	if err := logging.StartFromEnv(); err != nil {
+		return nil, fmt.Errorf("%w: %w", err, syscall.EINVAL)
 	}
 	ch := &EventChannel{ready: make(chan struct{}), cm: cm, backend: b}
 	ch.cond = sync.NewCond(&ch.mu)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/softrdma/softrdma/logging"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -285,14 +286,11 @@ func cmpU64(a, b uint64) int {
 	return 0
 }
 
-// logger receives the CM's structured logs; nil: none.
-var logger atomic.Pointer[slog.Logger]
-
 // SetLogger sends the CM's control-plane events to l as structured logs:
 // joins and leaves (Info), joins that fail synchronously (Warn), and QP
 // attach failures that turn a MULTICAST_JOIN into MULTICAST_ERROR (Error).
 // A nil l turns the logs off (the default).
-func SetLogger(l *slog.Logger) { logger.Store(l) }
+func SetLogger(l *slog.Logger) { logging.SetLogger(l) }
 
 // joinFlagName names a join type in logs and tools.
 func joinFlagName(sendOnly bool) string {
@@ -310,7 +308,7 @@ func observeJoin(id *ID, sa sockaddr, flags uint32, err error) {
 	} else {
 		st.joins.Add(1)
 	}
-	l := logger.Load()
+	l := logging.Logger()
 	if l == nil {
 		return
 	}
@@ -331,7 +329,7 @@ func observeJoin(id *ID, sa sockaddr, flags uint32, err error) {
 // observeLeave counts and logs a join's removal (called with id.mu held).
 func observeLeave(id *ID, mc *mcJoin) {
 	id.ch().cm.stats.leaves.Add(1)
-	l := logger.Load()
+	l := logging.Logger()
 	if l == nil {
 		return
 	}
@@ -353,7 +351,7 @@ func observeLeave(id *ID, mc *mcJoin) {
 // (called with id.mu held).
 func observeAttachError(id *ID, mc *mcJoin, err error) {
 	id.ch().cm.stats.attachErrors.Add(1)
-	l := logger.Load()
+	l := logging.Logger()
 	if l == nil {
 		return
 	}
