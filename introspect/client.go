@@ -137,6 +137,9 @@ var ErrNoEndpoint = errors.New("no introspection endpoint")
 // socketDirs are the directories ForPID and Endpoints search: this
 // process's $XDG_RUNTIME_DIR, /run/user/<uid> of the process's owner, /tmp.
 func socketDirs(uid int) []string {
+	if d := os.Getenv(EnvDir); d != "" {
+		return []string{d}
+	}
 	var dirs []string
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
 		dirs = append(dirs, d)

@@ -226,7 +226,7 @@ func worldDir(t *testing.T) string {
 // another process of the same user is refused by ForPID's client.
 func TestForPIDChecksListener(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("XDG_RUNTIME_DIR", dir)
+	t.Setenv(EnvDir, dir)
 	cmd := helper(t, 0, "wait")
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -324,7 +324,7 @@ func TestForeignUser(t *testing.T) {
 
 	// A socket for this process owned by someone else.
 	dir := t.TempDir()
-	t.Setenv("XDG_RUNTIME_DIR", dir)
+	t.Setenv(EnvDir, dir)
 	own, err := Start("unix")
 	if err != nil {
 		t.Fatal(err)

@@ -39,7 +39,13 @@ import (
 
 func TestMain(m *testing.M) {
 	testenv.ClearSoftRDMA()
+	unscope, err := testenv.ScopeEndpoints() // discovery sees this run's processes only
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "introspect test:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
+	unscope()
 	rxe.CloseAll()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -741,6 +747,7 @@ func TestOffByDefault(t *testing.T) {
 
 	// Asked: it listens, on a Unix socket of mode 0600, and stops again.
 	dir := t.TempDir()
+	t.Setenv(EnvDir, "") // this part tests the default places
 	t.Setenv("XDG_RUNTIME_DIR", dir)
 	t.Setenv(EnvAddr, "unix")
 	stop2, err := FromEnv()
@@ -953,3 +960,32 @@ func TestLogging(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestEndpointDir: with SOFTRDMA_DEBUG_DIR set, the socket goes there and
+// discovery looks nowhere else: a process whose socket is in the default
+// places is not listed.
+func TestEndpointDir(t *testing.T) {
+	t.Setenv(EnvLog, "")
+	scoped, other := t.TempDir(), t.TempDir()
+	t.Setenv(EnvDir, scoped)
+	t.Setenv(EnvAddr, "unix")
+	stop, err := FromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	path := filepath.Join(scoped, fmt.Sprintf("softrdma-%d.sock", os.Getpid()))
+	if got := SocketPath(os.Getpid()); got != path {
+		t.Errorf("SocketPath = %s, want %s", got, path)
+	}
+	if eps := Endpoints(); len(eps) != 1 || eps[0].Path != path {
+		t.Errorf("Endpoints() = %v, want only %s", eps, path)
+	}
+	t.Setenv(EnvDir, other)
+	if eps := Endpoints(); len(eps) != 0 {
+		t.Errorf("Endpoints() in another directory = %v, want none", eps)
+	}
+	if _, err := ForPID(os.Getpid()); !errors.Is(err, ErrNoEndpoint) {
+		t.Errorf("ForPID from another directory: %v, want ErrNoEndpoint", err)
+	}
+}

@@ -27,14 +27,24 @@ import (
 // on; see Start for its values.
 const EnvAddr = "SOFTRDMA_DEBUG_ADDR"
 
+// EnvDir is the environment variable that, set, names the only directory
+// where the per-process sockets are made (Start with "unix") and looked
+// for (ForPID, Endpoints): a test suite, or a user running several
+// independent sets of processes, scopes the tools to its own processes.
+const EnvDir = "SOFTRDMA_DEBUG_DIR"
+
 // SocketPath returns the per-process socket path Start uses for the
-// address "unix": $XDG_RUNTIME_DIR/softrdma-<pid>.sock when XDG_RUNTIME_DIR
+// address "unix": $SOFTRDMA_DEBUG_DIR/softrdma-<pid>.sock when that is
+// set, else $XDG_RUNTIME_DIR/softrdma-<pid>.sock when XDG_RUNTIME_DIR
 // names a directory, else /tmp/softrdma-<pid>.sock.
 func SocketPath(pid int) string {
 	return filepath.Join(socketDir(), fmt.Sprintf("softrdma-%d.sock", pid))
 }
 
 func socketDir() string {
+	if d := os.Getenv(EnvDir); d != "" {
+		return d
+	}
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
 		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
 			return d

@@ -45,6 +45,12 @@ func TestMain(m *testing.M) {
 
 func testMain(m *testing.M) int {
 	testenv.ClearSoftRDMA()
+	unscope, err := testenv.ScopeEndpoints() // the tools see this run's processes only
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mckey test:", err)
+		return 1
+	}
+	defer unscope()
 	dir, err := os.MkdirTemp("", "mckey-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "mckey test:", err)

@@ -48,6 +48,12 @@ func TestMain(m *testing.M) {
 
 func testMain(m *testing.M) int {
 	testenv.ClearSoftRDMA()
+	unscope, err := testenv.ScopeEndpoints() // the tools see this run's processes only
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "softrdma test:", err)
+		return 1
+	}
+	defer unscope()
 	dir, err := os.MkdirTemp("", "softrdma-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -208,7 +214,7 @@ func mustJSON(t *testing.T, v any, args ...string) {
 // what devices, groups, stat and capture report against what they did.
 func TestOperatorTools(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("XDG_RUNTIME_DIR", dir)
+	t.Setenv(introspect.EnvDir, dir)
 	env := []string{"XDG_RUNTIME_DIR=" + dir, introspect.EnvAddr + "=unix", introspect.EnvLog + "=info"}
 	g := randomGroup()
 	mgid := "::ffff:" + g
@@ -553,7 +559,7 @@ func listening(t *testing.T, pid int) []string {
 // listens nowhere and creates no socket file, even while joined.
 func TestEndpointOffByDefault(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("XDG_RUNTIME_DIR", dir)
+	t.Setenv(introspect.EnvDir, dir)
 	g := randomGroup()
 	c := startMckey(t, "receiver", []string{"XDG_RUNTIME_DIR=" + dir}, "-m", g, "-b", "127.0.0.1", "-C", "1", "--timeout", "60s", "--join-pause", "0")
 	c.waitLine("receiving data transfers")
@@ -574,7 +580,7 @@ func TestEndpointOffByDefault(t *testing.T) {
 // TestSubcommandErrors: bad flags and unreachable endpoints are errors,
 // never a crash.
 func TestSubcommandErrors(t *testing.T) {
-	t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
+	t.Setenv(introspect.EnvDir, t.TempDir())
 	for _, args := range [][]string{
 		{"devices", "extra"},
 		{"devices", "-nosuchflag"},

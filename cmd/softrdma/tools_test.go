@@ -40,7 +40,7 @@ func TestHelpListsSubcommands(t *testing.T) {
 // status 2 and a message on stderr naming it, and an unreachable target
 // with status 1 and a message; nothing is started.
 func TestBadInvocations(t *testing.T) {
-	t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
+	t.Setenv(introspect.EnvDir, t.TempDir())
 	pcap := filepath.Join(t.TempDir(), "x.pcap")
 	tests := []struct {
 		args []string
@@ -91,7 +91,7 @@ func TestBadInvocations(t *testing.T) {
 // with the broken connection.
 func TestToolsSayProcessExited(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("XDG_RUNTIME_DIR", dir)
+	t.Setenv(introspect.EnvDir, dir)
 	env := []string{"XDG_RUNTIME_DIR=" + dir, introspect.EnvAddr + "=unix"}
 	for _, tool := range []string{"stat", "capture"} {
 		t.Run(tool, func(t *testing.T) {
@@ -117,7 +117,7 @@ func TestToolsSayProcessExited(t *testing.T) {
 // after D with status 0 and its summary; the process keeps running.
 func TestCaptureEndsAtDuration(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("XDG_RUNTIME_DIR", dir)
+	t.Setenv(introspect.EnvDir, dir)
 	env := []string{"XDG_RUNTIME_DIR=" + dir, introspect.EnvAddr + "=unix"}
 	rx := startMckey(t, "receiver", env, "-m", randomGroup(), "-b", "127.0.0.1", "-C", "1", "--timeout", "120s", "--join-pause", "0")
 	rx.waitLine("receiving data transfers")
@@ -142,6 +142,7 @@ func TestCaptureEndsAtDuration(t *testing.T) {
 // process.
 func TestSocketFallbackTmp(t *testing.T) {
 	t.Setenv("XDG_RUNTIME_DIR", "")
+	t.Setenv(introspect.EnvDir, "") // the default places, which this test is about
 	rx := startMckey(t, "receiver", []string{introspect.EnvAddr + "=unix"}, "-m", randomGroup(), "-b", "127.0.0.1", "-C", "1", "--timeout", "120s", "--join-pause", "0")
 	rx.waitLine("receiving data transfers")
 	path := fmt.Sprintf("/tmp/softrdma-%d.sock", rx.pid())
@@ -167,7 +168,7 @@ func TestSocketFallbackTmp(t *testing.T) {
 // delivered to the receiver's QP, and at least 5 received on rxe_lo.
 func TestReadmeStatWatch(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("XDG_RUNTIME_DIR", dir)
+	t.Setenv(introspect.EnvDir, dir)
 	g := randomGroup() // the README's 239.1.2.3 could meet another test's traffic
 	rx := startMckey(t, "receiver", []string{"XDG_RUNTIME_DIR=" + dir, introspect.EnvAddr + "=unix"}, "-m", g, "-b", "127.0.0.1", "-C", "1000")
 	rx.waitLine("receiving data transfers")

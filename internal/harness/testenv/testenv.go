@@ -35,7 +35,32 @@ func Require(t testing.TB, format string, args ...any) {
 
 // Vars are the environment variables softrdma itself reads (a new one must
 // be added here): an inherited one changes what the tests exercise.
-var Vars = []string{"SOFTRDMA_SM", "SOFTRDMA_DEBUG_ADDR", "SOFTRDMA_LOG", "SOFTRDMA_BACKEND"}
+var Vars = []string{"SOFTRDMA_SM", "SOFTRDMA_DEBUG_ADDR", "SOFTRDMA_LOG", "SOFTRDMA_BACKEND", "SOFTRDMA_DEBUG_DIR", "SOFTRDMA_DEBUG_TOKEN"}
+
+// EndpointDirVar is introspect's EnvDir: the only directory the
+// per-process endpoint sockets go to and are looked for in.
+const EndpointDirVar = "SOFTRDMA_DEBUG_DIR"
+
+// scopedDir is the directory ScopeEndpoints made, given to children.
+var scopedDir string
+
+// ScopeEndpoints gives this test process and the children it starts
+// (CleanEnv) a directory of their own for endpoint sockets, so that the
+// tools the tests run see the tests' processes only, not a softrdma
+// program someone else runs on the host. It returns a function that
+// removes the directory. A child a test prepared keeps its parent's.
+func ScopeEndpoints() (cleanup func(), err error) {
+	if k, v, _ := strings.Cut(ChildEnv, "="); os.Getenv(k) == v {
+		return func() {}, nil
+	}
+	d, err := os.MkdirTemp("", "softrdma-endpoints-")
+	if err != nil {
+		return func() {}, err
+	}
+	scopedDir = d
+	os.Setenv(EndpointDirVar, d)
+	return func() { os.RemoveAll(d) }, nil
+}
 
 // ChildEnv marks the environment of a child process a test prepared
 // (CleanEnv adds it): the child's ClearSoftRDMA keeps what its parent set.
@@ -74,6 +99,9 @@ func CleanEnv(extra ...string) []string {
 		if k, _, _ := strings.Cut(kv, "="); !cleared(k) && kv != ChildEnv {
 			env = append(env, kv)
 		}
+	}
+	if scopedDir != "" { // as the test has it now (a test may set it for a case)
+		env = append(env, EndpointDirVar+"="+os.Getenv(EndpointDirVar))
 	}
 	return append(append(env, ChildEnv), extra...)
 }
