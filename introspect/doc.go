@@ -9,7 +9,8 @@
 // (IP membership, reference counts, CM joins and their state), RDMA CM ids
 // and event channels, and every device and QP counter, as JSON (emulated
 // InfiniBand ports of provider/ib appear too, with their attributes,
-// LIDs, GID and port counters, but no QP or group detail); the same
+// LIDs, GID, port counters, QPs and groups with their MLIDs and SA
+// memberships); the same
 // state as Prometheus metrics on /metrics; and a pcap stream of what the
 // devices send and receive. The `softrdma devices|groups|stat|capture`
 // subcommands read it.
@@ -17,7 +18,8 @@
 // Off by default: nothing listens unless the program calls Start (or
 // Serve), or calls FromEnv with SOFTRDMA_DEBUG_ADDR set. The endpoint
 // listens on a Unix socket (mode 0600; by default
-// $XDG_RUNTIME_DIR/softrdma-<pid>.sock or /tmp/softrdma-<pid>.sock) or on
+// $XDG_RUNTIME_DIR/softrdma-<pid>.sock or /tmp/softrdma-<pid>.sock, in
+// $SOFTRDMA_DEBUG_DIR when that is set) or on
 // a loopback TCP address, never elsewhere. On the socket only this
 // user's processes and root are served; on TCP a request must name the
 // endpoint in Host and carry its token (SOFTRDMA_DEBUG_TOKEN). A Client

@@ -40,8 +40,18 @@ func (id *ID) JoinMulticast(addr net.Addr, ctx any) (err error) {
 // JoinMulticastEx joins a multicast group (rdma_join_multicast_ex). Checks,
 // first failure wins: a reserved comp_mask bit → EOPNOTSUPP; no ADDRESS bit,
 // no JOIN_FLAGS bit or a flag ≥ 2 → EINVAL; nil or unsupported address →
-// EINVAL; then the id and address checks of the join itself (see README).
-// The result arrives as a MULTICAST_JOIN or MULTICAST_ERROR event.
+// EINVAL; then the id's: not bound to a device, not ADDR_BOUND or
+// ADDR_RESOLVED, or a port space without UD QPs (PS_TCP) → EINVAL; then the
+// group's: 0.0.0.0 or :: → EINVAL, a loopback address → EINVAL (Linux
+// takes it and yields MGID 0), a device without its netdev → ENODEV; on
+// InfiniBand no IPoIB broadcast group → EADDRNOTAVAIL and a send-only join
+// on an SM without support for it → EOPNOTSUPP. Each error names its
+// cause. A full member takes a reference on the interface's IP membership
+// of the group (IGMP/MLD report) on RoCE, an SA membership on InfiniBand.
+// The result arrives as a MULTICAST_JOIN event, or MULTICAST_ERROR when
+// the SA refuses (InfiniBand) or the id's QP cannot be attached as the
+// event is retrieved (status -1; a send-only join attaches nothing). On a
+// kernel id librdmacm makes the checks.
 func (id *ID) JoinMulticastEx(attr *JoinMCAttrEx, ctx any) (err error) {
 	defer wrapJoinErr(&err, "rdma_join_multicast_ex", attr)
 	if attr == nil {
