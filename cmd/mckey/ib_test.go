@@ -120,7 +120,8 @@ func TestIBSARejectExitsZero(t *testing.T) {
 // datagrams being dropped (without flow control about a third were lost).
 func TestIBBurstLossless(t *testing.T) {
 	t.Parallel()
-	sm := subnet(t)
+	sm := subnet(t, "-v") // on a failure its output says whether the switch discarded
+
 	rx := start(t, "receiver", "/usr/bin/env", onIB(sm, "-m", "230.1.2.4", "-b", "127.0.1.8", "-C", "10000", "-S", "64",
 		"--join-pause", "500ms", "--timeout", "10s", "--verify")...)
 	rx.waitLine(regexp.MustCompile(`^mckey: joined dgid: `), lineTimeout)

@@ -1,6 +1,10 @@
 package sm
 
 import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,7 +61,15 @@ func TestLosslessBurst(t *testing.T) {
 // not dropped.
 func TestStalledPortBound(t *testing.T) {
 	const hoq = 30 * time.Millisecond
-	s := startSM(t, Config{HOQLife: hoq, VLStallCount: 2})
+	var logMu sync.Mutex
+	var logged []string
+	logf := func(format string, args ...any) {
+		logMu.Lock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+		logMu.Unlock()
+		t.Logf(format, args...)
+	}
+	s := startSM(t, Config{HOQLife: hoq, VLStallCount: 2, Logf: logf})
 	tx := newFlowPort(t, s.FabricAddr(), 0x200011, 16, true)
 	ok := newFlowPort(t, s.FabricAddr(), 0x200012, 8, true)
 	stuck := newFlowPort(t, s.FabricAddr(), 0x200013, 4, false)
@@ -85,6 +97,15 @@ func TestStalledPortBound(t *testing.T) {
 	st := statsOf(s, stuck.guid)
 	if st.TxPackets != 4 || st.XmitDiscards != n-4 || st.XmitWaits < 2 {
 		t.Errorf("stuck port's counters %+v", st)
+	}
+	// The discards are logged, naming the port (at most a line a second).
+	logMu.Lock()
+	said := slices.ContainsFunc(logged, func(l string) bool {
+		return strings.Contains(l, fmt.Sprintf("port %#x", stuck.guid)) && strings.Contains(l, "discarded: no credit for the head-of-queue lifetime")
+	})
+	logMu.Unlock()
+	if !said {
+		t.Errorf("no log line of the stuck port's discards in %q", logged)
 	}
 	if st := statsOf(s, ok.guid); st.TxPackets != n || st.XmitDiscards != 0 {
 		t.Errorf("good port's counters %+v", st)

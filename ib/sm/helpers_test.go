@@ -32,7 +32,9 @@ func startSM(t *testing.T, cfg Config) *SM {
 	if cfg.SAListen == "" {
 		cfg.SAListen = "127.0.0.1:0"
 	}
-	cfg.Logf = t.Logf
+	if cfg.Logf == nil {
+		cfg.Logf = t.Logf
+	}
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -116,7 +116,11 @@ type linkState struct {
 	stallCount int
 	dropUntil  time.Time
 	lastReq    time.Time
-	wantFlow   bool // the port asked for our flow control packet
+	// Discards not logged yet, and when the last log line went out: a
+	// port's discards are logged at most once a second (SM.discarded).
+	unlogged uint64
+	loggedAt time.Time
+	wantFlow bool // the port asked for our flow control packet
 }
 
 // packetPool holds the switch's packet buffers.
@@ -435,6 +439,7 @@ func (s *SM) forwardHead(p *port, now time.Time, o *outBatch) (done bool, retry 
 			continue
 		case now.Before(d.ls.dropUntil):
 			d.c.discards.Add(1)
+			s.discarded(d, now)
 			continue
 		case d.ls.link.Credits() > 0:
 			if o.full() {
@@ -451,6 +456,7 @@ func (s *SM) forwardHead(p *port, now time.Time, o *outBatch) (done bool, retry 
 			d.c.waits.Add(1)
 		case now.Sub(since) >= s.cfg.HOQLife:
 			d.c.discards.Add(1)
+			s.discarded(d, now)
 			d.ls.stallCount++
 			if d.ls.stallCount >= s.cfg.VLStallCount {
 				d.ls.stallCount = 0
@@ -497,4 +503,18 @@ func (ls *linkState) dropQueue() {
 	}
 	ls.headActive = false
 	ls.pend, ls.pendSince = ls.pend[:0], ls.pendSince[:0]
+}
+
+// discarded logs a port's discards (packets for it that found no credit
+// for HOQLife, or came while it was stalled), at most one line a second
+// per port with the count since the last: a lossless fabric that lost a
+// packet says where. SM.mu is held.
+func (s *SM) discarded(d *port, now time.Time) {
+	d.ls.unlogged++
+	if s.cfg.Logf == nil || now.Sub(d.ls.loggedAt) < time.Second {
+		return
+	}
+	s.logf("port %#x (LID %d): %d packets for it discarded: no credit for the head-of-queue lifetime %v (PortXmitDiscards %d)",
+		d.guid, d.lid, d.ls.unlogged, s.cfg.HOQLife, d.c.discards.Load())
+	d.ls.unlogged, d.ls.loggedAt = 0, now
 }
