@@ -214,6 +214,9 @@ type Target struct {
 	Want     string `json:"want"`
 	Measured string `json:"measured"`
 	Met      bool   `json:"met"`
+	// Unmeasured says why the run could not judge the target (a -quick
+	// run too small for it); Met is then false and means nothing.
+	Unmeasured string `json:"unmeasured,omitempty"`
 }
 
 // Run measures what cfg asks for, writing the table and JSON lines as it
@@ -249,7 +252,10 @@ func Run(cfg Config) (*Report, error) {
 	w.tablef("\ntargets\n")
 	for _, t := range rep.Targets {
 		mark := "MET"
-		if !t.Met {
+		switch {
+		case t.Unmeasured != "":
+			mark = "NOT MEASURED (" + t.Unmeasured + ")"
+		case !t.Met:
 			mark = "NOT MET"
 		}
 		w.tablef("  %-44s want %-9s measured %-40s %s\n", t.Name, t.Want, t.Measured, mark)
@@ -422,6 +428,11 @@ func targets(rep *Report) []Target {
 	if g := rep.Groups; g != nil {
 		add("groups held by one process", "≥ 10000", fmt.Sprintf("%d (delivery ok: %v)", g.Held, g.Delivered), g.Held >= 10000 && g.Delivered)
 		add("Go heap per idle joined group", "< 2048 B", fmt.Sprintf("%.0f B at %d groups", g.HeapPerGrp, g.Held), g.HeapPerGrp < 2048 && g.Held >= 10000)
+		if g.Groups < 10000 && g.Held == g.Groups {
+			// The run asked for fewer groups than the targets are about.
+			why := fmt.Sprintf("the run asked for %d groups", g.Groups)
+			ts[len(ts)-2].Unmeasured, ts[len(ts)-1].Unmeasured = why, why
+		}
 	}
 	return ts
 }

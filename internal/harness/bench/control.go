@@ -87,12 +87,22 @@ func percentile(d []time.Duration, p float64) float64 {
 	return float64(s[i].Nanoseconds()) / 1e3
 }
 
-// heap returns the live heap and stack bytes after a full GC.
+// heap returns the live heap and stack bytes after full GCs: collections
+// are repeated (up to 8) until the live heap stops shrinking, so that
+// what the last collection freed late (pools' victim caches, finalizers)
+// does not turn a growth into a negative figure.
 func heap() (int64, int64) {
-	runtime.GC()
-	runtime.GC()
 	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
+	last := int64(-1)
+	for range 8 {
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		if h := int64(m.HeapAlloc); last >= 0 && h >= last {
+			break
+		} else {
+			last = h
+		}
+	}
 	return int64(m.HeapAlloc), int64(m.StackInuse)
 }
 

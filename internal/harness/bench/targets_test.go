@@ -59,3 +59,28 @@ func TestFanoutTargets(t *testing.T) {
 		t.Errorf("targets of a case without the baseline: %v", m)
 	}
 }
+
+// TestGroupTargetsUnmeasured: a run that asked for fewer groups than the
+// group targets are about (-quick) marks them not measured instead of NOT
+// MET; one that asked for 10,000 and held them judges them; one that held
+// fewer than it asked fails.
+func TestGroupTargetsUnmeasured(t *testing.T) {
+	judge := func(g GroupsResult) (unmeasured []string, met []bool) {
+		for _, tg := range targets(&Report{Groups: &g}) {
+			unmeasured, met = append(unmeasured, tg.Unmeasured), append(met, tg.Met)
+		}
+		return
+	}
+	u, _ := judge(GroupsResult{Groups: 200, Held: 200, Delivered: true, HeapPerGrp: 680})
+	if len(u) != 2 || u[0] == "" || u[1] == "" {
+		t.Errorf("quick run: unmeasured %q, want both targets marked", u)
+	}
+	u, m := judge(GroupsResult{Groups: 10000, Held: 10000, Delivered: true, HeapPerGrp: 740})
+	if len(u) != 2 || u[0] != "" || u[1] != "" || !m[0] || !m[1] {
+		t.Errorf("full run: unmeasured %q met %v", u, m)
+	}
+	u, m = judge(GroupsResult{Groups: 200, Held: 150, Delivered: true, HeapPerGrp: 680})
+	if u[0] != "" || m[0] {
+		t.Errorf("a run that held fewer groups than it asked: unmeasured %q met %v, want NOT MET", u, m)
+	}
+}
