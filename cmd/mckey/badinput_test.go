@@ -105,19 +105,27 @@ func TestBadInvocations(t *testing.T) {
 	}
 }
 
+// unshareCmd returns the path of unshare(1) for a test that runs mckey in
+// a network namespace of its own, or skips it (needs root).
+func unshareCmd(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testenv.Require(t, "needs root for a network namespace of its own")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		testenv.Require(t, "no unshare: %v", err)
+	}
+	return unshare
+}
+
 // TestNoRouteNamesTheCause runs mckey without -b in a network namespace
 // that has no route to the group: rdma_resolve_addr fails (as the kernel's
 // does), the perror line stays rdma-core's, and a line on stderr says that
 // the route lookup found no interface.
 func TestNoRouteNamesTheCause(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		testenv.Require(t, "needs root for a network namespace without routes")
-	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		testenv.Require(t, "no unshare: %v", err)
-	}
+	unshare := unshareCmd(t)
 	g := randomGroup()
 	p := start(t, "mckey", unshare, "-n", mckeyBin, "-m", g, "--join-pause", "0s")
 	r := p.finish()
@@ -139,13 +147,7 @@ func TestNoRouteNamesTheCause(t *testing.T) {
 // landed on.
 func TestNoBindSaysWhere(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		testenv.Require(t, "needs root for a network namespace of its own")
-	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		testenv.Require(t, "no unshare: %v", err)
-	}
+	unshare := unshareCmd(t)
 	g := randomGroup()
 	p := start(t, "mckey", unshare, "-n", "sh", "-c", `ip link set lo up && ip route add 224.0.0.0/4 dev lo && exec "$0" "$@"`,
 		mckeyBin, "-m", g, "-C", "0", "--join-pause", "0s")
@@ -163,13 +165,7 @@ func TestNoBindSaysWhere(t *testing.T) {
 // non-zero.
 func TestFailedSendsSaySo(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		testenv.Require(t, "needs root for a network namespace without routes")
-	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		testenv.Require(t, "no unshare: %v", err)
-	}
+	unshare := unshareCmd(t)
 	p := start(t, "mckey", unshare, "-n", "sh", "-c", `ip link set lo up && exec "$0" "$@"`,
 		mckeyBin, "-m", "ff15::1234", "-b", "::1", "-s", "-C", "5", "--join-pause", "0s")
 	r := p.finish()
