@@ -224,6 +224,10 @@ func payloadLen(f nettest.RoCEFrame) (int, bool) {
 
 // igmpJoinLeave describes the first membership report and the first leave
 // src sent about group: "join v3 record 4/0 sources, leave v3 record 3/0 sources".
+// The join is the state-change report the host sends on joining; a
+// current-state report (MODE_IS_EXCLUDE, record 2) answers a querier's
+// general query, which may come at any time (once just as the host
+// joined), and counts only when no state-change report was seen.
 func igmpJoinLeave(c *nettest.Capture, src, group netip.Addr) string {
 	kind := func(e nettest.IGMPEvent) string {
 		if e.Type == nettest.IGMPV3Report {
@@ -231,14 +235,22 @@ func igmpJoinLeave(c *nettest.Capture, src, group netip.Addr) string {
 		}
 		return fmt.Sprintf("type %#x", e.Type)
 	}
-	join, leave := "none", "none"
+	join, answer, leave := "none", "none", "none"
 	for _, e := range nettest.IGMPAbout(c.Snapshot(), src, group) {
-		if e.Join() && join == "none" {
+		switch {
+		case e.Join() && e.Type == nettest.IGMPV3Report && e.Rec == nettest.RecIsExclude:
+			if answer == "none" {
+				answer = kind(e)
+			}
+		case e.Join() && join == "none":
 			join = kind(e)
 		}
 		if e.Leave() && leave == "none" {
 			leave = kind(e)
 		}
+	}
+	if join == "none" {
+		join = answer
 	}
 	return "join " + join + ", leave " + leave
 }
