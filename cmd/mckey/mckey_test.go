@@ -96,7 +96,7 @@ func TestOutputWithoutPeer(t *testing.T) {
 		stderr: []string{"mckey: failure joining: Invalid argument",
 			"mckey: rdma_join_multicast_ex 0.0.0.0:0: group address 0.0.0.0 is unspecified: invalid argument",
 			"mckey: failure leaving: Cannot assign requested address"},
-		code:   255,
+		code: 255,
 	}, {
 		// softrdma refuses loopback groups (DESIGN §3, item 6), where Linux quietly yields MGID 0.
 		name:   "loopback group",
@@ -105,7 +105,7 @@ func TestOutputWithoutPeer(t *testing.T) {
 		stderr: []string{"mckey: failure joining: Invalid argument",
 			"mckey: rdma_join_multicast_ex 127.0.0.5:0: group address 127.0.0.5 is a loopback address, which softrdma refuses (Linux joins it with MGID 0): invalid argument",
 			"mckey: failure leaving: Cannot assign requested address"},
-		code:   255,
+		code: 255,
 	}, {
 		name:   "receiver without messages",
 		args:   []string{"-m", g, "-b", "127.0.0.1", "-C", "0", "--join-pause", "200ms"},
