@@ -1,15 +1,14 @@
 package rdmacm
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"strconv"
-	"strings"
 	"syscall"
 
+	"github.com/softrdma/softrdma/rdmacm/internal/addr"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -233,13 +232,13 @@ func lookupAI(rai *AddrInfo, node, service string, h *AddrInfo) error {
 		// with a UD QP type).
 		return eai(EAI_SOCKTYPE, "%s over a %s QP", proto, h.QPType)
 	}
-	port, err := lookupService(service, proto)
+	port, err := addr.LookupService(service, proto)
 	if err != nil {
-		return err
+		return lookupErr(err)
 	}
-	ip, err := lookupNode(node, family, passive, h.Flags&RAI_NUMERICHOST != 0)
+	ip, err := addr.LookupNode(node, family, passive, h.Flags&RAI_NUMERICHOST != 0)
 	if err != nil {
-		return err
+		return lookupErr(err)
 	}
 
 	// ucma_convert_to_rai.
@@ -257,7 +256,7 @@ func lookupAI(rai *AddrInfo, node, service string, h *AddrInfo) error {
 			rai.PortSpace = PS_UDP
 		}
 	}
-	var addr net.Addr = net.UDPAddrFromAddrPort(netip.AddrPortFrom(ip, port))
+	var sa net.Addr = net.UDPAddrFromAddrPort(netip.AddrPortFrom(ip, port))
 	rai.Family = syscall.AF_INET6
 	if ip.Is4() {
 		rai.Family = syscall.AF_INET
@@ -282,73 +281,27 @@ func lookupAI(rai *AddrInfo, node, service string, h *AddrInfo) error {
 				ib.ScopeID = n
 			}
 		}
-		addr, rai.Family = ib, afIB
+		sa, rai.Family = ib, afIB
 	}
 	if passive {
 		rai.Flags = RAI_PASSIVE
-		rai.SrcAddr = addr
+		rai.SrcAddr = sa
 	} else {
-		rai.DstAddr = addr
+		rai.DstAddr = sa
 	}
 	return nil
 }
 
-// lookupService is getaddrinfo's service: "" is port 0, a number is taken
-// modulo 2^16 (as glibc does), a name is looked up in /etc/services.
-func lookupService(service, proto string) (uint16, error) {
-	if service == "" {
-		return 0, nil
-	}
-	if n, err := strconv.ParseUint(service, 10, 64); err == nil {
-		return uint16(n), nil
-	}
-	p, err := net.LookupPort(proto, service)
-	if err != nil {
-		return 0, eai(EAI_SERVICE, "service %q/%s", service, proto)
-	}
-	return uint16(p), nil
-}
-
-// lookupNode is getaddrinfo's node: "" is the wildcard (passive) or the
-// loopback address, a numeric address is parsed, a name looked up unless
-// numeric is set.
-func lookupNode(node string, family int, passive, numeric bool) (netip.Addr, error) {
-	if node == "" {
-		switch {
-		case passive && family == syscall.AF_INET6:
-			return netip.IPv6Unspecified(), nil
-		case passive:
-			return netip.IPv4Unspecified(), nil
-		case family == syscall.AF_INET:
-			return netip.AddrFrom4([4]byte{127, 0, 0, 1}), nil
+// lookupErr turns a name or service lookup's failure into getaddrinfo's
+// EAI code, keeping its message.
+func lookupErr(err error) error {
+	for _, m := range []struct {
+		kind error
+		code AddrInfoError
+	}{{addr.ErrNoName, EAI_NONAME}, {addr.ErrAgain, EAI_AGAIN}, {addr.ErrService, EAI_SERVICE}, {addr.ErrAddrFamily, EAI_ADDRFAMILY}} {
+		if errors.Is(err, m.kind) {
+			return eai(m.code, "%v", err)
 		}
-		return netip.IPv6Loopback(), nil
 	}
-	if ip, err := netip.ParseAddr(node); err == nil {
-		ip = ip.Unmap()
-		if (family == syscall.AF_INET && !ip.Is4()) || (family == syscall.AF_INET6 && ip.Is4()) {
-			return netip.Addr{}, eai(EAI_ADDRFAMILY, "%s", node)
-		}
-		return ip, nil
-	}
-	if numeric || strings.ContainsAny(node, ":%") {
-		return netip.Addr{}, eai(EAI_NONAME, "%s is not a numeric address", node)
-	}
-	network := "ip"
-	switch family {
-	case syscall.AF_INET:
-		network = "ip4"
-	case syscall.AF_INET6:
-		network = "ip6"
-	}
-	ips, err := net.DefaultResolver.LookupNetIP(context.Background(), network, node)
-	if err != nil || len(ips) == 0 {
-		code := EAI_NONAME
-		var dnsErr *net.DNSError
-		if errors.As(err, &dnsErr) && dnsErr.IsTemporary {
-			code = EAI_AGAIN
-		}
-		return netip.Addr{}, eai(code, "%s", node)
-	}
-	return ips[0].Unmap(), nil
+	return err
 }
