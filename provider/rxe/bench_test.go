@@ -58,7 +58,7 @@ func BenchmarkReceiveBatch(b *testing.B) {
 			for b.Loop() {
 				r.countReceived(RecvBatch, uint64(RecvBatch*len(frame)))
 				for range RecvBatch {
-					r.dispatch(frame, name, oob, false)
+					r.handle(frame, name, oob, false)
 				}
 				r.burst.Flush()
 				n, err := q.rcq.Poll(wc)

@@ -97,9 +97,8 @@ type Device struct {
 	ownPorts4 atomic.Pointer[[]uint16] // the IPv4 send sockets' ports: the QPN prefixes
 	ownPorts6 atomic.Pointer[[]uint16] // the IPv6 send sockets' ports
 
-	// fwd forwards unicast datagrams to their owner; opened with the
-	// first receive socket (Device.mu), nil if that failed.
-	fwd atomic.Pointer[fwdSock]
+	// ho hands unicast datagrams over to their owner (handover.go).
+	ho handover
 
 	mu     sync.Mutex // control plane: everything below
 	closed bool
@@ -108,6 +107,8 @@ type Device struct {
 	mships map[netip.Addr]*membership
 	rsocks []*recvSock
 	usocks []*recvSock // unicast receive sockets, while the device has QPs
+	guard  *demuxGuard // while the device has an IPv4 socket on 4791
+	hoErr  error       // why a send block has no hand-over socket
 
 	wg sync.WaitGroup // receive goroutines
 
@@ -285,10 +286,8 @@ func (d *Device) Close() error {
 	d.mu.Unlock()
 
 	d.stopEvents()
+	d.ho.close()
 	d.wg.Wait()
-	if fs := d.fwd.Swap(nil); fs != nil {
-		fs.conn.Close()
-	}
 	r.host.UnregisterDevice(d.vdev)
 	return nil
 }

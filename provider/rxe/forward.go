@@ -2,32 +2,32 @@ package rxe
 
 import (
 	"encoding/binary"
-	"net"
 	"net/netip"
 	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrdma/softrdma/internal/sys/mmsg"
 	"github.com/softrdma/softrdma/provider/softverbs"
 )
 
 // Unicast forwarding. Every device's receive sockets share UDP 4791 (with
-// SO_REUSEADDR), and the kernel hands a unicast datagram to one of them,
-// in whichever process. A QPN is (send socket port << 8) | index and the
+// SO_REUSEPORT, which the kernel allows only among sockets of one user),
+// and the kernel hands a unicast datagram to one of them, in whichever
+// process of that user. A QPN is (send socket port << 8) | index and the
 // send socket's port is exclusive on the host, so the QPN names its owner:
 // a device that reads a unicast datagram for a QPN whose port is not one of
-// its send sockets' hands it to 127.0.0.1:<port>, the owner's IPv4 send
-// socket, over loopback, prefixed with a header carrying what the owner
+// its send sockets' hands it to the owner over the owner's hand-over
+// socket for that port (handover.go: a unix socket in a directory of this
+// user, never a UDP port), prefixed with a header carrying what the owner
 // needs to check and complete it (the IP-level fields a UDP socket reports
-// as control messages). The owner reads its send sockets, accepts
-// forwarded datagrams only from a loopback address, never forwards them
-// again, and runs the same checks (ICRC over the original IP and UDP
-// headers, QPN, P_Key, Q_Key) as for a datagram read on 4791.
+// as control messages). The owner accepts hand-overs only from processes
+// of its user, never forwards them again, and runs the same checks (ICRC
+// over the original IP and UDP headers, QPN, P_Key, Q_Key) as for a
+// datagram read on 4791.
 //
 // The wire stays plain RoCEv2 to port 4791; forwarding happens only
-// between processes of one host (one network namespace).
+// between processes of one user on one host (one network namespace).
 
 // fwdMagic starts every forwarded datagram ("rxeF").
 const fwdMagic = 0x72786546
@@ -100,191 +100,85 @@ func parseFwdHdr(m *rxMeta, b []byte) (rest []byte, v6, ok bool) {
 	return b[fwdHdrLen:], v6, true
 }
 
-// fwdSock is a device's socket for forwarding: an IPv4 UDP socket on an
-// ephemeral port of 127.0.0.1 (of the wildcard address while lo has none)
-// with IP_RECVERR, so that a forward to a port nobody holds (a QPN no
-// device of the host has) comes back as ECONNREFUSED on its error queue.
-// Nothing else is read from it.
-type fwdSock struct {
-	conn *net.UDPConn
-	raw  syscall.RawConn
-}
-
-// fwdErrQueue is the receive buffer of the forwarding socket, which holds
-// the error queue between two reads.
-const fwdErrQueue = 256 << 10
-
-// openFwdSock opens the forwarding socket of a device.
-func openFwdSock() (*fwdSock, error) {
-	setup := func(fd int) error {
-		return setOpts(fd, []sockopt{
-			{unix.IPPROTO_IP, unix.IP_RECVERR, 1, false},
-			{unix.SOL_SOCKET, unix.SO_RCVBUF, fwdErrQueue, true},
-			{unix.SOL_SOCKET, unix.SO_SNDBUF, recvBufSize, true},
-		})
-	}
-	conn, err := mmsg.ListenUDP("udp4", "127.0.0.1:0", setup)
-	if err != nil {
-		conn, err = mmsg.ListenUDP("udp4", "0.0.0.0:0", setup)
-	}
-	if err != nil {
-		return nil, err
-	}
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	return &fwdSock{conn: conn, raw: raw}, nil
-}
-
-// openFwdLocked opens the device's forwarding socket unless it is open;
-// d.mu is held. Without it, forwards are counted as dropped.
-func (d *Device) openFwdLocked() {
-	if d.fwd.Load() != nil {
-		return
-	}
-	if fs, err := openFwdSock(); err == nil {
-		d.fwd.Store(fs)
-	}
-}
-
-// forwarder is a receive goroutine's scratch for forwarding: one
-// sendmmsg message of two pieces (header, datagram) to 127.0.0.1:port and
-// the buffers to read the socket's error queue. Nothing allocates.
+// forwarder is a receive goroutine's scratch for forwarding: one sendmsg
+// of two pieces (header, datagram) on a hand-over connection. Nothing
+// allocates.
 type forwarder struct {
 	hdr   [fwdHdrLen]byte
 	iov   [2]unix.Iovec
-	name  [unix.SizeofSockaddrInet4]byte
 	msg   unix.Msghdr
 	errno syscall.Errno // of the last sendmsg
-	n     int           // forwards since the error queue was last read
-	errs  int           // ECONNREFUSED read from the error queue by drainFn
-	eh    unix.Msghdr
-	eiov  unix.Iovec
-	edata [64]byte
-	eoob  [128]byte
 
-	sendFn  func(fd uintptr) bool
-	drainFn func(fd uintptr)
+	sendFn func(fd uintptr) bool
 }
 
 func (f *forwarder) init() {
 	f.sendFn = f.sendmsg
-	f.drainFn = f.drain
-	binary.NativeEndian.PutUint16(f.name[0:2], unix.AF_INET)
-	copy(f.name[4:8], []byte{127, 0, 0, 1})
 	h := &f.msg
-	h.Name = &f.name[0]
-	h.Namelen = unix.SizeofSockaddrInet4
 	h.Iov = &f.iov[0]
 	h.SetIovlen(2)
 }
 
 // sendmsg is the RawConn.Write callback of a forward: one sendmsg that
-// never waits (MSG_DONTWAIT; a full send buffer is a drop).
+// never waits (MSG_DONTWAIT; a full connection is a drop) and raises no
+// SIGPIPE (MSG_NOSIGNAL; an owner gone is EPIPE).
 func (f *forwarder) sendmsg(fd uintptr) bool {
-	_, _, f.errno = unix.RawSyscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&f.msg)), unix.MSG_DONTWAIT)
+	_, _, f.errno = unix.RawSyscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&f.msg)), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 	return true
 }
 
-// forward hands datagram b, described by r.meta, to the owner of port.
+// forward hands datagram b, described by r.meta, to the device of this
+// user that owns port (handover.go). Every datagram is counted once:
+// forwarded, no_owner_drops (no device of this user holds the port) or
+// forward_drops (the owner's connection is full, or the hand-over is off).
 func (r *receiver) forward(b []byte, port uint16, v6 bool) {
 	d := r.d
-	fs := d.fwd.Load()
-	if fs == nil || len(b)+fwdHdrLen > readBufLen {
+	if len(b) > readBufLen {
 		d.core.Count(softverbs.ForwardDrops, 1)
 		return
 	}
-	r.burst.Release() // no lock held over the system call
+	r.burst.Release() // no lock held over the system calls
 	f := &r.fwd
 	putFwdHdr(&f.hdr, &r.meta, v6)
-	binary.BigEndian.PutUint16(f.name[2:4], port)
 	f.iov[0].Base = &f.hdr[0]
 	f.iov[0].SetLen(fwdHdrLen)
 	f.iov[1].Base = &b[0]
 	f.iov[1].SetLen(len(b))
-	sent := false
-	// ECONNREFUSED is the error of an earlier forward (IP_RECVERR sets the
-	// socket's error, which the next send returns): read from the error
-	// queue, it is counted there; this datagram is sent again, once.
-	for try := 0; try < 2 && !sent; try++ {
-		err := fs.raw.Write(f.sendFn)
-		sent = err == nil && f.errno == 0
-		if err != nil || f.errno != unix.ECONNREFUSED {
-			break
-		}
-	}
-	f.iov[1].Base = nil // keep no reference to the read buffer
-	if !sent {
-		d.core.Count(softverbs.ForwardDrops, 1)
-		return
-	}
-	d.core.Count(softverbs.Forwarded, 1)
-	f.n++
-}
-
-// drainErrors reads the forwarding socket's error queue after forwards
-// and counts the refused ones (no socket holds the QPN's port).
-func (r *receiver) drainErrors() {
-	f := &r.fwd
-	if f.n == 0 {
-		return
-	}
-	f.n = 0
-	fs := r.d.fwd.Load()
-	if fs == nil {
-		return
-	}
-	f.errs = 0
-	fs.raw.Control(f.drainFn)
-	if f.errs > 0 {
-		r.d.core.Count(softverbs.NoOwnerDrops, uint64(f.errs))
-	}
-}
-
-// drain is the RawConn.Control callback of drainErrors.
-func (f *forwarder) drain(fd uintptr) {
-	for {
-		f.eiov.Base = &f.edata[0]
-		f.eiov.SetLen(len(f.edata))
-		f.eh = unix.Msghdr{Iov: &f.eiov, Control: &f.eoob[0]}
-		f.eh.SetIovlen(1)
-		f.eh.SetControllen(len(f.eoob))
-		_, _, e := unix.RawSyscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&f.eh)), unix.MSG_ERRQUEUE|unix.MSG_DONTWAIT)
-		if e != 0 {
+	defer func() { f.iov[1].Base = nil }() // keep no reference to the read buffer
+	// A cached connection whose owner closed it (EPIPE, ECONNRESET) is
+	// replaced once: the port may have a new owner.
+	for try := 0; try < 2; try++ {
+		hc, err := d.ho.conn(port)
+		if err != nil {
+			if noOwner(err) {
+				d.core.Count(softverbs.NoOwnerDrops, 1)
+			} else {
+				d.core.Count(softverbs.ForwardDrops, 1)
+			}
 			return
 		}
-		oob := f.eoob[:min(int(f.eh.Controllen), len(f.eoob))]
-		for len(oob) >= unix.SizeofCmsghdr {
-			h, data, rest, err := unix.ParseOneSocketControlMessage(oob)
-			if err != nil {
-				break
-			}
-			oob = rest
-			if h.Level == unix.IPPROTO_IP && h.Type == unix.IP_RECVERR && len(data) >= 4 &&
-				syscall.Errno(binary.NativeEndian.Uint32(data[0:4])) == unix.ECONNREFUSED {
-				f.errs++
-			}
+		if err := hc.raw.Write(f.sendFn); err == nil && f.errno == 0 {
+			d.core.Count(softverbs.Forwarded, 1)
+			return
 		}
+		if f.errno != unix.EPIPE && f.errno != unix.ECONNRESET && f.errno != unix.ENOTCONN {
+			break // EAGAIN: the owner does not keep up
+		}
+		d.ho.drop(port, hc)
 	}
+	d.core.Count(softverbs.ForwardDrops, 1)
 }
 
-// handleForwarded checks and delivers a datagram another device of the
-// host forwarded to one of this device's send sockets (r.blk): b is the
-// forwarding header and the RoCEv2 datagram, name the sender's address.
-// A forwarded datagram is never forwarded again.
-func (r *receiver) handleForwarded(b, name []byte, trunc bool) {
+// handleForwarded checks and delivers a datagram another device of this
+// user handed over to one of this device's send blocks (r.blk) on a
+// connection whose peer was checked when it was accepted: b is the
+// forwarding header and the RoCEv2 datagram (counted received by the
+// caller). A forwarded datagram is never forwarded again.
+func (r *receiver) handleForwarded(b []byte, trunc bool) {
 	d := r.d
-	d.core.Count(softverbs.RcvdForwarded, 1) // received: counted by handleBatch
+	d.core.Count(softverbs.RcvdForwarded, 1)
 	if trunc {
 		d.core.Count(softverbs.OversizedRecvDrops, 1)
-		return
-	}
-	// Only a local sender (loopback source) may forward; the kernel drops
-	// a loopback source arriving on any other interface.
-	if len(name) < 8 || binary.NativeEndian.Uint16(name[0:2]) != unix.AF_INET || name[4] != 127 {
-		d.core.Count(softverbs.MalformedDrops, 1)
 		return
 	}
 	m := &r.meta

@@ -462,7 +462,11 @@ func transportQP(tb testing.TB, d *Device, qpn uint32) softverbs.DriverQP {
 // receiveOne handles datagram b as the one datagram of a batch read by r.
 func (r *receiver) receiveOne(b, name, oob []byte) {
 	r.countReceived(1, uint64(len(b)))
-	r.dispatch(b, name, oob, false)
+	if r.blk != nil {
+		r.handleForwarded(b, false)
+		return
+	}
+	r.handle(b, name, oob, false)
 }
 
 // recvFixture is a device's receive path fed by hand: a QP with 64 posted

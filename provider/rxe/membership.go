@@ -1,6 +1,7 @@
 package rxe
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"sync/atomic"
@@ -174,6 +175,7 @@ func (d *Device) closeRecvSockLocked(s *recvSock) {
 	}
 	d.closeSock(s)
 	d.rsocks = slices.DeleteFunc(d.rsocks, func(x *recvSock) bool { return x == s })
+	d.closeGuardIdleLocked()
 }
 
 // joinLocked adds the kernel membership of m.addr to a receive socket with
@@ -206,6 +208,7 @@ func (d *Device) joinLocked(m *membership) error {
 	if err := joinGroup(s.conn, m.addr, d.ifindex); err != nil {
 		s.conn.Close()
 		d.rsocks = slices.DeleteFunc(d.rsocks, func(x *recvSock) bool { return x == s })
+		d.closeGuardIdleLocked()
 		return d.errf(verbs.ErrnoOf(err), "join %v: %v", m.addr, err)
 	}
 	s.add(m)
@@ -246,7 +249,9 @@ func (d *Device) openRecvSockLocked(v6 bool) (*recvSock, error) {
 		conn.Close()
 		return nil, err
 	}
-	d.openFwdLocked()
+	if !v6 {
+		d.openGuardLocked()
+	}
 	rx := newReceiver(d, s, br)
 	d.rsocks = append(d.rsocks, s)
 	d.wg.Add(1)
@@ -263,16 +268,21 @@ func (d *Device) receiveLoop(rx *receiver) {
 // openUnicastLocked opens the device's unicast receive sockets: UDP 4791
 // sockets (IPv4, and IPv6 when v6) that hold no membership, so that the
 // host has a socket on 4791 for the replies to the device's QPs even
-// while no process of the host holds a membership. Best effort: without
-// them, the membership sockets of every device of the host still read
-// unicast datagrams and forward them.
-func (d *Device) openUnicastLocked(v6 bool) {
+// while no process of the host holds a membership. Best effort (without
+// them, the membership sockets of every device of the user still read
+// unicast datagrams and hand them over), except when another user holds
+// the port: then no datagram could reach the device, and the error says
+// whose the port is.
+func (d *Device) openUnicastLocked(v6 bool) error {
 	for _, fam6 := range []bool{false, true} {
 		if fam6 && !v6 {
 			continue
 		}
 		conn, err := openRecvConn(fam6)
 		if err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return d.errf(syscall.EADDRINUSE, "unicast receive socket: %v", err)
+			}
 			continue
 		}
 		s := &recvSock{v6: fam6, conn: conn}
@@ -282,11 +292,14 @@ func (d *Device) openUnicastLocked(v6 bool) {
 			conn.Close()
 			continue
 		}
-		d.openFwdLocked()
+		if !fam6 {
+			d.openGuardLocked()
+		}
 		d.usocks = append(d.usocks, s)
 		d.wg.Add(1)
 		go d.unicastLoop(newReceiver(d, s, br))
 	}
+	return nil
 }
 
 // closeUnicastLocked closes the unicast receive sockets (their goroutines
@@ -296,17 +309,11 @@ func (d *Device) closeUnicastLocked() {
 		d.closeSock(s)
 	}
 	d.usocks = nil
+	d.closeGuardIdleLocked()
 }
 
 // unicastLoop is the goroutine of one unicast receive socket.
 func (d *Device) unicastLoop(rx *receiver) {
-	defer d.wg.Done()
-	rx.run()
-}
-
-// forwardLoop is the goroutine of one IPv4 send socket, which reads the
-// datagrams other devices of the host forward to its QPNs.
-func (d *Device) forwardLoop(rx *receiver) {
 	defer d.wg.Done()
 	rx.run()
 }

@@ -31,6 +31,7 @@ type sendBlock struct {
 	conn6  *rawudp.Conn // nil when IPv6 is unavailable
 	raw6   syscall.RawConn
 	port6  uint16
+	ho     *handoverListener     // nil when the hand-over is off
 	used   [qpsPerBlock + 1]bool // by index 1..255 (Device.mu)
 	n      int
 	next   int
@@ -62,6 +63,9 @@ func (b *sendBlock) alloc() int {
 }
 
 func (b *sendBlock) close() {
+	if b.ho != nil {
+		b.ho.close()
+	}
 	b.conn4.Close()
 	if b.conn6 != nil {
 		b.conn6.Close()
@@ -143,20 +147,21 @@ func (d *Device) openBlockLocked() (*sendBlock, error) {
 			c6.Close()
 		}
 	}
-	// The IPv4 socket also reads the unicast datagrams other devices of
-	// the host forward to its QPNs.
-	br, err := newBatchReader(c4)
-	if err != nil {
-		b.close()
-		return nil, d.errf(syscall.ENOMEM, "send socket: %v", err)
-	}
 	if len(d.blocks) == 0 {
-		d.openUnicastLocked(b.conn6 != nil)
+		if err := d.openUnicastLocked(b.conn6 != nil); err != nil {
+			b.close()
+			return nil, err
+		}
+	}
+	// The unicast datagrams other devices of this user read for the
+	// block's QPNs come over its hand-over socket. Without it (the
+	// directory is refused) the device still works alone: the forwarders
+	// count no_owner_drops, and Inspect says why.
+	if err := d.listenHandoverLocked(b); err != nil {
+		d.hoErr = err
 	}
 	d.blocks = append(d.blocks, b)
 	d.publishPortsLocked()
-	d.wg.Add(1)
-	go d.forwardLoop(newBlockReceiver(d, b, br))
 	return b, nil
 }
 

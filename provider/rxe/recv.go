@@ -14,8 +14,8 @@ import (
 // scratch headers; the hot path takes no lock and allocates nothing.
 type receiver struct {
 	d   *Device
-	s   *recvSock  // a UDP 4791 socket; nil for a send socket's reader
-	blk *sendBlock // the send sockets whose IPv4 one this reads forwards on
+	s   *recvSock  // a UDP 4791 socket; nil for a hand-over reader
+	blk *sendBlock // the send block whose hand-overs this reads
 	v6  bool       // s is an IPv6 socket
 	br  *mmsg.Reader
 
@@ -53,8 +53,8 @@ func newReceiver(d *Device, s *recvSock, br *mmsg.Reader) *receiver {
 	return r
 }
 
-// newBlockReceiver returns the receiver of forwarded datagrams on the
-// IPv4 send socket of blk.
+// newBlockReceiver returns the receiver of the datagrams handed over to
+// blk on one connection.
 func newBlockReceiver(d *Device, blk *sendBlock, br *mmsg.Reader) *receiver {
 	r := &receiver{d: d, blk: blk, br: br}
 	r.init()
@@ -95,10 +95,9 @@ func (r *receiver) handleBatch(n int) {
 	r.countReceived(n, bytes)
 	for i := 0; i < n; i++ {
 		b, name, oob, trunc := r.br.Datagram(i)
-		r.dispatch(b, name, oob, trunc)
+		r.handle(b, name, oob, trunc)
 	}
 	r.burst.Flush()
-	r.drainErrors()
 	if n == RecvBatch {
 		// A full batch: more are waiting, and Serve reads on without
 		// blocking. Let the consumers just woken run first, so that they
@@ -106,16 +105,6 @@ func (r *receiver) handleBatch(n int) {
 		// single P, the backlog would use up the posted WRs
 		// (no_recv_wr_drops) before they run.
 		runtime.Gosched()
-	}
-}
-
-// dispatch handles one datagram of a batch: forwarded to the send
-// socket this receiver reads, or read from a UDP 4791 socket.
-func (r *receiver) dispatch(b, name, oob []byte, trunc bool) {
-	if r.blk != nil {
-		r.handleForwarded(b, name, trunc)
-	} else {
-		r.handle(b, name, oob, trunc)
 	}
 }
 

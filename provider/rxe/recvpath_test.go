@@ -170,13 +170,13 @@ func TestTapSeesNoHeldLocks(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		r.countReceived(2, uint64(2*len(frame)))
-		r.dispatch(frame, name, oob, false) // delivered: the QP's locks stay held
+		r.handle(frame, name, oob, false) // delivered: the QP's locks stay held
 		polled := -1
 		cancel := d.core.Tap(func(verbs.Frame) {
 			var wc [4]verbs.WC
 			polled, _ = q.rcq.Poll(wc[:])
 		})
-		r.dispatch(frame, name, oob, false)
+		r.handle(frame, name, oob, false)
 		r.burst.Flush()
 		cancel()
 		done <- polled

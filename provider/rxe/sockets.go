@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,18 +60,137 @@ func setOpts(fd int, opts []sockopt) error {
 // It is a rawudp.Conn: out of Go's netpoller while a consumer reads it
 // itself (mmsg.Reader.Wait and Progress), and never woken for
 // writability.
+//
+// When another user's socket holds the port, the error (EADDRINUSE) names
+// that user: devices sharing a network namespace must run as one user.
 func openRecvConn(v6 bool) (*rawudp.Conn, error) {
+	var conn *rawudp.Conn
+	var err error
 	if !v6 {
-		return rawudp.ListenUDP("udp4", "0.0.0.0:"+strconv.Itoa(wire.UDPPort), recvSockSetup(false))
+		conn, err = rawudp.ListenUDP("udp4", "0.0.0.0:"+strconv.Itoa(wire.UDPPort), recvSockSetup(false))
+	} else {
+		conn, err = rawudp.ListenUDP("udp6", "[::]:"+strconv.Itoa(wire.UDPPort), recvSockSetup(true))
 	}
-	return rawudp.ListenUDP("udp6", "[::]:"+strconv.Itoa(wire.UDPPort), recvSockSetup(true))
+	if errors.Is(err, syscall.EADDRINUSE) {
+		err = fmt.Errorf("UDP port %d is held by %s; the devices of one network namespace must all run as one user: %w",
+			wire.UDPPort, portHolders(wire.UDPPort), syscall.EADDRINUSE)
+	}
+	return conn, err
+}
+
+// portHolders describes who holds UDP port (the owners of the sockets
+// /proc/net/udp and udp6 list on it, other than this user).
+func portHolders(port int) string {
+	me := os.Geteuid()
+	var uids []int
+	for _, f := range []string{"/proc/net/udp", "/proc/net/udp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(l)
+			if len(fs) < 8 {
+				continue
+			}
+			_, p, ok := strings.Cut(fs[1], ":")
+			n, err1 := strconv.ParseUint(p, 16, 16)
+			uid, err2 := strconv.Atoi(fs[7])
+			if ok && err1 == nil && err2 == nil && int(n) == port && uid != me && !slices.Contains(uids, uid) {
+				uids = append(uids, uid)
+			}
+		}
+	}
+	switch len(uids) {
+	case 0:
+		return "a socket that does not share it (not a softrdma device of this user)"
+	case 1:
+		return fmt.Sprintf("a socket of another user (uid %d)", uids[0])
+	}
+	return fmt.Sprintf("sockets of other users (uids %v)", uids)
+}
+
+// demuxGuard defeats a kernel shortcut that would misroute multicast
+// among reuseport sockets. The kernel's early demultiplexing hands an IPv4
+// multicast datagram that exactly one socket of the host wants straight
+// to that socket, and a socket of a reuseport group (every device socket
+// on 4791, of all processes of the user) is then swapped for one of the
+// group chosen by the 4-tuple hash: the datagram lands on a socket that
+// holds no membership of its group, often another process's (measured on
+// Linux 6.18 between two namespaces: 7 of 20 datagrams on the wrong
+// socket, none with net.ipv4.udp_early_demux=0). The kernel skips that
+// shortcut when more than 10 sockets share the port's hash slot: the
+// guard is 11 sockets on 4791 bound to 224.0.0.0, an address no datagram
+// is ever sent to (no host joins the base address), so they never receive
+// and never join the devices' reuseport group (another address). IPv6
+// multicast takes no such shortcut.
+type demuxGuard struct{ fds []int }
+
+// demuxGuardSockets is how many sockets the guard holds: more than the
+// 10 the kernel's early demultiplexing scans.
+const demuxGuardSockets = 11
+
+// openGuardLocked opens the device's guard unless it is open. Best effort:
+// without it, multicast reaches every member while two or more sockets of
+// the host want the group, as without SO_REUSEPORT.
+func (d *Device) openGuardLocked() {
+	if d.guard != nil {
+		return
+	}
+	g := &demuxGuard{}
+	for range demuxGuardSockets {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			break
+		}
+		err = setOpts(fd, []sockopt{
+			{unix.SOL_SOCKET, unix.SO_REUSEPORT, 1, false},
+			{unix.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0, false},
+			{unix.SOL_SOCKET, unix.SO_RCVBUF, 0, true},
+		})
+		if err == nil {
+			err = unix.Bind(fd, &unix.SockaddrInet4{Port: wire.UDPPort, Addr: [4]byte{224, 0, 0, 0}})
+		}
+		if err != nil {
+			unix.Close(fd)
+			break
+		}
+		g.fds = append(g.fds, fd)
+	}
+	d.guard = g
+}
+
+// closeGuardIdleLocked closes the guard once the device has no IPv4
+// socket on 4791 left.
+func (d *Device) closeGuardIdleLocked() {
+	if d.guard == nil {
+		return
+	}
+	for _, s := range d.rsocks {
+		if !s.v6 {
+			return
+		}
+	}
+	for _, s := range d.usocks {
+		if !s.v6 {
+			return
+		}
+	}
+	for _, fd := range d.guard.fds {
+		unix.Close(fd)
+	}
+	d.guard = nil
 }
 
 // recvSockSetup returns the setup of a receive socket of the given family
 // (its options, set before bind).
 func recvSockSetup(v6 bool) func(fd int) error {
 	common := []sockopt{
-		{unix.SOL_SOCKET, unix.SO_REUSEADDR, 1, false},
+		// SO_REUSEPORT, not SO_REUSEADDR: the kernel lets only sockets
+		// of the same user share the port, so another user can neither
+		// bind 4791 beside the devices (a more specific address would win
+		// the unicast lookup) nor join their reuseport group.
+		{unix.SOL_SOCKET, unix.SO_REUSEPORT, 1, false},
 		{unix.SOL_SOCKET, unix.SO_RCVBUF, recvBufSize, true},
 		{unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, recvBufSize, true},
 		// No SO_RXQ_OVFL: socket_drops asks the socket for its drop count
@@ -125,7 +245,10 @@ func openSendConn(v6 bool, ifindex int, src4 netip.Addr) (*rawudp.Conn, uint16, 
 				{unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO, false},
 				{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP, 1, false},
 				{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, 0, false},
-				{unix.SOL_SOCKET, unix.SO_RCVBUF, recvBufSize, true}, // forwarded datagrams
+				// Nothing reads it (hand-overs come over unix sockets):
+				// what anyone sends to its port waits in the smallest
+				// buffer the kernel allows, then is dropped.
+				{unix.SOL_SOCKET, unix.SO_RCVBUF, 0, true},
 			}); err != nil {
 				return err
 			}

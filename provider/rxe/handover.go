@@ -1,0 +1,289 @@
+package rxe
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/provider/softverbs"
+)
+
+// The hand-over's transport. A unicast datagram that the kernel gave to a
+// device other than its QPN's owner goes to the owner over a unix
+// SOCK_SEQPACKET connection, never over UDP: each send block listens on
+// <dir>/<IPv4 send port>, where dir is a directory only this user may
+// enter (handoverDir), and accepts a connection only from a process of the
+// same user (SO_PEERCRED). A remote host's crafted QPN can therefore reach
+// only softrdma devices of the user whose sockets read it, never another
+// UDP service of the host (on 127.0.0.1 or elsewhere), and no other local
+// user can inject a forwarded datagram. SOCK_SEQPACKET keeps datagram
+// boundaries; unlike SOCK_DGRAM its queue is bounded by the sender's
+// buffer (recvBufSize), not by net.unix.max_dgram_qlen (10 on some hosts).
+
+// handoverBase is the parent of every user's hand-over directories. It is
+// fixed (not $TMPDIR or $XDG_RUNTIME_DIR) so that every process of a user
+// finds every other's sockets whatever its environment.
+const handoverBase = "/tmp"
+
+// handoverBacklog is the listen backlog of a send block's hand-over socket:
+// one connection per forwarding device of the host.
+const handoverBacklog = 64
+
+// maxHandoverConns bounds a device's cache of connections to other
+// devices' send blocks; past it the cache starts again empty.
+const maxHandoverConns = 1024
+
+// handoverDir returns the directory of this user's hand-over sockets in the
+// network namespace of the calling thread (QPNs are unique per namespace):
+// /tmp/softrdma-<uid>/net-<namespace inode>, created mode 0700. The user's
+// directory must be a directory owned by this user that no one else may
+// enter; anything else (a symbolic link, another owner, a wider mode: left
+// there by another user of /tmp) is refused with EPERM and the reason.
+func handoverDir() (string, error) {
+	uid := os.Geteuid()
+	top := filepath.Join(handoverBase, "softrdma-"+strconv.Itoa(uid))
+	if err := privateDir(top, uid); err != nil {
+		return "", err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return "", fmt.Errorf("network namespace: %w", err)
+	}
+	dir := filepath.Join(top, fmt.Sprintf("net-%d", st.Ino))
+	if err := privateDir(dir, uid); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// privateDir makes dir (mode 0700) unless it exists, and checks that it is
+// a directory of uid that only uid may enter.
+func privateDir(dir string, uid int) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return err
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return fmt.Errorf("%s is not a directory (left by another user?): %w", dir, syscall.EPERM)
+	case int(st.Uid) != uid:
+		return fmt.Errorf("%s belongs to uid %d, not to this user (uid %d): %w", dir, st.Uid, uid, syscall.EPERM)
+	case st.Mode&0o077 != 0:
+		return fmt.Errorf("%s has mode %#o: other users may enter it: %w", dir, st.Mode&0o777, syscall.EPERM)
+	}
+	return nil
+}
+
+// handover is a device's side of the hand-over: its directory and its
+// connections to other devices' send blocks.
+type handover struct {
+	once sync.Once
+	dir  string
+	err  error // why the device cannot hand over (handoverDir's error)
+
+	mu     sync.Mutex
+	closed bool
+	conns  map[uint16]*handoverConn // by the owner's IPv4 send port
+}
+
+// handoverConn is a connection to a send block's hand-over socket.
+type handoverConn struct {
+	c   *net.UnixConn
+	raw syscall.RawConn
+}
+
+// directory returns the device's hand-over directory, found on first use.
+func (h *handover) directory() (string, error) {
+	h.once.Do(func() { h.dir, h.err = handoverDir() })
+	return h.dir, h.err
+}
+
+// conn returns the connection to the owner of port, connecting if there
+// is none. The error is ENOENT or ECONNREFUSED when no device of this user
+// holds the port.
+func (h *handover) conn(port uint16) (*handoverConn, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, syscall.ESHUTDOWN
+	}
+	if hc := h.conns[port]; hc != nil {
+		return hc, nil
+	}
+	dir, err := h.directory()
+	if err != nil {
+		return nil, err
+	}
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Net: "unixpacket", Name: filepath.Join(dir, strconv.Itoa(int(port)))})
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetWriteBuffer(recvBufSize)
+	raw, err := c.SyscallConn()
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	if h.conns == nil || len(h.conns) >= maxHandoverConns {
+		h.closeConnsLocked()
+		h.conns = map[uint16]*handoverConn{}
+	}
+	hc := &handoverConn{c: c, raw: raw}
+	h.conns[port] = hc
+	return hc, nil
+}
+
+// drop forgets hc, a connection whose owner went away.
+func (h *handover) drop(port uint16, hc *handoverConn) {
+	h.mu.Lock()
+	if h.conns[port] == hc {
+		delete(h.conns, port)
+	}
+	h.mu.Unlock()
+	hc.c.Close()
+}
+
+// close closes every connection; later forwards are dropped.
+func (h *handover) close() {
+	h.mu.Lock()
+	h.closed = true
+	h.closeConnsLocked()
+	h.mu.Unlock()
+}
+
+func (h *handover) closeConnsLocked() {
+	for _, hc := range h.conns {
+		hc.c.Close()
+	}
+	h.conns = nil
+}
+
+// noOwner reports whether err, of a connection or a send, means that no
+// device of this user holds the port (any more).
+func noOwner(err error) bool {
+	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// handoverListener is a send block's hand-over socket and the connections
+// it accepted, closed with the block.
+type handoverListener struct {
+	ln *net.UnixListener
+
+	mu     sync.Mutex
+	closed bool
+	conns  []*net.UnixConn
+}
+
+// listenHandoverLocked opens blk's hand-over socket and starts its accept
+// goroutine; d.mu is held. A socket file left by a process that died is
+// replaced: the port is blk's (UDP ports are exclusive), so no live
+// device holds the name.
+func (d *Device) listenHandoverLocked(blk *sendBlock) error {
+	dir, err := d.ho.directory()
+	if err != nil {
+		return err
+	}
+	addr := &net.UnixAddr{Net: "unixpacket", Name: filepath.Join(dir, strconv.Itoa(int(blk.port4)))}
+	ln, err := net.ListenUnix("unixpacket", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		if rerr := os.Remove(addr.Name); rerr == nil {
+			ln, err = net.ListenUnix("unixpacket", addr)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	l := &handoverListener{ln: ln}
+	blk.ho = l
+	d.wg.Add(1)
+	go d.acceptHandovers(blk, l)
+	return nil
+}
+
+// close closes the socket (which removes its file) and every accepted
+// connection: their goroutines exit, and the forwarders find the
+// connection closed.
+func (l *handoverListener) close() {
+	l.mu.Lock()
+	l.closed = true
+	conns := l.conns
+	l.conns = nil
+	l.mu.Unlock()
+	l.ln.Close()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// acceptHandovers accepts the connections of other devices of this user
+// to blk's hand-over socket; a connection from another user is closed at
+// once and counted in untrusted_drops.
+func (d *Device) acceptHandovers(blk *sendBlock, l *handoverListener) {
+	defer d.wg.Done()
+	uid := uint32(os.Geteuid())
+	for {
+		c, err := l.ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue // a connection that went away before it was accepted
+		}
+		if cred, err := peerCred(c); err != nil || cred.Uid != uid {
+			d.core.Count(softverbs.UntrustedDrops, 1)
+			c.Close()
+			continue
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			c.Close()
+			return
+		}
+		l.conns = append(l.conns, c)
+		l.mu.Unlock()
+		d.wg.Add(1)
+		go d.readHandovers(blk, c)
+	}
+}
+
+// peerCred returns the credentials of the process at the other end of c.
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	var cred *unix.Ucred
+	var cerr error
+	if err := control(c, func(fd int) error {
+		cred, cerr = unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+// readHandovers reads the datagrams one device hands over on c until
+// either end closes it.
+func (d *Device) readHandovers(blk *sendBlock, c *net.UnixConn) {
+	defer d.wg.Done()
+	defer c.Close()
+	r := newBlockReceiver(d, blk, nil)
+	buf := make([]byte, fwdHdrLen+readBufLen)
+	for {
+		n, _, flags, _, err := c.ReadMsgUnix(buf, nil)
+		if err != nil || n == 0 {
+			return // closed, or the end of the connection
+		}
+		r.countReceived(1, uint64(n))
+		r.handleForwarded(buf[:n], flags&unix.MSG_TRUNC != 0)
+		r.burst.Flush()
+	}
+}
