@@ -24,6 +24,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(otherUserEnv) != "" {
+		os.Exit(otherUserChild(os.Args[1:]))
+	}
 	testenv.ClearSoftRDMA()
 	goleak.VerifyTestMain(m)
 }

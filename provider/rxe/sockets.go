@@ -72,11 +72,21 @@ func openRecvConn(v6 bool) (*rawudp.Conn, error) {
 		conn, err = rawudp.ListenUDP("udp6", "[::]:"+strconv.Itoa(wire.UDPPort), recvSockSetup(true))
 	}
 	if errors.Is(err, syscall.EADDRINUSE) {
-		err = fmt.Errorf("UDP port %d is held by %s; the devices of one network namespace must all run as one user: %w",
-			wire.UDPPort, portHolders(wire.UDPPort), syscall.EADDRINUSE)
+		err = reasonError{syscall.EADDRINUSE, fmt.Sprintf("UDP port %d is held by %s; the devices of one network namespace must all run as one user",
+			wire.UDPPort, portHolders(wire.UDPPort))}
 	}
 	return conn, err
 }
+
+// reasonError is an errno told in words of its own (errors.Is finds the
+// errno; the text is the reason only).
+type reasonError struct {
+	errno  syscall.Errno
+	reason string
+}
+
+func (e reasonError) Error() string { return e.reason }
+func (e reasonError) Unwrap() error { return e.errno }
 
 // portHolders describes who holds UDP port (the owners of the sockets
 // /proc/net/udp and udp6 list on it, other than this user).
