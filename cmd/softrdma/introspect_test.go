@@ -539,7 +539,10 @@ func listening(t *testing.T, pid int) []string {
 	}{
 		{"/net/tcp", 9, func(f []string) bool { return f[3] == "0A" }},
 		{"/net/tcp6", 9, func(f []string) bool { return f[3] == "0A" }},
-		{"/net/unix", 6, func(f []string) bool { return f[3] == "00010000" }},
+		// Not the RoCEv2 devices' hand-over sockets (provider/rxe: in
+		// /tmp/softrdma-<uid>/net-<netns>/, which only this user may
+		// enter): they serve other devices of the user, not requests.
+		{"/net/unix", 6, func(f []string) bool { return f[3] == "00010000" && !handoverSocket(f) }},
 	} {
 		b, err := os.ReadFile(base + tab.file)
 		if err != nil {
@@ -553,6 +556,12 @@ func listening(t *testing.T, pid int) []string {
 		}
 	}
 	return out
+}
+
+// handoverSocket reports whether a line of /proc/net/unix (its fields) is
+// a RoCEv2 device's hand-over socket.
+func handoverSocket(f []string) bool {
+	return len(f) > 7 && strings.HasPrefix(f[7], fmt.Sprintf("/tmp/softrdma-%d/net-", os.Geteuid()))
 }
 
 // TestEndpointOffByDefault: an mckey started without SOFTRDMA_DEBUG_ADDR

@@ -8,8 +8,9 @@
 // provider seam (softverbs.Driver and softverbs.DriverQP) for UD QPs.
 //
 // Sockets. Receiving uses UDP sockets bound to 0.0.0.0:4791 / [::]:4791
-// with SO_REUSEADDR (so several processes, of different users, share the
-// port) and IP_MULTICAST_ALL=0 (a socket only gets the groups it joined).
+// with SO_REUSEPORT (so several processes of one user share the port;
+// another user cannot bind it beside them) and IP_MULTICAST_ALL=0 (a
+// socket only gets the groups it joined).
 // Group memberships are spread over several such sockets, at most
 // net.ipv4.igmp_max_memberships per socket; a socket and its receive
 // goroutine live only while they hold memberships (the unicast sockets
@@ -28,11 +29,11 @@
 // refuses them.
 //
 // Unicast. The kernel gives a unicast datagram to one of the host's
-// sockets on UDP 4791, in whichever process; a device that reads one for a
-// QPN of another device forwards it to the owner's IPv4 send socket (the
-// QPN's port) over loopback, and the owner checks and delivers it (see
-// forward.go). While a device has QPs it keeps unicast receive sockets on
-// 4791 that hold no membership.
+// sockets on UDP 4791, in whichever process of the user; a device that
+// reads one for a QPN of another device hands it over to the owner's send
+// block over a unix socket only that user can reach, and the owner checks
+// and delivers it (see forward.go and handover.go). While a device has QPs
+// it keeps unicast receive sockets on 4791 that hold no membership.
 //
 // Limits: a hop limit of 0 cannot be expressed per datagram (IP_TTL must
 // be 1-255): multicast then uses the socket's multicast TTL, 0 (local loop
@@ -108,7 +109,6 @@ type Device struct {
 	rsocks []*recvSock
 	usocks []*recvSock // unicast receive sockets, while the device has QPs
 	guard  *demuxGuard // while the device has an IPv4 socket on 4791
-	hoErr  error       // why a send block has no hand-over socket
 
 	wg sync.WaitGroup // receive goroutines
 

@@ -225,3 +225,43 @@ func errText(err error) string {
 	}
 	return err.Error()
 }
+
+// TestPrivateDir: a hand-over directory is used only when it is a
+// directory of this user that no one else may enter; what another user of
+// /tmp could have left there is refused with EPERM and the reason.
+func TestPrivateDir(t *testing.T) {
+	base := t.TempDir()
+	uid := os.Geteuid()
+	ok := filepath.Join(base, "new")
+	if err := privateDir(ok, uid); err != nil {
+		t.Fatalf("new directory: %v", err)
+	}
+	if st, err := os.Stat(ok); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("new directory: %v %v", st.Mode(), err)
+	}
+	if err := privateDir(ok, uid); err != nil {
+		t.Fatalf("existing directory: %v", err)
+	}
+	wide := filepath.Join(base, "wide")
+	os.Mkdir(wide, 0o700)
+	os.Chmod(wide, 0o755)
+	link := filepath.Join(base, "link")
+	os.Symlink(ok, link)
+	file := filepath.Join(base, "file")
+	os.WriteFile(file, nil, 0o600)
+	cases := map[string]string{wide: "has mode 0755", link: "is not a directory", file: "is not a directory"}
+	if uid == 0 {
+		other := filepath.Join(base, "other")
+		os.Mkdir(other, 0o700)
+		if err := os.Chown(other, nobody, nobody); err != nil {
+			t.Fatal(err)
+		}
+		cases[other] = fmt.Sprintf("belongs to uid %d", nobody)
+	}
+	for dir, want := range cases {
+		err := privateDir(dir, uid)
+		if !errors.Is(err, syscall.EPERM) || !strings.Contains(fmt.Sprint(err), want) {
+			t.Errorf("%s: %v, want EPERM and %q", dir, err, want)
+		}
+	}
+}

@@ -31,7 +31,7 @@ type sendBlock struct {
 	conn6  *rawudp.Conn // nil when IPv6 is unavailable
 	raw6   syscall.RawConn
 	port6  uint16
-	ho     *handoverListener     // nil when the hand-over is off
+	ho     *handoverListener     // its hand-over socket
 	used   [qpsPerBlock + 1]bool // by index 1..255 (Device.mu)
 	n      int
 	next   int
@@ -154,11 +154,16 @@ func (d *Device) openBlockLocked() (*sendBlock, error) {
 		}
 	}
 	// The unicast datagrams other devices of this user read for the
-	// block's QPNs come over its hand-over socket. Without it (the
-	// directory is refused) the device still works alone: the forwarders
-	// count no_owner_drops, and Inspect says why.
+	// block's QPNs come over its hand-over socket. Without it they would
+	// be lost without a word: the QP fails instead, with the reason (a
+	// hand-over directory another user left in /tmp, no /proc, a
+	// read-only /tmp).
 	if err := d.listenHandoverLocked(b); err != nil {
-		d.hoErr = err
+		b.close()
+		if len(d.blocks) == 0 {
+			d.closeUnicastLocked()
+		}
+		return nil, d.errf(verbs.ErrnoOf(err), "unicast hand-over socket: %v", err)
 	}
 	d.blocks = append(d.blocks, b)
 	d.publishPortsLocked()

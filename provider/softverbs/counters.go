@@ -12,14 +12,14 @@ import (
 //
 // Every datagram a device reads is counted in RcvdPkts, then exactly once
 // more: in one transport drop (MalformedDrops … ICRCErrors), as an SA MAD,
-// in NoGroupDrops / NoQPDrops, as Forwarded or in ForwardDrops (RoCEv2: a
-// unicast datagram for another device of the host), or once per receiving
-// QP as Delivered or in one per-QP drop (NotReadyDrops … CQFullDrops).
-// NoOwnerDrops refines Forwarded; RcvdForwarded refines RcvdPkts (the
-// owner reads a forwarded datagram again and counts it as any other). On InfiniBand, datagrams
-// from a sender other than the SM count only in UntrustedDrops, and the
-// SM's control messages are not packets: a rejected one counts only in
-// ControlDrops.
+// in NoGroupDrops / NoQPDrops, as Forwarded, in ForwardDrops or in
+// NoOwnerDrops (RoCEv2: a unicast datagram for another device of the
+// host), or once per receiving QP as Delivered or in one per-QP drop
+// (NotReadyDrops … CQFullDrops). RcvdForwarded refines RcvdPkts (the owner
+// reads a forwarded datagram again and counts it as any other). On
+// InfiniBand, datagrams from a sender other than the SM count only in
+// UntrustedDrops, and the SM's control messages are not packets: a
+// rejected one counts only in ControlDrops.
 type Counter int
 
 // schema is the counter table, in declaration order.
@@ -61,9 +61,9 @@ var (
 	VCRCErrors         = def("vcrc_errors", dev, drp, "vcrc", "Packets whose VCRC does not match (InfiniBand).")
 	NoGroupDrops       = def("no_group_drops", dev, drp, "no_group", "Multicast datagrams for a group with no attached QP.")
 	NoQPDrops          = def("no_qp_drops", dev, drp, "no_qp", "Unicast datagrams for a QPN the device does not have.")
-	Forwarded          = def("forwarded", dev, "forwarded_packets_total", "", "Unicast datagrams for a QPN of another device of the host, handed to it over loopback (RoCEv2).")
-	ForwardDrops       = def("forward_drops", dev, drp, "forward", "Unicast datagrams for another device of the host that could not be handed to it (RoCEv2).")
-	NoOwnerDrops       = def("no_owner_drops", dev, drp, "no_owner", "Forwarded datagrams for a QPN no device of the host has: its port refused them (RoCEv2; counted in forwarded too).")
+	Forwarded          = def("forwarded", dev, "forwarded_packets_total", "", "Unicast datagrams for a QPN of another device of this user on the host, handed over to it (RoCEv2).")
+	ForwardDrops       = def("forward_drops", dev, drp, "forward", "Unicast datagrams for another device of the host that could not be handed over to it: its connection was full (RoCEv2).")
+	NoOwnerDrops       = def("no_owner_drops", dev, drp, "no_owner", "Unicast datagrams for a QPN of another device that no device of this user on the host has (RoCEv2).")
 	RcvdForwarded      = def("rcvd_forwarded", dev, "received_forwarded_packets_total", "", "Datagrams another device of the host forwarded to this one (RoCEv2; counted in rcvd_pkts too).")
 	NotReadyDrops      = def("not_ready_drops", qp, drp, "not_ready", "Datagrams for a QP that does not receive (below RTR, ERR, destroyed).")
 	PKeyViolations     = def("pkey_violations", qp, drp, "pkey", "Datagrams whose P_Key is not the default partition's.")
