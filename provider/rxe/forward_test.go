@@ -102,8 +102,11 @@ func TestForwardToOwner(t *testing.T) {
 	}
 	defer svc.Close()
 	svcPort := uint16(svc.LocalAddr().(*net.UDPAddr).Port)
-	for i := range 2 {
-		frame = in.craft(lo, wire.UDHeader{PKey: 0xFFFF, DestQP: uint32(svcPort)<<8 | 1, QKey: qkey, SrcQP: 1}, []byte("x"), nil)
+	// More than the 1,000 that once filled an unread error queue and
+	// stopped the count: every one is counted.
+	const flood = 1500
+	frame = in.craft(lo, wire.UDHeader{PKey: 0xFFFF, DestQP: uint32(svcPort)<<8 | 1, QKey: qkey, SrcQP: 1}, []byte("x"), nil)
+	for i := range flood {
 		r.handle(frame, name, oob, false)
 		if got := b.Counters().Get(softverbs.NoOwnerDrops); got != uint64(i+1) {
 			t.Fatalf("no_owner_drops %d after %d datagrams for a service's port", got, i+1)
