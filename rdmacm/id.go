@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/rdmacm/internal/addr"
 	"github.com/softrdma/softrdma/verbs"
@@ -295,7 +296,14 @@ type portOwner struct {
 // are AFONLY ids of different families; a wildcard address on either side
 // is EADDRNOTAVAIL, the same address EADDRINUSE; different addresses share
 // the port.
+//
+// A port below 1024 needs CAP_NET_BIND_SERVICE in the calling thread's
+// effective set, else EACCES (cma_use_port's check, made before the
+// others).
 func (cm *cmState) reservePort(id *ID, sa sockaddr) (uint16, error) {
+	if sa.port != 0 && sa.port < privilegedPorts && !canBindPrivileged() {
+		return 0, fmt.Errorf("port %d is privileged (below %d): binding it needs CAP_NET_BIND_SERVICE: %w", sa.port, privilegedPorts, syscall.EACCES)
+	}
 	cm.portMu.Lock()
 	defer cm.portMu.Unlock()
 	if sa.port != 0 {
@@ -323,6 +331,26 @@ func (cm *cmState) reservePort(id *ID, sa sockaddr) (uint16, error) {
 		}
 	}
 	return 0, syscall.EADDRNOTAVAIL
+}
+
+// privilegedPorts is the kernel's PROT_SOCK: the RDMA CM's ports below it
+// are privileged, whatever net.ipv4.ip_unprivileged_port_start says (that
+// sysctl is the sockets').
+const privilegedPorts = 1024
+
+// capNetBindService is CAP_NET_BIND_SERVICE's bit (linux/capability.h).
+const capNetBindService = 10
+
+// canBindPrivileged reports whether the calling thread has
+// CAP_NET_BIND_SERVICE in its effective set, as the kernel's capable()
+// asks of the thread that writes the bind to /dev/infiniband/rdma_cm.
+func canBindPrivileged() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[0].Effective&(1<<capNetBindService) != 0
 }
 
 // releasePort gives back the port the id holds.

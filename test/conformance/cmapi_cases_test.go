@@ -2,11 +2,15 @@ package conformance
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
@@ -95,6 +99,83 @@ func (s *suite) portRules(t *testing.T) string {
 	seen = append(seen, s.expect(t, "both-reuse", bind(s.addr, true), same("OK")))
 	seen = append(seen, s.expect(t, "src-port", fmt.Sprint(first.SrcPort() == port && port != 0), same("true")))
 	return strings.Join(seen, " ")
+}
+
+// portSpaces: the kernel's port rules across port spaces (cma_get_port):
+// each port space has ports of its own; a port below 1024 needs
+// CAP_NET_BIND_SERVICE in the binding thread (EACCES without); an id of a
+// port space whose QP type is not UD (RDMA_PS_TCP, RDMA_PS_IB through
+// rdma_create_id) cannot join.
+func (s *suite) portSpaces(t *testing.T) string {
+	ch := s.channel(t)
+	first := s.bound(t, ch)
+	port := first.SrcPort()
+	at := func(p uint16) net.Addr { return net.UDPAddrFromAddrPort(netip.AddrPortFrom(s.addr, p)) }
+	bind := func(ps rdmacm.PortSpace, p uint16) string { return outcome(s.id(t, ch, ps).BindAddr(at(p))) }
+	var seen []string
+	seen = append(seen, s.expect(t, "udp-same-port", bind(rdmacm.PS_UDP, port), same("EADDRINUSE")))
+	for _, ps := range []rdmacm.PortSpace{rdmacm.PS_TCP, rdmacm.PS_IPOIB, rdmacm.PS_IB} {
+		seen = append(seen, s.expect(t, ps.String()+"-same-port", bind(ps, port), same("OK")))
+	}
+	// A privileged port, from a thread without CAP_NET_BIND_SERVICE in
+	// its effective set, then (when the run has it) with it.
+	low := uint16(900 + rand.IntN(124))
+	seen = append(seen, s.expect(t, "privileged-without-cap", withoutCap(t, capNetBindService, func() string { return bind(rdmacm.PS_UDP, low) }), same("EACCES")))
+	if hasCap(capNetBindService) {
+		seen = append(seen, s.expect(t, "privileged-with-cap", bind(rdmacm.PS_UDP, low), same("OK")))
+	}
+	for _, ps := range []rdmacm.PortSpace{rdmacm.PS_TCP, rdmacm.PS_IB} {
+		id := s.id(t, ch, ps)
+		if err := id.BindAddr(at(0)); err != nil {
+			t.Fatalf("bind %v id: %v", ps, err)
+		}
+		seen = append(seen, s.expect(t, ps.String()+"-join", outcome(joinEx(id, s.group(t), rdmacm.MCJoinFlagFullMember, nil)), same("EINVAL")))
+	}
+	if n := ch.Len(); n != 0 {
+		t.Errorf("%d events queued after refused binds and joins", n)
+	}
+	return strings.Join(seen, " ")
+}
+
+// capNetBindService is CAP_NET_BIND_SERVICE's bit (linux/capability.h).
+const capNetBindService = 10
+
+// hasCap reports whether the calling thread has capability bit in its
+// effective set.
+func hasCap(bit uint) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	return unix.Capget(&hdr, &data[0]) == nil && data[0].Effective&(1<<bit) != 0
+}
+
+// withoutCap runs fn on an OS thread of its own whose effective set lacks
+// capability bit (capabilities are per thread; the kernel's capable()
+// asks the calling one). The thread is never handed back to the runtime:
+// it ends with its goroutine.
+func withoutCap(t *testing.T, bit uint, fn func() string) string {
+	t.Helper()
+	var out string
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // no Unlock: the thread dies with the goroutine
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err = unix.Capget(&hdr, &data[0]); err != nil {
+			return
+		}
+		data[0].Effective &^= 1 << bit
+		if err = unix.Capset(&hdr, &data[0]); err != nil {
+			return
+		}
+		out = fn()
+	}()
+	<-done
+	if err != nil {
+		t.Fatalf("drop capability %d: %v", bit, err)
+	}
+	return out
 }
 
 // routeThenJoin: rdma_resolve_route, after which the id cannot join.

@@ -163,7 +163,7 @@ var errnoNames = map[syscall.Errno]string{
 	syscall.ETIMEDOUT: "ETIMEDOUT", syscall.EAGAIN: "EAGAIN", syscall.EBUSY: "EBUSY",
 	syscall.EADDRINUSE: "EADDRINUSE", syscall.ENOSYS: "ENOSYS", syscall.EPERM: "EPERM",
 	syscall.EHOSTUNREACH: "EHOSTUNREACH", syscall.ENOENT: "ENOENT", rdmacm.ENOTSUPP: "ENOTSUPP(524)",
-	syscall.EAFNOSUPPORT: "EAFNOSUPPORT", syscall.EPROTONOSUPPORT: "EPROTONOSUPPORT",
+	syscall.EAFNOSUPPORT: "EAFNOSUPPORT", syscall.EPROTONOSUPPORT: "EPROTONOSUPPORT", syscall.EACCES: "EACCES",
 }
 
 // group returns a multicast group no other case of the run uses.
@@ -400,6 +400,7 @@ func (s *suite) runAll(t *testing.T) {
 	s.run(t, "set-option", s.setOption)
 	s.run(t, "tos-join", s.tosJoin)
 	s.run(t, "port-rules", s.portRules)
+	s.run(t, "port-spaces", s.portSpaces)
 	s.run(t, "route-then-join", s.routeThenJoin)
 	s.run(t, "migrate-id", s.migrateID)
 	s.run(t, "passive-ep", s.passiveEP)
