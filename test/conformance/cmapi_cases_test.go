@@ -137,6 +137,32 @@ func (s *suite) portSpaces(t *testing.T) string {
 	return strings.Join(seen, " ")
 }
 
+// ipoibJoin: an RDMA_PS_IPOIB id joins a group without a QP. On RoCE the
+// kernel's cma_iboe_join_multicast sets a Q_Key only for RDMA_PS_UDP, so
+// the event's Q_Key is 0; on IB the id takes the IPoIB broadcast group's
+// (cma_set_default_qkey).
+func (s *suite) ipoibJoin(t *testing.T) string {
+	ch := s.channel(t)
+	id := s.id(t, ch, rdmacm.PS_IPOIB)
+	if err := id.BindAddr(rdmacm.UDPAddr(s.addr)); err != nil {
+		t.Fatalf("bind: %v", err)
+	}
+	var seen []string
+	err := joinEx(id, s.group(t), rdmacm.MCJoinFlagFullMember, nil)
+	seen = append(seen, s.expect(t, "join", outcome(err), same("OK")))
+	if err != nil {
+		return strings.Join(seen, " ")
+	}
+	ev := event(t, ch)
+	got := fmt.Sprintf("%v/%d", ev.Event, ev.Status)
+	if ev.Event == rdmacm.EventMulticastJoin {
+		got += fmt.Sprintf("/qkey=%#x", ev.Param.QKey)
+	}
+	ev.Ack()
+	seen = append(seen, s.expect(t, "event", got, want{soft: "RDMA_CM_EVENT_MULTICAST_JOIN/0/qkey=0x0", ib: fmt.Sprintf("RDMA_CM_EVENT_MULTICAST_JOIN/0/qkey=%#x", rdmacm.IPoIBQKey)}))
+	return strings.Join(seen, " ")
+}
+
 // capNetBindService is CAP_NET_BIND_SERVICE's bit (linux/capability.h).
 const capNetBindService = 10
 

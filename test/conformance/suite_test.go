@@ -401,6 +401,7 @@ func (s *suite) runAll(t *testing.T) {
 	s.run(t, "tos-join", s.tosJoin)
 	s.run(t, "port-rules", s.portRules)
 	s.run(t, "port-spaces", s.portSpaces)
+	s.run(t, "ipoib-join", s.ipoibJoin)
 	s.run(t, "route-then-join", s.routeThenJoin)
 	s.run(t, "migrate-id", s.migrateID)
 	s.run(t, "passive-ep", s.passiveEP)
