@@ -29,10 +29,16 @@ import (
 type compChannel struct {
 	ctx  *kctx
 	ch   *C.struct_ibv_comp_channel
+	fd   int      // ch.fd, copied out: ch is freed by Destroy
 	f    *os.File // the duplicate: its RawConn keeps it open while a goroutine waits
 	raw  syscall.RawConn
 	kick int // eventfd
+
+	// life orders Destroy after the calls on ch in progress (they hold
+	// it for reading and look at dead first).
+	life sync.RWMutex
 	dead atomic.Bool
+	gone *freed
 
 	mu  sync.Mutex
 	cqs map[*C.struct_ibv_cq]*cq
@@ -49,8 +55,8 @@ func (k *kctx) CreateCompChannel() (verbs.CompChannelOps, error) {
 	if ch == nil {
 		return nil, verbs.Errorf("ibv_create_comp_channel", k.dev.name, cerr(cerrno))
 	}
-	c := &compChannel{ctx: k, ch: ch, cqs: map[*C.struct_ibv_cq]*cq{}}
-	fd := int(ch.fd)
+	c := &compChannel{ctx: k, ch: ch, fd: int(ch.fd), cqs: map[*C.struct_ibv_cq]*cq{}}
+	fd := c.fd
 	if err := unix.SetNonblock(fd, true); err != nil {
 		C.ibv_destroy_comp_channel(ch)
 		return nil, verbs.OpError("fcntl", "O_NONBLOCK", err)
@@ -71,6 +77,7 @@ func (k *kctx) CreateCompChannel() (verbs.CompChannelOps, error) {
 		C.ibv_destroy_comp_channel(ch)
 		return nil, verbs.OpError("eventfd", k.dev.name, err)
 	}
+	c.gone = watch(c, "completion channel (ibv_comp_channel)")
 	return c, nil
 }
 
@@ -78,7 +85,7 @@ func (k *kctx) CreateCompChannel() (verbs.CompChannelOps, error) {
 func (k *kctx) NumCompVectors() int { return int(k.c.num_comp_vectors) }
 
 // Fd returns the channel's fd (channel->fd).
-func (c *compChannel) Fd() int { return int(c.ch.fd) }
+func (c *compChannel) Fd() int { return c.fd }
 
 func (c *compChannel) add(q *cq) {
 	c.mu.Lock()
@@ -101,6 +108,12 @@ func (c *compChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps,
 	var got *C.struct_ibv_cq
 	var evErr syscall.Errno
 	take := func() bool {
+		c.life.RLock()
+		defer c.life.RUnlock()
+		if c.dead.Load() {
+			evErr = syscall.EBADF
+			return true
+		}
 		switch e := syscall.Errno(C.sr_get_cq_event_of(c.ch, &got)); e {
 		case 0:
 			return true
@@ -182,14 +195,32 @@ func (c *compChannel) kickNow() {
 	})
 }
 
-// Destroy destroys the channel (ibv_destroy_comp_channel).
+// Destroy destroys the channel (ibv_destroy_comp_channel): EBUSY while
+// CQs use it (libibverbs' check), EINVAL once destroyed. It frees the C
+// channel after the reads of it in progress; a GetEvent waiting on it
+// ends with EBADF.
 func (c *compChannel) Destroy() error {
+	c.life.Lock()
+	if c.dead.Load() {
+		c.life.Unlock()
+		return verbs.Errorf("ibv_destroy_comp_channel", "", syscall.EINVAL)
+	}
+	c.mu.Lock()
+	busy := len(c.cqs) > 0
+	c.mu.Unlock()
+	if busy {
+		c.life.Unlock()
+		return verbs.Errorf("ibv_destroy_comp_channel", "", syscall.EBUSY)
+	}
+	if rc := C.ibv_destroy_comp_channel(c.ch); rc != 0 {
+		c.life.Unlock()
+		return verbs.Errorf("ibv_destroy_comp_channel", "", ibvErrno(int(rc)))
+	}
 	c.dead.Store(true)
+	c.gone.set()
+	c.life.Unlock()
 	_, _ = unix.Write(c.kick, []byte{1, 0, 0, 0, 0, 0, 0, 0})
 	c.f.Close() // waits for the waits, which the kick ended
 	unix.Close(c.kick)
-	if rc := C.ibv_destroy_comp_channel(c.ch); rc != 0 {
-		return ibvErrno(int(rc))
-	}
 	return nil
 }

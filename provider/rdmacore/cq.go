@@ -39,6 +39,7 @@ type cq struct {
 
 	mu    sync.Mutex // everything below up to evMu; calls on c
 	dead  bool
+	gone  *freed
 	qps   int              // QPs using the CQ
 	cwc   *C.struct_ibv_wc // pollBatch entries, C memory
 	out   []C.struct_sr_wc // pollBatch entries, C memory
@@ -106,6 +107,7 @@ func newCQ(k *kctx, cqe int, user *compChannel, vector int) (_ *cq, err error) {
 		return nil, verbs.Errorf("ibv_create_cq", name, syscall.ENOMEM)
 	}
 	q.initBuffers()
+	q.gone = watch(q, "completion queue (ibv_cq)")
 	return q, nil
 }
 
@@ -118,6 +120,13 @@ func (q *cq) initBuffers() {
 // newUserCQ creates a CQ whose events go to the program's channel (k.mu
 // is read-held).
 func newUserCQ(k *kctx, cqe int, user *compChannel, vector int) (*cq, error) {
+	// The channel stays alive (its Destroy waits) until the CQ is on its
+	// list, after which Destroy refuses with EBUSY.
+	user.life.RLock()
+	defer user.life.RUnlock()
+	if user.dead.Load() {
+		return nil, verbs.Errorf("ibv_create_cq", k.dev.name, syscall.EINVAL)
+	}
 	q := &cq{ctx: k, user: user, wake: make(chan struct{})}
 	c, cerrno := C.ibv_create_cq(k.c, C.int(cqe), nil, user.ch, C.int(vector))
 	if c == nil {
@@ -133,6 +142,7 @@ func newUserCQ(k *kctx, cqe int, user *compChannel, vector int) (*cq, error) {
 	}
 	q.initBuffers()
 	user.add(q)
+	q.gone = watch(q, "completion queue (ibv_cq)")
 	return q, nil
 }
 
@@ -446,6 +456,7 @@ func (q *cq) Destroy() error {
 		err = verbs.Errorf("ibv_destroy_cq", "", ibvErrno(int(rc)))
 	} else {
 		q.dead = true
+		q.gone.set()
 	}
 	q.mu.Unlock()
 	if err != nil {

@@ -287,7 +287,9 @@ func (k *kctx) AllocPD() (verbs.PDOps, error) {
 		_ = k.use(-1, 0)
 		return nil, verbs.Errorf("ibv_alloc_pd", k.dev.name, cerr(err))
 	}
-	return &pd{ctx: k, c: c}, nil
+	p := &pd{ctx: k, c: c}
+	p.gone = watch(p, "protection domain (ibv_pd)")
+	return p, nil
 }
 
 // CreateCQ creates a CQ of at least cqe entries (ibv_create_cq): with the

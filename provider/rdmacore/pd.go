@@ -8,7 +8,6 @@ import "C"
 import (
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -23,6 +22,7 @@ type pd struct {
 
 	mu   sync.RWMutex // dead (write); calls on c (read)
 	dead bool
+	gone *freed
 }
 
 // live read-locks the PD for a call on its C object and returns it, or
@@ -56,6 +56,8 @@ func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MROps, error) {
 		return nil, verbs.Errorf("ibv_reg_mr", "", cerr(cerrno))
 	}
 	m.c = mc
+	m.lkey, m.rkey = uint32(mc.lkey), uint32(mc.rkey)
+	m.gone = watch(m, "memory region (ibv_mr)")
 	return m, nil
 }
 
@@ -85,7 +87,9 @@ func (p *pd) CreateAH(attr *verbs.AHAttr) (verbs.AHOps, error) {
 	if ac == nil {
 		return nil, verbs.Errorf("ibv_create_ah", "", cerr(cerrno))
 	}
-	return &ah{pd: p, c: ac}, nil
+	h := &ah{pd: p, c: ac}
+	h.gone = watch(h, "address handle (ibv_ah)")
+	return h, nil
 }
 
 // Dealloc frees the PD (ibv_dealloc_pd); the kernel's EBUSY while MRs, QPs
@@ -100,6 +104,7 @@ func (p *pd) Dealloc() error {
 		return verbs.Errorf("ibv_dealloc_pd", "", ibvErrno(int(rc)))
 	}
 	p.dead = true
+	p.gone.set()
 	_ = p.ctx.use(-1, 0)
 	return nil
 }
@@ -109,16 +114,19 @@ type mr struct {
 	pd  *pd
 	c   *C.struct_ibv_mr
 	pin runtime.Pinner
+	// The keys, copied out: the C object is freed by Dereg.
+	lkey, rkey uint32
 
 	mu   sync.Mutex
 	dead bool
+	gone *freed
 }
 
 // LKey returns the local key.
-func (m *mr) LKey() uint32 { return uint32(m.c.lkey) }
+func (m *mr) LKey() uint32 { return m.lkey }
 
 // RKey returns the remote key.
-func (m *mr) RKey() uint32 { return uint32(m.c.rkey) }
+func (m *mr) RKey() uint32 { return m.rkey }
 
 // Dereg deregisters the region (ibv_dereg_mr) and unpins its memory.
 func (m *mr) Dereg() error {
@@ -131,28 +139,34 @@ func (m *mr) Dereg() error {
 		return verbs.Errorf("ibv_dereg_mr", "", ibvErrno(int(rc)))
 	}
 	m.dead = true
+	m.gone.set()
 	m.pin.Unpin()
 	return nil
 }
 
-// ah is an address handle (struct ibv_ah): verbs.AHOps.
+// ah is an address handle (struct ibv_ah): verbs.AHOps. A post that
+// uses it holds life for reading until libibverbs has taken the request,
+// so Destroy never frees it under a post.
 type ah struct {
 	pd   *pd
 	c    *C.struct_ibv_ah
-	dead atomic.Bool
-	mu   sync.Mutex
+	life sync.RWMutex // dead (write); posts that use c (read)
+	dead bool
+	gone *freed
 }
 
-// Destroy destroys the address handle (ibv_destroy_ah).
+// Destroy destroys the address handle (ibv_destroy_ah), after the posts
+// that use it.
 func (a *ah) Destroy() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.dead.Load() {
+	a.life.Lock()
+	defer a.life.Unlock()
+	if a.dead {
 		return verbs.Errorf("ibv_destroy_ah", "", syscall.EINVAL)
 	}
 	if rc := C.ibv_destroy_ah(a.c); rc != 0 {
 		return verbs.Errorf("ibv_destroy_ah", "", ibvErrno(int(rc)))
 	}
-	a.dead.Store(true)
+	a.dead = true
+	a.gone.set()
 	return nil
 }

@@ -78,6 +78,7 @@ func (p *pd) createQP(c *C.struct_ibv_pd, init *verbs.QPInitAttr, scq, rcq *cq) 
 	}
 	q := &qp{pd: p, c: qc, num: uint32(qc.qp_num), scq: scq, rcq: rcq}
 	q.sBatch = min(max(int(ia.cap.max_send_wr), 1), postBatch)
+	q.sAHs = make([]*ah, 0, q.sBatch)
 	q.sMaxSGE = max(int(ia.cap.max_send_sge), 1)
 	q.rBatch = min(max(int(ia.cap.max_recv_wr), 1), postBatch)
 	q.rMaxSGE = max(int(ia.cap.max_recv_sge), 1)
@@ -98,6 +99,7 @@ func (p *pd) createQP(c *C.struct_ibv_pd, init *verbs.QPInitAttr, scq, rcq *cq) 
 	for i := range q.rWR {
 		q.rWR[i].sg_list = &q.rSGE[i*q.rMaxSGE]
 	}
+	q.gone = watch(q, "queue pair (ibv_qp)")
 	return q, nil
 }
 
@@ -112,8 +114,10 @@ type qp struct {
 
 	life sync.RWMutex // dead (write); calls on c (read)
 	dead bool
+	gone *freed
 
 	sendMu  sync.Mutex
+	sAHs    []*ah // the AHs of the batch being posted, read-locked (sendMu)
 	sBatch  int
 	sMaxSGE int
 	sInP    *C.struct_sr_send
@@ -231,6 +235,7 @@ func (q *qp) PostSend(wr *verbs.SendWR) error {
 	}
 	q.sendMu.Lock()
 	defer q.sendMu.Unlock()
+	defer q.releaseAHs()
 	base := 0
 	for wr != nil {
 		n := 0
@@ -244,7 +249,7 @@ func (q *qp) PostSend(wr *verbs.SendWR) error {
 			if wr.UD.AH != nil {
 				a, _ = wr.UD.AH.Ops().(*ah)
 			}
-			if a == nil || a.pd.ctx != q.pd.ctx || a.dead.Load() {
+			if a == nil || a.pd.ctx != q.pd.ctx || !q.holdAH(a) {
 				stop = syscall.EINVAL
 				break
 			}
@@ -271,12 +276,40 @@ func (q *qp) PostSend(wr *verbs.SendWR) error {
 				return badWR("ibv_post_send", base+int(r>>32), syscall.Errno(uint32(r)))
 			}
 		}
+		q.releaseAHs()
 		if stop != 0 {
 			return badWR("ibv_post_send", base+n, stop)
 		}
 		base += n
 	}
 	return nil
+}
+
+// holdAH read-locks a (once per batch) for the batch's post, so that its
+// Destroy waits until libibverbs has taken the requests; false when a is
+// destroyed. sendMu is held.
+func (q *qp) holdAH(a *ah) bool {
+	for _, h := range q.sAHs {
+		if h == a {
+			return true // a read lock taken twice could deadlock with a waiting Destroy
+		}
+	}
+	a.life.RLock()
+	if a.dead {
+		a.life.RUnlock()
+		return false
+	}
+	q.sAHs = append(q.sAHs, a)
+	return true
+}
+
+// releaseAHs unlocks the AHs of the batch posted; sendMu is held.
+func (q *qp) releaseAHs() {
+	for i, a := range q.sAHs {
+		a.life.RUnlock()
+		q.sAHs[i] = nil
+	}
+	q.sAHs = q.sAHs[:0]
 }
 
 // PostRecv posts a chain of receive requests (ibv_post_recv); a request
@@ -367,6 +400,7 @@ func (q *qp) Destroy() error {
 		return verbs.Errorf("ibv_destroy_qp", "", ibvErrno(int(rc)))
 	}
 	q.dead = true
+	q.gone.set()
 	_ = q.scq.hold(-1)
 	_ = q.rcq.hold(-1)
 	q.free()

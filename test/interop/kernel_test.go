@@ -148,7 +148,8 @@ func (g *guest) runGoTest(t *testing.T, bin string, env []string, args ...string
 var allocsLine = regexp.MustCompile(`PostRecv\+PostSend\+Poll: (\S+) allocations per message`)
 
 // TestKernelVerbs runs provider/rdmacore's tests (the libibverbs backend)
-// in guest g1 against its kernel rxe0: they must pass, none skipped.
+// and provider/rdmacore/cm's (the librdmacm ids) in guest g1 against its
+// kernel rxe0: they must pass, none skipped.
 func TestKernelVerbs(t *testing.T) {
 	l := needLab(t)
 	note := report(t)
@@ -164,5 +165,11 @@ func TestKernelVerbs(t *testing.T) {
 	if m := allocsLine.FindStringSubmatch(out); m != nil {
 		allocs = m[1]
 	}
-	note.set("provider/rdmacore on %s's rxe0 (%s): %d tests passed; data path allocs/msg %s", g.name, strings.Join(goTestBuildFlags(), " "), passed, allocs)
+	// The kernel CM's package (librdmacm ids' lifetimes).
+	cmOut, cmRC := g.goTest(t, "./provider/rdmacore/cm", "-test.v", "-test.count=1")
+	cmPassed, cmSkipped := strings.Count(cmOut, "--- PASS"), strings.Count(cmOut, "--- SKIP")
+	if cmRC != 0 || cmSkipped > 0 || cmPassed == 0 {
+		t.Fatalf("%s: cm.test: exit status %d, %d passed, %d skipped:\n%s", g, cmRC, cmPassed, cmSkipped, nettest.Indent(cmOut))
+	}
+	note.set("provider/rdmacore on %s's rxe0 (%s): %d tests passed, provider/rdmacore/cm %d; data path allocs/msg %s", g.name, strings.Join(goTestBuildFlags(), " "), passed, cmPassed, allocs)
 }

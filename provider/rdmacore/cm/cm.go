@@ -292,9 +292,19 @@ func (e *CMEvent) Ack() error {
 	return errnoOf(C.sr_ack(e.ev))
 }
 
-// CMID is a librdmacm id (struct rdma_cm_id) on a CMChannel.
+// CMID is a librdmacm id (struct rdma_cm_id) on a CMChannel. Its methods
+// are safe for concurrent use; after Destroy they fail with EINVAL (or
+// return nothing) and never touch the freed C id.
 type CMID struct {
-	id *C.struct_rdma_cm_id
+	life sync.RWMutex         // id (write); calls on id (read)
+	id   *C.struct_rdma_cm_id // nil once destroyed
+}
+
+// use read-locks the id for a call on its C object and returns it, nil
+// once destroyed; the caller runs id.life.RUnlock.
+func (id *CMID) use() *C.struct_rdma_cm_id {
+	id.life.RLock()
+	return id.id
 }
 
 // CreateID creates an id of port space ps (rdma_create_id); token comes
@@ -308,43 +318,80 @@ func (c *CMChannel) CreateID(token uint64, ps uint16) (*CMID, error) {
 }
 
 // Destroy destroys the id (rdma_destroy_id): it waits until every event
-// of the id that Next returned is acked.
-func (id *CMID) Destroy() error { return errnoOf(C.sr_destroy_id(id.id)) }
+// of the id that Next returned is acked; EINVAL when destroyed already.
+// The id is marked gone before the wait (the calls in progress end
+// first, later ones fail), so a call made while it waits, by the code
+// that would ack the event it waits for, does not wait for it in turn.
+func (id *CMID) Destroy() error {
+	id.life.Lock()
+	c := id.id
+	id.id = nil
+	id.life.Unlock()
+	if c == nil {
+		return syscall.EINVAL
+	}
+	return errnoOf(C.sr_destroy_id(c))
+}
 
 // Bind binds the id to a local address (rdma_bind_addr).
 func (id *CMID) Bind(sa []byte) error {
+	c := id.use()
+	defer id.life.RUnlock()
+	if c == nil {
+		return syscall.EINVAL
+	}
 	p, n := saArg(sa)
-	return errnoOf(C.sr_bind(id.id, p, n))
+	return errnoOf(C.sr_bind(c, p, n))
 }
 
 // ResolveAddr starts the resolution of dst (rdma_resolve_addr); src may
 // be nil.
 func (id *CMID) ResolveAddr(src, dst []byte, timeoutMS int) error {
+	c := id.use()
+	defer id.life.RUnlock()
+	if c == nil {
+		return syscall.EINVAL
+	}
 	sp, sn := saArg(src)
 	dp, dn := saArg(dst)
-	return errnoOf(C.sr_resolve_addr(id.id, sp, sn, dp, dn, C.int(timeoutMS)))
+	return errnoOf(C.sr_resolve_addr(c, sp, sn, dp, dn, C.int(timeoutMS)))
 }
 
 // Join joins a group as a full member (rdma_join_multicast); token comes
 // back in the MCToken of the join's events.
 func (id *CMID) Join(addr []byte, token uint64) error {
+	c := id.use()
+	defer id.life.RUnlock()
+	if c == nil {
+		return syscall.EINVAL
+	}
 	p, n := saArg(addr)
-	return errnoOf(C.sr_join(id.id, p, n, C.uint64_t(token)))
+	return errnoOf(C.sr_join(c, p, n, C.uint64_t(token)))
 }
 
 // JoinEx joins a group (rdma_join_multicast_ex) with the attributes as
 // given: librdmacm and the kernel check them.
 func (id *CMID) JoinEx(compMask, flags uint32, addr []byte, token uint64) error {
+	c := id.use()
+	defer id.life.RUnlock()
+	if c == nil {
+		return syscall.EINVAL
+	}
 	p, n := saArg(addr)
-	return errnoOf(C.sr_join_ex(id.id, C.uint32_t(compMask), C.uint32_t(flags), p, n, C.uint64_t(token)))
+	return errnoOf(C.sr_join_ex(c, C.uint32_t(compMask), C.uint32_t(flags), p, n, C.uint64_t(token)))
 }
 
 // Leave leaves a group (rdma_leave_multicast): it waits until every event
 // of the join that Next returned is acked. The id has no QP in librdmacm's
 // view, so nothing is detached here.
 func (id *CMID) Leave(addr []byte) error {
+	c := id.use()
+	defer id.life.RUnlock()
+	if c == nil {
+		return syscall.EINVAL
+	}
 	p, n := saArg(addr)
-	return errnoOf(C.sr_leave(id.id, p, n))
+	return errnoOf(C.sr_leave(c, p, n))
 }
 
 // InitQPAttr returns the QP attributes the kernel's CM gives a QP of the
@@ -355,7 +402,12 @@ func (id *CMID) InitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.QPAttrMask,
 	var pkey C.uint16_t
 	var port C.uint8_t
 	var mask C.int
-	if err := errnoOf(C.sr_init_qp_attr(id.id, C.int(state), &qkey, &pkey, &port, &mask)); err != nil {
+	c := id.use()
+	defer id.life.RUnlock()
+	if c == nil {
+		return verbs.QPAttr{}, 0, syscall.EINVAL
+	}
+	if err := errnoOf(C.sr_init_qp_attr(c, C.int(state), &qkey, &pkey, &port, &mask)); err != nil {
 		return verbs.QPAttr{}, 0, err
 	}
 	return verbs.QPAttr{State: state, QKey: uint32(qkey), PKeyIdx: uint16(pkey), PortNum: uint8(port)}, verbs.QPAttrMask(mask), nil
@@ -370,21 +422,38 @@ func (id *CMID) PeerAddr() []byte { return id.addr(1) }
 
 func (id *CMID) addr(which C.int) []byte {
 	var buf [C.sizeof_struct_sockaddr_storage]byte
-	n := C.sr_addr(id.id, which, unsafe.Pointer(&buf[0]))
+	c := id.use()
+	defer id.life.RUnlock()
+	if c == nil {
+		return nil
+	}
+	n := C.sr_addr(c, which, unsafe.Pointer(&buf[0]))
 	return append([]byte(nil), buf[:n]...)
 }
 
 // DeviceName returns the name of the kernel device the id is bound to
 // (id->verbs), or "".
 func (id *CMID) DeviceName() string {
-	if s := C.sr_dev_name(id.id); s != nil {
+	c := id.use()
+	defer id.life.RUnlock()
+	if c == nil {
+		return ""
+	}
+	if s := C.sr_dev_name(c); s != nil {
 		return C.GoString(s)
 	}
 	return ""
 }
 
 // PortNum returns the device port the id is bound to (id->port_num).
-func (id *CMID) PortNum() uint8 { return uint8(id.id.port_num) }
+func (id *CMID) PortNum() uint8 {
+	c := id.use()
+	defer id.life.RUnlock()
+	if c == nil {
+		return 0
+	}
+	return uint8(c.port_num)
+}
 
 // OwnerOf returns the name of the kernel device that owns the local
 // address sa, or "": it binds a probe id to the address on channel c, as

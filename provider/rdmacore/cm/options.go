@@ -40,7 +40,12 @@ func (id *CMID) SetOption(level, name int, val []byte) error {
 		p = C.CBytes(val)
 		defer C.free(p)
 	}
-	return errnoOf(C.sr_set_option(id.id, C.int(level), C.int(name), p, C.size_t(len(val))))
+	c := id.use()
+	defer id.life.RUnlock()
+	if c == nil {
+		return syscall.EINVAL
+	}
+	return errnoOf(C.sr_set_option(c, C.int(level), C.int(name), p, C.size_t(len(val))))
 }
 
 // ResolveRoute starts the route resolution of an id whose address is
@@ -48,15 +53,27 @@ func (id *CMID) SetOption(level, name int, val []byte) error {
 // id bound to no device is EINVAL, the kernel's answer for it: librdmacm
 // itself would dereference the id's NULL device (id->verbs) and crash.
 func (id *CMID) ResolveRoute(timeoutMS int) error {
-	if id.id.verbs == nil {
+	c := id.use()
+	defer id.life.RUnlock()
+	if c == nil || c.verbs == nil {
 		return syscall.EINVAL
 	}
-	return errnoOf(C.sr_resolve_route(id.id, C.int(timeoutMS)))
+	return errnoOf(C.sr_resolve_route(c, C.int(timeoutMS)))
 }
 
-// SrcPort returns the id's source port (rdma_get_src_port), in host order.
-func (id *CMID) SrcPort() uint16 { return uint16(C.sr_port(id.id, 0)) }
+// SrcPort returns the id's source port (rdma_get_src_port), in host order;
+// 0 once destroyed.
+func (id *CMID) SrcPort() uint16 { return id.port(0) }
 
 // DstPort returns the id's destination port (rdma_get_dst_port), in host
-// order.
-func (id *CMID) DstPort() uint16 { return uint16(C.sr_port(id.id, 1)) }
+// order; 0 once destroyed.
+func (id *CMID) DstPort() uint16 { return id.port(1) }
+
+func (id *CMID) port(which C.int) uint16 {
+	c := id.use()
+	defer id.life.RUnlock()
+	if c == nil {
+		return 0
+	}
+	return uint16(C.sr_port(c, which))
+}
