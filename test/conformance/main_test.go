@@ -30,6 +30,12 @@ func testMain(m *testing.M) int {
 	testenv.ClearSoftRDMA()
 	nettest.SweepStale(nsTag)
 	code := m.Run()
+	if code == 0 {
+		if err := checkReadmeTable(); err != nil {
+			fmt.Fprintln(os.Stderr, "conformance:", err)
+			code = 1
+		}
+	}
 	verbs.DefaultHost().Close()
 	nettest.RemoveOwn(nsPrefix)
 	if code == 0 {

@@ -136,6 +136,7 @@ func (s *suite) run(t *testing.T, name string, fn func(t *testing.T) string) {
 // expect checks an outcome against the backend's and returns it.
 func (s *suite) expect(t *testing.T, what, got string, w want) string {
 	t.Helper()
+	record(t, what, w)
 	if exp := w.of(s.target); got != exp {
 		t.Errorf("%s: got %s, want %s (documented for %s)", what, got, exp, s.target)
 	}
