@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
 
 	"github.com/softrdma/softrdma/ib/sm"
@@ -48,8 +49,11 @@ func testMain(m *testing.M) int {
 }
 
 // routelessNetns returns a network namespace with lo and a veth of its
-// own (routes only to loopback and the veth's /24), or why there is none.
-func routelessNetns() (name, why string) {
+// own (routes only to loopback and the veth's /24), or why there is none;
+// made once for every target's run (RemoveOwn removes it at the end).
+var routelessNetns = sync.OnceValues(makeRoutelessNetns)
+
+func makeRoutelessNetns() (name, why string) {
 	if os.Geteuid() != 0 {
 		return "", "needs root for a network namespace without routes"
 	}

@@ -124,6 +124,9 @@ func (s *suite) run(t *testing.T, name string, fn func(t *testing.T) string) {
 			switch {
 			case t.Skipped():
 				res = "SKIP"
+				if s.target == targetSoft {
+					softSkipped.Store(true)
+				}
 			case t.Failed():
 				res = "FAIL"
 			}
