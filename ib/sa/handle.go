@@ -241,12 +241,19 @@ func (s *SA) join(comp uint64, rec mad.MCMemberFields, from From) (mad.MCMemberF
 		if comp&mad.CompCreateRequired != mad.CompCreateRequired {
 			return rec, mad.StatusInsufComps, false
 		}
+		if s.overQuota(guid, false) || s.overQuota(reqPort.GUID, true) {
+			return rec, mad.StatusNoResources, false
+		}
 		var st status
 		g, st = s.create(comp, rec, port)
 		if st != 0 {
 			return rec, st, false
 		}
+		g.creator = reqPort.GUID
+		s.created[reqPort.GUID]++
 		isNew = true
+	} else if g.members[guid] == nil && s.overQuota(guid, false) {
+		return rec, mad.StatusNoResources, false
 	} else if !otherCompFieldsMatch(comp, &rec, &g.rec) {
 		return rec, mad.StatusReqInvalid, false
 	}
@@ -267,8 +274,7 @@ func (s *SA) join(comp uint64, rec mad.MCMemberFields, from From) (mad.MCMemberF
 		return rec, mad.StatusReqInvalid, false
 	}
 	if m == nil {
-		m = &Member{GUID: guid, PortGID: s.PortGID(guid), ProxyJoin: proxy}
-		g.members[guid] = m
+		m = s.addMember(g, guid, proxy)
 	}
 	prev := m.JoinState
 	m.JoinState |= js
@@ -564,7 +570,15 @@ func (s *SA) query(req mad.MAD, comp uint64, rec mad.MCMemberFields, from From) 
 	}
 	reqState := rec.Scope<<4 | rec.JoinState&0x0F
 	var out []mad.MCMemberFields
-	for _, mgid := range s.sortedMGIDs() {
+	var mgids []wire.GID
+	if comp&mad.CompMGID != 0 {
+		if s.groups[rec.MGID] != nil {
+			mgids = []wire.GID{rec.MGID}
+		}
+	} else {
+		mgids = s.sortedMGIDs()
+	}
+	for _, mgid := range mgids {
 		g := s.groups[mgid]
 		if comp&mad.CompMGID != 0 && rec.MGID != g.rec.MGID {
 			continue

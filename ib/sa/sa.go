@@ -29,6 +29,12 @@
 //	            requester ≠ that port (proxy join) and no shared P_Key → 0x0200
 //	            comp-masked P_Key with base 0 → 0x0200
 //	Set, new    JoinState without a full-type bit (0x1/0x8) → 0x0200
+//	quota       the Set would add a membership and the port is a member
+//	            of Config.MaxMembershipsPerPort groups, or it would create
+//	            a group and the requester (the sending port; from the raw
+//	            SA port, the record's port) created
+//	            Config.MaxGroupsPerPort groups that still exist → 0x0100
+//	            (counted: QuotaRefusals; logged through Config.Logf)
 //	group       mask lacks 0x130C7 → 0x0600
 //	            zero MGID: assign ff1S:a01b:<prefix>… (1000 tries) else 0x0100
 //	            else MGID byte 0 ≠ 0xFF → 0x0200; IPoIB signature 0x401B/
@@ -120,6 +126,26 @@ type Config struct {
 	// RespTimeValue is advertised in ClassPortInfo (0 →
 	// DefaultRespTimeValue); see RespTimeValueFor.
 	RespTimeValue uint8
+	// MaxGroupsPerPort caps the groups one port may have created that
+	// still exist (0: no cap). A Set that would create one more is
+	// answered 0x0100 (insufficient resources, as OpenSM answers when it
+	// runs out of MLIDs): one port cannot take every MLID.
+	MaxGroupsPerPort int
+	// MaxMembershipsPerPort caps the groups one port may be a member of
+	// (0: no cap); a Set that would add one more membership is answered
+	// 0x0100.
+	MaxMembershipsPerPort int
+	// Logf, if set, is told when a port runs into a quota: its first
+	// refusal, then each time its count of refusals doubles.
+	Logf func(format string, args ...any)
+}
+
+// QuotaRefusals counts the Sets refused with 0x0100 for a per-port quota
+// (Config.MaxGroupsPerPort, Config.MaxMembershipsPerPort).
+type QuotaRefusals struct {
+	// Groups counts creates refused for MaxGroupsPerPort, Memberships
+	// joins refused for MaxMembershipsPerPort.
+	Groups, Memberships uint64
 }
 
 // Port is an end port the SA knows (the SM registers it).
@@ -167,7 +193,8 @@ type group struct {
 	rec       mad.MCMemberFields
 	wellKnown bool
 	members   map[uint64]*Member
-	full      int // members holding a full-type bit
+	full      int    // members holding a full-type bit
+	creator   uint64 // the port charged for the group (MaxGroupsPerPort); 0: none
 }
 
 // SA is the rules engine.
@@ -181,6 +208,12 @@ type SA struct {
 	mlids   *mlids
 	byMLID  map[uint16]*group   // the group of each MLID in use
 	changed map[uint16]struct{} // MLIDs whose receivers changed (TakeChanged)
+	// memberOf holds the groups each port is a member of, so that a
+	// port's removal costs its memberships, not the number of groups.
+	memberOf map[uint64]map[*group]struct{}
+	created  map[uint64]int    // groups each port created that still exist
+	refused  map[uint64]uint64 // quota refusals of each port (for Logf)
+	quota    QuotaRefusals
 }
 
 // New returns an SA holding only the IPoIB broadcast group
@@ -207,6 +240,10 @@ func New(cfg Config) *SA {
 		mlids:   newMLIDs(cfg.MaxMLID),
 		byMLID:  make(map[uint16]*group),
 		changed: make(map[uint16]struct{}),
+
+		memberOf: make(map[uint64]map[*group]struct{}),
+		created:  make(map[uint64]int),
+		refused:  make(map[uint64]uint64),
 	}
 	s.mlids.take(BroadcastMLID)
 	s.groups[BroadcastMGID] = &group{
@@ -265,31 +302,94 @@ func (s *SA) AddPort(p Port) {
 func (s *SA) HasPort(guid uint64) bool { return s.ports[guid] != nil }
 
 // RemovePort forgets a port after removing its memberships (LeaveAll).
+// The groups it created and that live on (other full members) still
+// count against its MaxGroupsPerPort should it register again.
 func (s *SA) RemovePort(guid uint64) {
 	s.LeaveAll(guid)
 	delete(s.ports, guid)
+	delete(s.refused, guid)
 }
 
 // LeaveAll removes every membership of the port, as a leave of all its
 // JoinState bits would (groups left without a full-type member are deleted,
 // the broadcast group only loses members). It reports whether anything
-// changed.
+// changed. It costs the port's memberships, not the number of groups.
 func (s *SA) LeaveAll(guid uint64) bool {
 	changed := false
-	for _, mgid := range s.sortedMGIDs() {
-		g := s.groups[mgid]
+	for g := range s.memberOf[guid] {
 		m := g.members[guid]
 		if m == nil {
 			continue
 		}
+		mlid := g.rec.MLID
 		s.removeBits(g, m, m.JoinState)
-		s.changed[g.rec.MLID] = struct{}{}
+		s.changed[mlid] = struct{}{}
 		changed = true
 	}
 	if changed {
 		s.version++
 	}
 	return changed
+}
+
+// Memberships returns how many groups the port is a member of.
+func (s *SA) Memberships(guid uint64) int { return len(s.memberOf[guid]) }
+
+// GroupsCreated returns how many groups the port created (charged to it
+// under MaxGroupsPerPort) that still exist.
+func (s *SA) GroupsCreated(guid uint64) int { return s.created[guid] }
+
+// QuotaRefusals returns the counts of Sets refused for a per-port quota.
+func (s *SA) QuotaRefusals() QuotaRefusals { return s.quota }
+
+// addMember makes guid a member of g (no JoinState yet).
+func (s *SA) addMember(g *group, guid uint64, proxy bool) *Member {
+	m := &Member{GUID: guid, PortGID: s.PortGID(guid), ProxyJoin: proxy}
+	g.members[guid] = m
+	set := s.memberOf[guid]
+	if set == nil {
+		set = make(map[*group]struct{})
+		s.memberOf[guid] = set
+	}
+	set[g] = struct{}{}
+	return m
+}
+
+// dropMember removes guid from g.
+func (s *SA) dropMember(g *group, guid uint64) {
+	delete(g.members, guid)
+	if set := s.memberOf[guid]; set != nil {
+		delete(set, g)
+		if len(set) == 0 {
+			delete(s.memberOf, guid)
+		}
+	}
+}
+
+// overQuota reports (and counts and logs) a Set refused for a quota.
+func (s *SA) overQuota(guid uint64, groups bool) bool {
+	var max, have int
+	if groups {
+		max, have = s.cfg.MaxGroupsPerPort, s.created[guid]
+	} else {
+		max, have = s.cfg.MaxMembershipsPerPort, len(s.memberOf[guid])
+	}
+	if max <= 0 || have < max {
+		return false
+	}
+	what := "membership"
+	if groups {
+		s.quota.Groups++
+		what = "group"
+	} else {
+		s.quota.Memberships++
+	}
+	n := s.refused[guid] + 1
+	s.refused[guid] = n
+	if s.cfg.Logf != nil && n&(n-1) == 0 {
+		s.cfg.Logf("SA: port %#x is at its %s quota (%d): Set refused with status 0x0100 (%d refusals for the port so far)", guid, what, max, n)
+	}
+	return true
 }
 
 // Version increases whenever a membership or a group changes; the switch
@@ -399,7 +499,7 @@ func (s *SA) removeBits(g *group, m *Member, js uint8) uint8 {
 	if left != 0 {
 		m.JoinState = left
 	} else {
-		delete(g.members, m.GUID)
+		s.dropMember(g, m.GUID)
 	}
 	if old&mad.JoinFullTypes != 0 && left&mad.JoinFullTypes == 0 {
 		g.full--
@@ -417,11 +517,19 @@ func (s *SA) cleanup(g *group) {
 	if g.full > 0 {
 		return
 	}
-	clear(g.members)
+	for guid := range g.members {
+		s.dropMember(g, guid)
+	}
 	if !g.wellKnown {
 		delete(s.groups, g.rec.MGID)
 		delete(s.byMLID, g.rec.MLID)
 		s.mlids.release(g.rec.MLID)
+		if g.creator != 0 {
+			if s.created[g.creator]--; s.created[g.creator] <= 0 {
+				delete(s.created, g.creator)
+			}
+			g.creator = 0
+		}
 	}
 }
 
