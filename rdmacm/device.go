@@ -16,6 +16,7 @@ type cmDevice struct {
 	port port
 	ctx  *verbs.Context
 	pd   *verbs.PD
+	ib   bool // port 1's link layer is InfiniBand
 
 	mu  sync.Mutex
 	ids map[*ID]struct{}
@@ -50,6 +51,9 @@ func (cm *cmState) deviceFor(vd *verbs.Device) (*cmDevice, error) {
 		return nil, err
 	}
 	cd := &cmDevice{port: portOf(ctx), ctx: ctx, pd: pd, ids: map[*ID]struct{}{}}
+	if pa, err := ctx.QueryPort(1); err == nil {
+		cd.ib = pa.LinkLayer == verbs.LinkLayerInfiniBand
+	}
 	cm.devs[vd] = cd
 	return cd, nil
 }

@@ -395,6 +395,10 @@ func (id *ID) bindLocked(sa sockaddr) error {
 		if err != nil {
 			return err
 		}
+		// cma_acquire_dev_by_src_ip: an IPoIB id takes only an IB device.
+		if id.ps == PS_IPOIB && !d.ib {
+			return fmt.Errorf("an RDMA_PS_IPOIB id needs an InfiniBand device, and %v is on %s, not InfiniBand: %w", sa.ip, d.name(), syscall.EINVAL)
+		}
 		if gidx, err = d.gidIndex(sa.ip); err != nil {
 			return err
 		}

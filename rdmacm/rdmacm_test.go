@@ -478,8 +478,19 @@ func TestCreateQP(t *testing.T) {
 		t.Errorf("create flags %v", qp.CreateFlags())
 	}
 	wantErrno(t, id.CreateQP(nil, &verbs.QPInitAttr{}), syscall.EINVAL) // second QP
-	_, ipoib := newID(t, PS_IPOIB)
-	wantErrno(t, ipoib.CreateQP(nil, &verbs.QPInitAttr{}), syscall.ENODEV)
+	// An IPoIB id binds only an InfiniBand device's address (the kernel's
+	// cma_acquire_dev_by_src_ip); lo's device is RoCE.
+	ch, err := CreateEventChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	ipoib, err := CreateID(ch, nil, PS_IPOIB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ipoib.Destroy()
+	wantErrno(t, ipoib.BindAddr(lo), syscall.EINVAL)
 }
 
 // TestDataPath: a full member receives what a send-only member sends over

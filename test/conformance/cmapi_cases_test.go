@@ -102,10 +102,11 @@ func (s *suite) portRules(t *testing.T) string {
 }
 
 // portSpaces: the kernel's port rules across port spaces (cma_get_port):
-// each port space has ports of its own; a port below 1024 needs
-// CAP_NET_BIND_SERVICE in the binding thread (EACCES without); an id of a
-// port space whose QP type is not UD (RDMA_PS_TCP, RDMA_PS_IB through
-// rdma_create_id) cannot join.
+// each port space has ports of its own; an RDMA_PS_IPOIB id binds only an
+// InfiniBand device's address (cma_acquire_dev_by_src_ip: EINVAL on
+// RoCE); a port below 1024 needs CAP_NET_BIND_SERVICE in the binding
+// thread (EACCES without); an id of a port space whose QP type is not UD
+// (RDMA_PS_TCP, RDMA_PS_IB through rdma_create_id) cannot join.
 func (s *suite) portSpaces(t *testing.T) string {
 	ch := s.channel(t)
 	first := s.bound(t, ch)
@@ -114,13 +115,13 @@ func (s *suite) portSpaces(t *testing.T) string {
 	bind := func(ps rdmacm.PortSpace, p uint16) string { return outcome(s.id(t, ch, ps).BindAddr(at(p))) }
 	var seen []string
 	seen = append(seen, s.expect(t, "udp-same-port", bind(rdmacm.PS_UDP, port), same("EADDRINUSE")))
-	for _, ps := range []rdmacm.PortSpace{rdmacm.PS_TCP, rdmacm.PS_IPOIB, rdmacm.PS_IB} {
-		seen = append(seen, s.expect(t, ps.String()+"-same-port", bind(ps, port), same("OK")))
-	}
+	seen = append(seen, s.expect(t, "tcp-same-port", bind(rdmacm.PS_TCP, port), same("OK")))
+	seen = append(seen, s.expect(t, "ib-same-port", bind(rdmacm.PS_IB, port), same("OK")))
+	seen = append(seen, s.expect(t, "ipoib-same-port", bind(rdmacm.PS_IPOIB, port), want{soft: "EINVAL", ib: "OK"}))
 	// A privileged port, from a thread without CAP_NET_BIND_SERVICE in
 	// its effective set, then (when the run has it) with it.
 	low := uint16(900 + rand.IntN(124))
-	seen = append(seen, s.expect(t, "privileged-without-cap", withoutCap(t, capNetBindService, func() string { return bind(rdmacm.PS_UDP, low) }), same("EACCES")))
+	seen = append(seen, s.expect(t, "privileged-without-cap", s.bindWithoutCap(t, capNetBindService, at(low)), same("EACCES")))
 	if hasCap(capNetBindService) {
 		seen = append(seen, s.expect(t, "privileged-with-cap", bind(rdmacm.PS_UDP, low), same("OK")))
 	}
@@ -137,19 +138,83 @@ func (s *suite) portSpaces(t *testing.T) string {
 	return strings.Join(seen, " ")
 }
 
-// ipoibJoin: an RDMA_PS_IPOIB id joins a group without a QP. On RoCE the
-// kernel's cma_iboe_join_multicast sets a Q_Key only for RDMA_PS_UDP, so
-// the event's Q_Key is 0; on IB the id takes the IPoIB broadcast group's
-// (cma_set_default_qkey).
+// bindWithoutCap binds a new RDMA_PS_UDP id to a on an OS thread of its
+// own whose effective set lacks capability bit, and returns the bind's
+// outcome. Capabilities are per thread, and the kernel's capable() asks
+// the calling one; the kernel also refuses a command on the RDMA CM's file
+// from a thread whose credentials differ from the opener's (EACCES), so
+// the channel and the id are made, and destroyed, on that thread too. The
+// thread is never handed back to the runtime: it ends with its goroutine.
+func (s *suite) bindWithoutCap(t *testing.T, bit uint, a net.Addr) string {
+	t.Helper()
+	var out string
+	var errs []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // no Unlock: the thread dies with the goroutine
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			errs = append(errs, "capget: "+err.Error())
+			return
+		}
+		data[0].Effective &^= 1 << bit
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			errs = append(errs, "capset: "+err.Error())
+			return
+		}
+		ch, err := rdmacm.CreateEventChannel()
+		if err != nil {
+			errs = append(errs, "channel: "+err.Error())
+			return
+		}
+		defer func() {
+			if err := ch.Close(); err != nil {
+				errs = append(errs, "close channel: "+err.Error())
+			}
+		}()
+		if err := ch.SetBackend(s.backend); err != nil {
+			errs = append(errs, "backend: "+err.Error())
+			return
+		}
+		id, err := rdmacm.CreateID(ch, nil, rdmacm.PS_UDP)
+		if err != nil {
+			errs = append(errs, "create id: "+err.Error())
+			return
+		}
+		out = outcome(id.BindAddr(a))
+		if err := id.Destroy(); err != nil {
+			errs = append(errs, "destroy id: "+err.Error())
+		}
+	}()
+	<-done
+	if len(errs) > 0 {
+		t.Errorf("without capability %d: %s", bit, strings.Join(errs, "; "))
+	}
+	return out
+}
+
+// ipoibJoin: an RDMA_PS_IPOIB id joins a group without a QP. On IB the id
+// takes the IPoIB broadcast group's Q_Key (cma_set_default_qkey); on RoCE
+// it cannot bind the device's address (portSpaces), and bound to the
+// wildcard it has no device to join on (EINVAL, as every id).
 func (s *suite) ipoibJoin(t *testing.T) string {
 	ch := s.channel(t)
-	id := s.id(t, ch, rdmacm.PS_IPOIB)
-	if err := id.BindAddr(rdmacm.UDPAddr(s.addr)); err != nil {
-		t.Fatalf("bind: %v", err)
-	}
 	var seen []string
-	err := joinEx(id, s.group(t), rdmacm.MCJoinFlagFullMember, nil)
-	seen = append(seen, s.expect(t, "join", outcome(err), same("OK")))
+	wild := s.id(t, ch, rdmacm.PS_IPOIB)
+	if err := wild.BindAddr(rdmacm.UDPAddr(netip.IPv4Unspecified())); err != nil {
+		t.Fatalf("bind 0.0.0.0: %v", err)
+	}
+	seen = append(seen, s.expect(t, "wildcard-bound-join", outcome(joinEx(wild, s.group(t), rdmacm.MCJoinFlagFullMember, nil)), same("EINVAL")))
+	id := s.id(t, ch, rdmacm.PS_IPOIB)
+	err := id.BindAddr(rdmacm.UDPAddr(s.addr))
+	seen = append(seen, s.expect(t, "bind", outcome(err), want{soft: "EINVAL", ib: "OK"}))
+	if err != nil {
+		return strings.Join(seen, " ")
+	}
+	err = joinEx(id, s.group(t), rdmacm.MCJoinFlagFullMember, nil)
+	seen = append(seen, s.expect(t, "join", outcome(err), want{ib: "OK"}))
 	if err != nil {
 		return strings.Join(seen, " ")
 	}
@@ -159,7 +224,7 @@ func (s *suite) ipoibJoin(t *testing.T) string {
 		got += fmt.Sprintf("/qkey=%#x", ev.Param.QKey)
 	}
 	ev.Ack()
-	seen = append(seen, s.expect(t, "event", got, want{soft: "RDMA_CM_EVENT_MULTICAST_JOIN/0/qkey=0x0", ib: fmt.Sprintf("RDMA_CM_EVENT_MULTICAST_JOIN/0/qkey=%#x", rdmacm.IPoIBQKey)}))
+	seen = append(seen, s.expect(t, "event", got, want{ib: fmt.Sprintf("RDMA_CM_EVENT_MULTICAST_JOIN/0/qkey=%#x", rdmacm.IPoIBQKey)}))
 	return strings.Join(seen, " ")
 }
 
@@ -172,36 +237,6 @@ func hasCap(bit uint) bool {
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	return unix.Capget(&hdr, &data[0]) == nil && data[0].Effective&(1<<bit) != 0
-}
-
-// withoutCap runs fn on an OS thread of its own whose effective set lacks
-// capability bit (capabilities are per thread; the kernel's capable()
-// asks the calling one). The thread is never handed back to the runtime:
-// it ends with its goroutine.
-func withoutCap(t *testing.T, bit uint, fn func() string) string {
-	t.Helper()
-	var out string
-	var err error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread() // no Unlock: the thread dies with the goroutine
-		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-		var data [2]unix.CapUserData
-		if err = unix.Capget(&hdr, &data[0]); err != nil {
-			return
-		}
-		data[0].Effective &^= 1 << bit
-		if err = unix.Capset(&hdr, &data[0]); err != nil {
-			return
-		}
-		out = fn()
-	}()
-	<-done
-	if err != nil {
-		t.Fatalf("drop capability %d: %v", bit, err)
-	}
-	return out
 }
 
 // routeThenJoin: rdma_resolve_route, after which the id cannot join.
