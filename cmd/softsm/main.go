@@ -10,7 +10,9 @@
 //	softsm [-listen 127.0.0.1:4792] [-sa-listen 127.0.0.1:4793 [-sa-allow-remote]]
 //	       [-port GUID]... [-state FILE] [-no-sendonly-support]
 //	       [-sa-delay D | -sa-timeout D] [-sa-drop] [-subnet-prefix P]
-//	       [-port-timeout D] [-hoq-life D] [-vl-stall-count N] [-v]
+//	       [-port-timeout D] [-hoq-life D] [-vl-stall-count N]
+//	       [-max-ports-per-source N] [-max-groups-per-port N]
+//	       [-max-memberships-per-port N] [-v]
 //
 // When its sockets are bound it prints one line to stdout,
 //
@@ -29,6 +31,22 @@
 // stalled or dead port), then it is discarded for that port; after
 // -vl-stall-count such packets in a row the port is stalled and its
 // packets are discarded at once for 8 × -hoq-life.
+//
+// Floods: softsm keeps answering when local processes flood it with
+// attaches (see package ib/sm). One source IP address may have
+// -max-ports-per-source ports attached (default 4096; processes on one
+// host share 127.0.0.1 unless they bind other loopback addresses); a
+// further attach is refused with reason source_limit. An attached port's
+// address may send 16 control messages at once and 2 a second after;
+// beyond, and when the queue of attaches from new addresses is full,
+// control messages are dropped. At the SA a port may have created
+// -max-groups-per-port groups that still exist (default 4096) and be a
+// member of -max-memberships-per-port groups (default 8192); a join
+// beyond is answered with MAD status 0x0100 (insufficient resources), as
+// OpenSM answers when it runs out of MLIDs, so one port cannot take every
+// MLID. 0 means the default, a negative value no cap. Every refusal and
+// drop is counted (sm.Stats) and logged with -v (throttles, drops and
+// source refusals at most once a second with their counts).
 package main
 
 import (
@@ -99,6 +117,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.PortTimeout, "port-timeout", fabric.PortTimeout, "forget a port silent for `duration` (longer than the ports' 1s keepalive)")
 	fs.DurationVar(&cfg.HOQLife, "hoq-life", sm.DefaultHOQLife, "how long a packet may wait for a port that gives no credit before it is discarded for that port (IB head-of-queue lifetime)")
 	fs.IntVar(&cfg.VLStallCount, "vl-stall-count", sm.DefaultVLStallCount, "packets in a row discarded for a port before all its packets are discarded for 8 × -hoq-life")
+	fs.IntVar(&cfg.MaxPortsPerSource, "max-ports-per-source", sm.DefaultMaxPortsPerSource, "most ports attached from one source IP address (`n`; negative: no cap); one more attach is refused (source_limit)")
+	fs.IntVar(&cfg.MaxGroupsPerPort, "max-groups-per-port", sm.DefaultMaxGroupsPerPort, "most groups one port may have created that still exist (`n`; negative: no cap); one more create is answered 0x0100")
+	fs.IntVar(&cfg.MaxMembershipsPerPort, "max-memberships-per-port", sm.DefaultMaxMembershipsPerPort, "most groups one port may be a member of (`n`; negative: no cap); one more join is answered 0x0100")
 	fs.BoolVar(&verbose, "v", false, "log attaches, detaches, SA requests and drops to stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -148,12 +169,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if verbose {
 		fmt.Fprintf(stderr, "softsm: epoch %#x, send-only support %v, %d pre-registered ports, fabric socket buffer %d bytes\n",
 			s.Epoch(), cfg.SendOnlySupport, len(ports), s.Stats().SocketBuffer)
+		fmt.Fprintf(stderr, "softsm: limits: %s\n", limits(cfg))
 	}
 	if err := s.Run(ctx); err != nil {
 		fmt.Fprintf(stderr, "softsm: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// limits describes the flood limits and quotas of cfg.
+func limits(cfg sm.Config) string {
+	f := func(v int) string {
+		if v < 0 {
+			return "no cap"
+		}
+		return fmt.Sprint(v)
+	}
+	return fmt.Sprintf("%s ports per source address, %s groups created and %s memberships per port",
+		f(cfg.MaxPortsPerSource), f(cfg.MaxGroupsPerPort), f(cfg.MaxMembershipsPerPort))
 }
 
 // checkDurations validates the duration flags: a port timeout must outlast

@@ -20,7 +20,8 @@
 //	refused    SM → port, the answer to an attach the SM refuses: GUID
 //	           (the attach's) and Reason: ReasonGUIDInUse when the GUID
 //	           is registered at another live address, ReasonNoLID when
-//	           no LID is free
+//	           no LID is free, ReasonSourceLimit when the source IP
+//	           address has as many ports attached as the SM allows one
 //	detach     port → SM when the port closes
 //
 // Attach and port_info carry Credits, the receive window of their sender:
@@ -80,6 +81,9 @@ const (
 	ReasonGUIDInUse = "guid_in_use"
 	// ReasonNoLID: every unicast LID is held by a registered port.
 	ReasonNoLID = "no_lid"
+	// ReasonSourceLimit: the attach's source IP address has as many ports
+	// attached as the SM lets one address attach.
+	ReasonSourceLimit = "source_limit"
 )
 
 // Fabric defaults.
@@ -131,8 +135,8 @@ type Control struct {
 	// port_info the switch's for the port (port → switch). 0 or absent:
 	// no link flow control (see flow.go).
 	Credits int `json:"credits,omitempty"`
-	// Reason (refused) says why the SM refused an attach: ReasonGUIDInUse
-	// or ReasonNoLID.
+	// Reason (refused) says why the SM refused an attach: ReasonGUIDInUse,
+	// ReasonNoLID or ReasonSourceLimit.
 	Reason string `json:"reason,omitempty"`
 }
 

@@ -1,6 +1,7 @@
 package sm
 
 import (
+	"maps"
 	"net/netip"
 	"testing"
 	"time"
@@ -125,6 +126,40 @@ func checkSM(t testing.TB, s *SM) {
 		if s.byGUID[p.guid] != p || p.addr != a {
 			t.Fatalf("byAddr[%v] holds a stale port %#x", a, p.guid)
 		}
+	}
+	// The bookkeeping that spares the SM walking every port: ports per
+	// source, the expiry list, the forwarder's list, the window.
+	perSource := map[netip.Addr]int{}
+	for a := range s.byAddr {
+		perSource[a.Addr().Unmap()]++
+	}
+	if !maps.Equal(perSource, s.perSource) {
+		t.Fatalf("perSource %v, want %v", s.perSource, perSource)
+	}
+	n := 0
+	for p, older := s.lruOld, (*port)(nil); p != nil; older, p = p, p.newer {
+		if !p.attached() || !p.inLRU || p.older != older || (older != nil && p.lastSeen.Before(older.lastSeen)) {
+			t.Fatalf("expiry list broken at port %#x", p.guid)
+		}
+		n++
+	}
+	if n != len(s.byAddr) {
+		t.Fatalf("expiry list holds %d ports, %d are attached", n, len(s.byAddr))
+	}
+	onList := map[*port]int{}
+	for _, p := range s.visit {
+		onList[p]++
+		if !p.ls.active || onList[p] > 1 {
+			t.Fatalf("forwarder's list: port %#x active %v, listed %d times", p.guid, p.ls.active, onList[p])
+		}
+	}
+	for _, p := range s.byAddr {
+		if p.ls.in.n > 0 && onList[p] == 0 {
+			t.Fatalf("port %#x has %d packets queued and is not on the forwarder's list", p.guid, p.ls.in.n)
+		}
+	}
+	if w := fabric.Window(s.rcvbuf, len(s.byAddr)); s.win != w && len(s.byAddr) > 0 {
+		t.Fatalf("window %d, want %d", s.win, w)
 	}
 	for _, g := range s.sa.Groups() {
 		if !wire.IsMulticastLID(g.Rec.MLID) {

@@ -25,6 +25,40 @@
 // LIDs: see lidAlloc; when none is free the attach is refused (counted,
 // answered with "refused").
 //
+// Floods (the SM keeps answering; issue 24): the reader only sorts
+// datagrams; control messages (attach, detach) wait for a control
+// goroutine, so that a flood of them never holds up IB packets (SA
+// requests). Each attached port's address has its own short queue
+// (portPending) and budget (ControlBurst at once, ControlRate a second
+// beyond, then dropped: ThrottledControls), and the control goroutine
+// serves the attached ports round robin, so that a port's keepalive waits
+// behind at most one message of each other port. Messages from every
+// other address share one queue of newQueue, in turns with the attached
+// ports; when it is full they are dropped (ControlDrops). A source IP
+// address (the "host": every local process shares 127.0.0.1 unless it
+// binds another loopback address) may have Config.MaxPortsPerSource ports
+// attached; a further attach from it is refused (SourceLimitAttaches,
+// answered with "refused" source_limit), and beyond RefusalRate a second
+// such messages are dropped unread (counted the same). A control message
+// longer than MaxControlLen is dropped (ControlDrops), and a NodeDesc is
+// cut to MaxNodeDesc bytes. Where the kernel lets it (CAP_NET_ADMIN), the
+// fabric socket gets a receive buffer of floodHeadroom beyond the one the
+// windows share, so that a burst of tens of thousands of attaches is not
+// dropped by the kernel before the reader sees it. No port event,
+// datagram or tick costs work proportional to the number of ports under
+// the SM's lock: the window is one shared value, the forwarder visits
+// only ports with queued packets or flow control to send, expiry walks
+// the ports in order of their last keepalive (at most expireBatch under
+// one hold of the lock), a port's removal costs its memberships at the
+// SA, attachments do not rebuild the multicast forwarding table, and the
+// state file is written at most once a second (and on Close). Throttles,
+// drops and refusals are logged at most once a second with their counts.
+//
+// SA quotas: a port may have created Config.MaxGroupsPerPort groups that
+// still exist and be a member of Config.MaxMembershipsPerPort groups; a
+// join beyond is answered 0x0100 (insufficient resources), counted
+// (GroupQuotaRefusals, MembershipQuotaRefusals) and logged (see sa.Config).
+//
 // Raw SA port (off unless Config.SAListen is set; loopback only unless
 // Config.SAAllowRemote): a diagnostic. One datagram of exactly 256 bytes
 // is one SA MAD; every response MAD (one, or the RMPP segments of a
@@ -51,6 +85,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -58,6 +93,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
@@ -69,6 +105,47 @@ import (
 
 // DefaultSMGUID is the SM port's GUID; its GID is fe80::1.
 const DefaultSMGUID = 1
+
+// Flood limits (see the package comment).
+const (
+	// DefaultMaxPortsPerSource is Config.MaxPortsPerSource's default: far
+	// above the ports any test or benchmark attaches from one address
+	// (tens), a twelfth of the unicast LIDs.
+	DefaultMaxPortsPerSource = 4096
+	// DefaultMaxGroupsPerPort is Config.MaxGroupsPerPort's default: a
+	// quarter of the MLIDs, twice the groups the IB benchmark joins from
+	// one port (2,000).
+	DefaultMaxGroupsPerPort = 4096
+	// DefaultMaxMembershipsPerPort is Config.MaxMembershipsPerPort's
+	// default: half the MLIDs, four times the IB benchmark's joins.
+	DefaultMaxMembershipsPerPort = 8192
+	// ControlBurst and ControlRate bound the control messages (attach,
+	// detach) of an attached port's address: ControlBurst at once, then
+	// ControlRate a second (a port sends one keepalive a second).
+	ControlBurst = 16
+	ControlRate  = 2
+	// MaxControlLen is the longest control message taken (an attach with
+	// the longest NodeDesc, JSON-escaped, is well below).
+	MaxControlLen = 1024
+	// MaxNodeDesc is the longest NodeDesc kept: IB's NodeDescription is
+	// 64 bytes.
+	MaxNodeDesc = 64
+	// RefusalRate is how many control messages a second from unattached
+	// addresses of sources at their MaxPortsPerSource the SM looks at
+	// (and answers "refused" source_limit, in bursts of as many); the
+	// others it drops unread, counted as SourceLimitAttaches too.
+	RefusalRate = 64
+	// portPending is the most control messages of an attached port's
+	// address that wait for the control goroutine; newQueue the most of
+	// all other addresses together.
+	portPending = 4
+	newQueue    = 1024
+	// expireBatch is the most ports expire forgets under one hold of the
+	// lock.
+	expireBatch = 256
+	// stateEvery is how often a changed state file is written.
+	stateEvery = time.Second
+)
 
 // RMPP defaults.
 const (
@@ -129,6 +206,15 @@ type Config struct {
 	// port before every packet for it is discarded at once for 8 × HOQLife
 	// (0 → DefaultVLStallCount).
 	VLStallCount int
+	// MaxPortsPerSource caps the ports attached from one source IP
+	// address (0 → DefaultMaxPortsPerSource; negative → no cap).
+	MaxPortsPerSource int
+	// MaxGroupsPerPort caps the groups one port may have created that
+	// still exist (0 → DefaultMaxGroupsPerPort; negative → no cap).
+	MaxGroupsPerPort int
+	// MaxMembershipsPerPort caps the groups one port may be a member of
+	// (0 → DefaultMaxMembershipsPerPort; negative → no cap).
+	MaxMembershipsPerPort int
 	// Logf, if set, receives one line per event (attach, detach, SA
 	// request, drop reason).
 	Logf func(format string, args ...any)
@@ -184,14 +270,29 @@ type Stats struct {
 	// address; ForeignDetaches detaches from an address that is not the
 	// named port's; NoLIDAttaches attaches refused because no LID was free.
 	RefusedAttaches, ForeignDetaches, NoLIDAttaches uint64
+	// SourceLimitAttaches counts attaches refused because their source IP
+	// address had Config.MaxPortsPerSource ports attached.
+	SourceLimitAttaches uint64
+	// ThrottledControls counts control messages from an attached port's
+	// address beyond ControlBurst/ControlRate or beyond the portPending
+	// that may wait, dropped; ControlDrops
+	// control messages dropped because the control queue was full or
+	// they were longer than MaxControlLen.
+	ThrottledControls, ControlDrops uint64
+	// GroupQuotaRefusals counts SA joins refused (0x0100) because the
+	// requester had created Config.MaxGroupsPerPort groups;
+	// MembershipQuotaRefusals joins refused because the port was a member
+	// of Config.MaxMembershipsPerPort groups.
+	GroupQuotaRefusals, MembershipQuotaRefusals uint64
 	// RMPPTransfers counts RMPP transfers (GetTable answers) started;
 	// RMPPRetransmits segments sent again after an ACK timeout;
 	// RMPPTimeouts transfers dropped after their retries; RMPPAborts
 	// transfers ended by a STOP or ABORT from the receiver or by a bad ACK.
 	RMPPTransfers, RMPPRetransmits, RMPPTimeouts, RMPPAborts uint64
-	// SocketBuffer is the fabric socket's receive buffer (bytes, as the
-	// kernel reports it); SendErrors counts datagrams the kernel refused
-	// to send.
+	// SocketBuffer is the fabric socket's receive buffer the ports'
+	// windows share (bytes, as the kernel reported it before the SM asked
+	// for floodHeadroom beyond); SendErrors counts datagrams the kernel
+	// refused to send.
 	SocketBuffer int
 	SendErrors   uint64
 }
@@ -210,6 +311,73 @@ type port struct {
 	pre      bool
 	c        portCounters
 	ls       linkState
+	// The attached ports in order of lastSeen (SM.lruOld first).
+	older, newer *port
+	inLRU        bool
+	// Control message budget of the port's address (ControlBurst,
+	// ControlRate), and its messages waiting for the control goroutine
+	// (the port is on SM.ctlPorts while there are any).
+	budget  bucket
+	pending []ctlMsg
+}
+
+// bucket is a token bucket; the zero bucket is full.
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// allow takes a token from a bucket of burst tokens refilled at rate a
+// second.
+func (b *bucket) allow(now time.Time, burst, rate float64) bool {
+	if b.at.IsZero() {
+		b.tokens = burst
+	} else {
+		b.tokens = min(b.tokens+now.Sub(b.at).Seconds()*rate, burst)
+	}
+	b.at = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// ctlMsg is a control message waiting for the control goroutine.
+type ctlMsg struct {
+	b    []byte
+	from netip.AddrPort
+}
+
+// fifo is a first-in first-out queue.
+type fifo[T any] struct {
+	q    []T
+	head int
+}
+
+func (f *fifo[T]) len() int { return len(f.q) - f.head }
+
+func (f *fifo[T]) push(v T) { f.q = append(f.q, v) }
+
+func (f *fifo[T]) pop() T {
+	var zero T
+	v := f.q[f.head]
+	f.q[f.head] = zero
+	f.head++
+	if f.head == len(f.q) {
+		f.q, f.head = f.q[:0], 0
+	} else if f.head >= 1024 && f.head*2 >= len(f.q) {
+		f.q = append(f.q[:0], f.q[f.head:]...)
+		f.head = 0
+	}
+	return v
+}
+
+// limitedLog logs one kind of event at most once a second, with the
+// count since the last line. Guarded by SM.mu.
+type limitedLog struct {
+	at time.Time
+	n  uint64
 }
 
 func (p *port) attached() bool { return p.addr.IsValid() }
@@ -223,22 +391,46 @@ type SM struct {
 	rawSA   *net.UDPConn
 	timeout time.Duration
 
-	mu      sync.Mutex
-	sa      *sa.SA
-	lids    *lidAlloc
-	byGUID  map[uint64]*port
-	byAddr  map[netip.AddrPort]*port
-	byLID   map[uint16]*port
-	mft     map[uint16][]*port
-	mftVer  uint64
-	mftAddr bool // attachments changed since the MFT was built
-	psn     uint32
-	timers  map[*time.Timer]struct{}
-	rmpp    map[rmppKey]*rmppXfer
-	closed  bool
+	mu     sync.Mutex
+	sa     *sa.SA
+	lids   *lidAlloc
+	byGUID map[uint64]*port
+	byAddr map[netip.AddrPort]*port
+	byLID  map[uint16]*port
+	mft    map[uint16][]*port
+	mftVer uint64
+	psn    uint32
+	timers map[*time.Timer]struct{}
+	rmpp   map[rmppKey]*rmppXfer
+	closed bool
+	// win is every attached port's receive window at the switch: the
+	// socket buffer shared among them (fabric.Window).
+	win int
+	// perSource counts the attached ports of each source IP address.
+	perSource map[netip.Addr]int
+	// lruOld and lruNew end the list of attached ports by lastSeen.
+	lruOld, lruNew *port
+	// visit lists the ports the forwarder has to visit (queued packets,
+	// flow control to send); spare is its other buffer.
+	visit, spare []*port
+	// stateDirty: the LIDs changed since the state file was written.
+	stateDirty bool
+	stateAt    time.Time
+	// refusals is the budget of control messages from sources at their
+	// MaxPortsPerSource looked at (RefusalRate).
+	refusals bucket
+	// Rate-limited logs of throttles, drops and refusals.
+	logThrottle, logDrop, logSource, logNoLID limitedLog
+	// Control messages waiting for the control goroutine: the attached
+	// ports' (each port's own, served round robin) and the rest's.
+	ctlPorts fifo[*port]
+	ctlNew   fifo[ctlMsg]
+	ctlTurn  bool // the rest's turn
+	ctlWake  chan struct{}
 
 	unknownSrc, rawReqs, rawDrops             atomic.Uint64
 	refusedAttach, foreignDetach, noLIDAttach atomic.Uint64
+	sourceLimit, throttled, ctlDrops          atomic.Uint64
 	rmppXfers, rmppRetrans, rmppTimeouts      atomic.Uint64
 	rmppAborts                                atomic.Uint64
 	saDrop                                    atomic.Bool // Config.SADrop, changeable with SetSADrop
@@ -247,6 +439,7 @@ type SM struct {
 	gso                                       bool          // the kernel takes UDP_SEGMENT sends
 	work                                      chan struct{} // wakes the forwarder
 	fmu                                       sync.Mutex    // serializes forwarding (pump); before mu
+	saveMu                                    sync.Mutex    // serializes state file writes; after mu
 	quit                                      chan struct{} // closed by Close
 
 	closeOnce sync.Once
@@ -309,6 +502,9 @@ func newState(cfg Config) (*SM, error) {
 		rmpp:    make(map[rmppKey]*rmppXfer),
 		work:    make(chan struct{}, 1),
 		quit:    make(chan struct{}),
+
+		perSource: make(map[netip.Addr]int),
+		ctlWake:   make(chan struct{}, 1),
 	}
 	if s.cfg.HOQLife <= 0 {
 		s.cfg.HOQLife = DefaultHOQLife
@@ -336,11 +532,17 @@ func newState(cfg Config) (*SM, error) {
 		}
 		s.epoch = binary.LittleEndian.Uint64(eb[:])
 	}
+	s.cfg.MaxPortsPerSource = orDefault(cfg.MaxPortsPerSource, DefaultMaxPortsPerSource)
+	s.cfg.MaxGroupsPerPort = orDefault(cfg.MaxGroupsPerPort, DefaultMaxGroupsPerPort)
+	s.cfg.MaxMembershipsPerPort = orDefault(cfg.MaxMembershipsPerPort, DefaultMaxMembershipsPerPort)
 	s.sa = sa.New(sa.Config{
-		SubnetPrefix:    cfg.SubnetPrefix,
-		SendOnlySupport: cfg.SendOnlySupport,
-		MaxMLID:         cfg.MaxMLID,
-		RespTimeValue:   sa.RespTimeValueFor(cfg.SADelay),
+		SubnetPrefix:          cfg.SubnetPrefix,
+		SendOnlySupport:       cfg.SendOnlySupport,
+		MaxMLID:               cfg.MaxMLID,
+		RespTimeValue:         sa.RespTimeValueFor(cfg.SADelay),
+		MaxGroupsPerPort:      s.cfg.MaxGroupsPerPort,
+		MaxMembershipsPerPort: s.cfg.MaxMembershipsPerPort,
+		Logf:                  s.logf,
 	})
 	if cfg.StateFile != "" {
 		if err := s.loadState(); err != nil {
@@ -366,6 +568,17 @@ func newState(cfg Config) (*SM, error) {
 	}
 	s.rebuildMFT()
 	return s, nil
+}
+
+// orDefault is v, def when v is 0, and 0 (no cap) when v is negative.
+func orDefault(v, def int) int {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
 }
 
 func listenUDP(addr string) (*net.UDPConn, error) {
@@ -403,13 +616,25 @@ func (s *SM) logf(format string, args ...any) {
 	}
 }
 
+// limitedf logs through l: the first event, then at most one line a
+// second saying how many happened since the last line. Caller holds mu.
+func (s *SM) limitedf(l *limitedLog, now time.Time, format string, args ...any) {
+	l.n++
+	if s.cfg.Logf == nil || (!l.at.IsZero() && now.Sub(l.at) < time.Second) {
+		return
+	}
+	s.logf("%s (%d such since the last line)", fmt.Sprintf(format, args...), l.n)
+	l.at, l.n = now, 0
+}
+
 // Run serves until ctx is done, then closes the SM and returns nil (or the
 // first socket error that is not due to closing).
 func (s *SM) Run(ctx context.Context) error {
 	errc := make(chan error, 2)
-	s.wg.Add(3)
+	s.wg.Add(4)
 	go func() { defer s.wg.Done(); errc <- s.fabricLoop() }()
 	go func() { defer s.wg.Done(); s.forwardLoop() }()
+	go func() { defer s.wg.Done(); s.controlLoop() }()
 	go func() { defer s.wg.Done(); s.expiryLoop(ctx) }()
 	if s.rawSA != nil {
 		s.wg.Add(1)
@@ -444,7 +669,27 @@ func (s *SM) Close() error {
 		}
 	})
 	s.wg.Wait()
+	s.saveIfDirty(time.Time{})
 	return nil
+}
+
+// saveIfDirty writes the state file when the LIDs changed and the last
+// write is stateEvery old (now zero: at once). The map is copied under mu
+// (O(ports), at most once per stateEvery) and written without it.
+func (s *SM) saveIfDirty(now time.Time) {
+	s.mu.Lock()
+	if !s.stateDirty || (!now.IsZero() && now.Sub(s.stateAt) < stateEvery) {
+		s.mu.Unlock()
+		return
+	}
+	s.stateDirty, s.stateAt = false, now
+	lids := maps.Clone(s.lids.byGUID)
+	s.mu.Unlock()
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
+	if err := writeState(s.cfg.StateFile, lids); err != nil {
+		s.logf("state file: %v", err)
+	}
 }
 
 func (s *SM) expiryLoop(ctx context.Context) {
@@ -458,25 +703,156 @@ func (s *SM) expiryLoop(ctx context.Context) {
 			if !s.expire(now) {
 				return
 			}
+			s.saveIfDirty(now)
 		}
 	}
 }
 
-// expire forgets the ports silent since before now - PortTimeout; false
-// once the SM is closed.
+// expire forgets the ports silent since before now - PortTimeout, the
+// longest silent first (O(forgotten), at most expireBatch under one hold
+// of mu); false once the SM is closed.
 func (s *SM) expire(now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return false
-	}
-	for _, p := range s.sortedPorts() {
-		if p.attached() && now.Sub(p.lastSeen) > s.timeout {
-			s.logf("port %#x (LID %d) silent for %v: forgotten", p.guid, p.lid, s.timeout)
-			s.detachLocked(p)
+	for n := 0; ; n++ {
+		if s.closed {
+			return false
+		}
+		p := s.lruOld
+		if p == nil || now.Sub(p.lastSeen) <= s.timeout {
+			return true
+		}
+		s.logf("port %#x (LID %d) silent for %v: forgotten", p.guid, p.lid, s.timeout)
+		s.detachLocked(p)
+		if n == expireBatch {
+			n = 0
+			s.mu.Unlock()
+			s.mu.Lock()
 		}
 	}
-	return true
+}
+
+// lruTouch makes p the most recently seen attached port. Caller holds mu.
+func (s *SM) lruTouch(p *port) {
+	s.lruRemove(p)
+	p.older, p.newer, p.inLRU = s.lruNew, nil, true
+	if s.lruNew != nil {
+		s.lruNew.newer = p
+	} else {
+		s.lruOld = p
+	}
+	s.lruNew = p
+}
+
+// lruRemove takes p out of the list of attached ports. Caller holds mu.
+func (s *SM) lruRemove(p *port) {
+	if !p.inLRU {
+		return
+	}
+	if p.older != nil {
+		p.older.newer = p.newer
+	} else {
+		s.lruOld = p.newer
+	}
+	if p.newer != nil {
+		p.newer.older = p.older
+	} else {
+		s.lruNew = p.older
+	}
+	p.older, p.newer, p.inLRU = nil, nil, false
+}
+
+// controlIn queues a control message for the control goroutine (the
+// reader's part: O(1)). A message from an attached port's address is
+// taken within the port's budget (ControlBurst, ControlRate) and waits
+// with the port's others (at most portPending): the control goroutine
+// serves the attached ports round robin, so that no flood of them delays
+// a port's keepalive by more than one message of each. Any other message
+// waits in one queue of at most newQueue. Beyond, it is dropped. Caller
+// holds mu.
+func (s *SM) controlIn(b []byte, from netip.AddrPort, now time.Time) {
+	if len(b) > MaxControlLen {
+		s.ctlDrops.Add(1)
+		s.limitedf(&s.logDrop, now, "control message of %d bytes from %v: dropped (longer than %d)", len(b), from, MaxControlLen)
+		return
+	}
+	m := ctlMsg{from: from}
+	if p := s.byAddr[from]; p != nil {
+		if !p.budget.allow(now, ControlBurst, ControlRate) || len(p.pending) == portPending {
+			s.throttled.Add(1)
+			s.limitedf(&s.logThrottle, now, "control message from %v (port %#x): dropped, beyond %d a second", from, p.guid, ControlRate)
+			return
+		}
+		m.b = append([]byte(nil), b...)
+		if len(p.pending) == 0 {
+			s.ctlPorts.push(p)
+		}
+		p.pending = append(p.pending, m)
+	} else {
+		if max := s.cfg.MaxPortsPerSource; max > 0 && s.perSource[from.Addr().Unmap()] >= max &&
+			!s.refusals.allow(now, RefusalRate, RefusalRate) {
+			s.sourceLimit.Add(1)
+			s.limitedf(&s.logSource, now, "control message from %v: dropped unread, %d ports attached from %v, the most one source address may attach",
+				from, max, from.Addr().Unmap())
+			return
+		}
+		if s.ctlNew.len() == newQueue {
+			s.ctlDrops.Add(1)
+			s.limitedf(&s.logDrop, now, "control message from %v: dropped, %d from unattached addresses wait already", from, newQueue)
+			return
+		}
+		m.b = append([]byte(nil), b...)
+		s.ctlNew.push(m)
+	}
+	select {
+	case s.ctlWake <- struct{}{}:
+	default:
+	}
+}
+
+// nextControl takes the next control message to handle: attached ports
+// round robin, and the rest's queue, in turns. Caller holds mu.
+func (s *SM) nextControl() (ctlMsg, bool) {
+	known, other := s.ctlPorts.len() > 0, s.ctlNew.len() > 0
+	if other && (!known || s.ctlTurn) {
+		s.ctlTurn = false
+		return s.ctlNew.pop(), true
+	}
+	if !known {
+		return ctlMsg{}, false
+	}
+	s.ctlTurn = true
+	p := s.ctlPorts.pop()
+	m := p.pending[0]
+	p.pending[0] = ctlMsg{}
+	p.pending = p.pending[1:]
+	if len(p.pending) > 0 {
+		s.ctlPorts.push(p)
+	} else {
+		p.pending = nil
+	}
+	return m, true
+}
+
+// controlLoop handles the queued control messages until Close.
+func (s *SM) controlLoop() {
+	for {
+		select {
+		case <-s.ctlWake:
+		case <-s.quit:
+			return
+		}
+		for {
+			s.mu.Lock()
+			m, ok := s.nextControl()
+			closed := s.closed
+			s.mu.Unlock()
+			if !ok || closed {
+				break
+			}
+			s.handleControl(m.b, m.from)
+		}
+	}
 }
 
 func (s *SM) handleControl(b []byte, from netip.AddrPort) {
@@ -493,7 +869,6 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 		}
 		lid, rereg, win, err := s.attach(c.GUID, c.NodeDesc, from, c.Credits)
 		if err != nil {
-			s.logf("attach of %#x from %v refused: %v", c.GUID, from, err)
 			s.refuse(c.GUID, from, err)
 			return
 		}
@@ -524,12 +899,19 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 // errLive refuses an attach for a GUID registered at another address.
 var errLive = errors.New("the GUID is registered at another address")
 
+// ErrSourceLimit reports that the attach's source IP address has
+// Config.MaxPortsPerSource ports attached: the attach is refused.
+var ErrSourceLimit = errors.New("sm: the source address has the most ports it may attach")
+
 // refuse answers a refused attach with a "refused" control message, so
 // that the port fails at once instead of waiting for a port_info.
 func (s *SM) refuse(guid uint64, to netip.AddrPort, err error) {
 	reason := fabric.ReasonGUIDInUse
-	if errors.Is(err, ErrNoLID) {
+	switch {
+	case errors.Is(err, ErrNoLID):
 		reason = fabric.ReasonNoLID
+	case errors.Is(err, ErrSourceLimit):
+		reason = fabric.ReasonSourceLimit
 	}
 	b := fabric.EncodeControl(&fabric.Control{Type: fabric.TypeRefused, GUID: guid, Reason: reason})
 	if _, err := s.fabric.WriteToUDPAddrPort(b, to); err != nil {
@@ -549,13 +931,22 @@ func (s *SM) attach(guid uint64, desc string, from netip.AddrPort, credits int) 
 	if p != nil && p.attached() && p.addr != from {
 		if now.Sub(p.lastSeen) <= s.timeout {
 			s.refusedAttach.Add(1)
+			s.logf("attach of %#x from %v refused: %v (%v)", guid, from, errLive, p.addr)
 			return 0, false, 0, fmt.Errorf("%w (%v)", errLive, p.addr)
 		}
 		s.logf("port %#x (LID %d) silent for %v: forgotten", p.guid, p.lid, s.timeout)
 		s.detachLocked(p)
 		p = s.byGUID[guid]
 	}
-	if other := s.byAddr[from]; other != nil && other != p {
+	other := s.byAddr[from]
+	if (p == nil || !p.attached()) && other == nil && s.cfg.MaxPortsPerSource > 0 &&
+		s.perSource[from.Addr().Unmap()] >= s.cfg.MaxPortsPerSource {
+		s.sourceLimit.Add(1)
+		s.limitedf(&s.logSource, now, "attach of %#x from %v refused: %d ports attached from %v, the most one source address may attach",
+			guid, from, s.cfg.MaxPortsPerSource, from.Addr().Unmap())
+		return 0, false, 0, ErrSourceLimit
+	}
+	if other != nil && other != p {
 		// The socket's own owner attaches another GUID: its old port goes.
 		s.logf("port %#x replaced by %#x at %v", other.guid, guid, from)
 		s.detachLocked(other)
@@ -564,46 +955,57 @@ func (s *SM) attach(guid uint64, desc string, from netip.AddrPort, credits int) 
 		lid, err := s.lids.lidFor(guid)
 		if err != nil {
 			s.noLIDAttach.Add(1)
+			s.limitedf(&s.logNoLID, now, "attach of %#x from %v refused: %v", guid, from, err)
 			return 0, false, 0, err
 		}
 		p = &port{guid: guid, lid: lid}
 		s.byGUID[guid] = p
 		s.byLID[p.lid] = p
-		if err := s.saveState(); err != nil {
-			s.logf("state file: %v", err)
-		}
+		s.stateDirty = s.cfg.StateFile != ""
 	}
 	rereg = !p.attached()
+	if len(desc) > MaxNodeDesc {
+		desc = cutUTF8(desc, MaxNodeDesc)
+	}
 	if rereg {
 		s.logf("port %#x attached at %v: LID %d %q", guid, from, p.lid, desc)
 		p.addr = from
 		s.byAddr[from] = p
-		s.mftAddr = true
+		s.perSource[from.Addr().Unmap()]++
 		s.resizeWindows()
 		credits = min(max(credits, 0), fabric.MaxWindow)
-		p.ls.link.Reset(credits, p.ls.win)
+		p.ls.link.Reset(credits, s.win)
 		p.ls.stallCount, p.ls.dropUntil = 0, time.Time{}
 	}
 	if !s.sa.HasPort(guid) {
 		s.sa.AddPort(sa.Port{GUID: guid, MTU: fabric.PortMTU, Rate: fabric.PortRate})
 	}
-	p.desc = desc
+	if p.desc != desc {
+		p.desc = desc
+	}
 	p.lastSeen = now
+	s.lruTouch(p)
 	if p.ls.link.On {
-		win = p.ls.win
+		win = s.win
 	}
 	return p.lid, rereg, win, nil
 }
 
+// cutUTF8 cuts s to at most n bytes, not inside a UTF-8 sequence.
+func cutUTF8(s string, n int) string {
+	for n > 0 && n < len(s) && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
 // resizeWindows shares the fabric socket's buffer among the attached
 // ports: a port's window (the most packets it may have in flight to the
-// switch) shrinks as ports attach; credit already granted stays. Caller
-// holds mu.
+// switch) shrinks as ports attach; credit already granted stays, and a
+// window that grew is advertised when the port next asks for credit or
+// its queue drains. O(1). Caller holds mu.
 func (s *SM) resizeWindows() {
-	w := fabric.Window(s.rcvbuf, len(s.byAddr))
-	for _, p := range s.byAddr {
-		p.ls.win = w
-	}
+	s.win = fabric.Window(s.rcvbuf, len(s.byAddr))
 }
 
 // detachLocked removes a port's attachment and memberships; ports that
@@ -611,11 +1013,20 @@ func (s *SM) resizeWindows() {
 func (s *SM) detachLocked(p *port) {
 	if p.attached() {
 		delete(s.byAddr, p.addr)
+		src := p.addr.Addr().Unmap()
+		if s.perSource[src]--; s.perSource[src] <= 0 {
+			delete(s.perSource, src)
+		}
 		p.addr = netip.AddrPort{}
 		p.ls.dropQueue()
 		p.ls.link = fabric.Link{}
+		p.ls.wantFlow = false
+		p.budget = bucket{}
+		s.lruRemove(p)
 		s.resizeWindows()
 	}
+	// The SA marks the MLIDs of the port's memberships changed: the
+	// forwarding table follows entry by entry (rebuildMFT).
 	if p.pre {
 		s.sa.LeaveAll(p.guid)
 	} else {
@@ -624,17 +1035,18 @@ func (s *SM) detachLocked(p *port) {
 		delete(s.byLID, p.lid)
 		s.lids.forget(p.guid)
 	}
-	s.mftAddr = true
 }
 
 // rebuildMFT brings the multicast forwarding table up to date: the
-// entries of the MLIDs the SA changed, or all of it when the attachments
-// changed. Caller holds mu (or is New).
+// entries of the MLIDs the SA changed (all of it the first time). A port
+// that attaches has no memberships yet, and a port that goes loses its
+// memberships at the SA, so attachments need no full rebuild. Caller
+// holds mu (or is New).
 func (s *SM) rebuildMFT() {
-	if s.mft != nil && s.mftVer == s.sa.Version() && !s.mftAddr {
+	if s.mft != nil && s.mftVer == s.sa.Version() {
 		return
 	}
-	if s.mft != nil && !s.mftAddr {
+	if s.mft != nil {
 		for _, mlid := range s.sa.TakeChanged() {
 			if guids, ok := s.sa.MulticastEntry(mlid); ok {
 				s.mft[mlid] = s.portsOf(guids)
@@ -650,7 +1062,7 @@ func (s *SM) rebuildMFT() {
 	for mlid, guids := range s.sa.MulticastTable() {
 		mft[mlid] = s.portsOf(guids)
 	}
-	s.mft, s.mftVer, s.mftAddr = mft, s.sa.Version(), false
+	s.mft, s.mftVer = mft, s.sa.Version()
 }
 
 // portsOf returns the known ports among guids. Caller holds mu.
@@ -939,8 +1351,11 @@ func (s *SM) sortedPorts() []*port {
 func (s *SM) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	q := s.sa.QuotaRefusals()
 	st := Stats{UnknownSource: s.unknownSrc.Load(), RawSARequests: s.rawReqs.Load(), RawSADrops: s.rawDrops.Load(),
 		RefusedAttaches: s.refusedAttach.Load(), ForeignDetaches: s.foreignDetach.Load(), NoLIDAttaches: s.noLIDAttach.Load(),
+		SourceLimitAttaches: s.sourceLimit.Load(), ThrottledControls: s.throttled.Load(), ControlDrops: s.ctlDrops.Load(),
+		GroupQuotaRefusals: q.Groups, MembershipQuotaRefusals: q.Memberships,
 		RMPPTransfers: s.rmppXfers.Load(), RMPPRetransmits: s.rmppRetrans.Load(), RMPPTimeouts: s.rmppTimeouts.Load(), RMPPAborts: s.rmppAborts.Load(),
 		SocketBuffer: s.rcvbuf, SendErrors: s.sendErrors.Load()}
 	for _, p := range s.sortedPorts() {
@@ -948,7 +1363,7 @@ func (s *SM) Stats() Stats {
 			GUID: p.guid, LID: p.lid, NodeDesc: p.desc, Attached: p.attached(), Addr: p.addr, PreRegistered: p.pre,
 			RxPackets: p.c.rx.Load(), TxPackets: p.c.tx.Load(), Forwarded: p.c.fwd.Load(),
 			Drops: p.c.drops.Load(), SARequests: p.c.sa.Load(),
-			FlowControl: p.ls.link.On, Window: p.ls.win, Credits: p.ls.link.Credits(),
+			FlowControl: p.ls.link.On, Window: s.portWindow(p), Credits: p.ls.link.Credits(),
 			XmitWaits: p.c.waits.Load(), XmitDiscards: p.c.discards.Load(), RcvOverruns: p.c.overruns.Load(),
 		})
 	}
@@ -990,22 +1405,32 @@ func (s *SM) loadState() error {
 	return nil
 }
 
-// saveState writes the GUID → LID map (temporary file, then rename).
+// saveState writes the GUID → LID map now (New). Caller holds mu.
 func (s *SM) saveState() error {
 	if s.cfg.StateFile == "" {
 		return nil
 	}
-	st := stateFile{Version: 1, LIDs: make(map[string]uint16, len(s.lids.byGUID))}
-	for guid, lid := range s.lids.byGUID {
+	s.stateDirty = false
+	return writeState(s.cfg.StateFile, s.lids.byGUID)
+}
+
+// writeState writes a GUID → LID map to file (temporary file, then
+// rename); no file: nothing.
+func writeState(file string, lids map[uint64]uint16) error {
+	if file == "" {
+		return nil
+	}
+	st := stateFile{Version: 1, LIDs: make(map[string]uint16, len(lids))}
+	for guid, lid := range lids {
 		st.LIDs[fmt.Sprintf("%#x", guid)] = lid
 	}
 	b, err := json.MarshalIndent(&st, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp := s.cfg.StateFile + ".tmp"
+	tmp := file + ".tmp"
 	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
 		return err
 	}
-	return os.Rename(tmp, s.cfg.StateFile)
+	return os.Rename(tmp, file)
 }

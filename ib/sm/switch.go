@@ -103,8 +103,9 @@ func (q *inQueue) pop() *[]byte {
 // queue. Guarded by SM.mu.
 type linkState struct {
 	link fabric.Link
-	win  int // the window granted to the port
 	in   inQueue
+	// active: the port is on SM.visit (the forwarder visits it).
+	active bool
 	// The head packet of in, while it is being forwarded: the ports it
 	// still has to go to and since when it waits for each one's credit
 	// (zero: not yet).
@@ -188,8 +189,16 @@ func (s *SM) flush(o *outBatch, raw syscall.RawConn) {
 	o.free = o.free[:0]
 }
 
+// floodHeadroom is the receive buffer the SM asks for beyond the one its
+// windows share, where the kernel lets it (SO_RCVBUFFORCE: CAP_NET_ADMIN):
+// room for a burst of control messages (a flood of attaches, tens of
+// thousands of keepalives at once) beside the packets the windows grant.
+const floodHeadroom = 64 << 20
+
 // socketBuffer asks for a large receive buffer and returns what the
-// kernel gave (SO_RCVBUF as getsockopt reports it).
+// kernel gave (SO_RCVBUF as getsockopt reports it): the buffer the
+// ports' windows share. Then, where it may, it raises the buffer to
+// floodHeadroom beyond the windows' share; the windows stay as they were.
 func socketBuffer(c *rawudp.Conn) int {
 	c.SetReadBuffer(fabric.SocketBuffer)
 	raw, err := c.SyscallConn()
@@ -197,12 +206,16 @@ func socketBuffer(c *rawudp.Conn) int {
 		return 0
 	}
 	var v int
-	raw.Control(func(fd uintptr) { v, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF) })
+	raw.Control(func(fd uintptr) {
+		v, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
+		unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, (v+floodHeadroom)/2) // the kernel doubles it
+	})
 	return v
 }
 
-// fabricLoop is the reader: control messages are handled at once, flow
-// control packets update the links, IB packets go to input queues; then
+// fabricLoop is the reader: control messages go to the control goroutine
+// (controlIn), flow control packets update the links, IB packets go to
+// input queues; then
 // it forwards what the credits allow (pump) and leaves the waits for
 // credit to forwardLoop.
 func (s *SM) fabricLoop() error {
@@ -218,15 +231,13 @@ func (s *SM) fabricLoop() error {
 	o := s.newOutBatch()
 	handle := func(n int) {
 		s.mu.Lock()
+		now := time.Now()
 		for i := range n {
 			data, name, _, trunc := r.Datagram(i)
 			from := mmsg.AddrPort(name)
 			switch {
 			case fabric.IsControl(data):
-				c := append([]byte(nil), data...)
-				s.mu.Unlock()
-				s.handleControl(c, from)
-				s.mu.Lock()
+				s.controlIn(data, from, now)
 			case fabric.IsFlow(data):
 				s.flowIn(data, from)
 			default:
@@ -291,7 +302,26 @@ func (s *SM) flowIn(b []byte, from netip.AddrPort) {
 	p.ls.link.Receive(f)
 	if f.Op == fabric.FlowOpRequest {
 		p.ls.wantFlow = true
+		s.activate(p)
 	}
+}
+
+// activate puts p on the forwarder's list of ports to visit. Caller
+// holds mu.
+func (s *SM) activate(p *port) {
+	if !p.ls.active {
+		p.ls.active = true
+		s.visit = append(s.visit, p)
+	}
+}
+
+// portWindow is the switch's receive window for p (0 while detached).
+// Caller holds mu.
+func (s *SM) portWindow(p *port) int {
+	if !p.attached() {
+		return 0
+	}
+	return s.win
 }
 
 // packetIn queues an IB packet of a port. Caller holds mu.
@@ -319,6 +349,7 @@ func (s *SM) packetIn(b []byte, from netip.AddrPort, trunc bool) {
 	bp := packetPool.Get().(*[]byte)
 	*bp = append((*bp)[:0], b...)
 	p.ls.in.push(bp)
+	s.activate(p)
 }
 
 // forwardLoop forwards when credit may have come or a head-of-queue
@@ -354,21 +385,38 @@ func (s *SM) forwardLoop() {
 
 // forwardLocked forwards what credits allow, staging datagrams into o. It
 // reports whether anything moved and when it has to look again (zero:
-// when woken). Caller holds mu.
+// when woken). It visits only the ports on the active list (queued
+// packets, or flow control to send), not every port; a port leaves the
+// list when it has nothing left to do, and the ports a full batch left
+// unvisited come first next time. Caller holds mu.
 func (s *SM) forwardLocked(now time.Time, o *outBatch) (progress bool, next time.Time) {
 	later := func(t time.Time) {
 		if next.IsZero() || t.Before(next) {
 			next = t
 		}
 	}
-	for _, p := range s.byAddr {
+	ports := s.visit // nothing activates a port while this runs (mu)
+	kept, i := 0, 0
+	defer func() {
+		s.spare = append(append(s.spare[:0], ports[i:]...), ports[:kept]...)
+		clear(ports)
+		s.visit, s.spare = s.spare, ports[:0]
+	}()
+	for ; i < len(ports); i++ {
 		if o.n > ioBatch-4 {
 			return true, next
 		}
+		p := ports[i]
+		if !p.attached() {
+			p.ls.active = false
+			continue
+		}
 		ls := &p.ls
-		if ls.wantFlow && ls.link.On {
+		if ls.wantFlow {
 			ls.wantFlow = false
-			o.addFlow(ls.link.Answer(ls.win-ls.in.n), p.addr)
+			if ls.link.On {
+				o.addFlow(ls.link.Answer(s.win-ls.in.n), p.addr)
+			}
 		}
 		for k := 0; k < perRound && ls.in.n > 0 && o.n <= ioBatch-4; k++ {
 			done, retry := s.forwardHead(p, now, o)
@@ -381,8 +429,14 @@ func (s *SM) forwardLocked(now time.Time, o *outBatch) (progress bool, next time
 			progress = true
 			o.free = append(o.free, ls.in.pop())
 		}
-		if ls.link.On && !o.full() && ls.link.Grant(ls.win-ls.in.n, max(ls.win/4, 1)) {
+		if ls.link.On && !o.full() && ls.link.Grant(s.win-ls.in.n, max(s.win/4, 1)) {
 			o.addFlow(ls.link.Flow(fabric.FlowOpNormal), p.addr)
+		}
+		if ls.in.n > 0 || ls.wantFlow || (ls.link.On && ls.link.Due(s.win-ls.in.n, max(s.win/4, 1))) {
+			ports[kept] = p
+			kept++
+		} else {
+			ls.active = false
 		}
 	}
 	return progress, next
