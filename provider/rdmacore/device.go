@@ -27,6 +27,8 @@ type device struct {
 	qctx   *C.struct_ibv_context // opened on first query, kept for the process
 	attr   verbs.DeviceAttr
 	attrOK bool
+
+	ctrs counters // inspect.go
 }
 
 // Name returns the kernel's device name (ibv_get_device_name).

@@ -8,6 +8,7 @@ import "C"
 import (
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -15,10 +16,13 @@ import (
 	"github.com/softrdma/softrdma/verbs"
 )
 
-// kernel is the process's view of libibverbs' device list: every device
-// ibv_get_device_list ever returned, by name. A list that brought a new
-// device is never freed, so its ibv_device pointers stay valid for the
-// life of the process; a list that brought nothing new is freed at once.
+// kernel is the process's view of libibverbs' device list: the device of
+// each name as ibv_get_device_list last returned it. A list that brought a
+// new device is never freed, so its ibv_device pointers stay valid for the
+// life of the process; a list that brought nothing new is freed at once. A
+// device removed and added again under its name (rdma link delete/add)
+// comes back as another ibv_device: it replaces the old one, whose
+// contexts stay open on the device that is gone.
 var kernel struct {
 	sync.Mutex
 	devs map[string]*device
@@ -42,7 +46,7 @@ func scan() []*device {
 	for _, d := range unsafe.Slice(list, int(n)) {
 		name := C.GoString(C.ibv_get_device_name(d))
 		kd := kernel.devs[name]
-		if kd == nil {
+		if kd == nil || kd.c != d {
 			kd = &device{c: d, name: name}
 			kernel.devs[name] = kd
 			keep = true
@@ -83,6 +87,19 @@ func (r *registry) discover() []*verbs.Device {
 		r.h.OnClose(r.close)
 		r.mu.Lock()
 	}
+	// A device gone from the list, or replaced by a device of its name
+	// added again, leaves the host.
+	var gone []*verbs.Device
+	for name, d := range r.devs {
+		if d == nil {
+			continue // being registered by a nested discovery
+		}
+		i := slices.IndexFunc(found, func(kd *device) bool { return kd.name == name })
+		if i < 0 || d.Ops() != verbs.DeviceOps(found[i]) {
+			gone = append(gone, d)
+			delete(r.devs, name)
+		}
+	}
 	for _, kd := range found {
 		if _, ok := r.devs[kd.name]; !ok {
 			r.devs[kd.name] = nil // reserved: a nested discovery skips it
@@ -90,8 +107,11 @@ func (r *registry) discover() []*verbs.Device {
 		}
 	}
 	r.mu.Unlock()
-	// RegisterDevice runs the host's watchers, which may list devices
-	// again: no lock of ours is held.
+	// RegisterDevice and UnregisterDevice run the host's watchers, which
+	// may list devices again: no lock of ours is held.
+	for _, d := range gone {
+		r.h.UnregisterDevice(d)
+	}
 	for _, kd := range add {
 		d := r.h.RegisterDevice(kd)
 		r.mu.Lock()
