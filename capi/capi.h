@@ -1,0 +1,63 @@
+// capi.h: the C side of softrdma's librdmacm and libibverbs (see main.go).
+// Every object handed to a C program is one of these malloc'd structs: the
+// rdma-core struct first (so a pointer to it is a pointer to the wrapper),
+// then the handle of the Go object behind it (see registry in capi.go).
+#ifndef SOFTRDMA_CAPI_H
+#define SOFTRDMA_CAPI_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <infiniband/ib.h>
+
+struct sr_device { struct ibv_device dev; uintptr_t h; };
+// The context is an extended one (struct verbs_context) as rdma-core's
+// providers give: the inline functions of verbs.h find it with
+// container_of, so the Go handle sits before it.
+struct sr_context { uintptr_t h; struct verbs_context vc; };
+struct sr_pd { struct ibv_pd pd; uintptr_t h; };
+struct sr_mr { struct ibv_mr mr; uintptr_t h; };
+struct sr_cq { struct ibv_cq cq; uintptr_t h; };
+struct sr_qp { struct ibv_qp qp; uintptr_t h; };
+struct sr_ah { struct ibv_ah ah; uintptr_t h; };
+struct sr_comp_channel { struct ibv_comp_channel ch; uintptr_t h; };
+struct sr_channel { struct rdma_event_channel ch; uintptr_t h; };
+struct sr_id { struct rdma_cm_id id; uintptr_t h; };
+struct sr_event { struct rdma_cm_event ev; uintptr_t h; };
+
+// sr_qp_init is struct ibv_qp_init_attr and its _ex flattened for Go.
+struct sr_qp_init {
+	void *qp_context;
+	struct ibv_cq *send_cq, *recv_cq;
+	struct ibv_pd *pd;
+	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data;
+	int qp_type;
+	int sq_sig_all;
+	uint32_t create_flags;
+};
+
+static inline struct sr_context *sr_ctx_of(struct ibv_context *c) {
+	return (struct sr_context *)((char *)c - offsetof(struct sr_context, vc.context));
+}
+
+struct sr_context *sr_context_alloc(struct ibv_device *dev, int num_comp_vectors);
+void sr_context_free(struct sr_context *c);
+struct sr_cq *sr_cq_alloc(struct ibv_context *ctx, struct ibv_comp_channel *ch, void *cq_context, int cqe);
+void sr_cq_free(struct sr_cq *cq);
+struct sr_qp *sr_qp_alloc(void);
+void sr_qp_free(struct sr_qp *qp);
+void sr_unsupported(int *once, const char *call);
+// SR_UNSUPPORTED prints, once per process, that call is not supported.
+#define SR_UNSUPPORTED(call) do { static int sr_once_; sr_unsupported(&sr_once_, call); } while (0)
+int sr_eventfd_signal(int fd);
+int sr_eventfd_clear(int fd);
+
+// Socket address helpers for Go (unions are opaque to cgo).
+struct sockaddr *sr_id_src(struct rdma_cm_id *id);
+struct sockaddr *sr_id_dst(struct rdma_cm_id *id);
+struct rdma_ud_param *sr_event_ud(struct rdma_cm_event *ev);
+uint32_t sr_wc_imm(struct ibv_wc *wc);
+void sr_wc_set_imm(struct ibv_wc *wc, uint32_t be);
+
+#endif

@@ -1,0 +1,741 @@
+//go:build capi
+
+package main
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"context"
+	"syscall"
+	"unsafe"
+
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// cDevice returns the C struct of a device, made on first use (rdma-core
+// keeps its devices for the life of the process too).
+func cDevice(d *verbs.Device) *C.struct_sr_device {
+	reg.mu.Lock()
+	cd := reg.devs[d]
+	reg.mu.Unlock()
+	if cd != nil {
+		return cd
+	}
+	cd = (*C.struct_sr_device)(C.calloc(1, C.sizeof_struct_sr_device))
+	cd.dev.node_type = C.IBV_NODE_CA
+	cd.dev.transport_type = C.IBV_TRANSPORT_IB
+	putStr(cd.dev.name[:], d.Name())
+	putStr(cd.dev.dev_name[:], "softrdma_"+d.Name())
+	putStr(cd.dev.dev_path[:], "/sys/class/infiniband_verbs/softrdma_"+d.Name())
+	putStr(cd.dev.ibdev_path[:], "/sys/class/infiniband/"+d.Name())
+	cd.h = reg.put(d)
+	reg.mu.Lock()
+	if old := reg.devs[d]; old != nil {
+		reg.mu.Unlock()
+		reg.del(cd.h)
+		C.free(unsafe.Pointer(cd))
+		return old
+	}
+	reg.devs[d] = cd
+	reg.mu.Unlock()
+	return cd
+}
+
+// putStr copies s into a C char array, NUL-terminated and truncated.
+func putStr(dst []C.char, s string) {
+	n := min(len(s), len(dst)-1)
+	for i := 0; i < n; i++ {
+		dst[i] = C.char(s[i])
+	}
+	dst[n] = 0
+}
+
+// cContext returns the C context of a Go context, made on first use.
+func cContext(c *verbs.Context) *C.struct_ibv_context {
+	if c == nil {
+		return nil
+	}
+	reg.mu.Lock()
+	cc := reg.ctxs[c]
+	reg.mu.Unlock()
+	if cc != nil {
+		return &cc.vc.context
+	}
+	cc = C.sr_context_alloc(&cDevice(c.Device()).dev, C.int(c.NumCompVectors()))
+	cc.h = reg.put(c)
+	reg.mu.Lock()
+	if old := reg.ctxs[c]; old != nil {
+		reg.mu.Unlock()
+		reg.del(cc.h)
+		C.sr_context_free(cc)
+		return &old.vc.context
+	}
+	reg.ctxs[c] = cc
+	reg.mu.Unlock()
+	return &cc.vc.context
+}
+
+func goDevice(d *C.struct_ibv_device) (*verbs.Device, bool) {
+	return get[*verbs.Device]((*C.struct_sr_device)(unsafe.Pointer(d)).h)
+}
+
+func goContext(c *C.struct_ibv_context) (*verbs.Context, bool) {
+	return get[*verbs.Context](C.sr_ctx_of(c).h)
+}
+
+func goPD(pd *C.struct_ibv_pd) (*verbs.PD, bool) {
+	if pd == nil {
+		return nil, false
+	}
+	return get[*verbs.PD]((*C.struct_sr_pd)(unsafe.Pointer(pd)).h)
+}
+
+func goCQ(cq *C.struct_ibv_cq) (*verbs.CQ, bool) {
+	if cq == nil {
+		return nil, false
+	}
+	return get[*verbs.CQ]((*C.struct_sr_cq)(unsafe.Pointer(cq)).h)
+}
+
+func goQP(qp *C.struct_ibv_qp) (*verbs.QP, bool) {
+	if qp == nil {
+		return nil, false
+	}
+	return get[*verbs.QP]((*C.struct_sr_qp)(unsafe.Pointer(qp)).h)
+}
+
+func goAH(ah *C.struct_ibv_ah) (*verbs.AH, bool) {
+	if ah == nil {
+		return nil, false
+	}
+	return get[*verbs.AH]((*C.struct_sr_ah)(unsafe.Pointer(ah)).h)
+}
+
+//export srGetDeviceList
+func srGetDeviceList(num *C.int, out ***C.struct_ibv_device) C.int {
+	devs := verbs.DeviceList()
+	list := (**C.struct_ibv_device)(C.calloc(C.size_t(len(devs)+1), C.size_t(unsafe.Sizeof(uintptr(0)))))
+	if list == nil {
+		return C.ENOMEM
+	}
+	s := unsafe.Slice(list, len(devs)+1)
+	for i, d := range devs {
+		s[i] = &cDevice(d).dev
+	}
+	*num, *out = C.int(len(devs)), list
+	return 0
+}
+
+//export srDeviceGUID
+func srDeviceGUID(d *C.struct_ibv_device) C.__be64 {
+	gd, ok := goDevice(d)
+	if !ok {
+		return 0
+	}
+	return C.__be64(htonll(gd.GUID()))
+}
+
+//export srDeviceIndex
+func srDeviceIndex(d *C.struct_ibv_device) C.int {
+	gd, ok := goDevice(d)
+	if !ok {
+		return -1
+	}
+	for i, x := range verbs.DeviceList() {
+		if x == gd {
+			return C.int(i)
+		}
+	}
+	return -1
+}
+
+//export srOpenDevice
+func srOpenDevice(d *C.struct_ibv_device, out **C.struct_ibv_context) C.int {
+	gd, ok := goDevice(d)
+	if !ok {
+		return C.ENODEV
+	}
+	c, err := gd.Open()
+	if err != nil {
+		return errno(err)
+	}
+	*out = cContext(c)
+	return 0
+}
+
+//export srCloseDevice
+func srCloseDevice(c *C.struct_ibv_context) C.int {
+	gc, ok := goContext(c)
+	if !ok {
+		return C.EINVAL
+	}
+	if err := gc.Close(); err != nil {
+		return errno(err)
+	}
+	cc := C.sr_ctx_of(c)
+	reg.mu.Lock()
+	delete(reg.ctxs, gc)
+	reg.mu.Unlock()
+	reg.del(cc.h)
+	C.sr_context_free(cc)
+	return 0
+}
+
+//export srQueryDevice
+func srQueryDevice(c *C.struct_ibv_context, attr *C.struct_ibv_device_attr) C.int {
+	gc, ok := goContext(c)
+	if !ok {
+		return C.EINVAL
+	}
+	a := gc.QueryDevice()
+	putStr(attr.fw_ver[:], a.FWVer)
+	attr.node_guid = C.__be64(htonll(a.NodeGUID))
+	attr.sys_image_guid = C.__be64(htonll(a.SysImageGUID))
+	attr.max_mr_size = ^C.uint64_t(0)
+	attr.page_size_cap = 0xfffff000
+	attr.vendor_id = C.uint32_t(a.VendorID)
+	attr.vendor_part_id = C.uint32_t(a.VendorPartID)
+	attr.hw_ver = C.uint32_t(a.HWVer)
+	attr.max_qp = C.int(a.MaxQP)
+	attr.max_qp_wr = C.int(a.MaxQPWR)
+	attr.max_sge = C.int(a.MaxSGE)
+	attr.max_cq = C.int(a.MaxCQ)
+	attr.max_cqe = C.int(a.MaxCQE)
+	attr.max_mr = C.int(a.MaxMR)
+	attr.max_pd = C.int(a.MaxPD)
+	attr.max_ah = C.int(a.MaxAH)
+	attr.max_mcast_grp = C.int(a.MaxMcastGrp)
+	attr.max_mcast_qp_attach = C.int(a.MaxMcastQPAttach)
+	attr.max_total_mcast_qp_attach = C.int(a.MaxTotalMcastQP)
+	attr.max_pkeys = 1
+	attr.phys_port_cnt = C.uint8_t(a.PhysPortCnt)
+	return 0
+}
+
+//export srQueryPort
+func srQueryPort(c *C.struct_ibv_context, port C.uint8_t, attr *C.struct_ibv_port_attr) C.int {
+	gc, ok := goContext(c)
+	if !ok {
+		return C.EINVAL
+	}
+	p, err := gc.QueryPort(uint8(port))
+	if err != nil {
+		return errno(err)
+	}
+	attr.state = uint32(p.State)
+	attr.max_mtu = uint32(p.MaxMTU)
+	attr.active_mtu = uint32(p.ActiveMTU)
+	attr.gid_tbl_len = C.int(p.GIDTblLen)
+	attr.port_cap_flags = C.IBV_PORT_CM_SUP
+	if p.LinkLayer == verbs.LinkLayerEthernet {
+		attr.port_cap_flags |= C.IBV_PORT_IP_BASED_GIDS
+	}
+	attr.max_msg_sz = 1 << 31
+	attr.pkey_tbl_len = C.uint16_t(p.PKeyTblLen)
+	attr.lid = C.uint16_t(p.LID)
+	attr.sm_lid = C.uint16_t(p.SMLID)
+	attr.lmc = C.uint8_t(p.LMC)
+	attr.max_vl_num = 1
+	attr.sm_sl = C.uint8_t(p.SMSL)
+	attr.active_width = 1 // 1X
+	attr.active_speed = 1 // SDR
+	attr.phys_state = 3   // disabled
+	if p.State == verbs.PortActive {
+		attr.phys_state = 5 // link up
+	}
+	attr.link_layer = C.uint8_t(p.LinkLayer)
+	return 0
+}
+
+//export srQueryGID
+func srQueryGID(c *C.struct_ibv_context, port C.uint8_t, index C.int, gid *C.union_ibv_gid) C.int {
+	gc, ok := goContext(c)
+	if !ok {
+		return C.EINVAL
+	}
+	g, err := gc.QueryGID(uint8(port), int(index))
+	if err != nil {
+		// An empty entry of the table reads as the zero GID, as in sysfs.
+		p, perr := gc.QueryPort(uint8(port))
+		if perr != nil || index < 0 || int(index) >= p.GIDTblLen {
+			return errno(err)
+		}
+		g = verbs.GID{}
+	}
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(gid)), 16), g[:])
+	return 0
+}
+
+//export srQueryGIDType
+func srQueryGIDType(c *C.struct_ibv_context, port C.uint8_t, index C.uint, typ *C.int) C.int {
+	gc, ok := goContext(c)
+	if !ok {
+		return C.EINVAL
+	}
+	e, err := gc.QueryGIDEntry(uint8(port), int(index))
+	if err != nil {
+		return errno(err)
+	}
+	*typ = 0 // IBV_GID_TYPE_SYSFS_IB_ROCE_V1
+	if e.Type == verbs.GIDTypeRoCEv2 {
+		*typ = 1 // IBV_GID_TYPE_SYSFS_ROCE_V2
+	}
+	return 0
+}
+
+//export srQueryPKey
+func srQueryPKey(c *C.struct_ibv_context, port C.uint8_t, index C.int, pkey *C.__be16) C.int {
+	gc, ok := goContext(c)
+	if !ok {
+		return C.EINVAL
+	}
+	p, err := gc.QueryPort(uint8(port))
+	if err != nil {
+		return errno(err)
+	}
+	if index < 0 || int(index) >= max(p.PKeyTblLen, 1) {
+		return C.EINVAL
+	}
+	*pkey = C.__be16(htons(0xffff)) // the default (full member) P_Key
+	return 0
+}
+
+// cPD returns the C struct of a PD, made on first use.
+func cPD(pd *verbs.PD) *C.struct_ibv_pd {
+	if pd == nil {
+		return nil
+	}
+	reg.mu.Lock()
+	cp := reg.pds[pd]
+	reg.mu.Unlock()
+	if cp != nil {
+		return &cp.pd
+	}
+	cp = (*C.struct_sr_pd)(C.calloc(1, C.sizeof_struct_sr_pd))
+	cp.pd.context = cContext(pd.Context())
+	cp.h = reg.put(pd)
+	cp.pd.handle = C.uint32_t(cp.h)
+	reg.mu.Lock()
+	reg.pds[pd] = cp
+	reg.mu.Unlock()
+	return &cp.pd
+}
+
+//export srAllocPD
+func srAllocPD(c *C.struct_ibv_context, out **C.struct_ibv_pd) C.int {
+	gc, ok := goContext(c)
+	if !ok {
+		return C.EINVAL
+	}
+	pd, err := gc.AllocPD()
+	if err != nil {
+		return errno(err)
+	}
+	*out = cPD(pd)
+	return 0
+}
+
+//export srDeallocPD
+func srDeallocPD(pd *C.struct_ibv_pd) C.int {
+	gp, ok := goPD(pd)
+	if !ok {
+		return C.EINVAL
+	}
+	if err := gp.Dealloc(); err != nil {
+		return errno(err)
+	}
+	cp := (*C.struct_sr_pd)(unsafe.Pointer(pd))
+	reg.mu.Lock()
+	delete(reg.pds, gp)
+	reg.mu.Unlock()
+	reg.del(cp.h)
+	C.free(unsafe.Pointer(cp))
+	return 0
+}
+
+//export srRegMR
+func srRegMR(pd *C.struct_ibv_pd, addr unsafe.Pointer, length C.size_t, access C.int, out **C.struct_ibv_mr) C.int {
+	gp, ok := goPD(pd)
+	if !ok {
+		return C.EINVAL
+	}
+	if addr == nil && length != 0 {
+		return C.EINVAL
+	}
+	var buf []byte
+	if length != 0 {
+		buf = unsafe.Slice((*byte)(addr), int(length))
+	}
+	mr, err := gp.RegMR(buf, verbs.Access(access))
+	if err != nil {
+		return errno(err)
+	}
+	cm := (*C.struct_sr_mr)(C.calloc(1, C.sizeof_struct_sr_mr))
+	cm.mr.context = pd.context
+	cm.mr.pd = pd
+	cm.mr.addr = addr
+	cm.mr.length = length
+	cm.mr.lkey = C.uint32_t(mr.LKey())
+	cm.mr.rkey = C.uint32_t(mr.RKey())
+	cm.h = reg.put(mr)
+	cm.mr.handle = C.uint32_t(cm.h)
+	*out = &cm.mr
+	return 0
+}
+
+//export srDeregMR
+func srDeregMR(mr *C.struct_ibv_mr) C.int {
+	cm := (*C.struct_sr_mr)(unsafe.Pointer(mr))
+	gm, ok := get[*verbs.MR](cm.h)
+	if !ok {
+		return C.EINVAL
+	}
+	if err := gm.Dereg(); err != nil {
+		return errno(err)
+	}
+	reg.del(cm.h)
+	C.free(unsafe.Pointer(cm))
+	return 0
+}
+
+// goAHAttr converts struct ibv_ah_attr.
+func goAHAttr(a *C.struct_ibv_ah_attr) verbs.AHAttr {
+	var g verbs.AHAttr
+	copy(g.GRH.DGID[:], unsafe.Slice((*byte)(unsafe.Pointer(&a.grh.dgid)), 16))
+	g.GRH.FlowLabel = uint32(a.grh.flow_label)
+	g.GRH.SGIDIndex = uint8(a.grh.sgid_index)
+	g.GRH.HopLimit = uint8(a.grh.hop_limit)
+	g.GRH.TrafficClass = uint8(a.grh.traffic_class)
+	g.DLID = uint16(a.dlid)
+	g.SL = uint8(a.sl)
+	g.SrcPathBits = uint8(a.src_path_bits)
+	g.StaticRate = uint8(a.static_rate)
+	g.IsGlobal = a.is_global != 0
+	g.PortNum = uint8(a.port_num)
+	return g
+}
+
+// putAHAttr writes struct ibv_ah_attr.
+func putAHAttr(a *C.struct_ibv_ah_attr, g *verbs.AHAttr) {
+	C.memset(unsafe.Pointer(a), 0, C.sizeof_struct_ibv_ah_attr)
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&a.grh.dgid)), 16), g.GRH.DGID[:])
+	a.grh.flow_label = C.uint32_t(g.GRH.FlowLabel)
+	a.grh.sgid_index = C.uint8_t(g.GRH.SGIDIndex)
+	a.grh.hop_limit = C.uint8_t(g.GRH.HopLimit)
+	a.grh.traffic_class = C.uint8_t(g.GRH.TrafficClass)
+	a.dlid = C.uint16_t(g.DLID)
+	a.sl = C.uint8_t(g.SL)
+	a.src_path_bits = C.uint8_t(g.SrcPathBits)
+	a.static_rate = C.uint8_t(g.StaticRate)
+	if g.IsGlobal {
+		a.is_global = 1
+	}
+	a.port_num = C.uint8_t(g.PortNum)
+}
+
+//export srCreateAH
+func srCreateAH(pd *C.struct_ibv_pd, attr *C.struct_ibv_ah_attr, out **C.struct_ibv_ah) C.int {
+	gp, ok := goPD(pd)
+	if !ok {
+		return C.EINVAL
+	}
+	ga := goAHAttr(attr)
+	ah, err := gp.CreateAH(&ga)
+	if err != nil {
+		return errno(err)
+	}
+	ca := (*C.struct_sr_ah)(C.calloc(1, C.sizeof_struct_sr_ah))
+	ca.ah.context = pd.context
+	ca.ah.pd = pd
+	ca.h = reg.put(ah)
+	ca.ah.handle = C.uint32_t(ca.h)
+	*out = &ca.ah
+	return 0
+}
+
+//export srDestroyAH
+func srDestroyAH(ah *C.struct_ibv_ah) C.int {
+	ga, ok := goAH(ah)
+	if !ok {
+		return C.EINVAL
+	}
+	if err := ga.Destroy(); err != nil {
+		return errno(err)
+	}
+	ca := (*C.struct_sr_ah)(unsafe.Pointer(ah))
+	reg.del(ca.h)
+	C.free(unsafe.Pointer(ca))
+	return 0
+}
+
+// compChannel is a completion channel of C: the C program's cq_context
+// pointers stay C memory, keyed by the Go CQ.
+type compChannel struct {
+	ch *verbs.CompChannel
+}
+
+//export srCreateCompChannel
+func srCreateCompChannel(c *C.struct_ibv_context, out **C.struct_ibv_comp_channel) C.int {
+	gc, ok := goContext(c)
+	if !ok {
+		return C.EINVAL
+	}
+	ch, err := gc.CreateCompChannel()
+	if err != nil {
+		return errno(err)
+	}
+	cc := (*C.struct_sr_comp_channel)(C.calloc(1, C.sizeof_struct_sr_comp_channel))
+	cc.ch.context = c
+	cc.ch.fd = C.int(ch.Fd())
+	cc.h = reg.put(&compChannel{ch: ch})
+	*out = &cc.ch
+	return 0
+}
+
+//export srDestroyCompChannel
+func srDestroyCompChannel(ch *C.struct_ibv_comp_channel) C.int {
+	cc := (*C.struct_sr_comp_channel)(unsafe.Pointer(ch))
+	gch, ok := get[*compChannel](cc.h)
+	if !ok {
+		return C.EINVAL
+	}
+	if err := gch.ch.Destroy(); err != nil {
+		return errno(err)
+	}
+	reg.del(cc.h)
+	C.free(unsafe.Pointer(cc))
+	return 0
+}
+
+//export srGetCQEvent
+func srGetCQEvent(ch *C.struct_ibv_comp_channel, cq **C.struct_ibv_cq, cqctx *unsafe.Pointer) C.int {
+	cc := (*C.struct_sr_comp_channel)(unsafe.Pointer(ch))
+	gch, ok := get[*compChannel](cc.h)
+	if !ok {
+		return C.EINVAL
+	}
+	gch.ch.SetNonblocking(nonblocking(int(ch.fd)))
+	gcq, _, err := gch.ch.GetCQEvent(context.Background())
+	if err != nil {
+		return errno(err)
+	}
+	reg.mu.Lock()
+	c := reg.cqs[gcq]
+	reg.mu.Unlock()
+	if c == nil {
+		return C.EIO
+	}
+	*cq, *cqctx = &c.cq, c.cq.cq_context
+	return 0
+}
+
+// nonblocking tells whether the C program set O_NONBLOCK on fd.
+func nonblocking(fd int) bool {
+	fl, err := fcntlGetfl(fd)
+	return err == nil && fl&syscall.O_NONBLOCK != 0
+}
+
+func fcntlGetfl(fd int) (int, error) {
+	r, _, e := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_GETFL, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+//export srAckCQEvents
+func srAckCQEvents(cq *C.struct_ibv_cq, n C.uint) {
+	if gcq, ok := goCQ(cq); ok {
+		gcq.AckEvents(int(n))
+	}
+}
+
+// cCQ returns the C struct of a CQ, made on first use (the CQs
+// rdma_create_qp makes for an id).
+func cCQ(gcq *verbs.CQ, ch *C.struct_ibv_comp_channel, cqctx unsafe.Pointer) *C.struct_ibv_cq {
+	if gcq == nil {
+		return nil
+	}
+	reg.mu.Lock()
+	c := reg.cqs[gcq]
+	reg.mu.Unlock()
+	if c != nil {
+		return &c.cq
+	}
+	c = C.sr_cq_alloc(cContext(gcq.Context()), ch, cqctx, C.int(gcq.Cap()))
+	c.h = reg.put(gcq)
+	c.cq.handle = C.uint32_t(c.h)
+	reg.mu.Lock()
+	reg.cqs[gcq] = c
+	reg.mu.Unlock()
+	return &c.cq
+}
+
+// forgetCQ frees the C struct of a destroyed CQ.
+func forgetCQ(gcq *verbs.CQ) {
+	reg.mu.Lock()
+	c := reg.cqs[gcq]
+	delete(reg.cqs, gcq)
+	reg.mu.Unlock()
+	if c != nil {
+		reg.del(c.h)
+		C.sr_cq_free(c)
+	}
+}
+
+//export srCreateCQ
+func srCreateCQ(c *C.struct_ibv_context, cqe C.int, cqctx unsafe.Pointer, ch *C.struct_ibv_comp_channel, vector C.int, out **C.struct_ibv_cq) C.int {
+	gc, ok := goContext(c)
+	if !ok {
+		return C.EINVAL
+	}
+	init := verbs.CQInit{Vector: int(vector)}
+	if ch != nil {
+		gch, ok := get[*compChannel]((*C.struct_sr_comp_channel)(unsafe.Pointer(ch)).h)
+		if !ok {
+			return C.EINVAL
+		}
+		init.Channel = gch.ch
+	}
+	if cqe < 1 {
+		return C.EINVAL
+	}
+	gcq, err := gc.CreateCQEx(int(cqe), init)
+	if err != nil {
+		return errno(err)
+	}
+	*out = cCQ(gcq, ch, cqctx)
+	return 0
+}
+
+//export srDestroyCQ
+func srDestroyCQ(cq *C.struct_ibv_cq) C.int {
+	gcq, ok := goCQ(cq)
+	if !ok {
+		return C.EINVAL
+	}
+	if err := gcq.Destroy(); err != nil {
+		return errno(err)
+	}
+	forgetCQ(gcq)
+	return 0
+}
+
+//export srPollCQ
+func srPollCQ(cq *C.struct_ibv_cq, n C.int, wc *C.struct_ibv_wc) C.int {
+	gcq, ok := goCQ(cq)
+	if !ok {
+		return -C.EINVAL
+	}
+	out := unsafe.Slice(wc, int(n))
+	var buf [16]verbs.WC
+	done := 0
+	for done < len(out) {
+		k, err := gcq.Poll(buf[:min(len(buf), len(out)-done)])
+		if err != nil {
+			if done > 0 {
+				break
+			}
+			return -errno(err)
+		}
+		for i := 0; i < k; i++ {
+			putWC(&out[done+i], &buf[i])
+		}
+		done += k
+		if k < len(buf) {
+			break
+		}
+	}
+	return C.int(done)
+}
+
+// putWC writes struct ibv_wc.
+func putWC(c *C.struct_ibv_wc, w *verbs.WC) {
+	c.wr_id = C.uint64_t(w.WRID)
+	c.status = uint32(w.Status)
+	c.opcode = uint32(w.Opcode)
+	c.vendor_err = C.uint32_t(w.VendorErr)
+	c.byte_len = C.uint32_t(w.ByteLen)
+	C.sr_wc_set_imm(c, C.uint32_t(htonl(w.ImmData)))
+	c.qp_num = C.uint32_t(w.QPNum)
+	c.src_qp = C.uint32_t(w.SrcQP)
+	c.wc_flags = C.uint(w.Flags)
+	c.pkey_index = C.uint16_t(w.PKeyIndex)
+	c.slid = C.uint16_t(w.SLID)
+	c.sl = C.uint8_t(w.SL)
+	c.dlid_path_bits = C.uint8_t(w.DLIDPathBits)
+}
+
+//export srReqNotifyCQ
+func srReqNotifyCQ(cq *C.struct_ibv_cq, solicited C.int) C.int {
+	gcq, ok := goCQ(cq)
+	if !ok {
+		return C.EINVAL
+	}
+	return errno(gcq.ReqNotify(solicited != 0))
+}
+
+// goSGEs copies a C scatter/gather list.
+func goSGEs(sge *C.struct_ibv_sge, n C.int) []verbs.SGE {
+	if n == 0 {
+		return nil
+	}
+	cs := unsafe.Slice(sge, int(n))
+	gs := make([]verbs.SGE, len(cs))
+	for i := range cs {
+		gs[i] = verbs.SGE{Addr: uint64(cs[i].addr), Length: uint32(cs[i].length), LKey: uint32(cs[i].lkey)}
+	}
+	return gs
+}
+
+//export srPostSend
+func srPostSend(qp *C.struct_ibv_qp, wrid C.uint64_t, opcode C.uint, flags C.uint, immBE C.uint32_t,
+	ah *C.struct_ibv_ah, rqpn C.uint32_t, rqkey C.uint32_t, sge *C.struct_ibv_sge, nsge C.int) C.int {
+	gq, ok := goQP(qp)
+	if !ok {
+		return C.EINVAL
+	}
+	wr := verbs.SendWR{
+		WRID:    uint64(wrid),
+		SGList:  goSGEs(sge, nsge),
+		Opcode:  verbs.WROpcode(opcode),
+		Flags:   verbs.SendFlags(flags),
+		ImmData: htonl(uint32(immBE)),
+	}
+	if gq.Type() == verbs.QPTypeUD {
+		gah, ok := goAH(ah)
+		if !ok {
+			return C.EINVAL
+		}
+		wr.UD = verbs.UDWR{AH: gah, RemoteQPN: uint32(rqpn), RemoteQKey: uint32(rqkey)}
+	}
+	return errno(gq.PostSend(&wr))
+}
+
+//export srPostRecv
+func srPostRecv(qp *C.struct_ibv_qp, wrid C.uint64_t, sge *C.struct_ibv_sge, nsge C.int) C.int {
+	gq, ok := goQP(qp)
+	if !ok {
+		return C.EINVAL
+	}
+	return errno(gq.PostRecv(&verbs.RecvWR{WRID: uint64(wrid), SGList: goSGEs(sge, nsge)}))
+}
+
+//export srAttachMcast
+func srAttachMcast(qp *C.struct_ibv_qp, gid *C.union_ibv_gid, lid C.uint16_t, attach C.int) C.int {
+	gq, ok := goQP(qp)
+	if !ok {
+		return C.EINVAL
+	}
+	var g verbs.GID
+	copy(g[:], unsafe.Slice((*byte)(unsafe.Pointer(gid)), 16))
+	if attach != 0 {
+		return errno(gq.AttachMcast(g, uint16(lid)))
+	}
+	return errno(gq.DetachMcast(g, uint16(lid)))
+}

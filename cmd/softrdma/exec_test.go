@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/softrdma/softrdma/internal/capibuild"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
+)
+
+// execDirVar carries the directory of the softrdma binary and libraries
+// the test built into the re-run of the test in its network namespace.
+const execDirVar = "SOFTRDMA_TEST_EXEC_DIR"
+
+// requireRDMACore skips (fails under CI) without Debian's rdma-core
+// programs and headers.
+func requireRDMACore(t *testing.T, progs ...string) {
+	t.Helper()
+	for _, p := range progs {
+		if _, err := exec.LookPath(p); err != nil {
+			testenv.Require(t, "no %s (apt-get install rdmacm-utils ibverbs-utils): %v", p, err)
+		}
+	}
+	for _, h := range []string{"/usr/include/infiniband/verbs.h", "/usr/include/rdma/rdma_cma.h"} {
+		if _, err := os.Stat(h); err != nil {
+			testenv.Require(t, "no %s (apt-get install libibverbs-dev librdmacm-dev): %v", h, err)
+		}
+	}
+	if _, err := exec.LookPath("cc"); err != nil {
+		testenv.Require(t, "no C compiler: %v", err)
+	}
+}
+
+// execDir builds the softrdma binary and the libraries once, outside the
+// network namespace (InNetns gives its re-run two minutes).
+func execDir(t *testing.T) string {
+	t.Helper()
+	if d := os.Getenv(execDirVar); d != "" {
+		return d
+	}
+	d := t.TempDir()
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(d, "softrdma"), ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	start := time.Now()
+	out, err := exec.Command(filepath.Join(d, "softrdma"), "exec", "-install", filepath.Join(d, "lib")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("softrdma exec -install: %v\n%s", err, out)
+	}
+	t.Logf("libraries built in %v", time.Since(start).Round(time.Millisecond))
+	t.Setenv(execDirVar, d)
+	return d
+}
+
+// lineWaiter collects a process's output and tells when a line appears.
+type lineWaiter struct {
+	mu    sync.Mutex
+	lines []string
+	cond  *sync.Cond
+	done  bool
+}
+
+func newLineWaiter(r io.Reader) *lineWaiter {
+	w := &lineWaiter{}
+	w.cond = sync.NewCond(&w.mu)
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			w.mu.Lock()
+			w.lines = append(w.lines, sc.Text())
+			w.cond.Broadcast()
+			w.mu.Unlock()
+		}
+		w.mu.Lock()
+		w.done = true
+		w.cond.Broadcast()
+		w.mu.Unlock()
+	}()
+	return w
+}
+
+// wait returns true once a line containing s was read, false if the
+// output ended without one.
+func (w *lineWaiter) wait(s string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := 0; ; i++ {
+		for ; i < len(w.lines); i++ {
+			if strings.Contains(w.lines[i], s) {
+				return true
+			}
+		}
+		if w.done {
+			return false
+		}
+		w.cond.Wait()
+		i--
+	}
+}
+
+func (w *lineWaiter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.lines, "\n")
+}
+
+// startExec starts softrdma exec -- PROGRAM ARGS with its stdout and
+// stderr merged into a lineWaiter.
+func startExec(t *testing.T, ctx context.Context, dir string, args ...string) (*exec.Cmd, *lineWaiter) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "softrdma"), append([]string{"exec", "-libdir", filepath.Join(dir, "lib"), "--"}, args...)...)
+	cmd.Env = testenv.CleanEnv()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	return cmd, newLineWaiter(pr)
+}
+
+// TestExecMckey runs Debian's unmodified mckey (rdmacm-utils, linked with
+// rdma-core's librdmacm.so.1 and libibverbs.so.1) through softrdma exec as
+// receiver and sender on RoCEv2 over lo: softrdma's libraries take the
+// place of rdma-core's, the receiver gets every message and both exit 0.
+func TestExecMckey(t *testing.T) {
+	// stdbuf -oL: mckey's printf to a pipe would hold "joined" until exit.
+	requireRDMACore(t, "mckey", "stdbuf")
+	dir := execDir(t)
+	if !testenv.InNetns(t) {
+		return
+	}
+	if out, err := exec.Command("ip", "route", "add", "224.0.0.0/4", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("ip route add 224.0.0.0/4 dev lo: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const count = 20
+	group := "239.23.0.1"
+	recv, rout := startExec(t, ctx, dir, "stdbuf", "-oL", "mckey", "-m", group, "-b", "127.0.0.1", "-C", fmt.Sprint(count), "-S", "64")
+	if !rout.wait("mckey: joined dgid: ::ffff:" + group) {
+		recv.Wait()
+		t.Fatalf("the receiver did not join:\n%s", rout)
+	}
+	send, sout := startExec(t, ctx, dir, "stdbuf", "-oL", "mckey", "-m", group, "-b", "127.0.0.1", "-s", "-C", fmt.Sprint(count), "-S", "64")
+	serr := send.Wait()
+	sout.wait("\x00") // the whole output
+	rerr := recv.Wait()
+	rout.wait("\x00")
+	t.Logf("receiver:\n%s\nsender:\n%s", rout, sout)
+	if serr != nil || rerr != nil {
+		t.Fatalf("sender: %v, receiver: %v", serr, rerr)
+	}
+	for _, want := range []string{"receiving data transfers", "data transfers complete", "return status 0"} {
+		if !strings.Contains(rout.String(), want) {
+			t.Errorf("receiver output lacks %q", want)
+		}
+	}
+	for _, want := range []string{"initiating data transfers", "data transfers complete", "return status 0"} {
+		if !strings.Contains(sout.String(), want) {
+			t.Errorf("sender output lacks %q", want)
+		}
+	}
+	// mckey's receiver polls until it has count completions: reaching
+	// "data transfers complete" means every message arrived.
+	if strings.Contains(rout.String()+sout.String(), "not supported on softrdma") {
+		t.Errorf("mckey called a call softrdma does not implement")
+	}
+}
+
+// TestExecDevinfo runs Debian's ibv_devinfo -v through softrdma exec: the
+// loopback RoCEv2 device with its port and GIDs.
+func TestExecDevinfo(t *testing.T) {
+	requireRDMACore(t, "ibv_devinfo")
+	dir := execDir(t)
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd, out := startExec(t, ctx, dir, "ibv_devinfo", "-v")
+	err := cmd.Wait()
+	out.wait("\x00")
+	if err != nil {
+		t.Fatalf("ibv_devinfo -v: %v\n%s", err, out)
+	}
+	for _, want := range []string{"hca_id:\t", "PORT_ACTIVE", "link_layer:\t\tEthernet", "::ffff:127.0.0.1, RoCE v2"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("ibv_devinfo -v lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestExecStubs checks the thin libraries: rdma-core's every symbol and
+// version, each jumping to a function of libsoftrdma-capi.so.
+func TestExecStubs(t *testing.T) {
+	requireRDMACore(t)
+	dir := execDir(t)
+	for _, lib := range capibuild.ThinLibs {
+		out, err := exec.Command("readelf", "-W", "--dyn-syms", filepath.Join(dir, "lib", lib)).Output()
+		if err != nil {
+			testenv.Require(t, "readelf: %v", err)
+		}
+		have := map[string]bool{}
+		for _, l := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(l); len(f) >= 8 && f[6] != "UND" {
+				have[f[7]] = true
+			}
+		}
+		for _, s := range capibuild.Symbols() {
+			if s.Lib != lib {
+				continue
+			}
+			at := "@"
+			if s.Default {
+				at = "@@"
+			}
+			if !have[s.Name+at+s.Version] {
+				t.Errorf("%s lacks %s%s%s", lib, s.Name, at, s.Version)
+			}
+		}
+	}
+}

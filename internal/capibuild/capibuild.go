@@ -1,0 +1,219 @@
+// Package capibuild builds softrdma's drop-in librdmacm.so.1 and
+// libibverbs.so.1 (the capi command, see its package doc): the Go side as
+// libsoftrdma-capi.so (go build -buildmode=c-shared -tags capi), and the
+// two thin libraries that forward every rdma-core symbol, with its symbol
+// version, to it.
+package capibuild
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	_ "embed"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+)
+
+//go:embed symbols.txt
+var symbolsTxt string
+
+// CapiLib is the file name of the library that holds the Go runtime.
+const CapiLib = "libsoftrdma-capi.so"
+
+// ThinLibs are the file names (and sonames) of the libraries a program
+// loads in place of rdma-core's.
+var ThinLibs = []string{"librdmacm.so.1", "libibverbs.so.1"}
+
+// versions are the version nodes of each library, oldest first; each
+// inherits the one before it, as in rdma-core, except those in roots.
+var versions = map[string][]string{
+	"librdmacm.so.1": {"RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"},
+	"libibverbs.so.1": {"IBVERBS_1.0", "IBVERBS_1.1", "IBVERBS_1.5", "IBVERBS_1.6", "IBVERBS_1.7",
+		"IBVERBS_1.8", "IBVERBS_1.9", "IBVERBS_1.10", "IBVERBS_1.11", "IBVERBS_1.12", "IBVERBS_1.13",
+		"IBVERBS_1.14", "IBVERBS_PRIVATE_34"},
+}
+
+var roots = map[string]bool{"RDMACM_1.0": true, "IBVERBS_1.0": true, "IBVERBS_PRIVATE_34": true}
+
+// Symbol is one exported symbol of rdma-core's libraries.
+type Symbol struct {
+	Lib     string // librdmacm.so.1 or libibverbs.so.1
+	Version string // e.g. RDMACM_1.1
+	Name    string
+	Default bool   // name@@version (else a compat name@version)
+	Kind    string // what a stub returns: ptr, neg, errno, zero, void; object for data
+}
+
+// Symbols returns the symbols of rdma-core 44.0's libraries (symbols.txt).
+func Symbols() []Symbol {
+	var syms []Symbol
+	sc := bufio.NewScanner(strings.NewReader(symbolsTxt))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 5 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		syms = append(syms, Symbol{Lib: f[0], Version: f[1], Name: f[2], Default: f[3] == "@@", Kind: f[4]})
+	}
+	return syms
+}
+
+// Target returns the function of libsoftrdma-capi.so a symbol jumps to.
+func (s Symbol) Target() string {
+	if s.Default {
+		return "softrdma_" + s.Name
+	}
+	return "softrdma_compat_" + s.Name
+}
+
+// Complete tells whether dir holds the three libraries.
+func Complete(dir string) bool {
+	for _, f := range append([]string{CapiLib}, ThinLibs...) {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// Options are the tools Build runs.
+type Options struct {
+	ModuleDir string    // the softrdma module's source (go.mod's directory)
+	Go        string    // the go command ("go" if empty)
+	CC        string    // the C compiler ($CC, else "cc")
+	Log       io.Writer // the tools' output (os.Stderr if nil)
+}
+
+// Build builds the three libraries into dir.
+func Build(ctx context.Context, dir string, o Options) error {
+	if o.Go == "" {
+		o.Go = "go"
+	}
+	if o.CC == "" {
+		o.CC = os.Getenv("CC")
+	}
+	if o.CC == "" {
+		o.CC = "cc"
+	}
+	if o.Log == nil {
+		o.Log = os.Stderr
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	run := func(wd, name string, args ...string) error {
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Dir = wd
+		cmd.Stdout, cmd.Stderr = o.Log, o.Log
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+		}
+		return nil
+	}
+	capi := filepath.Join(dir, CapiLib)
+	if err := run(o.ModuleDir, o.Go, "build", "-tags", "capi", "-buildmode=c-shared", "-trimpath",
+		"-ldflags=-extldflags=-Wl,-soname,"+CapiLib, "-o", capi+".tmp", "./capi"); err != nil {
+		return err
+	}
+	os.Remove(filepath.Join(dir, strings.TrimSuffix(CapiLib, ".so")+".so.tmp.h"))
+	os.Remove(capi + ".h")
+	if err := os.Rename(capi+".tmp", capi); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "softrdma-capi")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	for _, lib := range ThinLibs {
+		asm, script, err := Trampolines(lib, runtime.GOARCH)
+		if err != nil {
+			return err
+		}
+		s, m := filepath.Join(tmp, lib+".S"), filepath.Join(tmp, lib+".map")
+		if err := os.WriteFile(s, asm, 0o644); err != nil {
+			return err
+		}
+		if err := os.WriteFile(m, script, 0o644); err != nil {
+			return err
+		}
+		out := filepath.Join(dir, lib)
+		if err := run(tmp, o.CC, "-shared", "-fPIC", "-nostdlib", "-o", out+".tmp", s,
+			"-Wl,-soname,"+lib, "-Wl,--version-script="+m, "-L"+dir, "-l:"+CapiLib,
+			"-Wl,-rpath,$ORIGIN", "-Wl,-z,noexecstack"); err != nil {
+			return err
+		}
+		if err := os.Rename(out+".tmp", out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Trampolines returns the assembly and the version script of a thin
+// library: every symbol of lib is a jump to its Target.
+func Trampolines(lib, goarch string) (asm, script []byte, err error) {
+	var jmp string
+	switch goarch {
+	case "amd64":
+		jmp = "jmp %s@PLT"
+	case "arm64":
+		jmp = "b %s"
+	default:
+		return nil, nil, fmt.Errorf("capibuild: no trampolines for %s", goarch)
+	}
+	var a, v bytes.Buffer
+	fmt.Fprintf(&a, "/* %s: every symbol jumps to libsoftrdma-capi.so (generated by internal/capibuild). */\n", lib)
+	byVer := map[string][]string{}
+	for _, s := range Symbols() {
+		if s.Lib != lib {
+			continue
+		}
+		// As rdma-core does: every version of a name is a .symver alias
+		// of a label of its own, and the version script lists the name in
+		// every node it has a version in.
+		label := "softrdma_tramp_" + s.Name + "_" + strings.NewReplacer(".", "_").Replace(s.Version)
+		if s.Kind == "object" {
+			fmt.Fprintf(&a, "\t.data\n\t.globl %s\n\t.type %s, %%object\n\t.size %s, 1\n%s:\n\t.byte 0\n", label, label, label, label)
+		} else {
+			fmt.Fprintf(&a, "\t.text\n\t.globl %s\n\t.type %s, %%function\n%s:\n\t"+jmp+"\n", label, label, label, s.Target())
+		}
+		at := "@"
+		if s.Default {
+			at = "@@"
+		}
+		fmt.Fprintf(&a, "\t.symver %s, %s%s%s\n", label, s.Name, at, s.Version)
+		byVer[s.Version] = append(byVer[s.Version], s.Name)
+	}
+	fmt.Fprintf(&a, "\t.section .note.GNU-stack,\"\",%%progbits\n")
+	prev := ""
+	for i, ver := range versions[lib] {
+		fmt.Fprintf(&v, "%s {\n", ver)
+		if names := byVer[ver]; len(names) > 0 {
+			fmt.Fprintf(&v, "  global:\n")
+			for _, n := range names {
+				fmt.Fprintf(&v, "    %s;\n", n)
+			}
+		}
+		if i == 0 {
+			fmt.Fprintf(&v, "  local: *;\n")
+		}
+		if roots[ver] || prev == "" {
+			fmt.Fprintf(&v, "};\n")
+		} else {
+			fmt.Fprintf(&v, "} %s;\n", prev)
+		}
+		prev = ver
+	}
+	return a.Bytes(), v.Bytes(), nil
+}
