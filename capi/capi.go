@@ -26,9 +26,9 @@ import (
 // is never reused, so a freed object's handle finds nothing (EINVAL), not
 // another object.
 type registry struct {
-	mu   sync.Mutex
+	mu   sync.Mutex // guards next and the maps below (objs is a sync.Map: lookups on the data path take no lock)
 	next uintptr
-	objs map[uintptr]any
+	objs sync.Map // uintptr → object
 
 	devs map[*verbs.Device]*C.struct_sr_device
 	ctxs map[*verbs.Context]*C.struct_sr_context
@@ -37,7 +37,6 @@ type registry struct {
 }
 
 var reg = registry{
-	objs: map[uintptr]any{},
 	devs: map[*verbs.Device]*C.struct_sr_device{},
 	ctxs: map[*verbs.Context]*C.struct_sr_context{},
 	cqs:  map[*verbs.CQ]*C.struct_sr_cq{},
@@ -46,25 +45,20 @@ var reg = registry{
 
 func (r *registry) put(v any) C.uintptr_t {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.next++
-	r.objs[r.next] = v
-	return C.uintptr_t(r.next)
+	h := r.next
+	r.mu.Unlock()
+	r.objs.Store(h, v)
+	return C.uintptr_t(h)
 }
 
-func (r *registry) del(h C.uintptr_t) {
-	r.mu.Lock()
-	delete(r.objs, uintptr(h))
-	r.mu.Unlock()
-}
+func (r *registry) del(h C.uintptr_t) { r.objs.Delete(uintptr(h)) }
 
 // get returns the object of handle h if it has type T.
 func get[T any](h C.uintptr_t) (T, bool) {
-	reg.mu.Lock()
-	v, ok := reg.objs[uintptr(h)]
-	reg.mu.Unlock()
-	t, ok2 := v.(T)
-	return t, ok && ok2
+	v, _ := reg.objs.Load(uintptr(h))
+	t, ok := v.(T)
+	return t, ok
 }
 
 // errno is the errno of a Go error (0 for nil, EIO when it carries none).
