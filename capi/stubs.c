@@ -201,6 +201,5 @@ long softrdma_mbps_to_ibv_rate(void) { SR_STUB("mbps_to_ibv_rate", 0); }
 long softrdma_mult_to_ibv_rate(void) { SR_STUB("mult_to_ibv_rate", 0); }
 long softrdma_verbs_init_cq(void) { SR_STUB("verbs_init_cq", 0); }
 long softrdma_verbs_open_device(void) { SR_STUB("verbs_open_device", 0); }
-long softrdma_verbs_register_driver_34(void) { SR_STUB("verbs_register_driver_34", 0); }
 long softrdma_verbs_set_ops(void) { SR_STUB("verbs_set_ops", 0); }
 long softrdma_verbs_uninit_context(void) { SR_STUB("verbs_uninit_context", 0); }

@@ -586,3 +586,9 @@ const char *softrdma_ibv_wc_status_str(enum ibv_wc_status status)
 	return s[status];
 }
 SR_CHECK(ibv_wc_status_str);
+
+// verbs_register_driver_34 (driver.h) is what rdma-core's provider
+// libraries call from their constructors when a program links one (perftest
+// links libmlx5 and libefa for their direct verbs). softrdma loads no
+// providers: the call is accepted and ignored, without a message.
+void softrdma_verbs_register_driver_34(const void *ops) { (void)ops; }
