@@ -32,10 +32,6 @@ import (
 // finds every other's sockets whatever its environment.
 const handoverBase = "/tmp"
 
-// handoverBacklog is the listen backlog of a send block's hand-over socket:
-// one connection per forwarding device of the host.
-const handoverBacklog = 64
-
 // maxHandoverConns bounds a device's cache of connections to other
 // devices' send blocks; past it the cache starts again empty.
 const maxHandoverConns = 1024
