@@ -25,7 +25,7 @@ import (
 // port joins and leaves a group over the fabric. The SM must keep
 // answering it.
 //
-// TestAttachFlood is the small flood every run makes (3,000 ports from
+// TestAttachFlood is the small flood every run makes (1,500 ports from
 // three processes, attached again every 100 ms). The full flood, 50,000
 // attaches from three processes, is a benchmark run on demand (in a
 // network namespace of its own, as CI runs the tests):
@@ -268,12 +268,12 @@ func TestFloodHelper(t *testing.T) {
 	}
 }
 
-// TestAttachFlood: three flooder processes attach 3,000 fake ports and
-// attach them again every 100 ms (a hundred times their keepalive) while
+// TestAttachFlood: three flooder processes attach 1,500 fake ports and
+// attach them again every 100 ms (ten times their keepalive) while
 // a legitimate port joins and leaves a group: every SA request is
 // answered, and quickly, and the port is never forgotten.
 func TestAttachFlood(t *testing.T) {
-	const ports, joins = 3000, 200
+	const ports, joins = 1500, 200
 	s := startSM(t, Config{Logf: func(string, ...any) {}})
 	legit := newFakePort(t, s.FabricAddr(), 0x500001)
 	group := mgid("ff12:4001:ffff::601:301")

@@ -89,6 +89,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -374,8 +375,9 @@ func (f *fifo[T]) pop() T {
 }
 
 // limitedLog logs one kind of event at most once a second, with the
-// count since the last line. Guarded by SM.mu.
+// count since the last line.
 type limitedLog struct {
+	mu sync.Mutex
 	at time.Time
 	n  uint64
 }
@@ -421,6 +423,7 @@ type SM struct {
 	refusals bucket
 	// Rate-limited logs of throttles, drops and refusals.
 	logThrottle, logDrop, logSource, logNoLID limitedLog
+	logBad, logRefused, logForeign            limitedLog
 	// Control messages waiting for the control goroutine: the attached
 	// ports' (each port's own, served round robin) and the rest's.
 	ctlPorts fifo[*port]
@@ -617,10 +620,15 @@ func (s *SM) logf(format string, args ...any) {
 }
 
 // limitedf logs through l: the first event, then at most one line a
-// second saying how many happened since the last line. Caller holds mu.
+// second saying how many happened since the last line.
 func (s *SM) limitedf(l *limitedLog, now time.Time, format string, args ...any) {
+	if s.cfg.Logf == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.n++
-	if s.cfg.Logf == nil || (!l.at.IsZero() && now.Sub(l.at) < time.Second) {
+	if !l.at.IsZero() && now.Sub(l.at) < time.Second {
 		return
 	}
 	s.logf("%s (%d such since the last line)", fmt.Sprintf(format, args...), l.n)
@@ -727,6 +735,7 @@ func (s *SM) expire(now time.Time) bool {
 		if n == expireBatch {
 			n = 0
 			s.mu.Unlock()
+			runtime.Gosched() // let the reader and the control goroutine in
 			s.mu.Lock()
 		}
 	}
@@ -858,13 +867,13 @@ func (s *SM) controlLoop() {
 func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 	c, err := fabric.DecodeControl(b)
 	if err != nil {
-		s.logf("bad control message from %v: %v", from, err)
+		s.limitedf(&s.logBad, time.Now(), "bad control message from %v: %v", from, err)
 		return
 	}
 	switch c.Type {
 	case fabric.TypeAttach:
 		if c.GUID == 0 {
-			s.logf("attach without GUID from %v", from)
+			s.limitedf(&s.logBad, time.Now(), "attach without GUID from %v", from)
 			return
 		}
 		lid, rereg, win, err := s.attach(c.GUID, c.NodeDesc, from, c.Credits)
@@ -888,11 +897,11 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 			s.detachLocked(p)
 		} else {
 			s.foreignDetach.Add(1)
-			s.logf("detach of %#x from %v ignored: not the port's address", c.GUID, from)
+			s.limitedf(&s.logForeign, time.Now(), "detach of %#x from %v ignored: not the port's address", c.GUID, from)
 		}
 		s.mu.Unlock()
 	default:
-		s.logf("unknown control message %q from %v", c.Type, from)
+		s.limitedf(&s.logBad, time.Now(), "unknown control message %q from %v", c.Type, from)
 	}
 }
 
@@ -931,7 +940,7 @@ func (s *SM) attach(guid uint64, desc string, from netip.AddrPort, credits int) 
 	if p != nil && p.attached() && p.addr != from {
 		if now.Sub(p.lastSeen) <= s.timeout {
 			s.refusedAttach.Add(1)
-			s.logf("attach of %#x from %v refused: %v (%v)", guid, from, errLive, p.addr)
+			s.limitedf(&s.logRefused, now, "attach of %#x from %v refused: %v (%v)", guid, from, errLive, p.addr)
 			return 0, false, 0, fmt.Errorf("%w (%v)", errLive, p.addr)
 		}
 		s.logf("port %#x (LID %d) silent for %v: forgotten", p.guid, p.lid, s.timeout)
