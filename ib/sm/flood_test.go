@@ -378,7 +378,33 @@ func TestAttachFloodFull(t *testing.T) {
 	start := time.Now()
 	stopFlood := flooders(t, s.FabricAddr(), total, interval)
 	sent := time.Since(start)
-	time.Sleep(time.Duration(secs)*time.Second - sent)
+	// A new port attaches during the flood, as provider/ib does (its
+	// attach again every second until a port_info), and joins.
+	newcomer := newFakePortNoAttach(t, s.FabricAddr(), 0x500003)
+	t0 := time.Now()
+	var pi *fabric.Control
+	for pi == nil && time.Since(t0) < 5*time.Second {
+		newcomer.sendControl(&fabric.Control{Type: fabric.TypeAttach, GUID: newcomer.guid})
+		select {
+		case c := <-newcomer.ctl:
+			pi = c
+		case <-time.After(fabric.KeepaliveInterval):
+		}
+	}
+	attachTook := time.Since(t0)
+	if pi == nil || pi.Type != fabric.TypePortInfo {
+		t.Errorf("a new port attaching during the flood: %+v after %v", pi, attachTook)
+	} else {
+		newcomer.mu.Lock()
+		newcomer.lid = pi.LID
+		newcomer.mu.Unlock()
+		a, ok := newcomer.saTry(mcReq(mad.MethodSet, mad.CompCreateRequired, mgid("ff12:4001:ffff::601:303"), newcomer.guid, mad.JoinFullMember), fullProbeTimeout)
+		if !ok || a.Status() != 0 {
+			t.Errorf("the new port's join during the flood: answered %v", ok)
+		}
+		t.Logf("a new port attached during the flood after %v and joined", attachTook.Round(time.Microsecond))
+	}
+	time.Sleep(time.Duration(secs)*time.Second - time.Since(start))
 	r := stop()
 	stopFlood()
 	st := s.Stats()
