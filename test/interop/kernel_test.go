@@ -155,7 +155,7 @@ func TestKernelVerbs(t *testing.T) {
 	note := report(t)
 	g := l.guests[0]
 	// TestSendCost is a measurement: TestKernelSendCost runs it.
-	out, rc := g.goTest(t, "./provider/rdmacore", "-test.v", "-test.count=1", "-test.skip", "^TestSendCost$")
+	out, rc := g.goTest(t, "./provider/rdmacore", "-test.v", "-test.count=1", "-test.skip", "^(TestSendCost|TestDeviceAddedAgain)$")
 	passed := strings.Count(out, "--- PASS")
 	skipped := strings.Count(out, "--- SKIP")
 	if rc != 0 || skipped > 0 || passed == 0 {
@@ -164,6 +164,12 @@ func TestKernelVerbs(t *testing.T) {
 	allocs := "?"
 	if m := allocsLine.FindStringSubmatch(out); m != nil {
 		allocs = m[1]
+	}
+	// A device deleted and added again, in a process of its own (the
+	// kernel's delete waits for the processes that hold the device open).
+	readd, readdRC := g.goTestEnv(t, "./provider/rdmacore", []string{"SOFTRDMA_RDMACORE_READD=1"}, "-test.v", "-test.count=1", "-test.run", "^TestDeviceAddedAgain$")
+	if readdRC != 0 || !strings.Contains(readd, "--- PASS: TestDeviceAddedAgain") {
+		t.Fatalf("%s: TestDeviceAddedAgain: exit status %d:\n%s", g, readdRC, nettest.Indent(readd))
 	}
 	// The kernel CM's package (librdmacm ids' lifetimes).
 	cmOut, cmRC := g.goTest(t, "./provider/rdmacore/cm", "-test.v", "-test.count=1")
