@@ -56,6 +56,8 @@ func (s *SA) Handle(req mad.MAD, from From) []mad.MAD {
 			return errorReply(req, mad.StatusBadVersion)
 		}
 		return s.mcmr(req, from)
+	case mad.AttrPathRecord:
+		return s.pathRecord(req, from) // path.go
 	default:
 		return nil // ERR 1A01: unsupported attribute
 	}

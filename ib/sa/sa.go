@@ -152,6 +152,8 @@ type QuotaRefusals struct {
 type Port struct {
 	// GUID is the port GUID; its GID is <subnet prefix>:<GUID>.
 	GUID uint64
+	// LID is the port's LID (0: unknown; the port then has no path).
+	LID uint16
 	// MTU is the port's MTU enum (mad.MTU2048 …); 0 → 2048.
 	MTU uint8
 	// Rate is the port's static rate enum (mad.Rate10Gbps …); 0 → 10 Gb/s.
@@ -202,6 +204,7 @@ type SA struct {
 	cfg     Config
 	prefix  uint64
 	ports   map[uint64]*Port
+	byLID   map[uint16]uint64 // the GUID of each port's LID (path records)
 	groups  map[wire.GID]*group
 	counter uint32 // SA-assigned MGID counter, as OpenSM's uniq_count
 	version uint64
@@ -236,6 +239,7 @@ func New(cfg Config) *SA {
 		cfg:     cfg,
 		prefix:  cfg.SubnetPrefix,
 		ports:   make(map[uint64]*Port),
+		byLID:   make(map[uint16]uint64),
 		groups:  make(map[wire.GID]*group),
 		mlids:   newMLIDs(cfg.MaxMLID),
 		byMLID:  make(map[uint16]*group),
@@ -295,6 +299,12 @@ func (s *SA) AddPort(p Port) {
 	} else {
 		p.PKeys = slices.Clone(p.PKeys)
 	}
+	if old := s.ports[p.GUID]; old != nil && old.LID != 0 && s.byLID[old.LID] == p.GUID {
+		delete(s.byLID, old.LID)
+	}
+	if p.LID != 0 {
+		s.byLID[p.LID] = p.GUID
+	}
 	s.ports[p.GUID] = &p
 }
 
@@ -306,6 +316,9 @@ func (s *SA) HasPort(guid uint64) bool { return s.ports[guid] != nil }
 // count against its MaxGroupsPerPort should it register again.
 func (s *SA) RemovePort(guid uint64) {
 	s.LeaveAll(guid)
+	if p := s.ports[guid]; p != nil && p.LID != 0 && s.byLID[p.LID] == guid {
+		delete(s.byLID, p.LID)
+	}
 	delete(s.ports, guid)
 	delete(s.refused, guid)
 }

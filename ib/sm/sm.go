@@ -563,7 +563,7 @@ func newState(cfg Config) (*SM, error) {
 		p := &port{guid: guid, lid: lid, pre: true}
 		s.byGUID[guid] = p
 		s.byLID[p.lid] = p
-		s.sa.AddPort(sa.Port{GUID: guid, MTU: fabric.PortMTU, Rate: fabric.PortRate})
+		s.sa.AddPort(sa.Port{GUID: guid, LID: lid, MTU: fabric.PortMTU, Rate: fabric.PortRate})
 	}
 	s.lids.idleAll(func(g uint64) bool { return s.byGUID[g] != nil })
 	if err := s.saveState(); err != nil {
@@ -987,7 +987,7 @@ func (s *SM) attach(guid uint64, desc string, from netip.AddrPort, credits int) 
 		p.ls.stallCount, p.ls.dropUntil = 0, time.Time{}
 	}
 	if !s.sa.HasPort(guid) {
-		s.sa.AddPort(sa.Port{GUID: guid, MTU: fabric.PortMTU, Rate: fabric.PortRate})
+		s.sa.AddPort(sa.Port{GUID: guid, LID: p.lid, MTU: fabric.PortMTU, Rate: fabric.PortRate})
 	}
 	if p.desc != desc {
 		p.desc = desc
