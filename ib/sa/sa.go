@@ -1,6 +1,7 @@
 // Package sa is the Subnet Administration rules engine of the emulated
 // InfiniBand subnet: MCMemberRecord Set (join/create), Delete (leave),
-// Get and GetTable, and Get of ClassPortInfo, with OpenSM 3.3 semantics.
+// Get and GetTable, Get of ClassPortInfo, and Get and GetTable of
+// PathRecord, with OpenSM 3.3 semantics.
 // It is pure logic — 256-byte MADs in, MADs out — and knows nothing of
 // sockets; the subnet manager (package ib/sm) feeds it.
 //
@@ -12,8 +13,9 @@
 //
 //	any MAD     base version ≠ 1, class ≠ 0x03, a response method, an RMPP
 //	            ACK/STOP/ABORT, a method other than Get/GetTable/Set/Delete
-//	            or an attribute other than ClassPortInfo/MCMemberRecord:
-//	            dropped, no answer (as OpenSM)
+//	            or an attribute other than ClassPortInfo/MCMemberRecord/
+//	            PathRecord: dropped, no answer (as OpenSM); PathRecord's
+//	            rules are in path.go
 //	CPI         class version other than 2 or 1 → 0x0004 (a version-1 Get
 //	            is answered as a version-2 one); Set or Delete: dropped;
 //	            GetTable → 0x0200
