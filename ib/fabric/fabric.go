@@ -6,12 +6,20 @@
 // CONTROL message, an IB PACKET, or a 6-byte FLOW CONTROL packet (the
 // links are lossless: credit-based flow control, see flow.go).
 //
-// A CONTROL message is the 5-byte prefix Magic ("SRSM" + version 0x01), then
-// a JSON object (Control). An IB packet never starts with 'S' (0x53): LRH
-// byte 0 is VL<<4 | LVer and LVer is 0. Types:
+// A CONTROL message is the 5-byte prefix Magic ("SRSM" + the protocol
+// version, Version), then a JSON object (Control). An IB packet never
+// starts with 'S' (0x53): LRH byte 0 is VL<<4 | LVer and LVer is 0.
+// Types:
 //
 //	attach     port → SM: GUID, NodeDesc; at start and every
-//	           KeepaliveInterval as keepalive
+//	           KeepaliveInterval as keepalive; Cookie, the one of the
+//	           SM's last retry, until a port_info comes. EncodeControl pads
+//	           an attach with trailing spaces (which JSON ignores) to
+//	           AttachLen bytes, so that no answer of the SM is larger
+//	           than the attach it answers
+//	retry      SM → port, the answer to an attach from an address that has
+//	           not proven that it receives there: GUID (the attach's) and
+//	           Cookie, which the port sends back in an attach at once
 //	port_info  SM → port, the answer to every attach it accepts: LID, SMLID,
 //	           SubnetPrefix, PKeys [0xffff], Epoch (random per SM start),
 //	           MTU 4 (2048), Rate 3 (10 Gb/s), State "active", and
@@ -21,8 +29,25 @@
 //	           (the attach's) and Reason: ReasonGUIDInUse when the GUID
 //	           is registered at another live address, ReasonNoLID when
 //	           no LID is free, ReasonSourceLimit when the source IP
-//	           address has as many ports attached as the SM allows one
+//	           address has as many ports attached as the SM allows one,
+//	           ReasonVersion (in the attach's own version) when the attach
+//	           speaks another protocol version
 //	detach     port → SM when the port closes
+//
+// Address validation (issue 24, item 8). A UDP source address can be
+// forged, so the SM never answers an attach from an unproven address with
+// anything but a retry no larger than the attach, and allocates nothing
+// (no LID, no port record) for it. An address is proven for a GUID when
+// the port of that GUID is registered at that address, or when the attach
+// carries a Cookie of a retry the SM sent to that address for that GUID:
+// an HMAC of the address, the GUID and the time in CookieWindow units
+// under a secret of the SM's (random per SM start); a cookie is taken in
+// its window and the next (CookieWindow to 2×CookieWindow). The port sends
+// its attach again with the cookie as soon as a retry comes, so attaching
+// costs one more round trip. Only then does the SM register the port and
+// answer port_info or refused. A port of version 1 gets a refused with
+// ReasonVersion in version 1's format, when that is no larger than its
+// attach.
 //
 // Attach and port_info carry Credits, the receive window of their sender:
 // the links are flow controlled (see Flow) so that the subnet is lossless
@@ -31,8 +56,10 @@
 // A port takes datagrams only from the SM's fabric address (the SM is also
 // the switch), a refused only when it names the port's GUID (a port that
 // is still waiting for its first port_info gives up at once; an active
-// port ignores it and notices a silent SM by its keepalives), and a
-// port_info only when it names the port's GUID, a unicast
+// port ignores it and notices a silent SM by its keepalives), a retry
+// only when it names the port's GUID and carries a cookie of at most
+// MaxCookieLen bytes (it answers each new cookie with one attach at once),
+// and a port_info only when it names the port's GUID, a unicast
 // LID other than SMLID, a unicast SMLID, an MTU enum 1..5, State "active"
 // and a non-zero Epoch. A port that sees a new Epoch knows the SM
 // restarted (client reregister).
@@ -54,22 +81,46 @@
 package fabric
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/softrdma/softrdma/wire"
 )
 
-// Magic starts every control message: "SRSM" and protocol version 1.
-const Magic = "SRSM\x01"
+// Version is the protocol version of the control messages: 2 since the
+// SM validates addresses (retry and Cookie); 1 before.
+const Version = 2
+
+// Magic starts every control message: "SRSM" and the protocol version.
+const Magic = magicPrefix + "\x02"
+
+// magicPrefix starts a control message of any protocol version.
+const magicPrefix = "SRSM"
+
+// Address validation (see the package comment).
+const (
+	// AttachLen is the length EncodeControl pads an attach to: no answer
+	// of the SM (retry, port_info, refused) is longer.
+	AttachLen = 256
+	// CookieLen is the length of the SM's cookies; MaxCookieLen the
+	// longest cookie a port takes.
+	CookieLen    = 16
+	MaxCookieLen = 64
+	// CookieWindow is the SM's time unit for cookies: a cookie is taken
+	// for CookieWindow to 2×CookieWindow after its retry.
+	CookieWindow = 10 * time.Second
+)
 
 // Control message types and the port state.
 const (
 	TypeAttach   = "attach"
 	TypePortInfo = "port_info"
 	TypeRefused  = "refused"
+	TypeRetry    = "retry"
 	TypeDetach   = "detach"
 	StateActive  = "active"
 )
@@ -84,6 +135,9 @@ const (
 	// ReasonSourceLimit: the attach's source IP address has as many ports
 	// attached as the SM lets one address attach.
 	ReasonSourceLimit = "source_limit"
+	// ReasonVersion: the attach speaks another protocol version than the
+	// SM (the refusal is in the attach's version).
+	ReasonVersion = "version"
 )
 
 // Fabric defaults.
@@ -136,35 +190,78 @@ type Control struct {
 	// no link flow control (see flow.go).
 	Credits int `json:"credits,omitempty"`
 	// Reason (refused) says why the SM refused an attach: ReasonGUIDInUse,
-	// ReasonNoLID or ReasonSourceLimit.
+	// ReasonNoLID, ReasonSourceLimit or ReasonVersion.
 	Reason string `json:"reason,omitempty"`
+	// Cookie (retry, and attach after a retry) proves that the port
+	// receives at its address (see the package comment).
+	Cookie []byte `json:"cookie,omitempty"`
 }
 
 // ErrNotControl reports a datagram without the Magic prefix.
 var ErrNotControl = errors.New("fabric: not a control message")
 
-// IsControl reports whether b is a control message (starts with Magic).
-func IsControl(b []byte) bool { return len(b) >= len(Magic) && string(b[:len(Magic)]) == Magic }
+// ErrVersion reports a control message of another protocol version.
+var ErrVersion = errors.New("fabric: control message of another protocol version")
 
-// EncodeControl returns Magic followed by the JSON of c.
-func EncodeControl(c *Control) []byte {
+// IsControl reports whether b is a control message of any protocol
+// version ("SRSM" and a version byte): see ControlVersion.
+func IsControl(b []byte) bool {
+	return len(b) >= len(Magic) && string(b[:len(magicPrefix)]) == magicPrefix
+}
+
+// ControlVersion returns the protocol version of a control message (0
+// when b is not one).
+func ControlVersion(b []byte) byte {
+	if !IsControl(b) {
+		return 0
+	}
+	return b[len(magicPrefix)]
+}
+
+// EncodeControl returns Magic followed by the JSON of c; an attach is
+// padded with spaces to AttachLen bytes.
+func EncodeControl(c *Control) []byte { return EncodeControlVersion(c, Version) }
+
+// EncodeControlVersion is EncodeControl in protocol version v (the SM
+// refuses a port of another version in that port's version: versions 1
+// and 2 share the JSON). Only Version pads attaches.
+func EncodeControlVersion(c *Control, v byte) []byte {
 	j, err := json.Marshal(c)
 	if err != nil { // cannot happen: every field has a JSON form
 		panic(err)
 	}
-	return append([]byte(Magic), j...)
+	b := append(append([]byte(magicPrefix), v), j...)
+	if c.Type == TypeAttach && v == Version && len(b) < AttachLen {
+		b = append(b, bytes.Repeat([]byte{' '}, AttachLen-len(b))...)
+	}
+	return b
 }
 
-// DecodeControl parses a control message.
+// DecodeControl parses a control message of protocol version Version (a
+// message of another version fails with ErrVersion).
 func DecodeControl(b []byte) (*Control, error) {
+	c, v, err := DecodeControlAnyVersion(b)
+	if err != nil {
+		return nil, err
+	}
+	if v != Version {
+		return nil, fmt.Errorf("%w: version %d, this is %d", ErrVersion, v, Version)
+	}
+	return c, nil
+}
+
+// DecodeControlAnyVersion parses a control message of any protocol
+// version as one of this version (whose JSON versions 1 and 2 share) and
+// returns its version.
+func DecodeControlAnyVersion(b []byte) (*Control, byte, error) {
 	if !IsControl(b) {
-		return nil, ErrNotControl
+		return nil, 0, ErrNotControl
 	}
 	c := new(Control)
 	if err := json.Unmarshal(b[len(Magic):], c); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return c, nil
+	return c, b[len(magicPrefix)], nil
 }
 
 // PortGID returns the GID of a port: the subnet prefix, then the GUID

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/softrdma/softrdma/ib/mad"
@@ -13,13 +14,14 @@ import (
 
 func TestControlGolden(t *testing.T) {
 	b := EncodeControl(&Control{Type: TypeAttach, GUID: 0x100001, NodeDesc: "host rxe0"})
-	want := "SRSM\x01" + `{"type":"attach","guid":1048577,"node_desc":"host rxe0"}`
+	want := "SRSM\x02" + `{"type":"attach","guid":1048577,"node_desc":"host rxe0"}`
+	want += strings.Repeat(" ", AttachLen-len(want)) // padded
 	if string(b) != want {
 		t.Fatalf("got %q\nwant %q", b, want)
 	}
 	pi := &Control{Type: TypePortInfo, GUID: 0x100001, LID: 2, SMLID: 1, SubnetPrefix: DefaultSubnetPrefix,
 		PKeys: []uint16{0xffff}, Epoch: 42, MTU: 4, Rate: 3, State: StateActive}
-	want = "SRSM\x01" + `{"type":"port_info","guid":1048577,"lid":2,"sm_lid":1,"subnet_prefix":18338657682652659712,` +
+	want = "SRSM\x02" + `{"type":"port_info","guid":1048577,"lid":2,"sm_lid":1,"subnet_prefix":18338657682652659712,` +
 		`"pkeys":[65535],"epoch":42,"mtu":4,"rate":3,"state":"active"}`
 	if got := string(EncodeControl(pi)); got != want {
 		t.Fatalf("got %q\nwant %q", got, want)
@@ -29,28 +31,94 @@ func TestControlGolden(t *testing.T) {
 		t.Fatalf("decode %+v, %v", c, err)
 	}
 	ref := &Control{Type: TypeRefused, GUID: 0x100001, Reason: ReasonGUIDInUse}
-	want = "SRSM\x01" + `{"type":"refused","guid":1048577,"reason":"guid_in_use"}`
+	want = "SRSM\x02" + `{"type":"refused","guid":1048577,"reason":"guid_in_use"}`
 	if got := string(EncodeControl(ref)); got != want {
 		t.Fatalf("got %q\nwant %q", got, want)
 	}
 	if c, err := DecodeControl([]byte(want)); err != nil || !reflect.DeepEqual(c, ref) {
 		t.Fatalf("decode %+v, %v", c, err)
 	}
-	if _, err := DecodeControl([]byte("SRSM\x02{}")); !errors.Is(err, ErrNotControl) {
-		t.Fatalf("version 2: %v", err)
+	retry := &Control{Type: TypeRetry, GUID: 0x100001, Cookie: []byte("0123456789abcdef")}
+	want = "SRSM\x02" + `{"type":"retry","guid":1048577,"cookie":"MDEyMzQ1Njc4OWFiY2RlZg=="}`
+	if got := string(EncodeControl(retry)); got != want {
+		t.Fatalf("got %q\nwant %q", got, want)
 	}
-	if _, err := DecodeControl([]byte("SRSM\x01{")); err == nil {
+	if c, err := DecodeControl([]byte(want)); err != nil || !reflect.DeepEqual(c, retry) {
+		t.Fatalf("decode %+v, %v", c, err)
+	}
+	if _, err := DecodeControl([]byte("SRS\x02{}")); !errors.Is(err, ErrNotControl) {
+		t.Fatalf("no magic: %v", err)
+	}
+	if _, err := DecodeControl([]byte("SRSM\x02{")); err == nil {
 		t.Fatal("bad JSON accepted")
 	}
-	if IsControl([]byte("SRSM")) || !IsControl([]byte(Magic)) {
+	if IsControl([]byte("SRSM")) || !IsControl([]byte(Magic)) || Magic[4] != Version {
 		t.Fatal("IsControl")
+	}
+}
+
+// TestControlVersions: a message of version 1 (before address validation)
+// is a control message that DecodeControl refuses with ErrVersion and
+// DecodeControlAnyVersion reads; the SM's refusal in version 1 is what a
+// version 1 port decodes (the same JSON, Magic "SRSM\x01"), and no
+// longer than that port's attach.
+func TestControlVersions(t *testing.T) {
+	v1 := []byte("SRSM\x01" + `{"type":"attach","guid":1048577,"node_desc":"softrdma 127.0.0.1","credits":64}`)
+	if !IsControl(v1) || ControlVersion(v1) != 1 || ControlVersion([]byte("xx")) != 0 {
+		t.Fatal("IsControl/ControlVersion of version 1")
+	}
+	if _, err := DecodeControl(v1); !errors.Is(err, ErrVersion) {
+		t.Fatalf("version 1: %v, want ErrVersion", err)
+	}
+	c, v, err := DecodeControlAnyVersion(v1)
+	if err != nil || v != 1 || c.Type != TypeAttach || c.GUID != 0x100001 {
+		t.Fatalf("DecodeControlAnyVersion: %+v %d %v", c, v, err)
+	}
+	r := EncodeControlVersion(&Control{Type: TypeRefused, GUID: c.GUID, Reason: ReasonVersion}, 1)
+	if want := "SRSM\x01" + `{"type":"refused","guid":1048577,"reason":"version"}`; string(r) != want {
+		t.Fatalf("got %q\nwant %q", r, want)
+	}
+	if len(r) > len(v1) {
+		t.Fatalf("refusal of %d bytes to an attach of %d", len(r), len(v1))
+	}
+	// Attaches of version 1 were never padded; EncodeControlVersion pads
+	// only this version's.
+	if a := EncodeControlVersion(&Control{Type: TypeAttach, GUID: 1}, 1); len(a) >= AttachLen {
+		t.Fatalf("version 1 attach padded: %d bytes", len(a))
+	}
+}
+
+// TestAnswersFitAttach: the SM's answers, with every field at its
+// longest, are no longer than the shortest attach EncodeControl makes
+// (AttachLen), so that a padded attach is never amplified; a long attach
+// is not cut.
+func TestAnswersFitAttach(t *testing.T) {
+	const maxU64 = ^uint64(0)
+	answers := []*Control{
+		{Type: TypeRetry, GUID: maxU64, Cookie: make([]byte, CookieLen)},
+		{Type: TypePortInfo, GUID: maxU64, LID: 0xBFFF, SMLID: 0xBFFF, SubnetPrefix: maxU64, PKeys: []uint16{0xffff},
+			Epoch: maxU64, MTU: 5, Rate: 255, State: StateActive, ClientReregister: true, Credits: MaxWindow},
+		{Type: TypeRefused, GUID: maxU64, Reason: ReasonSourceLimit},
+		{Type: TypeRefused, GUID: maxU64, Reason: ReasonGUIDInUse},
+	}
+	for _, a := range answers {
+		if n := len(EncodeControl(a)); n > AttachLen {
+			t.Errorf("%s of %d bytes: longer than an attach (%d)", a.Type, n, AttachLen)
+		}
+	}
+	if n := len(EncodeControl(&Control{Type: TypeAttach, GUID: 1})); n != AttachLen {
+		t.Errorf("short attach: %d bytes, want %d", n, AttachLen)
+	}
+	long := &Control{Type: TypeAttach, GUID: 1, NodeDesc: strings.Repeat("x", 300)}
+	if b := EncodeControl(long); len(b) <= 300 || b[len(b)-1] != '}' {
+		t.Errorf("long attach: %d bytes, ends %q", len(b), b[len(b)-1])
 	}
 }
 
 func TestPropControlRoundTrip(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		c := &Control{
-			Type:         rapid.SampledFrom([]string{TypeAttach, TypePortInfo, TypeRefused, TypeDetach}).Draw(t, "type"),
+			Type:         rapid.SampledFrom([]string{TypeAttach, TypePortInfo, TypeRefused, TypeDetach, TypeRetry}).Draw(t, "type"),
 			GUID:         rapid.Uint64().Draw(t, "guid"),
 			NodeDesc:     rapid.String().Draw(t, "desc"),
 			LID:          rapid.Uint16().Draw(t, "lid"),
@@ -60,7 +128,10 @@ func TestPropControlRoundTrip(t *testing.T) {
 			MTU:          rapid.Uint8().Draw(t, "mtu"),
 			Rate:         rapid.Uint8().Draw(t, "rate"),
 			State:        rapid.SampledFrom([]string{"", StateActive}).Draw(t, "state"),
-			Reason:       rapid.SampledFrom([]string{"", ReasonGUIDInUse, ReasonNoLID}).Draw(t, "reason"),
+			Reason:       rapid.SampledFrom([]string{"", ReasonGUIDInUse, ReasonNoLID, ReasonSourceLimit, ReasonVersion}).Draw(t, "reason"),
+		}
+		if rapid.Bool().Draw(t, "cookie") {
+			c.Cookie = rapid.SliceOfN(rapid.Byte(), 1, MaxCookieLen).Draw(t, "cookie bytes")
 		}
 		if n := rapid.IntRange(0, 3).Draw(t, "npk"); n > 0 {
 			for range n {

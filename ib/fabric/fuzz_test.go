@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/softrdma/softrdma/wire"
@@ -13,9 +14,23 @@ func FuzzParse(f *testing.F) {
 	f.Add(samplePacket(false, make([]byte, 256)))
 	f.Add(EncodeControl(&Control{Type: TypeAttach, GUID: 1}))
 	f.Add(EncodeControl(&Control{Type: TypeRefused, GUID: 1, Reason: ReasonGUIDInUse}))
+	f.Add(EncodeControl(&Control{Type: TypeRetry, GUID: 1, Cookie: make([]byte, CookieLen)}))
+	f.Add(EncodeControlVersion(&Control{Type: TypeAttach, GUID: 1}, 1))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if IsControl(b) {
-			DecodeControl(b)
+			// Every version decodes alike; a decoded message re-encodes
+			// to one that decodes the same (padding included).
+			c, v, err := DecodeControlAnyVersion(b)
+			if _, err2 := DecodeControl(b); (err2 == nil) != (err == nil && v == Version) {
+				t.Fatalf("DecodeControl %v, DecodeControlAnyVersion version %d %v", err2, v, err)
+			}
+			if err != nil {
+				return
+			}
+			again, v2, err := DecodeControlAnyVersion(EncodeControlVersion(c, v))
+			if err != nil || v2 != v || !reflect.DeepEqual(normal(again), normal(c)) {
+				t.Fatalf("%+v re-encoded in version %d → %+v, %d, %v", c, v, again, v2, err)
+			}
 			return
 		}
 		var p Packet
@@ -37,4 +52,17 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("re-encoded length %d, was %d", len(out), len(b))
 		}
 	})
+}
+
+// normal makes empty slices nil (JSON decodes [] and absence alike after a
+// round trip).
+func normal(c *Control) *Control {
+	n := *c
+	if len(n.PKeys) == 0 {
+		n.PKeys = nil
+	}
+	if len(n.Cookie) == 0 {
+		n.Cookie = nil
+	}
+	return &n
 }
