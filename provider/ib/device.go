@@ -135,11 +135,16 @@ type Device struct {
 	// the first port_info, then refusedCh is closed).
 	refusal   error
 	refusedCh chan struct{}
-	subs      map[int]func(PortEvent)
-	nextSub   int
-	qpns      map[uint32]bool // QPNs in use
-	nextQPN   uint32
-	closed    bool
+	// cookie is the SM's last retry's, sent in every attach until a
+	// port_info comes (ib/fabric's address validation); retryOK is set
+	// by each keepalive and taken by the retry answered at once.
+	cookie  []byte
+	retryOK bool
+	subs    map[int]func(PortEvent)
+	nextSub int
+	qpns    map[uint32]bool // QPNs in use
+	nextQPN uint32
+	closed  bool
 
 	// The link to the switch (link.go).
 	lmu     sync.Mutex
@@ -431,7 +436,7 @@ func (d *Device) keepalive() {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
-		d.sendControl(&fabric.Control{Type: "attach", GUID: d.guid, NodeDesc: "softrdma " + d.cfg.Local.String(), Credits: d.rxWin})
+		d.sendAttach(true)
 		select {
 		case <-d.done:
 			return
@@ -453,6 +458,19 @@ func (d *Device) keepalive() {
 	}
 }
 
+// sendAttach sends an attach (a keepalive when keepalive is set), with
+// the cookie of the SM's last retry until a port_info comes.
+func (d *Device) sendAttach(keepalive bool) {
+	d.mu.Lock()
+	cookie := d.cookie
+	if keepalive {
+		d.retryOK = true
+	}
+	d.mu.Unlock()
+	d.sendControl(&fabric.Control{Type: fabric.TypeAttach, GUID: d.guid, NodeDesc: "softrdma " + d.cfg.Local.String(),
+		Credits: d.rxWin, Cookie: cookie})
+}
+
 func (d *Device) sendControl(c *fabric.Control) {
 	d.conn.WriteToUDPAddrPort(fabric.EncodeControl(c), d.smDst)
 }
@@ -467,6 +485,7 @@ func (d *Device) portInfo(c *fabric.Control) {
 	lidChanged := d.lid != 0 && c.LID != d.lid
 	d.lid, d.smLID, d.prefix, d.epoch = c.LID, c.SMLID, c.SubnetPrefix, c.Epoch
 	d.mtu, d.rate = c.MTU, c.Rate
+	d.cookie = nil
 	d.active = true
 	d.lastSeen = time.Now()
 	d.mu.Unlock()
@@ -527,7 +546,7 @@ func (d *Device) Close() error {
 		r.host.UnregisterDevice(d.vdev)
 	}
 	d.core.Close()
-	d.sendControl(&fabric.Control{Type: "detach", GUID: d.guid})
+	d.sendControl(&fabric.Control{Type: fabric.TypeDetach, GUID: d.guid})
 	d.shutdown()
 	return nil
 }

@@ -21,13 +21,18 @@ type fakeSM struct {
 
 	mu       sync.Mutex
 	portInfo fabric.Control
-	quiet    bool           // attaches go unanswered
-	port     netip.AddrPort // the port's address, once it attached
-	got      map[string]int // control messages by type
-	data     int            // IB packets received
-	flows    []fabric.Flow  // flow control packets received
-	cond     *sync.Cond
-	wg       sync.WaitGroup
+	quiet    bool // attaches go unanswered
+	// cookie, when set, is required: an attach without it is answered
+	// with a retry carrying it (address validation). cookies are the
+	// cookies of the attaches received, in order (nil: none).
+	cookie  []byte
+	cookies [][]byte
+	port    netip.AddrPort // the port's address, once it attached
+	got     map[string]int // control messages by type
+	data    int            // IB packets received
+	flows   []fabric.Flow  // flow control packets received
+	cond    *sync.Cond
+	wg      sync.WaitGroup
 }
 
 func startFakeSM(t *testing.T) *fakeSM {
@@ -76,10 +81,17 @@ func (f *fakeSM) loop() {
 		f.mu.Lock()
 		f.got[c.Type]++
 		f.port = from
-		pi, quiet := f.portInfo, f.quiet
+		pi, quiet, cookie := f.portInfo, f.quiet, f.cookie
+		if c.Type == fabric.TypeAttach {
+			f.cookies = append(f.cookies, c.Cookie)
+		}
 		f.cond.Broadcast()
 		f.mu.Unlock()
-		if c.Type == fabric.TypeAttach && !quiet {
+		switch {
+		case c.Type != fabric.TypeAttach || quiet:
+		case cookie != nil && string(c.Cookie) != string(cookie):
+			f.conn.WriteToUDPAddrPort(fabric.EncodeControl(&fabric.Control{Type: fabric.TypeRetry, GUID: c.GUID, Cookie: cookie}), from)
+		default:
 			pi.GUID = c.GUID
 			f.conn.WriteToUDPAddrPort(fabric.EncodeControl(&pi), from)
 		}

@@ -40,6 +40,8 @@ func (d *Device) control(b []byte) {
 		return
 	case c.Type == fabric.TypeRefused && d.refused(c):
 		return
+	case c.Type == fabric.TypeRetry && d.retry(c):
+		return
 	}
 	d.core.Count(softverbs.ControlDrops, 1)
 }

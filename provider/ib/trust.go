@@ -19,7 +19,14 @@ import (
 // refused is taken only when it names the port's GUID and the port never
 // had a port_info (Open is waiting): it ends Open at once (refused). Later
 // ones are dropped and counted: an active port that the SM stopped
-// answering notices it by its keepalives (PortError).
+// answering notices it by its keepalives (PortError). A retry is taken
+// only when it names the port's GUID and carries a cookie of 1 to
+// fabric.MaxCookieLen bytes; the port keeps the last cookie for its
+// attaches until a port_info comes, and answers the first retry after each
+// of its keepalives at once with an attach carrying the cookie: a retry
+// costs one round trip at attach, and forged or repeated retries make the
+// port send at most one more attach per keepalive (so they cannot push its
+// attaches over the SM's ControlRate for its address).
 // SA answers are further matched by the join engine (TID, response
 // method, attribute, source LID and QP).
 
@@ -55,6 +62,25 @@ func (d *Device) validPortInfo(c *fabric.Control) error {
 	return nil
 }
 
+// retry takes the SM's retry: the port proves it receives at its address
+// by sending an attach with the cookie (at once for the first retry after
+// a keepalive, and in every keepalive until a port_info comes). It
+// reports whether the message was taken. Receive goroutine.
+func (d *Device) retry(c *fabric.Control) bool {
+	if c.GUID != d.guid || len(c.Cookie) == 0 || len(c.Cookie) > fabric.MaxCookieLen {
+		return false
+	}
+	d.mu.Lock()
+	d.cookie = c.Cookie
+	now := d.retryOK
+	d.retryOK = false
+	d.mu.Unlock()
+	if now {
+		d.sendAttach(false)
+	}
+	return true
+}
+
 // refused takes the SM's refusal of the port's attach: it must name the
 // port's GUID and come before the port's first port_info. Open then fails
 // with the refusal's error. It reports whether the message was taken.
@@ -73,6 +99,9 @@ func (d *Device) refused(c *fabric.Control) bool {
 			d.guid, d.smAddr, syscall.EADDRINUSE)
 	case fabric.ReasonNoLID:
 		d.refusal = fmt.Errorf("the subnet has no free LID (refused by the subnet manager at %v): %w", d.smAddr, syscall.ENOSPC)
+	case fabric.ReasonVersion:
+		d.refusal = fmt.Errorf("the subnet manager at %v speaks another version of the fabric protocol (this port speaks %d): %w",
+			d.smAddr, fabric.Version, syscall.EPROTONOSUPPORT)
 	default:
 		d.refusal = fmt.Errorf("the subnet manager at %v refused the port (reason %q): %w", d.smAddr, c.Reason, syscall.ECONNREFUSED)
 	}
