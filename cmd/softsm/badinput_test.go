@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/internal/harness/testenv"
 )
@@ -93,16 +92,7 @@ func attach(t *testing.T, p *proc, guid uint64) uint16 {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.WriteToUDPAddrPort(fabric.EncodeControl(&fabric.Control{Type: fabric.TypeAttach, GUID: guid}), p.fabric); err != nil {
-		t.Fatal(err)
-	}
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	buf := make([]byte, 1024)
-	n, _, err := c.ReadFromUDPAddrPort(buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pi, err := fabric.DecodeControl(buf[:n])
+	pi, err := attachFrom(c, p.fabric, guid)
 	if err != nil || pi.LID == 0 {
 		t.Fatalf("port_info %+v %v", pi, err)
 	}

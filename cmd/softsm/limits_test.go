@@ -4,7 +4,6 @@ import (
 	"net"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
@@ -42,14 +41,7 @@ func TestQuotaFlags(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		c.WriteToUDPAddrPort(fabric.EncodeControl(&fabric.Control{Type: fabric.TypeAttach, GUID: guid}), p.fabric)
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		buf := make([]byte, 1024)
-		n, _, err := c.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := fabric.DecodeControl(buf[:n])
+		m, err := attachFrom(c, p.fabric, guid)
 		if err != nil {
 			t.Fatal(err)
 		}

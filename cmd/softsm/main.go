@@ -47,6 +47,18 @@
 // MLID. 0 means the default, a negative value no cap. Every refusal and
 // drop is counted (sm.Stats) and logged with -v (throttles, drops and
 // source refusals at most once a second with their counts).
+//
+// Forged source addresses: softsm answers an attach from an address that
+// has not proven it receives there (see package ib/fabric, address
+// validation) only with a retry no larger than the attach, carrying a
+// cookie the port sends back; only then does it register the port and
+// answer port_info. So a process that forges the source address of its
+// datagrams (raw sockets, or another host when -listen is not loopback)
+// can make softsm send the forged address no more bytes than it sent, and
+// cannot take LIDs, ports or a source address's share of
+// -max-ports-per-source. A port of the earlier protocol version is
+// refused with reason "version". Retries and bad cookies are counted and
+// logged with -v like the drops.
 package main
 
 import (

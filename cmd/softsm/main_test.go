@@ -164,14 +164,7 @@ func TestSoftsmProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	c.WriteToUDPAddrPort(fabric.EncodeControl(&fabric.Control{Type: fabric.TypeAttach, GUID: 0x100005}), p.fabric)
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	buf := make([]byte, 1024)
-	n, _, err := c.ReadFromUDPAddrPort(buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pi, err := fabric.DecodeControl(buf[:n])
+	pi, err := attachFrom(c, p.fabric, 0x100005)
 	if err != nil || pi.LID != 4 || pi.Epoch == 0 {
 		t.Fatalf("port_info %+v %v", pi, err)
 	}
@@ -202,6 +195,31 @@ func TestSoftsmFlags(t *testing.T) {
 	if code := run([]string{"-listen", "256.0.0.1:1"}, &out, &errb); code != 1 {
 		t.Errorf("bad listen address: exit %d", code)
 	}
+}
+
+// attachFrom attaches guid from c to the softsm at sm as a port does: an
+// attach, and when the SM answers with a retry (c's address is not proven
+// yet) the attach again with its cookie. It returns the SM's last answer
+// (port_info or refused).
+func attachFrom(c *net.UDPConn, sm netip.AddrPort, guid uint64) (*fabric.Control, error) {
+	a := fabric.Control{Type: fabric.TypeAttach, GUID: guid}
+	buf := make([]byte, 65536)
+	for range 2 {
+		if _, err := c.WriteToUDPAddrPort(fabric.EncodeControl(&a), sm); err != nil {
+			return nil, err
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, _, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return nil, err
+		}
+		m, err := fabric.DecodeControl(buf[:n])
+		if err != nil || m.Type != fabric.TypeRetry {
+			return m, err
+		}
+		a.Cookie = m.Cookie
+	}
+	return nil, fmt.Errorf("attach of %#x: a retry for the cookie of a retry", guid)
 }
 
 func mustGID(s string) wire.GID {

@@ -156,12 +156,15 @@ type flooder struct {
 	sm    netip.AddrPort
 	conns []*net.UDPConn
 	msgs  [][]byte
+	wg    sync.WaitGroup
 }
 
 // flood opens n sockets bound to ip and attaches a fake port from each
-// (GUIDs from base on) to the SM at sm, as fast as it can; the answers
-// are never read. A full socket buffer at the SM drops attaches: a flood
-// does not care.
+// (GUIDs from base on) to the SM at sm, as fast as it can; of the answers
+// only retries are read (and answered at once with the cookie, as a port
+// does: the flood's sources are real, only forged ones stop at the
+// retry). A full socket buffer at the SM drops attaches: a flood does not
+// care.
 func flood(sm netip.AddrPort, ip netip.Addr, base uint64, n int) (*flooder, error) {
 	f := &flooder{sm: sm}
 	for i := range n {
@@ -169,12 +172,32 @@ func flood(sm netip.AddrPort, ip netip.Addr, base uint64, n int) (*flooder, erro
 		if err != nil {
 			return f, err
 		}
-		b := fabric.EncodeControl(&fabric.Control{Type: fabric.TypeAttach, GUID: base + uint64(i),
-			NodeDesc: "flood " + strings.Repeat("x", 200), Credits: 64})
+		a := fabric.Control{Type: fabric.TypeAttach, GUID: base + uint64(i),
+			NodeDesc: "flood " + strings.Repeat("x", 200), Credits: 64}
+		b := fabric.EncodeControl(&a)
 		f.conns, f.msgs = append(f.conns, c), append(f.msgs, b)
+		f.wg.Add(1)
+		go f.answerRetries(c, a)
 		c.WriteToUDPAddrPort(b, sm)
 	}
 	return f, nil
+}
+
+// answerRetries sends attach a again with the cookie of every retry that
+// comes to c, until c closes.
+func (f *flooder) answerRetries(c *net.UDPConn, a fabric.Control) {
+	defer f.wg.Done()
+	buf := make([]byte, 1024)
+	for {
+		n, err := c.Read(buf)
+		if err != nil {
+			return
+		}
+		if r, err := fabric.DecodeControl(buf[:n]); err == nil && r.Type == fabric.TypeRetry {
+			a.Cookie = r.Cookie
+			c.WriteToUDPAddrPort(fabric.EncodeControl(&a), f.sm)
+		}
+	}
 }
 
 // again sends every fake port's attach again (a keepalive round).
@@ -188,6 +211,7 @@ func (f *flooder) close() {
 	for _, c := range f.conns {
 		c.Close()
 	}
+	f.wg.Wait()
 }
 
 // flooders runs three flooder processes (this test binary, see

@@ -1,6 +1,7 @@
 package sm
 
 import (
+	"fmt"
 	"maps"
 	"net/netip"
 	"testing"
@@ -12,9 +13,13 @@ import (
 )
 
 // FuzzSMDatagrams drives an SM (no goroutines: its handlers are called
-// directly) with a sequence of datagrams decoded from the input: attach,
-// detach, SA joins and leaves over the fabric, raw bytes, from one of four
-// addresses, for one of six GUIDs, with expiry steps. After every step:
+// directly) with a sequence of datagrams decoded from the input: attach
+// (without a cookie, with a valid, an expired or a wrong one), detach, SA
+// joins and leaves over the fabric, raw bytes (of this protocol version
+// or version 1), from one of four addresses, for one of six GUIDs, with
+// expiry steps. An attach from an address not proven for its GUID (not
+// the GUID's registered address, no valid cookie) changes nothing: no
+// port, LID or address registered or dropped. After every step:
 // no two registered ports share a LID, every LID is unicast (2..0xBFFF),
 // byLID/byAddr agree with the ports, and the SA holds memberships only of
 // attached ports, or of pre-registered ports (they exist without a client
@@ -58,7 +63,26 @@ func smSteps(t testing.TB, s *SM, addrs []netip.AddrPort, guids []uint64, in []b
 		in = in[4:]
 		switch op {
 		case 0:
-			s.handleControl(fabric.EncodeControl(&fabric.Control{Type: fabric.TypeAttach, GUID: g}), a)
+			c := &fabric.Control{Type: fabric.TypeAttach, GUID: g}
+			w := cookieWindow(time.Now())
+			switch x % 4 {
+			case 1:
+				c.Cookie = s.cookie(a, g, w)
+			case 2: // expired
+				c.Cookie = s.cookie(a, g, w-2)
+			case 3: // wrong
+				c.Cookie = s.cookie(a, g, w)
+				c.Cookie[x%fabric.CookieLen] ^= x | 1
+			}
+			s.mu.Lock()
+			p := s.byGUID[g]
+			proven := x%4 == 1 || (p != nil && p.attached() && p.addr == a)
+			s.mu.Unlock()
+			before := registry(s)
+			s.handleControl(fabric.EncodeControl(c), a)
+			if after := registry(s); !proven && after != before {
+				t.Fatalf("attach of %#x from %v (cookie case %d), not proven, changed the ports:\n%s\n→\n%s", g, a, x%4, before, after)
+			}
 		case 1:
 			s.handleControl(fabric.EncodeControl(&fabric.Control{Type: fabric.TypeDetach, GUID: g}), a)
 		case 2, 3: // an SA join (2) or leave (3) for g with join state x
@@ -73,8 +97,11 @@ func smSteps(t testing.TB, s *SM, addrs []netip.AddrPort, guids []uint64, in []b
 			n := min(int(x), len(in))
 			b := in[:n]
 			in = in[n:]
-			if x&1 == 0 {
+			switch x & 3 {
+			case 0:
 				b = append([]byte(fabric.Magic), b...)
+			case 2:
+				b = append([]byte("SRSM\x01"), b...)
 			}
 			s.handlePacket(b, a)
 			if fabric.IsControl(b) {
@@ -101,6 +128,17 @@ func saPacket(s *SM, a netip.AddrPort, m mad.MAD) []byte {
 		UD: wire.UDHeader{PKey: 0xffff, DestQP: fabric.SAQPN, QKey: fabric.SAQKey, SrcQP: 1}}
 	b := make([]byte, fabric.PacketLen(len(m), false, false))
 	return b[:fabric.EncodeUD(b, &p, m)]
+}
+
+// registry describes the SM's ports: GUID, LID and address of each.
+func registry(s *SM) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := ""
+	for _, p := range s.sortedPorts() {
+		out += fmt.Sprintf("%#x LID %d at %v; ", p.guid, p.lid, p.addr)
+	}
+	return out
 }
 
 func checkSM(t testing.TB, s *SM) {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,6 +74,14 @@ type fakePort struct {
 	win    int
 	grants bool
 	credit chan struct{} // signalled when credit came
+	// The SM's retries (address validation) are answered by readLoop as a
+	// port does, sending the last attach again with the cookie, unless
+	// rawRetries is set (before the port sends): then they go to ctl.
+	// lastAttach (guarded by mu) is the last attach sent; retries counts
+	// the retries answered.
+	rawRetries bool
+	lastAttach *fabric.Control
+	retries    atomic.Int64
 }
 
 func newFakePort(t *testing.T, sm netip.AddrPort, guid uint64) *fakePort {
@@ -118,6 +127,9 @@ func (p *fakePort) readLoop() {
 				p.t.Errorf("bad control: %v", err)
 				continue
 			}
+			if c.Type == fabric.TypeRetry && !p.rawRetries && p.answerRetry(c) {
+				continue
+			}
 			p.ctl <- c
 			continue
 		}
@@ -145,8 +157,35 @@ func (p *fakePort) close() {
 
 func (p *fakePort) gid() wire.GID { return fabric.PortGID(fabric.DefaultSubnetPrefix, p.guid) }
 
+// answerRetry sends the port's last attach (or a bare one for the
+// retry's GUID) again with the retry's cookie; false when that attach
+// carried the cookie already (then the test sees the retry).
+func (p *fakePort) answerRetry(r *fabric.Control) bool {
+	p.mu.Lock()
+	a := fabric.Control{Type: fabric.TypeAttach, GUID: r.GUID}
+	if p.lastAttach != nil && p.lastAttach.GUID == r.GUID {
+		a = *p.lastAttach
+	}
+	if string(a.Cookie) == string(r.Cookie) {
+		p.mu.Unlock()
+		return false
+	}
+	a.Cookie = r.Cookie
+	p.lastAttach = &a
+	p.mu.Unlock()
+	p.retries.Add(1)
+	p.conn.WriteToUDPAddrPort(fabric.EncodeControl(&a), p.sm)
+	return true
+}
+
 func (p *fakePort) sendControl(c *fabric.Control) {
 	p.t.Helper()
+	if c.Type == fabric.TypeAttach {
+		a := *c
+		p.mu.Lock()
+		p.lastAttach = &a
+		p.mu.Unlock()
+	}
 	if _, err := p.conn.WriteToUDPAddrPort(fabric.EncodeControl(c), p.sm); err != nil {
 		p.t.Fatal(err)
 	}

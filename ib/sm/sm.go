@@ -54,6 +54,22 @@
 // state file is written at most once a second (and on Close). Throttles,
 // drops and refusals are logged at most once a second with their counts.
 //
+// Forged source addresses (issue 24, item 8): an attach is answered only
+// as ib/fabric's address validation says. From an address not proven for
+// the attach's GUID (the GUID's port is not registered there, and the
+// attach carries no valid cookie) the only answer is a retry with a
+// cookie (Retries), and only when it is no longer than the attach (an
+// unpadded attach is dropped: UnpaddedAttaches); nothing is allocated for
+// it. An attach with a wrong or expired cookie is counted (BadCookies)
+// and answered with a new retry. An attach of protocol version 1 gets a
+// refused with fabric.ReasonVersion in version 1's format, when it is no
+// longer than the attach (VersionRefusals). So a forged attach can make
+// the SM send only a datagram no larger than itself, to the forged
+// address, and cannot take a LID, a port record or a source address's
+// share of MaxPortsPerSource; nor can it replace the port registered at
+// the forged address. Retries, bad cookies and the rest are logged at
+// most once a second with their counts.
+//
 // SA quotas: a port may have created Config.MaxGroupsPerPort groups that
 // still exist and be a member of Config.MaxMembershipsPerPort groups; a
 // join beyond is answered 0x0100 (insufficient resources), counted
@@ -80,7 +96,9 @@ package sm
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -274,6 +292,15 @@ type Stats struct {
 	// SourceLimitAttaches counts attaches refused because their source IP
 	// address had Config.MaxPortsPerSource ports attached.
 	SourceLimitAttaches uint64
+	// Retries counts retries sent: answers to attaches from addresses
+	// not proven for their GUID (see ib/fabric's address validation);
+	// BadCookies attaches whose cookie was wrong or expired (answered
+	// with a new retry); UnpaddedAttaches attaches from such addresses
+	// too short for a retry (shorter than fabric.AttachLen's padding),
+	// dropped; VersionRefusals attaches of another protocol version,
+	// refused with fabric.ReasonVersion (or dropped when the refusal is
+	// longer than the attach).
+	Retries, BadCookies, UnpaddedAttaches, VersionRefusals uint64
 	// ThrottledControls counts control messages from an attached port's
 	// address beyond ControlBurst/ControlRate or beyond the portPending
 	// that may wait, dropped; ControlDrops
@@ -424,6 +451,10 @@ type SM struct {
 	// Rate-limited logs of throttles, drops and refusals.
 	logThrottle, logDrop, logSource, logNoLID limitedLog
 	logBad, logRefused, logForeign            limitedLog
+	logRetry, logCookie, logUnpadded          limitedLog
+	logVersion                                limitedLog
+	// secret keys the cookies of retries (random per SM start).
+	secret [32]byte
 	// Control messages waiting for the control goroutine: the attached
 	// ports' (each port's own, served round robin) and the rest's.
 	ctlPorts fifo[*port]
@@ -434,6 +465,7 @@ type SM struct {
 	unknownSrc, rawReqs, rawDrops             atomic.Uint64
 	refusedAttach, foreignDetach, noLIDAttach atomic.Uint64
 	sourceLimit, throttled, ctlDrops          atomic.Uint64
+	retries, badCookies, unpadded, oldVersion atomic.Uint64
 	rmppXfers, rmppRetrans, rmppTimeouts      atomic.Uint64
 	rmppAborts                                atomic.Uint64
 	saDrop                                    atomic.Bool // Config.SADrop, changeable with SetSADrop
@@ -528,6 +560,9 @@ func newState(cfg Config) (*SM, error) {
 		s.timeout = fabric.PortTimeout
 	}
 	s.saDrop.Store(cfg.SADrop)
+	if _, err := rand.Read(s.secret[:]); err != nil {
+		return nil, err
+	}
 	var eb [8]byte
 	for s.epoch == 0 {
 		if _, err := rand.Read(eb[:]); err != nil {
@@ -866,6 +901,10 @@ func (s *SM) controlLoop() {
 
 func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 	c, err := fabric.DecodeControl(b)
+	if errors.Is(err, fabric.ErrVersion) {
+		s.otherVersion(b, from)
+		return
+	}
 	if err != nil {
 		s.limitedf(&s.logBad, time.Now(), "bad control message from %v: %v", from, err)
 		return
@@ -874,6 +913,9 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 	case fabric.TypeAttach:
 		if c.GUID == 0 {
 			s.limitedf(&s.logBad, time.Now(), "attach without GUID from %v", from)
+			return
+		}
+		if !s.proven(c, from, len(b)) {
 			return
 		}
 		lid, rereg, win, err := s.attach(c.GUID, c.NodeDesc, from, c.Credits)
@@ -903,6 +945,84 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 	default:
 		s.limitedf(&s.logBad, time.Now(), "unknown control message %q from %v", c.Type, from)
 	}
+}
+
+// proven reports whether the attach c (len bytes) comes from an address
+// proven for its GUID: the GUID's port is registered at from, or c carries
+// a valid cookie for from and the GUID. Otherwise it answers with a retry
+// (when that is no longer than the attach) and nothing else happens.
+func (s *SM) proven(c *fabric.Control, from netip.AddrPort, n int) bool {
+	s.mu.Lock()
+	p := s.byGUID[c.GUID]
+	registered := p != nil && p.attached() && p.addr == from
+	s.mu.Unlock()
+	if registered {
+		return true
+	}
+	now := time.Now()
+	w := cookieWindow(now)
+	if len(c.Cookie) > 0 {
+		if hmac.Equal(c.Cookie, s.cookie(from, c.GUID, w)) || hmac.Equal(c.Cookie, s.cookie(from, c.GUID, w-1)) {
+			return true
+		}
+		s.badCookies.Add(1)
+		s.limitedf(&s.logCookie, now, "attach of %#x from %v: wrong or expired cookie, answered with a retry", c.GUID, from)
+	}
+	retry := fabric.EncodeControl(&fabric.Control{Type: fabric.TypeRetry, GUID: c.GUID, Cookie: s.cookie(from, c.GUID, w)})
+	if len(retry) > n {
+		s.unpadded.Add(1)
+		s.limitedf(&s.logUnpadded, now, "attach of %#x from %v: %d bytes from an unproven address, shorter than a retry (%d): dropped", c.GUID, from, n, len(retry))
+		return false
+	}
+	if _, err := s.fabric.WriteToUDPAddrPort(retry, from); err != nil {
+		s.sendErrors.Add(1)
+		s.limitedf(&s.logRetry, now, "retry to %v: %v", from, err)
+		return false
+	}
+	s.retries.Add(1)
+	s.limitedf(&s.logRetry, now, "attach of %#x from %v: address not proven yet, answered with a retry", c.GUID, from)
+	return false
+}
+
+// cookieWindow is the cookie time unit of t (fabric.CookieWindow).
+func cookieWindow(t time.Time) int64 { return t.UnixNano() / int64(fabric.CookieWindow) }
+
+// cookie is the cookie of a retry to from for guid in time unit w: an
+// HMAC-SHA256 of them under the SM's secret, cut to fabric.CookieLen.
+func (s *SM) cookie(from netip.AddrPort, guid uint64, w int64) []byte {
+	var b [16 + 2 + 8 + 8]byte
+	a := from.Addr().Unmap().As16()
+	copy(b[:16], a[:])
+	binary.BigEndian.PutUint16(b[16:], from.Port())
+	binary.BigEndian.PutUint64(b[18:], guid)
+	binary.BigEndian.PutUint64(b[26:], uint64(w))
+	m := hmac.New(sha256.New, s.secret[:])
+	m.Write(b[:])
+	return m.Sum(nil)[:fabric.CookieLen]
+}
+
+// otherVersion answers an attach of another protocol version with a
+// refused (fabric.ReasonVersion) in that version, when the refusal is no
+// longer than the attach; anything else of another version is dropped.
+func (s *SM) otherVersion(b []byte, from netip.AddrPort) {
+	now := time.Now()
+	c, v, err := fabric.DecodeControlAnyVersion(b)
+	if err != nil || c.Type != fabric.TypeAttach || c.GUID == 0 {
+		s.limitedf(&s.logBad, now, "control message of protocol version %d from %v: dropped", fabric.ControlVersion(b), from)
+		return
+	}
+	s.oldVersion.Add(1)
+	r := fabric.EncodeControlVersion(&fabric.Control{Type: fabric.TypeRefused, GUID: c.GUID, Reason: fabric.ReasonVersion}, v)
+	if len(r) > len(b) {
+		s.limitedf(&s.logVersion, now, "attach of %#x from %v: protocol version %d, this SM speaks %d: dropped (a refusal would be longer)", c.GUID, from, v, fabric.Version)
+		return
+	}
+	if _, err := s.fabric.WriteToUDPAddrPort(r, from); err != nil {
+		s.sendErrors.Add(1)
+		s.limitedf(&s.logVersion, now, "refused to %v: %v", from, err)
+		return
+	}
+	s.limitedf(&s.logVersion, now, "attach of %#x from %v: protocol version %d, this SM speaks %d: refused", c.GUID, from, v, fabric.Version)
 }
 
 // errLive refuses an attach for a GUID registered at another address.
@@ -1363,7 +1483,9 @@ func (s *SM) Stats() Stats {
 	q := s.sa.QuotaRefusals()
 	st := Stats{UnknownSource: s.unknownSrc.Load(), RawSARequests: s.rawReqs.Load(), RawSADrops: s.rawDrops.Load(),
 		RefusedAttaches: s.refusedAttach.Load(), ForeignDetaches: s.foreignDetach.Load(), NoLIDAttaches: s.noLIDAttach.Load(),
-		SourceLimitAttaches: s.sourceLimit.Load(), ThrottledControls: s.throttled.Load(), ControlDrops: s.ctlDrops.Load(),
+		SourceLimitAttaches: s.sourceLimit.Load(),
+		Retries:             s.retries.Load(), BadCookies: s.badCookies.Load(), UnpaddedAttaches: s.unpadded.Load(), VersionRefusals: s.oldVersion.Load(),
+		ThrottledControls: s.throttled.Load(), ControlDrops: s.ctlDrops.Load(),
 		GroupQuotaRefusals: q.Groups, MembershipQuotaRefusals: q.Memberships,
 		RMPPTransfers: s.rmppXfers.Load(), RMPPRetransmits: s.rmppRetrans.Load(), RMPPTimeouts: s.rmppTimeouts.Load(), RMPPAborts: s.rmppAborts.Load(),
 		SocketBuffer: s.rcvbuf, SendErrors: s.sendErrors.Load()}

@@ -237,3 +237,23 @@ func TestGUIDInUseRefused(t *testing.T) {
 		t.Errorf("first port state %v", pa.State)
 	}
 }
+
+// TestOpenProvesAddress (issue 24, item 8): a port proves its address to
+// the SM (attach, retry, attach with the cookie) within Open, in one more
+// round trip: no bad cookie, nothing dropped, the port registered at its
+// socket.
+func TestOpenProvesAddress(t *testing.T) {
+	s := startSM(t)
+	t0 := time.Now()
+	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr("127.0.2.12")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t0)
+	defer d.Close()
+	st := s.Stats()
+	if st.Retries != 1 || st.BadCookies != 0 || st.UnpaddedAttaches != 0 || len(st.Ports) != 1 || st.Ports[0].GUID != d.GUID() || !st.Ports[0].Attached {
+		t.Fatalf("SM stats %+v", st)
+	}
+	t.Logf("Open took %v", took)
+}
