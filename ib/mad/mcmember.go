@@ -20,6 +20,10 @@ const (
 	// padding up to MCMemberRecordStride are what an SA answering with a
 	// copy of the request (OpenSM) echoes untouched.
 	MCMemberRecordEchoOffset = mcrProxy
+	// MCMemberProxyJoinBit is ProxyJoin in the byte at
+	// MCMemberRecordEchoOffset (its most significant bit, as IBA and the
+	// kernel lay it out).
+	MCMemberProxyJoinBit = proxyBit
 )
 
 // MCMemberRecord component mask bits (IBA 15.2.5.17; IB_SA_MCMEMBER_REC_*).

@@ -33,6 +33,9 @@ func (s *SA) Handle(req mad.MAD, from From) []mad.MAD {
 	}
 	switch req.Method() {
 	case mad.MethodGet, mad.MethodGetTable, mad.MethodSet, mad.MethodDelete:
+	case mad.MethodGetMulti:
+		// OpenSM (built with DUAL_SIDED_RMPP, as Debian's) hands
+		// GetMulti to the attribute's handler, which refuses it.
 	default:
 		return nil // ERR 1A05: unsupported method
 	}
@@ -46,8 +49,8 @@ func (s *SA) Handle(req mad.MAD, from From) []mad.MAD {
 		switch req.Method() {
 		case mad.MethodGet:
 			return []mad.MAD{s.classPortInfo(req)}
-		case mad.MethodGetTable:
-			return errorReply(req, mad.StatusReqInvalid)
+		case mad.MethodGetTable, mad.MethodGetMulti:
+			return errorReply(req, mad.StatusReqInvalid) // ERR 1403: not Get
 		default:
 			return nil // Set/Delete go to OpenSM's set dispatcher, which has no ClassPortInfo handler
 		}
@@ -148,7 +151,10 @@ func (s *SA) mcmr(req mad.MAD, from From) []mad.MAD {
 	)
 	switch req.Method() {
 	case mad.MethodSet:
-		resp, st, drop = s.join(comp, rec, from)
+		var echo [len(group{}.echo)]byte
+		copy(echo[:], req.SAData()[mad.MCMemberRecordEchoOffset:mad.MCMemberRecordStride])
+		echo[0] &^= mad.MCMemberProxyJoinBit
+		resp, st, drop = s.join(comp, rec, echo, from)
 	case mad.MethodDelete:
 		resp, st, drop = s.leave(rec, from)
 	default:
@@ -207,7 +213,8 @@ func (s *SA) requester(from From, recGUID uint64) (p *Port, drop bool) {
 }
 
 // join handles Set(MCMemberRecord).
-func (s *SA) join(comp uint64, rec mad.MCMemberFields, from From) (mad.MCMemberFields, status, bool) {
+// echo is the request's bytes from ProxyJoin's byte on (group.echo).
+func (s *SA) join(comp uint64, rec mad.MCMemberFields, echo [len(group{}.echo)]byte, from From) (mad.MCMemberFields, status, bool) {
 	if !s.cfg.SendOnlySupport && rec.JoinState&mad.JoinSendOnlyFullMember != 0 {
 		return rec, mad.StatusReqInvalid, false
 	}
@@ -252,6 +259,7 @@ func (s *SA) join(comp uint64, rec mad.MCMemberFields, from From) (mad.MCMemberF
 			return rec, st, false
 		}
 		g.creator = reqPort.GUID
+		g.echo = echo
 		s.created[reqPort.GUID]++
 		isNew = true
 	} else if g.members[guid] == nil && s.overQuota(guid, false) {
@@ -572,6 +580,7 @@ func (s *SA) query(req mad.MAD, comp uint64, rec mad.MCMemberFields, from From) 
 	}
 	reqState := rec.Scope<<4 | rec.JoinState&0x0F
 	var out []mad.MCMemberFields
+	var echoes []*group // the group of each record of out (its echo bytes)
 	var mgids []wire.GID
 	if comp&mad.CompMGID != 0 {
 		if s.groups[rec.MGID] != nil {
@@ -608,6 +617,7 @@ func (s *SA) query(req mad.MAD, comp uint64, rec mad.MCMemberFields, from From) 
 				r := g.rec
 				r.PortGID, r.JoinState, r.ProxyJoin = m.PortGID, m.JoinState, m.ProxyJoin
 				out = append(out, r)
+				echoes = append(echoes, g)
 			}
 			continue
 		}
@@ -625,6 +635,7 @@ func (s *SA) query(req mad.MAD, comp uint64, rec mad.MCMemberFields, from From) 
 			continue
 		}
 		out = append(out, r)
+		echoes = append(echoes, g)
 	}
 	if !trusted {
 		for i := range out {
@@ -639,7 +650,7 @@ func (s *SA) query(req mad.MAD, comp uint64, rec mad.MCMemberFields, from From) 
 			return errorReply(req, mad.StatusNoRecords)
 		}
 		r := respHeader(req, mad.MCMemberRecordWords)
-		r.MCMemberRecord().Encode(&out[0])
+		encodeRecord(r.SAData(), &out[0], echoes[0])
 		return []mad.MAD{r}
 	}
 	var off uint16
@@ -649,7 +660,19 @@ func (s *SA) query(req mad.MAD, comp uint64, rec mad.MCMemberFields, from From) 
 	hdr := respHeader(req, off)
 	data := make([]byte, len(out)*mad.MCMemberRecordStride)
 	for i := range out {
-		mad.MCMemberRecord(data[i*mad.MCMemberRecordStride:]).Encode(&out[i])
+		encodeRecord(data[i*mad.MCMemberRecordStride:], &out[i], echoes[i])
 	}
 	return mad.RMPPSegments(hdr, data)
+}
+
+// encodeRecord writes a query's record of group g into b (56 bytes):
+// the fields, then the group's echo bytes (its creating request's reserved
+// bits and bytes and padding, as OpenSM answers its copy of that request)
+// beside the ProxyJoin bit.
+func encodeRecord(b []byte, f *mad.MCMemberFields, g *group) {
+	mad.MCMemberRecord(b).Encode(f)
+	e := b[mad.MCMemberRecordEchoOffset:mad.MCMemberRecordStride]
+	proxy := e[0] & mad.MCMemberProxyJoinBit
+	copy(e, g.echo[:])
+	e[0] |= proxy
 }

@@ -12,13 +12,15 @@
 // GetTableResp with AttributeOffset 0 for GetTable):
 //
 //	any MAD     base version ≠ 1, class ≠ 0x03, a response method, an RMPP
-//	            ACK/STOP/ABORT, a method other than Get/GetTable/Set/Delete
-//	            or an attribute other than ClassPortInfo/MCMemberRecord/
+//	            ACK/STOP/ABORT, a method other than Get/GetTable/Set/Delete/
+//	            GetMulti or an attribute other than ClassPortInfo/MCMemberRecord/
 //	            PathRecord: dropped, no answer (as OpenSM); PathRecord's
 //	            rules are in path.go
 //	CPI         class version other than 2 or 1 → 0x0004 (a version-1 Get
 //	            is answered as a version-2 one); Set or Delete: dropped;
-//	            GetTable → 0x0200
+//	            GetTable or GetMulti → 0x0200
+//	MCMR        GetMulti → 0x000C (OpenSM, built with DUAL_SIDED_RMPP,
+//	            hands GetMulti to the attribute's handler)
 //	MCMR        class version ≠ 2 → 0x0004
 //	Set/Delete  mask lacks MGID|PortGID|JoinState (0x10003) → 0x0600
 //	all MCMR    comp-masked MTU (with its selector) not 1..5, or Rate not
@@ -68,7 +70,11 @@
 // Rate and PacketLifeTime (selectors 2 = exactly), the group's scope and
 // the member's combined JoinState; the PortGID, the ProxyJoin bit, the
 // reserved bits and bytes and the padding are echoed as sent (a leave's
-// answer echoes them too). ClassPortInfo is answered with the request's
+// answer echoes them too). The records a Get or GetTable answers later
+// carry the group's creating request's reserved bits of that byte, its
+// reserved bytes and its padding (OpenSM answers its copy of that
+// request), beside the member's ProxyJoin (bit 7; OpenSM 3.3.23 puts it
+// at bit 0, a C bitfield's place on x86: see test/saoracle). ClassPortInfo is answered with the request's
 // header copied (AttributeOffset as sent, normally 0). A leave
 // clears the bits; a member left with no bits is removed, and when the
 // last full-type member (0x1 or 0x8) goes the group is deleted with all
@@ -199,6 +205,12 @@ type group struct {
 	members   map[uint64]*Member
 	full      int    // members holding a full-type bit
 	creator   uint64 // the port charged for the group (MaxGroupsPerPort); 0: none
+	// echo holds the creating request's bytes from ProxyJoin's byte to
+	// the end of the record's 56 bytes, ProxyJoin itself cleared: OpenSM
+	// keeps a copy of that request as the group's record, so every
+	// record of the group it answers later carries its reserved bits,
+	// reserved bytes and padding.
+	echo [mad.MCMemberRecordStride - mad.MCMemberRecordEchoOffset]byte
 }
 
 // SA is the rules engine.
