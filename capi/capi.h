@@ -19,7 +19,18 @@ struct sr_context { uintptr_t h; struct verbs_context vc; };
 struct sr_pd { struct ibv_pd pd; uintptr_t h; };
 struct sr_mr { struct ibv_mr mr; uintptr_t h; };
 struct sr_cq { struct ibv_cq cq; uintptr_t h; };
-struct sr_qp { struct ibv_qp qp; uintptr_t h; };
+// A QP is an extended one (ibv_qp_to_qp_ex): qpx.qp_base is the struct
+// ibv_qp. The WR API's requests between wr_start and wr_complete are
+// kept in wrs (qp.c).
+struct sr_wr;
+struct sr_qp {
+	struct ibv_qp_ex qpx;
+	uintptr_t h;
+	int ex;			// made with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+	struct sr_wr *wrs;	// the WR API's pending requests
+	int nwr, capwr;
+	int wr_err;		// the first error of the WR API since wr_start
+};
 struct sr_ah { struct ibv_ah ah; uintptr_t h; };
 struct sr_comp_channel { struct ibv_comp_channel ch; uintptr_t h; };
 struct sr_channel { struct rdma_event_channel ch; uintptr_t h; };
@@ -46,6 +57,12 @@ void sr_context_free(struct sr_context *c);
 struct sr_cq *sr_cq_alloc(struct ibv_context *ctx, struct ibv_comp_channel *ch, void *cq_context, int cqe);
 void sr_cq_free(struct sr_cq *cq);
 struct sr_qp *sr_qp_alloc(void);
+static inline struct ibv_qp *sr_qp_base(struct sr_qp *q) { return &q->qpx.qp_base; }
+void sr_qp_init_from(struct sr_qp_init *in, void *ctx, struct ibv_cq *scq, struct ibv_cq *rcq,
+		     struct ibv_qp_cap *cap, int qp_type, int sq_sig_all);
+void sr_unsupported_qpt(const char *call, int qp_type);
+void sr_qp_make_ex(struct ibv_qp *qp, uint64_t send_ops_flags);
+struct ibv_qp *sr_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr);
 void sr_qp_free(struct sr_qp *qp);
 void sr_unsupported(int *once, const char *call);
 // SR_UNSUPPORTED prints, once per process, that call is not supported.

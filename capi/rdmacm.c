@@ -96,22 +96,6 @@ static int sr_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct sr_qp_i
 	return e;
 }
 
-static void sr_qp_init_from(struct sr_qp_init *in, void *ctx, struct ibv_cq *scq, struct ibv_cq *rcq,
-			    struct ibv_qp_cap *cap, int qp_type, int sq_sig_all)
-{
-	memset(in, 0, sizeof *in);
-	in->qp_context = ctx;
-	in->send_cq = scq;
-	in->recv_cq = rcq;
-	in->max_send_wr = cap->max_send_wr;
-	in->max_recv_wr = cap->max_recv_wr;
-	in->max_send_sge = cap->max_send_sge;
-	in->max_recv_sge = cap->max_recv_sge;
-	in->max_inline_data = cap->max_inline_data;
-	in->qp_type = qp_type;
-	in->sq_sig_all = sq_sig_all;
-}
-
 int softrdma_rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
 	struct sr_qp_init in;
@@ -131,13 +115,18 @@ SR_CHECK(rdma_create_qp);
 int softrdma_rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr)
 {
 	struct sr_qp_init in;
-	const uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	const uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	const uint64_t ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
 	struct ibv_pd *pd = NULL;
 	int e;
 	if (!attr)
 		SR_RET(EINVAL);
 	if (attr->comp_mask & ~known) {
-		SR_UNSUPPORTED("rdma_create_qp_ex with comp_mask bits other than PD and CREATE_FLAGS");
+		SR_UNSUPPORTED("rdma_create_qp_ex with comp_mask bits other than PD, CREATE_FLAGS and SEND_OPS_FLAGS");
+		SR_RET(EOPNOTSUPP);
+	}
+	if ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & ~ops)) {
+		SR_UNSUPPORTED("rdma_create_qp_ex with send_ops_flags other than IBV_QP_EX_WITH_SEND and _SEND_WITH_IMM (UD QPs)");
 		SR_RET(EOPNOTSUPP);
 	}
 	if (attr->srq) {
@@ -150,6 +139,8 @@ int softrdma_rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex
 	if (attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS)
 		in.create_flags = attr->create_flags;
 	e = sr_create_qp(id, pd, &in, &attr->cap);
+	if (!e && (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS))
+		sr_qp_make_ex(id->qp, attr->send_ops_flags);
 	SR_RET(e);
 }
 SR_CHECK(rdma_create_qp_ex);

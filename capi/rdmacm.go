@@ -91,7 +91,7 @@ func (ec *eventChannel) lower() {
 type cmID struct {
 	id *rdmacm.ID
 	c  *C.struct_sr_id
-	qp *C.struct_sr_qp // the C struct of id.QP(), if any
+	qp *cqp // the id's QP (id.QP()), if any
 }
 
 var ids = struct {
@@ -198,6 +198,10 @@ func srDestroyID(id *C.struct_rdma_cm_id) C.int {
 	if !ok {
 		return C.EINVAL
 	}
+	if ci.qp != nil {
+		// The bounce buffer's MR would keep the id's PD.
+		ci.qp.dropBounce()
+	}
 	if err := ci.id.Destroy(); err != nil {
 		return errno(err)
 	}
@@ -271,25 +275,9 @@ func srCreateQP(id *C.struct_rdma_cm_id, in *C.struct_sr_qp_init) C.int {
 			return C.EINVAL
 		}
 	}
-	attr := verbs.QPInitAttr{
-		Cap: verbs.QPCap{
-			MaxSendWR: int(in.max_send_wr), MaxRecvWR: int(in.max_recv_wr),
-			MaxSendSGE: int(in.max_send_sge), MaxRecvSGE: int(in.max_recv_sge),
-			MaxInlineData: int(in.max_inline_data),
-		},
-		QPType:      verbs.QPType(in.qp_type),
-		SQSigAll:    in.sq_sig_all != 0,
-		CreateFlags: verbs.CreateFlags(in.create_flags),
-	}
-	if in.send_cq != nil {
-		if attr.SendCQ, ok = goCQ(in.send_cq); !ok {
-			return C.EINVAL
-		}
-	}
-	if in.recv_cq != nil {
-		if attr.RecvCQ, ok = goCQ(in.recv_cq); !ok {
-			return C.EINVAL
-		}
+	attr, ok := goQPInit(in)
+	if !ok {
+		return C.EINVAL
 	}
 	if err := ci.id.CreateQPEx(gpd, &attr); err != nil {
 		return errno(err)
@@ -300,32 +288,19 @@ func srCreateQP(id *C.struct_rdma_cm_id, in *C.struct_sr_qp_init) C.int {
 		pd = cPD(gpd)
 	}
 	ci.sync()
-	c := C.sr_qp_alloc()
-	c.qp.context = cContext(gq.PD().Context())
-	c.qp.qp_context = in.qp_context
-	c.qp.pd = pd
-	c.qp.send_cq = in.send_cq
-	if c.qp.send_cq == nil {
-		c.qp.send_cq = cCQ(gq.SendCQ(), nil, nil)
-		id.send_cq = c.qp.send_cq
+	scq, rcq := in.send_cq, in.recv_cq
+	if scq == nil {
+		scq = cCQ(gq.SendCQ(), nil, nil)
+		id.send_cq = scq
 	}
-	c.qp.recv_cq = in.recv_cq
-	if c.qp.recv_cq == nil {
-		c.qp.recv_cq = cCQ(gq.RecvCQ(), nil, nil)
-		id.recv_cq = c.qp.recv_cq
+	if rcq == nil {
+		rcq = cCQ(gq.RecvCQ(), nil, nil)
+		id.recv_cq = rcq
 	}
-	c.qp.qp_num = C.uint32_t(gq.Num())
-	c.qp.state = uint32(gq.State())
-	c.qp.qp_type = uint32(gq.Type())
-	c.h = reg.put(gq)
-	c.qp.handle = C.uint32_t(c.h)
-	ci.qp = c
-	id.qp = &c.qp
-	in.max_send_wr = C.uint32_t(attr.Cap.MaxSendWR)
-	in.max_recv_wr = C.uint32_t(attr.Cap.MaxRecvWR)
-	in.max_send_sge = C.uint32_t(attr.Cap.MaxSendSGE)
-	in.max_recv_sge = C.uint32_t(attr.Cap.MaxRecvSGE)
-	in.max_inline_data = C.uint32_t(attr.Cap.MaxInlineData)
+	q := newCQP(gq, pd, in.qp_context, scq, rcq, ci, attr.SQSigAll)
+	ci.qp = q
+	id.qp = C.sr_qp_base(q.c)
+	putQPCap(in, gq.Query().Cap)
 	return 0
 }
 
@@ -346,9 +321,18 @@ func (ci *cmID) forgetQP() {
 		}
 	}
 	c.send_cq, c.recv_cq, c.qp = nil, nil, nil
-	reg.del(ci.qp.h)
-	C.sr_qp_free(ci.qp)
+	ci.qp.free()
 	ci.qp = nil
+}
+
+// destroyQP destroys the id's QP (rdma_destroy_qp, or ibv_destroy_qp on
+// the id's QP).
+func (ci *cmID) destroyQP() {
+	if ci.qp != nil {
+		ci.qp.dropBounce()
+	}
+	ci.id.DestroyQP()
+	ci.forgetQP()
 }
 
 //export srDestroyQP
@@ -357,8 +341,7 @@ func srDestroyQP(id *C.struct_rdma_cm_id) {
 	if !ok {
 		return
 	}
-	ci.id.DestroyQP()
-	ci.forgetQP()
+	ci.destroyQP()
 }
 
 // cmEvent is the Go side of a C CM event.

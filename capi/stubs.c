@@ -62,8 +62,6 @@ long softrdma_rwrite(void) { SR_STUB("rwrite", -1); }
 long softrdma_rwritev(void) { SR_STUB("rwritev", -1); }
 long softrdma___ioctl_final_num_attrs(void) { SR_STUB("__ioctl_final_num_attrs", 0); }
 long softrdma___verbs_log(void) { SR_STUB("__verbs_log", 0); }
-long softrdma__ibv_query_gid_ex(void) { SR_STUB("_ibv_query_gid_ex", EOPNOTSUPP); }
-long softrdma__ibv_query_gid_table(void) { SR_STUB("_ibv_query_gid_table", -1); }
 long softrdma__verbs_init_and_alloc_context(void) { SR_STUB("_verbs_init_and_alloc_context", 0); }
 long softrdma_execute_ioctl(void) { SR_STUB("execute_ioctl", EOPNOTSUPP); }
 long softrdma_ibv_ack_async_event(void) { SR_STUB("ibv_ack_async_event", 0); }
@@ -136,9 +134,7 @@ long softrdma_ibv_copy_path_rec_from_kern(void) { SR_STUB("ibv_copy_path_rec_fro
 long softrdma_ibv_copy_path_rec_to_kern(void) { SR_STUB("ibv_copy_path_rec_to_kern", 0); }
 long softrdma_ibv_copy_qp_attr_from_kern(void) { SR_STUB("ibv_copy_qp_attr_from_kern", 0); }
 long softrdma_compat_ibv_create_ah(void) { SR_STUB("ibv_create_ah@IBVERBS_1.0", 0); }
-long softrdma_ibv_create_ah_from_wc(void) { SR_STUB("ibv_create_ah_from_wc", 0); }
 long softrdma_compat_ibv_create_cq(void) { SR_STUB("ibv_create_cq@IBVERBS_1.0", 0); }
-long softrdma_ibv_create_qp(void) { SR_STUB("ibv_create_qp", 0); }
 long softrdma_compat_ibv_create_qp(void) { SR_STUB("ibv_create_qp@IBVERBS_1.0", 0); }
 long softrdma_ibv_create_srq(void) { SR_STUB("ibv_create_srq", 0); }
 long softrdma_compat_ibv_create_srq(void) { SR_STUB("ibv_create_srq@IBVERBS_1.0", 0); }
@@ -146,7 +142,6 @@ long softrdma_compat_ibv_dealloc_pd(void) { SR_STUB("ibv_dealloc_pd@IBVERBS_1.0"
 long softrdma_compat_ibv_dereg_mr(void) { SR_STUB("ibv_dereg_mr@IBVERBS_1.0", EOPNOTSUPP); }
 long softrdma_compat_ibv_destroy_ah(void) { SR_STUB("ibv_destroy_ah@IBVERBS_1.0", EOPNOTSUPP); }
 long softrdma_compat_ibv_destroy_cq(void) { SR_STUB("ibv_destroy_cq@IBVERBS_1.0", EOPNOTSUPP); }
-long softrdma_ibv_destroy_qp(void) { SR_STUB("ibv_destroy_qp", EOPNOTSUPP); }
 long softrdma_compat_ibv_destroy_qp(void) { SR_STUB("ibv_destroy_qp@IBVERBS_1.0", EOPNOTSUPP); }
 long softrdma_ibv_destroy_srq(void) { SR_STUB("ibv_destroy_srq", EOPNOTSUPP); }
 long softrdma_compat_ibv_destroy_srq(void) { SR_STUB("ibv_destroy_srq@IBVERBS_1.0", EOPNOTSUPP); }
@@ -166,19 +161,15 @@ long softrdma_ibv_import_device(void) { SR_STUB("ibv_import_device", 0); }
 long softrdma_ibv_import_dm(void) { SR_STUB("ibv_import_dm", 0); }
 long softrdma_ibv_import_mr(void) { SR_STUB("ibv_import_mr", 0); }
 long softrdma_ibv_import_pd(void) { SR_STUB("ibv_import_pd", 0); }
-long softrdma_ibv_init_ah_from_wc(void) { SR_STUB("ibv_init_ah_from_wc", EOPNOTSUPP); }
-long softrdma_ibv_modify_qp(void) { SR_STUB("ibv_modify_qp", EOPNOTSUPP); }
 long softrdma_compat_ibv_modify_qp(void) { SR_STUB("ibv_modify_qp@IBVERBS_1.0", EOPNOTSUPP); }
 long softrdma_ibv_modify_srq(void) { SR_STUB("ibv_modify_srq", EOPNOTSUPP); }
 long softrdma_compat_ibv_modify_srq(void) { SR_STUB("ibv_modify_srq@IBVERBS_1.0", EOPNOTSUPP); }
 long softrdma_compat_ibv_open_device(void) { SR_STUB("ibv_open_device@IBVERBS_1.0", 0); }
-long softrdma_ibv_qp_to_qp_ex(void) { SR_STUB("ibv_qp_to_qp_ex", 0); }
 long softrdma_compat_ibv_query_device(void) { SR_STUB("ibv_query_device@IBVERBS_1.0", EOPNOTSUPP); }
 long softrdma_ibv_query_ece(void) { SR_STUB("ibv_query_ece", EOPNOTSUPP); }
 long softrdma_compat_ibv_query_gid(void) { SR_STUB("ibv_query_gid@IBVERBS_1.0", -1); }
 long softrdma_compat_ibv_query_pkey(void) { SR_STUB("ibv_query_pkey@IBVERBS_1.0", -1); }
 long softrdma_compat_ibv_query_port(void) { SR_STUB("ibv_query_port@IBVERBS_1.0", EOPNOTSUPP); }
-long softrdma_ibv_query_qp(void) { SR_STUB("ibv_query_qp", EOPNOTSUPP); }
 long softrdma_compat_ibv_query_qp(void) { SR_STUB("ibv_query_qp@IBVERBS_1.0", EOPNOTSUPP); }
 long softrdma_ibv_query_qp_data_in_order(void) { SR_STUB("ibv_query_qp_data_in_order", 0); }
 long softrdma_ibv_query_srq(void) { SR_STUB("ibv_query_srq", EOPNOTSUPP); }

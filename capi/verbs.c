@@ -133,6 +133,7 @@ struct sr_context *sr_context_alloc(struct ibv_device *dev, int num_comp_vectors
 		return NULL;
 	c->vc.sz = sizeof c->vc;
 	c->vc.query_port = sr_op_query_port;
+	c->vc.create_qp_ex = sr_create_qp_ex;
 	c->vc.context.device = dev;
 	c->vc.context.cmd_fd = -1;
 	c->vc.context.async_fd = eventfd(0, EFD_CLOEXEC);
@@ -176,22 +177,6 @@ void sr_cq_free(struct sr_cq *cq)
 	free(cq);
 }
 
-struct sr_qp *sr_qp_alloc(void)
-{
-	struct sr_qp *qp = calloc(1, sizeof *qp);
-	if (!qp)
-		return NULL;
-	pthread_mutex_init(&qp->qp.mutex, NULL);
-	pthread_cond_init(&qp->qp.cond, NULL);
-	return qp;
-}
-
-void sr_qp_free(struct sr_qp *qp)
-{
-	pthread_cond_destroy(&qp->qp.cond);
-	pthread_mutex_destroy(&qp->qp.mutex);
-	free(qp);
-}
 
 uint32_t sr_wc_imm(struct ibv_wc *wc) { return wc->imm_data; }
 void sr_wc_set_imm(struct ibv_wc *wc, uint32_t be) { wc->imm_data = be; }
@@ -592,3 +577,52 @@ SR_CHECK(ibv_wc_status_str);
 // links libmlx5 and libefa for their direct verbs). softrdma loads no
 // providers: the call is accepted and ignored, without a message.
 void softrdma_verbs_register_driver_34(const void *ops) { (void)ops; }
+
+// ---- GID entries (rdma-core 32's calls; perftest picks its GID with them) ----
+
+int softrdma__ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+			       struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
+{
+	struct ibv_gid_entry e;
+	int r;
+	if (!context || !entry || flags || entry_size < sizeof e)
+		return EINVAL;
+	if (port_num > 255)
+		return EINVAL;
+	memset(&e, 0, sizeof e);
+	r = srQueryGIDEntry(context, port_num, gid_index, &e);
+	if (r)
+		return r;
+	memcpy(entry, &e, sizeof e);
+	return 0;
+}
+SR_CHECK(_ibv_query_gid_ex);
+
+ssize_t softrdma__ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries,
+				      size_t max_entries, uint32_t flags, size_t entry_size)
+{
+	struct ibv_device_attr da;
+	ssize_t n = 0;
+	if (!context || (!entries && max_entries) || flags || entry_size < sizeof *entries)
+		return -EINVAL;
+	if (softrdma_ibv_query_device(context, &da))
+		return -errno;
+	for (int port = 1; port <= da.phys_port_cnt; port++) {
+		struct ibv_port_attr pa;
+		memset(&pa, 0, sizeof pa);
+		if (srQueryPort(context, port, &pa))
+			continue;
+		for (int i = 0; i < pa.gid_tbl_len; i++) {
+			struct ibv_gid_entry e;
+			memset(&e, 0, sizeof e);
+			if (srQueryGIDEntry(context, port, i, &e))
+				continue; // an empty entry
+			if ((size_t)n == max_entries)
+				return -EINVAL; // as rdma-core: the table does not fit
+			memcpy((char *)entries + n * entry_size, &e, sizeof e);
+			n++;
+		}
+	}
+	return n;
+}
+SR_CHECK(_ibv_query_gid_table);

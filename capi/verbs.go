@@ -11,6 +11,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"syscall"
 	"unsafe"
 
@@ -102,13 +103,6 @@ func goCQ(cq *C.struct_ibv_cq) (*verbs.CQ, bool) {
 	return get[*verbs.CQ]((*C.struct_sr_cq)(unsafe.Pointer(cq)).h)
 }
 
-func goQP(qp *C.struct_ibv_qp) (*verbs.QP, bool) {
-	if qp == nil {
-		return nil, false
-	}
-	return get[*verbs.QP]((*C.struct_sr_qp)(unsafe.Pointer(qp)).h)
-}
-
 func goAH(ah *C.struct_ibv_ah) (*verbs.AH, bool) {
 	if ah == nil {
 		return nil, false
@@ -174,7 +168,14 @@ func srCloseDevice(c *C.struct_ibv_context) C.int {
 	if !ok {
 		return C.EINVAL
 	}
-	if err := gc.Close(); err != nil {
+	err := gc.Close()
+	if errors.Is(err, syscall.EBUSY) {
+		// Objects left: closing the kernel's device file frees them
+		// (ib_uverbs_cleanup_ufile), and ibv_close_device succeeds.
+		releaseContext(gc)
+		err = gc.Close()
+	}
+	if err != nil {
 		return errno(err)
 	}
 	cc := C.sr_ctx_of(c)
@@ -696,10 +697,11 @@ func goSGEs(sge *C.struct_ibv_sge, n C.int) []verbs.SGE {
 //export srPostSend
 func srPostSend(qp *C.struct_ibv_qp, wrid C.uint64_t, opcode C.uint, flags C.uint, immBE C.uint32_t,
 	ah *C.struct_ibv_ah, rqpn C.uint32_t, rqkey C.uint32_t, sge *C.struct_ibv_sge, nsge C.int) C.int {
-	gq, ok := goQP(qp)
+	q, ok := goQP(qp)
 	if !ok {
 		return C.EINVAL
 	}
+	gq := q.qp
 	wr := verbs.SendWR{
 		WRID:    uint64(wrid),
 		SGList:  goSGEs(sge, nsge),
@@ -714,28 +716,130 @@ func srPostSend(qp *C.struct_ibv_qp, wrid C.uint64_t, opcode C.uint, flags C.uin
 		}
 		wr.UD = verbs.UDWR{AH: gah, RemoteQPN: uint32(rqpn), RemoteQKey: uint32(rqkey)}
 	}
+	if wr.Flags&verbs.SendInline != 0 {
+		return errno(q.postInline(&wr))
+	}
 	return errno(gq.PostSend(&wr))
 }
 
 //export srPostRecv
 func srPostRecv(qp *C.struct_ibv_qp, wrid C.uint64_t, sge *C.struct_ibv_sge, nsge C.int) C.int {
-	gq, ok := goQP(qp)
+	q, ok := goQP(qp)
 	if !ok {
 		return C.EINVAL
 	}
-	return errno(gq.PostRecv(&verbs.RecvWR{WRID: uint64(wrid), SGList: goSGEs(sge, nsge)}))
+	return errno(q.qp.PostRecv(&verbs.RecvWR{WRID: uint64(wrid), SGList: goSGEs(sge, nsge)}))
 }
 
 //export srAttachMcast
 func srAttachMcast(qp *C.struct_ibv_qp, gid *C.union_ibv_gid, lid C.uint16_t, attach C.int) C.int {
-	gq, ok := goQP(qp)
+	q, ok := goQP(qp)
 	if !ok {
 		return C.EINVAL
 	}
+	gq := q.qp
 	var g verbs.GID
 	copy(g[:], unsafe.Slice((*byte)(unsafe.Pointer(gid)), 16))
 	if attach != 0 {
 		return errno(gq.AttachMcast(g, uint16(lid)))
 	}
 	return errno(gq.DetachMcast(g, uint16(lid)))
+}
+
+// releaseContext destroys what a program left of a context it closes: its
+// QPs (not those of CM ids), AHs, MRs, CQs and PDs, in that order. Their C
+// structs stay allocated (as libibverbs' do) but no longer find an object
+// (EINVAL).
+func releaseContext(gc *verbs.Context) {
+	type obj struct {
+		h    uintptr
+		rank int
+		done func() error
+	}
+	var objs []obj
+	reg.objs.Range(func(k, v any) bool {
+		h := k.(uintptr)
+		switch o := v.(type) {
+		case *cqp:
+			if o.id == nil && o.qp.PD().Context() == gc {
+				objs = append(objs, obj{h, 0, func() error { o.dropBounce(); return o.qp.Destroy() }})
+			}
+		case *verbs.AH:
+			if o.PD().Context() == gc {
+				objs = append(objs, obj{h, 1, o.Destroy})
+			}
+		case *verbs.MR:
+			if o.PD().Context() == gc {
+				objs = append(objs, obj{h, 2, o.Dereg})
+			}
+		case *verbs.CQ:
+			if o.Context() == gc {
+				objs = append(objs, obj{h, 3, func() error {
+					err := o.Destroy()
+					if err == nil {
+						reg.mu.Lock()
+						delete(reg.cqs, o)
+						reg.mu.Unlock()
+					}
+					return err
+				}})
+			}
+		case *verbs.PD:
+			if o.Context() == gc {
+				objs = append(objs, obj{h, 4, func() error {
+					err := o.Dealloc()
+					if err == nil {
+						reg.mu.Lock()
+						delete(reg.pds, o)
+						reg.mu.Unlock()
+					}
+					return err
+				}})
+			}
+		}
+		return true
+	})
+	for rank := 0; rank <= 4; rank++ {
+		for _, o := range objs {
+			if o.rank == rank && o.done() == nil {
+				reg.objs.Delete(o.h)
+			}
+		}
+	}
+}
+
+//export srQueryGIDEntry
+func srQueryGIDEntry(c *C.struct_ibv_context, port C.uint32_t, index C.uint32_t, out *C.struct_ibv_gid_entry) C.int {
+	gc, ok := goContext(c)
+	if !ok {
+		return C.EINVAL
+	}
+	if index > 1<<20 {
+		return C.EINVAL
+	}
+	e, err := gc.QueryGIDEntry(uint8(port), int(index))
+	if err != nil {
+		// An empty entry: ENODATA, as rdma-core.
+		p, perr := gc.QueryPort(uint8(port))
+		if perr != nil {
+			return errno(perr)
+		}
+		if int(index) < p.GIDTblLen {
+			return C.ENODATA
+		}
+		return errno(err)
+	}
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&out.gid)), 16), e.GID[:])
+	out.gid_index = C.uint32_t(e.Index)
+	out.port_num = C.uint32_t(e.PortNum)
+	switch e.Type {
+	case verbs.GIDTypeRoCEv2:
+		out.gid_type = C.IBV_GID_TYPE_ROCE_V2
+	case verbs.GIDTypeRoCEv1:
+		out.gid_type = C.IBV_GID_TYPE_ROCE_V1
+	default:
+		out.gid_type = C.IBV_GID_TYPE_IB
+	}
+	out.ndev_ifindex = C.uint32_t(e.NetdevIdx)
+	return 0
 }
