@@ -49,6 +49,7 @@ type ID struct {
 	dev      *cmDevice
 	src, dst sockaddr
 	sgidIdx  uint8
+	route    []PathRecord // the route's paths (Route)
 	qkey     uint32
 	qp       *verbs.QP
 	ownCQs   []*verbs.CQ

@@ -189,7 +189,7 @@ func (id *ID) setIBPathLocked(val []byte) error {
 	if !found || id.dev == nil || id.state != stateAddrResolved {
 		return fmt.Errorf("IB_PATH without a primary bidirectional GMP path or on an unresolved id: %w", syscall.EINVAL)
 	}
-	id.state = stateRouteResolved
+	id.state, id.route = stateRouteResolved, pathsFromIBPathData(val)
 	ev := &Event{ID: id, Event: EventRouteResolved}
 	ch := id.lockCh()
 	ch.enqueueLocked(ev)

@@ -32,6 +32,11 @@ type port interface {
 	// subscribe delivers the port's netdev events to fn until cancel is
 	// called; ports without netdev events return a nil cancel.
 	subscribe(fn func(verbs.NetdevEvent)) (cancel func())
+	// route returns the id's route (id.mu is held, the id's address is
+	// resolved): its paths at once, or a query to run without the lock
+	// whose paths, or negative errno status, end the route resolution
+	// (route.go).
+	route(id *ID) (paths []PathRecord, query func() ([]PathRecord, int))
 }
 
 // portOf returns the port of an open device, as cma.c asks

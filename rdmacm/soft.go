@@ -31,6 +31,9 @@ func (softEngine) resolveAddr(id *ID, src *sockaddr, d sockaddr, timeout time.Du
 	if src != nil {
 		s = *src
 	}
+	if !d.isIP() && src == nil {
+		return resolveIBAddr(id, d)
+	}
 	if !d.isIP() || (src != nil && !s.isIP()) {
 		return fmt.Errorf("AF_IB needs an InfiniBand device: %w", syscall.EINVAL)
 	}
@@ -96,17 +99,57 @@ func (softEngine) resolveAddr(id *ID, src *sockaddr, d sockaddr, timeout time.Du
 	return id.complete(id.queue(ev))
 }
 
-// resolveRoute: the route is the port's own (RoCE: no neighbour
-// resolution; InfiniBand: no SA PathRecord query).
+// resolveIBAddr is cma_resolve_ib_addr for an id bound to an InfiniBand
+// device's address: the AF_IB destination's GID is its address, resolved
+// at once.
+func resolveIBAddr(id *ID, d sockaddr) error {
+	id.mu.Lock()
+	if id.state != stateAddrBound || id.dev == nil || !id.dev.ib {
+		id.mu.Unlock()
+		return fmt.Errorf("an AF_IB destination needs an id bound to an InfiniBand device's address: %w", syscall.EINVAL)
+	}
+	id.dst, id.state = d, stateAddrResolved
+	id.mu.Unlock()
+	return id.complete(id.queue(&Event{ID: id, Event: EventAddrResolved}))
+}
+
+// resolveRoute asks the port for the route (route.go): a RoCE route is
+// built at once (cma_resolve_iboe_route); an InfiniBand one is an SA
+// PathRecord query (cma_resolve_ib_route), ROUTE_QUERY until it ends with
+// ROUTE_RESOLVED or ROUTE_ERROR (the id back in ADDR_RESOLVED, as
+// cma_query_handler).
 func (softEngine) resolveRoute(id *ID, _ time.Duration) error {
 	id.mu.Lock()
 	if id.state != stateAddrResolved || id.dev == nil {
 		id.mu.Unlock()
 		return syscall.EINVAL
 	}
-	id.state = stateRouteResolved
+	paths, query := id.dev.port.route(id)
+	if query == nil {
+		id.state, id.route = stateRouteResolved, paths
+		id.mu.Unlock()
+		return id.complete(id.queue(&Event{ID: id, Event: EventRouteResolved}))
+	}
+	id.state = stateRouteQuery
 	id.mu.Unlock()
-	return id.complete(id.queue(&Event{ID: id, Event: EventRouteResolved}))
+	go func() {
+		paths, status := query()
+		id.mu.Lock()
+		if id.state != stateRouteQuery {
+			id.mu.Unlock() // destroyed meanwhile
+			return
+		}
+		ev := &Event{ID: id, Event: EventRouteResolved}
+		if status != 0 {
+			id.state = stateAddrResolved
+			ev.Event, ev.Status = EventRouteError, status
+		} else {
+			id.state, id.route = stateRouteResolved, paths
+		}
+		id.mu.Unlock()
+		id.queue(ev)
+	}()
+	return id.complete(nil)
 }
 
 // retrieved: the engine's state is already the event's.

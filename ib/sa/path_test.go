@@ -27,8 +27,9 @@ func pathSA() *SA {
 }
 
 // TestPathRecord: a unicast path between two ports by GID and by LID, the
-// requester as the default source, a multicast path, the statuses of what
-// has no path, and GetTable over every port.
+// first port as the default source, a multicast path, the statuses of what
+// has no path, and GetTable over every port (the rules as test/saoracle
+// found OpenSM 3.3.23's).
 func TestPathRecord(t *testing.T) {
 	s := pathSA()
 	fromA := From{GUID: guidA}
@@ -47,13 +48,15 @@ func TestPathRecord(t *testing.T) {
 		t.Fatalf("status %#x method %#x offset %d", resp.Status(), resp.Method(), resp.AttrOffset())
 	}
 	p := resp.PathRecord()
+	// As OpenSM 3.3.23 (test/saoracle): TClass, QoSClass, ServiceID and
+	// NumbPath are not filled in.
 	if p.SGID() != portGID(guidA) || p.DGID() != portGID(guidB) || p.SLID() != 2 || p.DLID() != 3 ||
 		p.MTU() != mad.MTU1024 || p.Rate() != mad.Rate2_5Gbps || p.MTUSelector() != mad.SelExactly ||
-		p.PKey() != 0xFFFF || p.SL() != 0 || p.TClass() != 0x20 || p.QoSClass() != 5 || !p.Reversible() ||
-		p.PacketLifeTime() != pathPacketLifeTime || p.ServiceID() != 0x0000000001060000|4791 || p.HopLimit() != 0 {
+		p.PKey() != 0xFFFF || p.SL() != 0 || p.TClass() != 0 || p.QoSClass() != 0 || !p.Reversible() || p.NumbPath() != 0 ||
+		p.PacketLifeTime() != pathPacketLifeTime || p.ServiceID() != 0 || p.HopLimit() != 0 {
 		t.Errorf("path % x", []byte(p))
 	}
-	// By LIDs, and with no source: the requester's port.
+	// By LIDs, and with no source: the first port of the table (A).
 	for _, m := range []mad.MAD{
 		pathReq(mad.MethodGet, mad.PathCompSLID|mad.PathCompDLID, func(r mad.PathRecord) { r.SetSLID(2); r.SetDLID(3) }),
 		pathReq(mad.MethodGet, mad.PathCompDGID, func(r mad.PathRecord) { r.SetDGID(portGID(guidB)) }),
@@ -65,7 +68,7 @@ func TestPathRecord(t *testing.T) {
 	// A multicast path: the group's MLID and fields.
 	bc := one(t, s, pathReq(mad.MethodGet, mad.PathCompDGID, func(r mad.PathRecord) { r.SetDGID(BroadcastMGID) }), fromA)
 	if bp := bc.PathRecord(); bc.Status() != 0 || bp.DLID() != BroadcastMLID || bp.DGID() != BroadcastMGID || bp.Reversible() ||
-		bp.MTU() != mad.MTU2048 || bp.PacketLifeTime() != BroadcastPacketLifeTime {
+		bp.NumbPath() != 1 || bp.MTU() != mad.MTU2048 || bp.PacketLifeTime() != BroadcastPacketLifeTime {
 		t.Errorf("broadcast path: status %#x % x", bc.Status(), []byte(bp))
 	}
 	foreign := portGID(guidB)
@@ -75,13 +78,18 @@ func TestPathRecord(t *testing.T) {
 		m    mad.MAD
 		st   uint16
 	}{
-		{"unknown DGID", pathReq(mad.MethodGet, mad.PathCompDGID, func(r mad.PathRecord) { r.SetDGID(portGID(0x999)) }), mad.StatusInvalidGID},
-		{"foreign prefix", pathReq(mad.MethodGet, mad.PathCompDGID, func(r mad.PathRecord) { r.SetDGID(foreign) }), mad.StatusInvalidGID},
-		{"unknown group", pathReq(mad.MethodGet, mad.PathCompDGID, func(r mad.PathRecord) { r.SetDGID(gid("ff12:601b:ffff::1")) }), mad.StatusInvalidGID},
+		{"unknown DGID", pathReq(mad.MethodGet, mad.PathCompDGID, func(r mad.PathRecord) { r.SetDGID(portGID(0x999)) }), mad.StatusNoRecords},
+		{"foreign prefix", pathReq(mad.MethodGet, mad.PathCompDGID, func(r mad.PathRecord) { r.SetDGID(foreign) }), mad.StatusNoRecords},
+		{"unknown group", pathReq(mad.MethodGet, mad.PathCompDGID, func(r mad.PathRecord) { r.SetDGID(gid("ff12:601b:ffff::1")) }), mad.StatusNoRecords},
 		{"unknown DLID", pathReq(mad.MethodGet, mad.PathCompDLID, func(r mad.PathRecord) { r.SetDLID(77) }), mad.StatusNoRecords},
-		{"no destination", pathReq(mad.MethodGet, 0, nil), mad.StatusInsufComps},
+		{"no end (Get: more than one)", pathReq(mad.MethodGet, 0, nil), mad.StatusOK},
 		{"port without LID", pathReq(mad.MethodGet, mad.PathCompDGID, func(r mad.PathRecord) { r.SetDGID(portGID(guidC)) }), mad.StatusNoRecords},
-		{"SL 3", pathReq(mad.MethodGet, mad.PathCompDGID|mad.PathCompSL, func(r mad.PathRecord) { r.SetDGID(portGID(guidB)); r.SetSL(3) }), mad.StatusNoRecords},
+		{"half a ServiceID mask", pathReq(mad.MethodGet, mad.PathCompDGID|1, func(r mad.PathRecord) { r.SetDGID(portGID(guidB)) }), mad.StatusInsufComps},
+		{"bad MTU", pathReq(mad.MethodGet, mad.PathCompDGID|mad.PathCompMTU|mad.PathCompMTUSelector, func(r mad.PathRecord) {
+			r.SetDGID(portGID(guidB))
+			r.SetMTUSelector(mad.SelExactly)
+			r.SetMTU(7)
+		}), mad.StatusReqInvalid},
 		{"MTU exactly 2048", pathReq(mad.MethodGet, mad.PathCompDGID|mad.PathCompMTU|mad.PathCompMTUSelector, func(r mad.PathRecord) {
 			r.SetDGID(portGID(guidB))
 			r.SetMTUSelector(mad.SelExactly)
@@ -101,7 +109,7 @@ func TestPathRecord(t *testing.T) {
 		t.Errorf("unknown requester answered")
 	}
 	// GetTable from A: a path to every port with a LID (A itself, B).
-	segs := s.Handle(pathReq(mad.MethodGetTable, 0, nil), fromA)
+	segs := s.Handle(pathReq(mad.MethodGetTable, mad.PathCompSGID, func(r mad.PathRecord) { r.SetSGID(portGID(guidA)) }), fromA)
 	var re mad.Reassembler
 	var data []byte
 	for _, seg := range segs {

@@ -36,6 +36,28 @@ func mcmr(method uint8, comp uint64, f mad.MCMemberFields) mad.MAD {
 	return m
 }
 
+// pr builds a PathRecord request: mask comp, the record filled by set.
+func pr(method uint8, comp uint64, set func(mad.PathRecord)) func() mad.MAD {
+	return func() mad.MAD {
+		m := mad.NewSARequest(method, mad.AttrPathRecord, 0, comp)
+		set(m.PathRecord())
+		return m
+	}
+}
+
+// cmaPath is the mask of the kernel's cma_query_ib_route for an IPv4 id
+// without TOS (its QoSClass bit aside).
+const cmaPath = mad.PathCompDGID | mad.PathCompSGID | mad.PathCompTClass | mad.PathCompPKey | mad.PathCompNumbPath | mad.PathCompReversible
+
+// cmaRec fills the record cma_query_ib_route sends.
+func cmaRec(r mad.PathRecord, sgid, dgid wire.GID) {
+	r.SetSGID(sgid)
+	r.SetDGID(dgid)
+	r.SetPKey(0xFFFF)
+	r.SetNumbPath(1)
+	r.SetReversible(true)
+}
+
 // join is a PS_UDP-style record (what the RDMA CM sends) for port guid.
 func (e caseEnv) join(mgid wire.GID, guid uint64, js uint8) mad.MCMemberFields {
 	return mad.MCMemberFields{MGID: mgid, PortGID: e.gid(guid), QKey: qkey, PKey: 0xFFFF, JoinState: js}
@@ -148,6 +170,51 @@ func cases(e caseEnv) []oracleCase {
 		{name: "get-after-leave", req: get(mad.MethodGet, mad.CompMGID, 0, e.join(mgid1, a, 0))},
 		{name: "leave-unknown-group", req: del(mad.CompJoinRequired, e.join(none, a, mad.JoinFullMember))},
 		{name: "leave-mask-insufficient", req: del(mad.CompMGID, e.join(mgid2, a, mad.JoinSendOnlyFullMember))},
+
+		// PathRecord, with the mask of the kernel's cma_query_ib_route
+		// (DGID, SGID, TClass, P_Key, NumbPath 1, Reversible) and others.
+		{name: "pr-A-to-B", req: pr(mad.MethodGet, cmaPath, func(r mad.PathRecord) { cmaRec(r, e.gid(a), e.gid(b)) })},
+		{name: "pr-A-to-A", req: pr(mad.MethodGet, cmaPath, func(r mad.PathRecord) { cmaRec(r, e.gid(a), e.gid(a)) })},
+		{name: "pr-B-to-A-from-B", fromB: true, req: pr(mad.MethodGet, cmaPath, func(r mad.PathRecord) { cmaRec(r, e.gid(b), e.gid(a)) })},
+		{name: "pr-serviceid-qos", req: pr(mad.MethodGet, cmaPath|mad.PathCompServiceID|mad.PathCompQoSClass, func(r mad.PathRecord) {
+			cmaRec(r, e.gid(a), e.gid(b))
+			r.SetServiceID(0x0000000001064791)
+			r.SetQoSClass(0x123)
+		})},
+		{name: "pr-flow-hop", req: pr(mad.MethodGet, mad.PathCompSGID|mad.PathCompDGID|mad.PathCompFlowLabel|mad.PathCompHopLimit, func(r mad.PathRecord) {
+			r.SetSGID(e.gid(a))
+			r.SetDGID(e.gid(b))
+			r.SetFlowLabel(0x12345)
+			r.SetHopLimit(5)
+		})},
+		{name: "pr-tclass", req: pr(mad.MethodGet, cmaPath, func(r mad.PathRecord) { cmaRec(r, e.gid(a), e.gid(b)); r.SetTClass(0x20) })},
+		{name: "pr-dgid-only", req: pr(mad.MethodGet, mad.PathCompDGID, func(r mad.PathRecord) { r.SetDGID(e.gid(b)) })},
+		{name: "pr-foreign-prefix", req: pr(mad.MethodGet, cmaPath, func(r mad.PathRecord) {
+			g := e.gid(b)
+			g[0], g[1] = 0xfe, 0xc0
+			cmaRec(r, e.gid(a), g)
+		})},
+		{name: "pr-mcast-sl", req: pr(mad.MethodGet, cmaPath|mad.PathCompSL, func(r mad.PathRecord) { cmaRec(r, e.gid(a), mgid2); r.SetSL(3) })},
+		{name: "pr-mcast-nonmember-sgid", fromB: true, req: pr(mad.MethodGet, cmaPath, func(r mad.PathRecord) { cmaRec(r, e.gid(b), mgid4) })},
+		{name: "pr-unknown-dgid", req: pr(mad.MethodGet, cmaPath, func(r mad.PathRecord) { cmaRec(r, e.gid(a), e.gid(0x0002c90300abcdef)) })},
+		{name: "pr-unknown-sgid", req: pr(mad.MethodGet, cmaPath, func(r mad.PathRecord) { cmaRec(r, e.gid(0x0002c90300abcdef), e.gid(b)) })},
+		{name: "pr-sl-3", req: pr(mad.MethodGet, cmaPath|mad.PathCompSL, func(r mad.PathRecord) { cmaRec(r, e.gid(a), e.gid(b)); r.SetSL(3) })},
+		{name: "pr-mtu-4096-exactly", req: pr(mad.MethodGet, cmaPath|mad.PathCompMTU|mad.PathCompMTUSelector, func(r mad.PathRecord) {
+			cmaRec(r, e.gid(a), e.gid(b))
+			r.SetMTUSelector(mad.SelExactly)
+			r.SetMTU(mad.MTU4096)
+		})},
+		{name: "pr-bad-mtu", req: pr(mad.MethodGet, cmaPath|mad.PathCompMTU|mad.PathCompMTUSelector, func(r mad.PathRecord) {
+			cmaRec(r, e.gid(a), e.gid(b))
+			r.SetMTUSelector(mad.SelExactly)
+			r.SetMTU(7)
+		})},
+		{name: "pr-half-serviceid", req: pr(mad.MethodGet, cmaPath|1, func(r mad.PathRecord) { cmaRec(r, e.gid(a), e.gid(b)) })},
+		{name: "pr-pkey-other", req: pr(mad.MethodGet, cmaPath, func(r mad.PathRecord) { cmaRec(r, e.gid(a), e.gid(b)); r.SetPKey(0x8001) })},
+		{name: "pr-mcast-existing", req: pr(mad.MethodGet, cmaPath, func(r mad.PathRecord) { cmaRec(r, e.gid(a), mgid2) })},
+		{name: "pr-mcast-broadcast", req: pr(mad.MethodGet, mad.PathCompDGID, func(r mad.PathRecord) { r.SetDGID(bcast.MGID) })},
+		{name: "pr-mcast-none", req: pr(mad.MethodGet, cmaPath, func(r mad.PathRecord) { cmaRec(r, e.gid(a), none) })},
+		{name: "pr-set", req: pr(mad.MethodSet, cmaPath, func(r mad.PathRecord) { cmaRec(r, e.gid(a), e.gid(b)) })},
 
 		{name: "getmulti-mcmr", req: get(mad.MethodGetMulti, mad.CompMGID, 0, e.join(mgid2, a, 0))},
 		{name: "gettracetable-mcmr", req: get(mad.MethodGetTraceTbl, mad.CompMGID, 0, e.join(mgid2, a, 0))},
