@@ -262,3 +262,40 @@ SR_CHECK(rdma_freeaddrinfo);
 // every fd is an ordinary one and rpoll is poll.
 int softrdma_rpoll(struct pollfd *fds, nfds_t nfds, int timeout) { return poll(fds, nfds, timeout); }
 SR_CHECK(rpoll);
+
+// ---- options, migration, devices ----
+
+int softrdma_rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval, size_t optlen)
+{
+	int e;
+	if (!id || (!optval && optlen) || optlen > 1 << 20)
+		SR_RET(EINVAL);
+	e = srSetOption(id, level, optname, optval, optlen);
+	SR_RET(e);
+}
+SR_CHECK(rdma_set_option);
+
+int softrdma_rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
+{
+	int e = id ? srMigrateID(id, channel) : EINVAL;
+	SR_RET(e);
+}
+SR_CHECK(rdma_migrate_id);
+
+struct ibv_context **softrdma_rdma_get_devices(int *num_devices)
+{
+	struct ibv_context **list = NULL;
+	int n = 0;
+	int e = srGetDevices(&n, &list);
+	if (num_devices)
+		*num_devices = e ? 0 : n;
+	if (e) {
+		errno = e;
+		return NULL;
+	}
+	return list;
+}
+SR_CHECK(rdma_get_devices);
+
+void softrdma_rdma_free_devices(struct ibv_context **list) { free(list); }
+SR_CHECK(rdma_free_devices);

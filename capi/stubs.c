@@ -26,18 +26,14 @@ long softrdma_rdma_destroy_ep(void) { SR_STUB("rdma_destroy_ep", 0); }
 long softrdma_rdma_destroy_srq(void) { SR_STUB("rdma_destroy_srq", 0); }
 long softrdma_rdma_disconnect(void) { SR_STUB("rdma_disconnect", -1); }
 long softrdma_rdma_establish(void) { SR_STUB("rdma_establish", -1); }
-long softrdma_rdma_free_devices(void) { SR_STUB("rdma_free_devices", 0); }
-long softrdma_rdma_get_devices(void) { SR_STUB("rdma_get_devices", 0); }
 long softrdma_rdma_get_remote_ece(void) { SR_STUB("rdma_get_remote_ece", -1); }
 long softrdma_rdma_get_request(void) { SR_STUB("rdma_get_request", -1); }
 long softrdma_rdma_init_qp_attr(void) { SR_STUB("rdma_init_qp_attr", -1); }
 long softrdma_rdma_listen(void) { SR_STUB("rdma_listen", -1); }
-long softrdma_rdma_migrate_id(void) { SR_STUB("rdma_migrate_id", -1); }
 long softrdma_rdma_notify(void) { SR_STUB("rdma_notify", -1); }
 long softrdma_rdma_reject(void) { SR_STUB("rdma_reject", -1); }
 long softrdma_rdma_reject_ece(void) { SR_STUB("rdma_reject_ece", -1); }
 long softrdma_rdma_set_local_ece(void) { SR_STUB("rdma_set_local_ece", -1); }
-long softrdma_rdma_set_option(void) { SR_STUB("rdma_set_option", -1); }
 long softrdma_rfcntl(void) { SR_STUB("rfcntl", -1); }
 long softrdma_rgetpeername(void) { SR_STUB("rgetpeername", -1); }
 long softrdma_rgetsockname(void) { SR_STUB("rgetsockname", -1); }
@@ -64,7 +60,6 @@ long softrdma___ioctl_final_num_attrs(void) { SR_STUB("__ioctl_final_num_attrs",
 long softrdma___verbs_log(void) { SR_STUB("__verbs_log", 0); }
 long softrdma__verbs_init_and_alloc_context(void) { SR_STUB("_verbs_init_and_alloc_context", 0); }
 long softrdma_execute_ioctl(void) { SR_STUB("execute_ioctl", EOPNOTSUPP); }
-long softrdma_ibv_ack_async_event(void) { SR_STUB("ibv_ack_async_event", 0); }
 long softrdma_compat_ibv_ack_async_event(void) { SR_STUB("ibv_ack_async_event@IBVERBS_1.0", 0); }
 long softrdma_compat_ibv_ack_cq_events(void) { SR_STUB("ibv_ack_cq_events@IBVERBS_1.0", 0); }
 long softrdma_compat_ibv_alloc_pd(void) { SR_STUB("ibv_alloc_pd@IBVERBS_1.0", 0); }
@@ -149,7 +144,6 @@ long softrdma_compat_ibv_detach_mcast(void) { SR_STUB("ibv_detach_mcast@IBVERBS_
 long softrdma_ibv_dofork_range(void) { SR_STUB("ibv_dofork_range", EOPNOTSUPP); }
 long softrdma_ibv_dontfork_range(void) { SR_STUB("ibv_dontfork_range", EOPNOTSUPP); }
 long softrdma_compat_ibv_free_device_list(void) { SR_STUB("ibv_free_device_list@IBVERBS_1.0", 0); }
-long softrdma_ibv_get_async_event(void) { SR_STUB("ibv_get_async_event", -1); }
 long softrdma_compat_ibv_get_async_event(void) { SR_STUB("ibv_get_async_event@IBVERBS_1.0", -1); }
 long softrdma_compat_ibv_get_cq_event(void) { SR_STUB("ibv_get_cq_event@IBVERBS_1.0", -1); }
 long softrdma_compat_ibv_get_device_guid(void) { SR_STUB("ibv_get_device_guid@IBVERBS_1.0", 0); }

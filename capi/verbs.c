@@ -626,3 +626,26 @@ ssize_t softrdma__ibv_query_gid_table(struct ibv_context *context, struct ibv_gi
 	return n;
 }
 SR_CHECK(_ibv_query_gid_table);
+
+// ---- async events ----
+
+// softrdma's devices report no asynchronous events yet (the Go API has
+// none): the context's async_fd is an eventfd nothing writes, so the call
+// waits as rdma-core's does on a quiet device, or fails with EAGAIN when
+// the program set O_NONBLOCK on async_fd.
+int softrdma_ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
+{
+	uint64_t v;
+	if (!context || !event) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (read(context->async_fd, &v, sizeof v) != sizeof v)
+		return -1;
+	errno = EIO;
+	return -1;
+}
+SR_CHECK(ibv_get_async_event);
+
+void softrdma_ibv_ack_async_event(struct ibv_async_event *event) { (void)event; }
+SR_CHECK(ibv_ack_async_event);

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -152,5 +153,44 @@ func TestExecPerftestSendLat(t *testing.T) {
 		if v[0] != 2 || v[1] <= 0 || v[2] <= 0 || v[3] <= 0 {
 			t.Errorf("%s: result %q: want 2-byte messages, iterations, a latency and a rate", side, l)
 		}
+	}
+}
+
+// TestExecBadInput compiles testdata/badinput.c against the distribution's
+// headers and libraries and runs it through softrdma exec: NULL, freed
+// and wrong objects, sizes and unsupported attributes (an RC QP, a
+// comp_mask bit, IBV_QP_AV on a UD QP, a wrong option size) get
+// rdma-core's errno and no crash; the calls this slice added (UD QPs
+// through their states, ibv_query_qp, rdma_set_option, rdma_migrate_id,
+// rdma_get_devices, rdma_get_local_addr, ibv_get_async_event) work; an
+// unsupported call prints its one line on stderr once.
+func TestExecBadInput(t *testing.T) {
+	requireRDMACore(t)
+	dir := execDir(t)
+	prog := filepath.Join(dir, "badinput")
+	if _, err := os.Stat(prog); err != nil { // built once, before the re-run in the namespace
+		out, err := exec.Command("cc", "-Wall", "-o", prog, filepath.Join("testdata", "badinput.c"), "-libverbs", "-lrdmacm").CombinedOutput()
+		if err != nil {
+			t.Fatalf("cc badinput.c: %v\n%s", err, out)
+		}
+	}
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd, out := startExec(t, ctx, dir, prog)
+	err := cmd.Wait()
+	out.wait("\x00")
+	t.Logf("badinput:\n%s", out)
+	if err != nil {
+		t.Fatalf("badinput: %v", err)
+	}
+	s := out.String()
+	if !strings.Contains(s, "\nPASSED") || strings.Contains(s, "FAIL ") {
+		t.Errorf("badinput did not pass")
+	}
+	if n := strings.Count(s, "ibv_create_qp with IBV_QPT_RC is not supported on softrdma's devices"); n != 1 {
+		t.Errorf("the RC QP's line on stderr %d times, want once", n)
 	}
 }
