@@ -333,6 +333,9 @@ func (e *kernelEngine) retrieved(id *ID, ev *Event) {
 				id.state = stateAddrResolved
 			}
 		}
+		if ev.Event == EventRouteResolved {
+			id.route = e.k.Route()
+		}
 		id.mu.Unlock()
 	case EventAddrResolved, EventAddrChange:
 		id.mu.Lock()

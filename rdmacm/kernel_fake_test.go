@@ -106,6 +106,7 @@ func (k *fakeKID) InitQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error) {
 func (k *fakeKID) Local() engine.Sockaddr { return k.src }
 func (k *fakeKID) Peer() engine.Sockaddr  { return engine.Sockaddr{} }
 func (k *fakeKID) DeviceName() string     { return "" }
+func (k *fakeKID) Route() []engine.PathRecord { return nil }
 func (k *fakeKID) PortNum() uint8         { return 1 }
 func (k *fakeKID) Destroy() error         { k.c.f.destroys.Add(1); return nil }
 

@@ -5,6 +5,7 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/rdmacm/engine"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -12,29 +13,8 @@ import (
 // PathRecord is one path of an id's route (librdmacm's struct
 // ibv_sa_path_rec, id->route.path_rec): on InfiniBand the SA's PathRecord,
 // on RoCE the path the kernel's cma_resolve_iboe_route builds from the
-// addresses.
-type PathRecord struct {
-	ServiceID  uint64
-	DGID, SGID verbs.GID
-	DLID, SLID uint16
-	RawTraffic bool
-	FlowLabel  uint32
-	HopLimit   uint8
-	// TrafficClass is the GRH traffic class.
-	TrafficClass uint8
-	Reversible   bool
-	NumbPath     uint8
-	PKey         uint16
-	QoSClass     uint16
-	SL           uint8
-	// The selectors are IB_SA_GT 0, IB_SA_LT 1, IB_SA_EQ 2, best 3; MTU
-	// and Rate are the IB enums (IBV_MTU_*, enum ibv_rate), PacketLifeTime
-	// 4.096 µs × 2^v.
-	MTUSelector, MTU                       uint8
-	RateSelector, Rate                     uint8
-	PacketLifeTimeSelector, PacketLifeTime uint8
-	Preference                             uint8
-}
+// addresses. It is engine.PathRecord, which both engines fill.
+type PathRecord = engine.PathRecord
 
 // pathFromWire converts an SA PathRecord.
 func pathFromWire(r mad.PathRecord) PathRecord {

@@ -56,6 +56,8 @@ type ID interface {
 	Peer() Sockaddr
 	// DeviceName is the device the id is bound to, or "".
 	DeviceName() string
+	// Route returns the paths of the id's route (id->route.path_rec).
+	Route() []PathRecord
 	PortNum() uint8
 	Destroy() error
 }
@@ -110,3 +112,29 @@ func Kernel() Stack {
 	defer registered.Unlock()
 	return registered.s
 }
+
+// PathRecord is one path of an id's route (librdmacm's struct
+// ibv_sa_path_rec, id->route.path_rec, in host order).
+type PathRecord struct {
+	ServiceID  uint64
+	DGID, SGID verbs.GID
+	DLID, SLID uint16
+	RawTraffic bool
+	FlowLabel  uint32
+	HopLimit   uint8
+	// TrafficClass is the GRH traffic class.
+	TrafficClass uint8
+	Reversible   bool
+	NumbPath     uint8
+	PKey         uint16
+	QoSClass     uint16
+	SL           uint8
+	// The selectors are IB_SA_GT 0, IB_SA_LT 1, IB_SA_EQ 2, best 3; MTU
+	// and Rate are the IB enums (IBV_MTU_*, enum ibv_rate), PacketLifeTime
+	// 4.096 µs × 2^v.
+	MTUSelector, MTU                       uint8
+	RateSelector, Rate                     uint8
+	PacketLifeTimeSelector, PacketLifeTime uint8
+	Preference                             uint8
+}
+
