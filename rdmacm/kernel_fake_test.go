@@ -103,12 +103,12 @@ func (k *fakeKID) DstPort() uint16 { return 4791 }
 func (k *fakeKID) InitQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error) {
 	return verbs.QPAttr{}, 0, syscall.ENOSYS
 }
-func (k *fakeKID) Local() engine.Sockaddr { return k.src }
-func (k *fakeKID) Peer() engine.Sockaddr  { return engine.Sockaddr{} }
-func (k *fakeKID) DeviceName() string     { return "" }
+func (k *fakeKID) Local() engine.Sockaddr     { return k.src }
+func (k *fakeKID) Peer() engine.Sockaddr      { return engine.Sockaddr{} }
+func (k *fakeKID) DeviceName() string         { return "" }
 func (k *fakeKID) Route() []engine.PathRecord { return nil }
-func (k *fakeKID) PortNum() uint8         { return 1 }
-func (k *fakeKID) Destroy() error         { k.c.f.destroys.Add(1); return nil }
+func (k *fakeKID) PortNum() uint8             { return 1 }
+func (k *fakeKID) Destroy() error             { k.c.f.destroys.Add(1); return nil }
 
 // withFakeKernel makes f the kernel stack for the test.
 func withFakeKernel(t *testing.T) *fakeKernel {

@@ -137,4 +137,3 @@ type PathRecord struct {
 	PacketLifeTimeSelector, PacketLifeTime uint8
 	Preference                             uint8
 }
-

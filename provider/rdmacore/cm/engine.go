@@ -79,9 +79,9 @@ func (k cmID) DstPort() uint16 { return k.id.DstPort() }
 func (k cmID) InitQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error) {
 	return k.id.InitQPAttr(verbs.QPSInit)
 }
-func (k cmID) Local() engine.Sockaddr { return parse(k.id.LocalAddr()) }
-func (k cmID) Peer() engine.Sockaddr  { return parse(k.id.PeerAddr()) }
-func (k cmID) DeviceName() string     { return k.id.DeviceName() }
+func (k cmID) Local() engine.Sockaddr     { return parse(k.id.LocalAddr()) }
+func (k cmID) Peer() engine.Sockaddr      { return parse(k.id.PeerAddr()) }
+func (k cmID) DeviceName() string         { return k.id.DeviceName() }
 func (k cmID) Route() []engine.PathRecord { return k.id.Route() }
-func (k cmID) PortNum() uint8         { return k.id.PortNum() }
-func (k cmID) Destroy() error         { return k.id.Destroy() }
+func (k cmID) PortNum() uint8             { return k.id.PortNum() }
+func (k cmID) Destroy() error             { return k.id.Destroy() }
