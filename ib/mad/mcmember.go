@@ -72,6 +72,24 @@ const (
 	JoinReceivers = JoinFullMember | JoinNonMember
 )
 
+// SelectorMet reports whether a value have meets a requested want under a
+// selector (IBA 15.2.5.16): exactly when the request has no selector,
+// largest available (3) always.
+func SelectorMet(withSel bool, sel uint8, want, have int) bool {
+	if !withSel {
+		sel = SelExactly
+	}
+	switch sel {
+	case SelGreaterThan:
+		return have > want
+	case SelLessThan:
+		return have < want
+	case SelExactly:
+		return have == want
+	}
+	return true
+}
+
 // Selector values of MTU, Rate and PacketLifeTime.
 const (
 	SelGreaterThan = 0

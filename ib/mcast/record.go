@@ -27,28 +27,11 @@ func recordMatches(r, g *GroupRecord, mask uint64) bool {
 		mask&mad.CompScope != 0 && r.Scope != g.Scope:
 		return false
 	}
-	if mask&mad.CompMTU != 0 && !selectorOK(r.MTUSelector, r.MTU, g.MTU, mask&mad.CompMTUSelector != 0) {
+	if mask&mad.CompMTU != 0 && !mad.SelectorMet(mask&mad.CompMTUSelector != 0, r.MTUSelector, int(r.MTU), int(g.MTU)) {
 		return false
 	}
-	if mask&mad.CompRate != 0 && !selectorOK(r.RateSelector, r.Rate, g.Rate, mask&mad.CompRateSelector != 0) {
+	if mask&mad.CompRate != 0 && !mad.SelectorMet(mask&mad.CompRateSelector != 0, r.RateSelector, int(r.Rate), int(g.Rate)) {
 		return false
-	}
-	return true
-}
-
-// selectorOK applies an MTU/rate selector: greater than, less than,
-// exactly, largest available.
-func selectorOK(sel, want, have uint8, withSel bool) bool {
-	if !withSel {
-		return want == have
-	}
-	switch sel {
-	case mad.SelGreaterThan:
-		return have > want
-	case mad.SelLessThan:
-		return have < want
-	case mad.SelExactly:
-		return have == want
 	}
 	return true
 }

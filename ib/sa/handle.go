@@ -642,27 +642,34 @@ func (s *SA) query(req mad.MAD, comp uint64, rec mad.MCMemberFields, from From) 
 			out[i].PortGID, out[i].JoinState, out[i].ProxyJoin = wire.GID{}, 0, false
 		}
 	}
+	return recordsReply(req, mad.MCMemberRecordWords, len(out), func(b []byte, i int) { encodeRecord(b, &out[i], echoes[i]) })
+}
+
+// recordsReply answers a Get or GetTable that found n records, each words
+// 8-byte words long, written by put: a Get takes exactly one (none 0x0300,
+// more 0x0400), a GetTable travels RMPP (AttributeOffset 0 when empty).
+func recordsReply(req mad.MAD, words uint16, n int, put func(b []byte, i int)) []mad.MAD {
+	stride := int(words) * 8
 	if req.Method() == mad.MethodGet {
 		switch {
-		case len(out) > 1:
+		case n > 1:
 			return errorReply(req, mad.StatusTooManyRecords)
-		case len(out) == 0:
+		case n == 0:
 			return errorReply(req, mad.StatusNoRecords)
 		}
-		r := respHeader(req, mad.MCMemberRecordWords)
-		encodeRecord(r.SAData(), &out[0], echoes[0])
+		r := respHeader(req, words)
+		put(r.SAData()[:stride], 0)
 		return []mad.MAD{r}
 	}
 	var off uint16
-	if len(out) > 0 {
-		off = mad.MCMemberRecordWords
+	if n > 0 {
+		off = words
 	}
-	hdr := respHeader(req, off)
-	data := make([]byte, len(out)*mad.MCMemberRecordStride)
-	for i := range out {
-		encodeRecord(data[i*mad.MCMemberRecordStride:], &out[i], echoes[i])
+	data := make([]byte, n*stride)
+	for i := range n {
+		put(data[i*stride:(i+1)*stride], i)
 	}
-	return mad.RMPPSegments(hdr, data)
+	return mad.RMPPSegments(respHeader(req, off), data)
 }
 
 // encodeRecord writes a query's record of group g into b (56 bytes):

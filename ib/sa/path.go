@@ -100,26 +100,7 @@ func (s *SA) pathRecord(req mad.MAD, from From) []mad.MAD {
 			}
 		}
 	}
-	if req.Method() == mad.MethodGet {
-		switch {
-		case len(out) > 1:
-			return errorReply(req, mad.StatusTooManyRecords)
-		case len(out) == 0:
-			return errorReply(req, mad.StatusNoRecords)
-		}
-		r := respHeader(req, mad.PathRecordWords)
-		copy(r.SAData(), out[0][:])
-		return []mad.MAD{r}
-	}
-	var off uint16
-	if len(out) > 0 {
-		off = mad.PathRecordWords
-	}
-	data := make([]byte, 0, len(out)*mad.PathRecordLen)
-	for i := range out {
-		data = append(data, out[i][:]...)
-	}
-	return mad.RMPPSegments(respHeader(req, off), data)
+	return recordsReply(req, mad.PathRecordWords, len(out), func(b []byte, i int) { copy(b, out[i][:]) })
 }
 
 // pathEnds returns the ports a path end may be: the port of the GID or of
@@ -195,9 +176,9 @@ func unicastPath(comp uint64, q mad.PathRecord, src, dst *Port, sgid, dgid wire.
 	if src != dst {
 		r.SetPacketLifeTime(pathPacketLifeTime)
 	}
-	if comp&mad.PathCompMTU != 0 && !selected(comp&mad.PathCompMTUSelector != 0, q.MTUSelector(), int(q.MTU()), int(r.MTU())) ||
-		comp&mad.PathCompRate != 0 && !selected(comp&mad.PathCompRateSelector != 0, q.RateSelector(), mad.RateMbps(q.Rate()), mad.RateMbps(r.Rate())) ||
-		comp&mad.PathCompPktLife != 0 && !selected(comp&mad.PathCompPktLifeSelector != 0, q.PacketLifeTimeSelector(), int(q.PacketLifeTime()), int(r.PacketLifeTime())) {
+	if comp&mad.PathCompMTU != 0 && !mad.SelectorMet(comp&mad.PathCompMTUSelector != 0, q.MTUSelector(), int(q.MTU()), int(r.MTU())) ||
+		comp&mad.PathCompRate != 0 && !mad.SelectorMet(comp&mad.PathCompRateSelector != 0, q.RateSelector(), mad.RateMbps(q.Rate()), mad.RateMbps(r.Rate())) ||
+		comp&mad.PathCompPktLife != 0 && !mad.SelectorMet(comp&mad.PathCompPktLifeSelector != 0, q.PacketLifeTimeSelector(), int(q.PacketLifeTime()), int(r.PacketLifeTime())) {
 		return rec, false
 	}
 	return rec, true
@@ -256,22 +237,4 @@ func (s *SA) multicastPath(comp uint64, q mad.PathRecord) (rec [mad.PathRecordLe
 	r.SetFlowLabel(gr.FlowLabel)
 	r.SetHopLimit(hop)
 	return rec, true
-}
-
-// selected reports whether a path's value meets a requested one under the
-// request's selector (exactly when none is comp-masked; 3, largest
-// available, always).
-func selected(hasSel bool, sel uint8, want, have int) bool {
-	if !hasSel {
-		sel = mad.SelExactly
-	}
-	switch sel {
-	case mad.SelGreaterThan:
-		return have > want
-	case mad.SelLessThan:
-		return have < want
-	case mad.SelExactly:
-		return have == want
-	}
-	return true
 }

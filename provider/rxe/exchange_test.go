@@ -239,7 +239,7 @@ func TestSendErrors(t *testing.T) {
 // veth interface, so that the second device's interface is there on any
 // host.
 func TestQPNs(t *testing.T) {
-	if !inNetns(t, "TestQPNs") {
+	if !inNetns(t) {
 		return
 	}
 	ipCmd(t, "link", "set", "lo", "up")

@@ -225,7 +225,7 @@ func TestForwardAllocations(t *testing.T) {
 // and whichever socket the kernel picks, the owner receives each datagram
 // once.
 func TestUnicastNoMembership(t *testing.T) {
-	if !inNetns(t, "TestUnicastNoMembership") {
+	if !inNetns(t) {
 		return
 	}
 	ipCmd(t, "link", "set", "lo", "up")

@@ -1,8 +1,6 @@
 package rxe
 
 import (
-	"bytes"
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -18,39 +16,11 @@ import (
 	"github.com/softrdma/softrdma/wire"
 )
 
-const netnsEnv = "SOFTRDMA_TEST_RXE_IN_NETNS"
-
-// inNetns re-runs the named test in a new network namespace (unshare -n)
-// and reports whether the caller is that child. Outside it skips unless
-// root.
-func inNetns(t *testing.T, test string) bool {
+// inNetns re-runs the test in a network namespace of its own
+// (testenv.InNetns) and reports whether the caller is that re-run.
+func inNetns(t *testing.T) bool {
 	t.Helper()
-	if os.Getenv(netnsEnv) != "" {
-		return true
-	}
-	if os.Geteuid() != 0 {
-		testenv.Require(t, "needs root to create a network namespace (IPv6 multicast does not work on lo)")
-	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		testenv.Require(t, "no unshare: %v", err)
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		testenv.Require(t, "no ip command: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, unshare, "-n", os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
-	cmd.Env = testenv.CleanEnv(netnsEnv + "=1")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("in a network namespace: %v\n%s", err, out)
-	}
-	if bytes.Contains(out, []byte("--- SKIP")) {
-		t.Skipf("skipped in the namespace:\n%s", out)
-	}
-	t.Logf("in a network namespace:\n%s", out)
-	return false
+	return testenv.InNetns(t)
 }
 
 func ipCmd(t *testing.T, args ...string) {
@@ -63,7 +33,7 @@ func ipCmd(t *testing.T, args ...string) {
 // TestIPv6Multicast exchanges a datagram over an IPv6 group (MLD) on a
 // veth interface in a private network namespace.
 func TestIPv6Multicast(t *testing.T) {
-	if !inNetns(t, "TestIPv6Multicast") {
+	if !inNetns(t) {
 		return
 	}
 	ipCmd(t, "link", "set", "lo", "up")

@@ -65,7 +65,7 @@ func readRoCEFrames(t *testing.T, path string) [][]byte {
 // private network namespace, and checks that the device accepts the good
 // ones (solving the unknown IP ID) and drops the negative vectors.
 func TestReplayRealRxeFrames(t *testing.T) {
-	if !inNetns(t, "TestReplayRealRxeFrames") {
+	if !inNetns(t) {
 		return
 	}
 	ipCmd(t, "link", "set", "lo", "up")
