@@ -299,3 +299,51 @@ SR_CHECK(rdma_get_devices);
 
 void softrdma_rdma_free_devices(struct ibv_context **list) { free(list); }
 SR_CHECK(rdma_free_devices);
+
+// ---- endpoints ----
+
+void softrdma_rdma_destroy_ep(struct rdma_cm_id *id);
+
+// rdma_create_ep as librdmacm does it: a synchronous id, bound (RAI_PASSIVE,
+// with pd kept as the id's) or resolved to res's destination and route
+// (2 s each), then with qp_init_attr the QP by rdma_create_qp; a failed
+// step destroys the endpoint.
+int softrdma_rdma_create_ep(struct rdma_cm_id **id, struct rdma_addrinfo *res, struct ibv_pd *pd,
+			    struct ibv_qp_init_attr *qp_init_attr)
+{
+	struct rdma_cm_id *cm = NULL;
+	int e;
+	if (!id || !res)
+		SR_RET(EINVAL);
+	e = srCreateEP(res, pd, &cm);
+	if (e)
+		SR_RET(e);
+	if (!(res->ai_flags & RAI_PASSIVE) && qp_init_attr) {
+		qp_init_attr->qp_type = res->ai_qp_type;
+		if (softrdma_rdma_create_qp(cm, pd, qp_init_attr)) {
+			e = errno;
+			softrdma_rdma_destroy_ep(cm);
+			SR_RET(e);
+		}
+	}
+	*id = cm;
+	return 0;
+}
+SR_CHECK(rdma_create_ep);
+
+void softrdma_rdma_destroy_ep(struct rdma_cm_id *id)
+{
+	if (!id)
+		return;
+	if (id->qp)
+		softrdma_rdma_destroy_qp(id);
+	softrdma_rdma_destroy_id(id);
+}
+SR_CHECK(rdma_destroy_ep);
+
+int softrdma_rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *qp_attr, int *qp_attr_mask)
+{
+	int e = id && qp_attr && qp_attr_mask ? srInitQPAttr(id, qp_attr, qp_attr_mask) : EINVAL;
+	SR_RET(e);
+}
+SR_CHECK(rdma_init_qp_attr);

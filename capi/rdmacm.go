@@ -178,17 +178,7 @@ func srCreateID(ch *C.struct_rdma_event_channel, ctx unsafe.Pointer, ps C.enum_r
 	if err != nil {
 		return errno(err)
 	}
-	c := (*C.struct_sr_id)(C.calloc(1, C.sizeof_struct_sr_id))
-	c.id.channel = ch
-	c.id.context = ctx
-	c.id.ps = ps
-	c.id.qp_type = uint32(id.QPType())
-	ci := &cmID{id: id, c: c}
-	c.h = reg.put(ci)
-	ids.Lock()
-	ids.m[id] = ci
-	ids.Unlock()
-	*out = &c.id
+	*out = newCmID(id, ch, ctx, ps)
 	return 0
 }
 

@@ -19,16 +19,13 @@ long softrdma_rclose(void) { SR_STUB("rclose", -1); }
 long softrdma_rconnect(void) { SR_STUB("rconnect", -1); }
 long softrdma_rdma_accept(void) { SR_STUB("rdma_accept", -1); }
 long softrdma_rdma_connect(void) { SR_STUB("rdma_connect", -1); }
-long softrdma_rdma_create_ep(void) { SR_STUB("rdma_create_ep", -1); }
 long softrdma_rdma_create_srq(void) { SR_STUB("rdma_create_srq", -1); }
 long softrdma_rdma_create_srq_ex(void) { SR_STUB("rdma_create_srq_ex", -1); }
-long softrdma_rdma_destroy_ep(void) { SR_STUB("rdma_destroy_ep", 0); }
 long softrdma_rdma_destroy_srq(void) { SR_STUB("rdma_destroy_srq", 0); }
 long softrdma_rdma_disconnect(void) { SR_STUB("rdma_disconnect", -1); }
 long softrdma_rdma_establish(void) { SR_STUB("rdma_establish", -1); }
 long softrdma_rdma_get_remote_ece(void) { SR_STUB("rdma_get_remote_ece", -1); }
 long softrdma_rdma_get_request(void) { SR_STUB("rdma_get_request", -1); }
-long softrdma_rdma_init_qp_attr(void) { SR_STUB("rdma_init_qp_attr", -1); }
 long softrdma_rdma_listen(void) { SR_STUB("rdma_listen", -1); }
 long softrdma_rdma_notify(void) { SR_STUB("rdma_notify", -1); }
 long softrdma_rdma_reject(void) { SR_STUB("rdma_reject", -1); }

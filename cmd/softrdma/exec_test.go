@@ -117,8 +117,15 @@ func (w *lineWaiter) String() string {
 // stderr merged into a lineWaiter.
 func startExec(t *testing.T, ctx context.Context, dir string, args ...string) (*exec.Cmd, *lineWaiter) {
 	t.Helper()
+	return startExecEnv(t, ctx, dir, nil, args...)
+}
+
+// startExecEnv is startExec with the variables env added to the
+// program's environment (SOFTRDMA_SM=…).
+func startExecEnv(t *testing.T, ctx context.Context, dir string, env []string, args ...string) (*exec.Cmd, *lineWaiter) {
+	t.Helper()
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, "softrdma"), append([]string{"exec", "-libdir", filepath.Join(dir, "lib"), "--"}, args...)...)
-	cmd.Env = testenv.CleanEnv()
+	cmd.Env = testenv.CleanEnv(env...)
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
