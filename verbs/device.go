@@ -70,8 +70,9 @@ func (d *Device) Open() (_ *Context, err error) {
 
 // Context is an open device (struct ibv_context).
 type Context struct {
-	dev *Device
-	ops ContextOps
+	dev   *Device
+	ops   ContextOps
+	async asyncState // asynchronous events (async.go)
 }
 
 // Device returns the device the context was opened on.
@@ -117,7 +118,13 @@ func (c *Context) QueryGIDTable(port uint8) ([]GIDEntry, error) {
 
 // Close closes the context (ibv_close_device). It fails with EBUSY while
 // protection domains or CQs of the context exist.
-func (c *Context) Close() error { return OpError("ibv_close_device", c.dev.Name(), c.ops.Close()) }
+func (c *Context) Close() error {
+	if err := c.ops.Close(); err != nil {
+		return OpError("ibv_close_device", c.dev.Name(), err)
+	}
+	c.stopAsync()
+	return nil
+}
 
 // AllocPD allocates a protection domain (ibv_alloc_pd).
 func (c *Context) AllocPD() (*PD, error) {
