@@ -292,8 +292,9 @@ type Stats struct {
 	// SourceLimitAttaches counts attaches refused because their source IP
 	// address had Config.MaxPortsPerSource ports attached.
 	SourceLimitAttaches uint64
-	// Retries counts retries sent: answers to attaches from addresses
-	// not proven for their GUID (see ib/fabric's address validation);
+	// Retries counts retries answered (counted as they are sent; one the
+	// socket refused also counts in SendErrors): answers to attaches from
+	// addresses not proven for their GUID (see ib/fabric's address validation);
 	// BadCookies attaches whose cookie was wrong or expired (answered
 	// with a new retry); UnpaddedAttaches attaches from such addresses
 	// too short for a retry (shorter than fabric.AttachLen's padding),
@@ -974,12 +975,14 @@ func (s *SM) proven(c *fabric.Control, from netip.AddrPort, n int) bool {
 		s.limitedf(&s.logUnpadded, now, "attach of %#x from %v: %d bytes from an unproven address, shorter than a retry (%d): dropped", c.GUID, from, n, len(retry))
 		return false
 	}
+	// Counted before it leaves, so that whoever reads the answer finds
+	// it counted.
+	s.retries.Add(1)
 	if _, err := s.fabric.WriteToUDPAddrPort(retry, from); err != nil {
 		s.sendErrors.Add(1)
 		s.limitedf(&s.logRetry, now, "retry to %v: %v", from, err)
 		return false
 	}
-	s.retries.Add(1)
 	s.limitedf(&s.logRetry, now, "attach of %#x from %v: address not proven yet, answered with a retry", c.GUID, from)
 	return false
 }
