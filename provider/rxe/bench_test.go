@@ -179,12 +179,21 @@ func BenchmarkForwardPath(b *testing.B) {
 			k := putOrigDst(oob, netip.AddrFrom4([4]byte{127, 0, 0, 1}))
 			k += putCmsgInt(oob[k:], unix.IPPROTO_IP, unix.IP_TTL, 1)
 			b.SetBytes(int64(size))
+			n := 0
 			for b.Loop() {
 				r.handle(frame, name, oob, false)
+				n++
 			}
-			if c := d.Counters(); c.Get(softverbs.Forwarded) == 0 || c.Get(softverbs.ForwardDrops) != 0 {
-				b.Fatalf("forwarded %d, dropped %d", c.Get(softverbs.Forwarded), c.Get(softverbs.ForwardDrops))
+			// A flood faster than the owner reads fills the connection
+			// (the sender's buffer): those datagrams are counted dropped,
+			// as the kernel counted them in the owner's socket_drops when
+			// the hand-over was a UDP datagram.
+			c := d.Counters()
+			fwd, drops := c.Get(softverbs.Forwarded), c.Get(softverbs.ForwardDrops)
+			if fwd == 0 || fwd+drops < uint64(n) {
+				b.Fatalf("%d handled: forwarded %d, dropped %d", n, fwd, drops)
 			}
+			b.ReportMetric(float64(drops)/float64(n), "drops/op")
 		})
 	}
 }

@@ -124,7 +124,15 @@ func (h *handover) conn(port uint16) (*handoverConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	_ = c.SetWriteBuffer(recvBufSize)
+	// The connection's queue is the sender's buffer: as large as the
+	// receive sockets' where the process may (SO_SNDBUFFORCE), else up
+	// to net.core.wmem_max.
+	_ = control(c, func(fd int) error {
+		return setOpts(fd, []sockopt{
+			{unix.SOL_SOCKET, unix.SO_SNDBUF, recvBufSize, true},
+			{unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, recvBufSize, true},
+		})
+	})
 	raw, err := c.SyscallConn()
 	if err != nil {
 		c.Close()
