@@ -19,7 +19,7 @@ import (
 const childGroupEnv = "SOFTRDMA_TEST_RXE_CHILD_GROUP"
 
 // TestTwoProcesses exchanges datagrams with a second process on lo: both
-// bind UDP 4791 (SO_REUSEADDR), both receive the group, and their QPNs
+// bind UDP 4791 (SO_REUSEPORT), both receive the group, and their QPNs
 // differ (derived from host-unique send ports).
 func TestTwoProcesses(t *testing.T) {
 	const qkey = 0x5EED

@@ -118,12 +118,12 @@ type mmsgReceiver struct {
 }
 
 // newMmsgReceiver opens a socket on 0.0.0.0:4791 with the device's socket
-// options (SO_REUSEADDR, IP_MULTICAST_ALL=0, its receive buffer) and
+// options (SO_REUSEPORT, IP_MULTICAST_ALL=0, its receive buffer) and
 // joins group on interface ifindex.
 func newMmsgReceiver(group netip.Addr, ifindex, batch int) (*mmsgReceiver, error) {
 	conn, err := listen4(fmt.Sprintf("0.0.0.0:%d", udpPort), unix.IP_ADD_MEMBERSHIP,
 		unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(ifindex)},
-		[3]int{unix.SOL_SOCKET, unix.SO_REUSEADDR, 1},
+		[3]int{unix.SOL_SOCKET, unix.SO_REUSEPORT, 1},
 		[3]int{unix.SOL_SOCKET, unix.SO_RCVBUF, rcvBuf},
 		[3]int{unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rcvBuf},
 		[3]int{unix.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0},

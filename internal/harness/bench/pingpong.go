@@ -166,7 +166,7 @@ func newUDPPeer(bind, in, out netip.Addr, port uint16, size int, poll bool) (*ud
 	}
 	tv := unix.NsecToTimeval(int64(rttTimeout))
 	for _, o := range [][3]int{
-		{unix.SOL_SOCKET, unix.SO_REUSEADDR, 1},
+		{unix.SOL_SOCKET, unix.SO_REUSEPORT, 1}, // as the devices' sockets: they share 4791
 		{unix.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0},
 	} {
 		if err := unix.SetsockoptInt(p.rfd, o[0], o[1], o[2]); err != nil {
