@@ -41,6 +41,21 @@
 // struct on first use, kept in a Go map from the Go object to it. Memory a
 // program registers stays C memory: the MR is a Go slice over it.
 //
+// # Asynchronous events
+//
+// A context's async_fd is an eventfd with EFD_SEMAPHORE. When the C
+// context is made (ibv_open_device, or the first use of a context rdma_cm
+// made) a goroutine starts that takes each event of
+// Context.GetAsyncEvent, queues it and adds one to async_fd, so
+// poll(async_fd) is readable exactly while events are queued, before any
+// ibv_get_async_event too. ibv_get_async_event reads async_fd (waiting,
+// or EAGAIN when the program set O_NONBLOCK), takes one queued event and
+// fills event_type (libibverbs' values) and element.port_num for port
+// events. ibv_ack_async_event acknowledges the oldest unacknowledged
+// event of the same type and port (it is given no context).
+// ibv_close_device stops the goroutine and waits for it before async_fd
+// is closed (async.go).
+//
 // # Errors
 //
 // The Go side returns an errno; C turns it into the call's convention

@@ -136,7 +136,7 @@ struct sr_context *sr_context_alloc(struct ibv_device *dev, int num_comp_vectors
 	c->vc.create_qp_ex = sr_create_qp_ex;
 	c->vc.context.device = dev;
 	c->vc.context.cmd_fd = -1;
-	c->vc.context.async_fd = eventfd(0, EFD_CLOEXEC);
+	c->vc.context.async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
 	c->vc.context.num_comp_vectors = num_comp_vectors;
 	c->vc.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
 	pthread_mutex_init(&c->vc.context.mutex, NULL);
@@ -629,23 +629,52 @@ SR_CHECK(_ibv_query_gid_table);
 
 // ---- async events ----
 
-// softrdma's devices report no asynchronous events yet (the Go API has
-// none): the context's async_fd is an eventfd nothing writes, so the call
-// waits as rdma-core's does on a quiet device, or fails with EAGAIN when
-// the program set O_NONBLOCK on async_fd.
+// sr_port_event tells the event types whose element is a port number.
+static int sr_port_event(int type)
+{
+	switch (type) {
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+		return 1;
+	}
+	return 0;
+}
+
+// The context's async_fd is an eventfd with EFD_SEMAPHORE that counts the
+// events queued for it (async.go): the read takes one (waiting for it, or
+// EAGAIN when the program set O_NONBLOCK on async_fd), then the event is
+// taken from the queue.
 int softrdma_ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
 {
 	uint64_t v;
+	int type = 0, port = 0, e;
 	if (!context || !event) {
 		errno = EINVAL;
 		return -1;
 	}
 	if (read(context->async_fd, &v, sizeof v) != sizeof v)
 		return -1;
-	errno = EIO;
-	return -1;
+	e = srTakeAsyncEvent(context, &type, &port);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	memset(event, 0, sizeof *event);
+	event->event_type = type;
+	if (sr_port_event(type))
+		event->element.port_num = port;
+	return 0;
 }
 SR_CHECK(ibv_get_async_event);
 
-void softrdma_ibv_ack_async_event(struct ibv_async_event *event) { (void)event; }
+void softrdma_ibv_ack_async_event(struct ibv_async_event *event)
+{
+	if (event)
+		srAckAsyncEvent(event->event_type, sr_port_event(event->event_type) ? event->element.port_num : 0);
+}
 SR_CHECK(ibv_ack_async_event);

@@ -78,6 +78,7 @@ func cContext(c *verbs.Context) *C.struct_ibv_context {
 	}
 	reg.ctxs[c] = cc
 	reg.mu.Unlock()
+	startAsyncPump(c, cc)
 	return &cc.vc.context
 }
 
@@ -178,6 +179,8 @@ func srCloseDevice(c *C.struct_ibv_context) C.int {
 	if err != nil {
 		return errno(err)
 	}
+	// Before sr_context_free closes async_fd: the pump writes it.
+	stopAsyncPump(gc)
 	cc := C.sr_ctx_of(c)
 	reg.mu.Lock()
 	delete(reg.ctxs, gc)
