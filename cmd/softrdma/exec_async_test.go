@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,13 +19,7 @@ import (
 func TestExecAsyncEvents(t *testing.T) {
 	requireRDMACore(t)
 	dir := execDir(t)
-	prog := filepath.Join(dir, "async")
-	if _, err := os.Stat(prog); err != nil { // built once, before the re-run in the namespace
-		out, err := exec.Command("cc", "-Wall", "-o", prog, filepath.Join("testdata", "async.c"), "-libverbs").CombinedOutput()
-		if err != nil {
-			t.Fatalf("cc async.c: %v\n%s", err, out)
-		}
-	}
+	prog := buildCTest(t, dir, "async")
 	if !testenv.InNetns(t) {
 		return
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -167,13 +166,7 @@ func TestExecPerftestSendLat(t *testing.T) {
 func TestExecBadInput(t *testing.T) {
 	requireRDMACore(t)
 	dir := execDir(t)
-	prog := filepath.Join(dir, "badinput")
-	if _, err := os.Stat(prog); err != nil { // built once, before the re-run in the namespace
-		out, err := exec.Command("cc", "-Wall", "-o", prog, filepath.Join("testdata", "badinput.c"), "-libverbs", "-lrdmacm").CombinedOutput()
-		if err != nil {
-			t.Fatalf("cc badinput.c: %v\n%s", err, out)
-		}
-	}
+	prog := buildCTest(t, dir, "badinput", "-lrdmacm")
 	if !testenv.InNetns(t) {
 		return
 	}

@@ -170,21 +170,7 @@ func TestExecMckey(t *testing.T) {
 	if serr != nil || rerr != nil {
 		t.Fatalf("sender: %v, receiver: %v", serr, rerr)
 	}
-	for _, want := range []string{"receiving data transfers", "data transfers complete", "return status 0"} {
-		if !strings.Contains(rout.String(), want) {
-			t.Errorf("receiver output lacks %q", want)
-		}
-	}
-	for _, want := range []string{"initiating data transfers", "data transfers complete", "return status 0"} {
-		if !strings.Contains(sout.String(), want) {
-			t.Errorf("sender output lacks %q", want)
-		}
-	}
-	// mckey's receiver polls until it has count completions: reaching
-	// "data transfers complete" means every message arrived.
-	if strings.Contains(rout.String()+sout.String(), "not supported on softrdma") {
-		t.Errorf("mckey called a call softrdma does not implement")
-	}
+	checkMckeyRun(t, rout.String(), sout.String())
 }
 
 // TestExecDevinfo runs Debian's ibv_devinfo -v through softrdma exec: the
@@ -239,4 +225,42 @@ func TestExecStubs(t *testing.T) {
 			}
 		}
 	}
+}
+
+// checkMckeyRun checks the outputs of an mckey receiver and sender that
+// ran through softrdma exec: both got through their transfers (mckey's
+// receiver polls until it has every completion, so "data transfers
+// complete" means every message arrived) and called nothing softrdma
+// does not implement.
+func checkMckeyRun(t *testing.T, rout, sout string) {
+	t.Helper()
+	for _, want := range []string{"receiving data transfers", "data transfers complete", "return status 0"} {
+		if !strings.Contains(rout, want) {
+			t.Errorf("receiver output lacks %q", want)
+		}
+	}
+	for _, want := range []string{"initiating data transfers", "data transfers complete", "return status 0"} {
+		if !strings.Contains(sout, want) {
+			t.Errorf("sender output lacks %q", want)
+		}
+	}
+	if strings.Contains(rout+sout, "not supported on softrdma") {
+		t.Errorf("mckey called a call softrdma does not implement")
+	}
+}
+
+// buildCTest compiles testdata/<name>.c against the distribution's headers
+// into dir (once, before a test re-runs itself in its namespace) and
+// returns the program's path.
+func buildCTest(t *testing.T, dir, name string, libs ...string) string {
+	t.Helper()
+	prog := filepath.Join(dir, name)
+	if _, err := os.Stat(prog); err == nil {
+		return prog
+	}
+	args := append([]string{"-Wall", "-o", prog, filepath.Join("testdata", name+".c"), "-libverbs"}, libs...)
+	if out, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("cc %s.c: %v\n%s", name, err, out)
+	}
+	return prog
 }
