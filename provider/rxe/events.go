@@ -16,11 +16,14 @@ import (
 // events is the device's netlink watcher and its subscribers.
 type events struct {
 	mu     sync.Mutex
-	subs   map[int]func(verbs.NetdevEvent)
+	subs   map[int]subscriber
 	nextID int
 	done   chan struct{} // closes the watcher; nil when not running
 	live   bool          // the watcher receives link and address changes
 	exited chan struct{}
+	// linkUp is the port state last reported to subscribers (the
+	// interface up and running), kept by the watcher.
+	linkUp bool
 
 	// The dispatch in progress: dmu guards it, dcond signals its end.
 	dmu        sync.Mutex
@@ -56,6 +59,14 @@ func (e *events) waitDispatch() {
 	}
 }
 
+// subscriber is what one subscription wants: the interface's changes
+// (netdev), the port's state changes (port: true when the interface came
+// up and running, false when it went down or lost its carrier), or both.
+type subscriber struct {
+	netdev func(verbs.NetdevEvent)
+	port   func(up bool)
+}
+
 // WatchNetdev calls fn for every change of the device's interface (removal,
 // address added or removed) until cancel is called; when cancel returns fn
 // is not running and is not called again (cancel from inside fn does not
@@ -63,14 +74,19 @@ func (e *events) waitDispatch() {
 // netlink subscription runs only while subscribers exist. If netlink is
 // unavailable no event is ever delivered.
 func (d *Device) WatchNetdev(fn func(verbs.NetdevEvent)) (cancel func()) {
+	return d.subscribe(subscriber{netdev: fn})
+}
+
+// subscribe adds a subscriber; cancel is WatchNetdev's.
+func (d *Device) subscribe(sub subscriber) (cancel func()) {
 	e := &d.ev
 	e.mu.Lock()
 	if e.subs == nil {
-		e.subs = map[int]func(verbs.NetdevEvent){}
+		e.subs = map[int]subscriber{}
 	}
 	id := e.nextID
 	e.nextID++
-	e.subs[id] = fn
+	e.subs[id] = sub
 	if e.done == nil {
 		d.startWatcherLocked()
 	}
@@ -136,7 +152,8 @@ func (d *Device) startWatcherLocked() {
 	e.done, e.exited = done, exited
 	e.live = linkCh != nil && addrCh != nil
 	// Changes before the subscriptions started are not in the cache yet.
-	d.refreshInfo()
+	info, _ := d.refreshInfo()
+	e.linkUp = info.up
 	go d.watch(done, exited, linkCh, addrCh)
 }
 
@@ -159,7 +176,20 @@ func (d *Device) watch(done, exited chan struct{}, linkCh chan netlink.LinkUpdat
 			}
 			d.refreshInfo()
 			if u.Header.Type == unix.RTM_DELLINK {
-				d.emit(done, verbs.NetdevEvent{Kind: verbs.NetdevRemoved})
+				d.emit(done, verbs.NetdevEvent{Kind: verbs.NetdevRemoved}, nil)
+				continue
+			}
+			// The state this message carries, not the interface's
+			// state now: a quick down and up gives both changes, in
+			// order (the kernel's rxe_notify: NETDEV_UP, NETDEV_DOWN,
+			// and NETDEV_CHANGE by the carrier).
+			up := u.IfInfomsg.Flags&unix.IFF_UP != 0 && u.IfInfomsg.Flags&unix.IFF_RUNNING != 0
+			d.ev.mu.Lock()
+			changed := up != d.ev.linkUp
+			d.ev.linkUp = up
+			d.ev.mu.Unlock()
+			if changed {
+				d.emit(done, verbs.NetdevEvent{}, &up)
 			}
 		case u, ok := <-addrCh:
 			if !ok {
@@ -178,13 +208,14 @@ func (d *Device) watch(done, exited chan struct{}, linkCh chan netlink.LinkUpdat
 			if u.NewAddr {
 				k = verbs.AddrAdded
 			}
-			d.emit(done, verbs.NetdevEvent{Kind: k, Addr: a.Unmap()})
+			d.emit(done, verbs.NetdevEvent{Kind: k, Addr: a.Unmap()}, nil)
 		}
 	}
 }
 
-// emit calls the current subscribers, unless the watcher is stopping.
-func (d *Device) emit(done chan struct{}, ev verbs.NetdevEvent) {
+// emit calls the current subscribers, unless the watcher is stopping:
+// with the port's new state if up is not nil, else with ev.
+func (d *Device) emit(done chan struct{}, ev verbs.NetdevEvent, up *bool) {
 	select {
 	case <-done:
 		return
@@ -193,9 +224,9 @@ func (d *Device) emit(done chan struct{}, ev verbs.NetdevEvent) {
 	e := &d.ev
 	e.mu.Lock()
 	ids := slices.Sorted(maps.Keys(e.subs))
-	fns := make([]func(verbs.NetdevEvent), len(ids))
+	subs := make([]subscriber, len(ids))
 	for i, id := range ids {
-		fns[i] = e.subs[id]
+		subs[i] = e.subs[id]
 	}
 	// Marked as dispatching before e.mu is released: a cancel that
 	// removes its subscriber after the snapshot waits for this dispatch.
@@ -212,8 +243,13 @@ func (d *Device) emit(done chan struct{}, ev verbs.NetdevEvent) {
 		e.dcond.Broadcast()
 		e.dmu.Unlock()
 	}()
-	for _, fn := range fns {
-		fn(ev)
+	for _, s := range subs {
+		switch {
+		case up != nil && s.port != nil:
+			s.port(*up)
+		case up == nil && s.netdev != nil:
+			s.netdev(ev)
+		}
 	}
 }
 

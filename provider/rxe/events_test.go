@@ -126,7 +126,7 @@ func TestCancelWaitsForCallback(t *testing.T) {
 	d.ev.mu.Lock()
 	done := d.ev.done
 	d.ev.mu.Unlock()
-	go d.emit(done, verbs.NetdevEvent{Kind: verbs.AddrAdded})
+	go d.emit(done, verbs.NetdevEvent{Kind: verbs.AddrAdded}, nil)
 	<-entered
 	stopped := make(chan struct{})
 	go func() { cancel(); close(stopped) }()
@@ -148,7 +148,7 @@ func TestCancelWaitsForCallback(t *testing.T) {
 	d.ev.mu.Lock()
 	done = d.ev.done
 	d.ev.mu.Unlock()
-	go d.emit(done, verbs.NetdevEvent{Kind: verbs.AddrAdded})
+	go d.emit(done, verbs.NetdevEvent{Kind: verbs.AddrAdded}, nil)
 	select {
 	case <-returned:
 	case <-time.After(5 * time.Second):
