@@ -10,13 +10,11 @@ package main
 import "C"
 
 import (
-	"net"
-	"net/netip"
 	"syscall"
 	"unsafe"
 
-	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -97,30 +95,14 @@ func idQKey(id *rdmacm.ID) (uint32, error) {
 	if id.PortSpace() != rdmacm.PS_IPOIB {
 		return rdmaUDPQKey, nil
 	}
-	if d := ipoibPort(id.SrcAddr()); d != nil {
-		if bc, ok := d.Multicast().BroadcastGroup(); ok {
-			return bc.QKey, nil
+	if vc := id.Verbs(); vc != nil {
+		if sa, ok := saclient.For(vc.Device()); ok {
+			if bc, ok := sa.BroadcastGroup(); ok {
+				return bc.QKey, nil
+			}
 		}
 	}
 	return 0, syscall.ENODEV
-}
-
-// ipoibPort is the IB port whose IPoIB address a is, or nil.
-func ipoibPort(a net.Addr) *ib.Device {
-	var ip net.IP
-	switch v := a.(type) {
-	case *net.UDPAddr:
-		ip = v.IP
-	case *net.TCPAddr:
-		ip = v.IP
-	case *net.IPAddr:
-		ip = v.IP
-	}
-	na, ok := netip.AddrFromSlice(ip)
-	if !ok {
-		return nil
-	}
-	return ib.On(verbs.DefaultHost()).ForAddr(na.Unmap())
 }
 
 // srInitQPAttr is rdma_init_qp_attr as the kernel answers it for an id

@@ -10,6 +10,7 @@ import (
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/provider/softverbs"
+	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -65,14 +66,18 @@ func TestIBPort(t *testing.T) {
 		t.Errorf("IB QPs %+v", d.QPs)
 	}
 	// The SA membership of a join appears in the groups view.
-	bc, ok := p.Multicast().BroadcastGroup()
+	sa, ok := saclient.For(p.Verbs())
+	if !ok {
+		t.Fatal("no SA client")
+	}
+	bc, ok := sa.BroadcastGroup()
 	if !ok {
 		t.Fatal("no broadcast group")
 	}
 	req := bc
 	req.MGID, req.PortGID, req.QKey, req.MLID, req.JoinState = mgid, p.PortGID(), 0x01234567, 0, 1
 	joined := make(chan int, 1)
-	m, err := p.Multicast().Join(req, 0x130C7, func(status int, _ *ib.GroupRecord) {
+	m, err := sa.Join(req, 0x130C7, func(status int, _ *saclient.GroupRecord) {
 		select {
 		case joined <- status:
 		default:
@@ -81,7 +86,7 @@ func TestIBPort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Multicast().Leave(m)
+	defer sa.Leave(m)
 	if st := <-joined; st != 0 {
 		t.Fatalf("join status %d", st)
 	}

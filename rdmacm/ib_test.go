@@ -11,6 +11,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
+	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -200,7 +201,7 @@ func TestIBRejectAndSharedMembership(t *testing.T) {
 	ch, a := ibID(t, "127.0.0.5", PS_UDP)
 	_, b := ibID(t, "127.0.0.5", PS_UDP)
 	// The IPoIB broadcast group has Q_Key 0x0B1B; a PS_UDP id asks 0x01234567.
-	bc := &IBAddr{GID: ib.IPoIBBroadcastMGID, PKey: 0xffff}
+	bc := &IBAddr{GID: saclient.IPoIBBroadcastMGID, PKey: 0xffff}
 	if err := a.JoinMulticast(bc, "bc"); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"syscall"
 
-	"github.com/softrdma/softrdma/ib/mcast"
+	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -41,8 +41,8 @@ type port interface {
 
 // portOf returns the port of an open device, as cma.c asks
 // rdma_protocol_roce and rdma_cap_ib_mcast: a RoCE port on a network
-// interface joins IP groups, an InfiniBand port with an SA join engine
-// joins through the SA; any other device (a kernel device, whose ids the
+// interface joins IP groups, an InfiniBand port that the host's SA client
+// serves (a verbs.MADPort) joins through the SA; any other device (a kernel device, whose ids the
 // kernel's CM serves) gets a port that refuses.
 func portOf(ctx *verbs.Context) port {
 	dev := ctx.Device()
@@ -56,8 +56,8 @@ func portOf(ctx *verbs.Context) port {
 			return rocePort{name: dev.Name(), nd: nd}
 		}
 	case verbs.LinkLayerInfiniBand:
-		if jp, ok := verbs.Capability[mcast.JoinPort](dev); ok {
-			return ibPort{name: dev.Name(), p: jp}
+		if sa, ok := saclient.For(dev); ok {
+			return ibPort{name: dev.Name(), sa: sa}
 		}
 	}
 	return noPort{dev.Name()}

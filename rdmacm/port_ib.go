@@ -7,17 +7,17 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/ib/mad"
-	"github.com/softrdma/softrdma/ib/mcast"
+	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
 
-// ibPort is an InfiniBand port with an SA join engine (mcast.JoinPort):
-// joins are SA requests (cma_join_ib_multicast), the address stands for
-// the port's IPoIB address.
+// ibPort is an InfiniBand port served by the host's SA client
+// (rdmacm/saclient): joins are SA requests (cma_join_ib_multicast), the
+// address stands for the port's IPoIB address.
 type ibPort struct {
 	name string
-	p    mcast.JoinPort
+	sa   *saclient.Engine
 }
 
 // gidIndex: an IB port's IPoIB address stands for its port GID, index 0.
@@ -26,7 +26,7 @@ func (ibPort) gidIndex(*verbs.Context, netip.Addr) (uint8, error) { return 0, ni
 // ipoibQKey is the Q_Key of the broadcast group the port joined at
 // activation.
 func (p ibPort) ipoibQKey() (uint32, error) {
-	bc, ok := p.p.Multicast().BroadcastGroup()
+	bc, ok := p.sa.BroadcastGroup()
 	if !ok {
 		return 0, fmt.Errorf("no IPoIB broadcast group on %s: %w", p.name, syscall.EADDRNOTAVAIL)
 	}
@@ -39,7 +39,7 @@ func (p ibPort) ipoibQKey() (uint32, error) {
 // 4.9-5.11 and the man page), and the SA join runs asynchronously: its
 // answer becomes the join's event.
 func (p ibPort) join(id *ID, mc *mcJoin) error {
-	bc, ok := p.p.Multicast().BroadcastGroup()
+	bc, ok := p.sa.BroadcastGroup()
 	if !ok {
 		return fmt.Errorf("no IPoIB broadcast group on %s: %w", p.name, syscall.EADDRNOTAVAIL)
 	}
@@ -56,11 +56,11 @@ func (p ibPort) join(id *ID, mc *mcJoin) error {
 	if _, err := id.defaultQKey(); err != nil {
 		return err
 	}
-	if mc.sendOnly && !p.p.Multicast().SendOnlyFullMemberSupported() {
+	if mc.sendOnly && !p.sa.SendOnlyFullMemberSupported() {
 		return fmt.Errorf("SM does not support send-only full member joins: %w", syscall.EOPNOTSUPP)
 	}
 	req := bc
-	req.MGID, req.QKey, req.PortGID, req.MLID = mgid, id.qkey, p.p.PortGID(), 0
+	req.MGID, req.QKey, req.PortGID, req.MLID = mgid, id.qkey, p.sa.PortGID(), 0
 	req.JoinState = mad.JoinFullMember
 	if mc.sendOnly {
 		req.JoinState = mad.JoinSendOnlyFullMember
@@ -70,7 +70,7 @@ func (p ibPort) join(id *ID, mc *mcJoin) error {
 		mask = mad.CompIPoIBJoin
 	}
 	mc.qkey = id.qkey
-	m, err := p.p.Multicast().Join(req, mask, func(status int, rec *mcast.GroupRecord) { ibJoinDone(id, mc, status, rec) })
+	m, err := p.sa.Join(req, mask, func(status int, rec *saclient.GroupRecord) { ibJoinDone(id, mc, status, rec) })
 	if err != nil {
 		return err
 	}
@@ -80,7 +80,7 @@ func (p ibPort) join(id *ID, mc *mcJoin) error {
 
 // ibJoinDone turns the SA's answer (or a later -ENETRESET) into the
 // join's event (cma_ib_mc_handler).
-func ibJoinDone(id *ID, mc *mcJoin, status int, rec *mcast.GroupRecord) {
+func ibJoinDone(id *ID, mc *mcJoin, status int, rec *saclient.GroupRecord) {
 	if mc.left.Load() {
 		return
 	}
@@ -116,14 +116,14 @@ func ibJoinDone(id *ID, mc *mcJoin, status int, rec *mcast.GroupRecord) {
 
 // leave leaves the SA membership; it waits for a running callback of the
 // group, and none runs afterwards. The returned wait waits for the SA
-// Delete of the join states no other local join needs (ib/mcast).
+// Delete of the join states no other local join needs (rdmacm/saclient).
 func (p ibPort) leave(mc *mcJoin) func() error {
-	m, ok := mc.held.(*mcast.Member)
+	m, ok := mc.held.(*saclient.Member)
 	mc.held = nil
 	if !ok {
 		return nil
 	}
-	return p.p.Multicast().StartLeave(m).Wait
+	return p.sa.StartLeave(m).Wait
 }
 
 // subscribe: an IB port reports its changes (reregister, LID change)

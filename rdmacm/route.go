@@ -87,7 +87,7 @@ func (p ibPort) route(id *ID) ([]PathRecord, func() ([]PathRecord, int)) {
 	case id.dst.family == afIB:
 		dgid = id.dst.ib.GID
 	case id.dst.ip.IsMulticast():
-		bc, ok := p.p.Multicast().BroadcastGroup()
+		bc, ok := p.sa.BroadcastGroup()
 		if !ok {
 			return nil, func() ([]PathRecord, int) { return nil, -int(syscall.EADDRNOTAVAIL) }
 		}
@@ -95,9 +95,9 @@ func (p ibPort) route(id *ID) ([]PathRecord, func() ([]PathRecord, int)) {
 	default:
 		return nil, nil
 	}
-	sgid := p.p.PortGID()
+	sgid := p.sa.PortGID()
 	tclass := id.tos
-	engine := p.p.Multicast()
+	engine := p.sa
 	return nil, func() ([]PathRecord, int) {
 		q := mad.PathRecord(make([]byte, mad.PathRecordLen))
 		q.SetDGID(dgid)

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"time"
 )
 
 // This file is the seam between the RDMA CM and the kinds of device: what
@@ -59,7 +60,7 @@ func (h *Host) DeviceForAddr(a netip.Addr) (*Device, error) {
 // Capability returns what device d offers as T: its backend's DeviceOps
 // when that implements T, else the provider behind a backend that unwraps
 // to it (softrdma's software core unwraps to its provider's driver). The
-// CM asks for NetdevPort and for the SA client's port interface this way.
+// CM asks for NetdevPort this way, the SA client (a Client) for MADPort.
 func Capability[T any](d *Device) (T, bool) {
 	if c, ok := d.ops.(T); ok {
 		return c, true
@@ -118,4 +119,30 @@ func (k NetdevEventKind) String() string {
 type NetdevEvent struct {
 	Kind NetdevEventKind
 	Addr netip.Addr // the address for AddrAdded / AddrRemoved
+}
+
+// MADPort is the capability of an InfiniBand port that carries the host's
+// management datagrams to the subnet's SA and back on QP1 (what the
+// kernel's ib_mad layer gives sa_query.c): the host's SA client, which
+// joins multicast groups and asks for paths, finds the ports it serves by
+// it. The port's events reach the client as the device's asynchronous
+// events (AsyncEventSource).
+type MADPort interface {
+	// SendSA sends one 256-byte SA MAD to the SA (the SM's LID, QP1).
+	SendSA(mad []byte) error
+	// PortGID returns the port's GID 0 (subnet prefix and port GUID).
+	PortGID() GID
+	// SMLID returns the LID of the subnet manager, the only source of SA
+	// answers the client takes.
+	SMLID() uint16
+	// SATimeout returns how long the SA client waits for one answer of
+	// the port's SA and how often it resends a request (the port's
+	// configuration).
+	SATimeout() (timeout time.Duration, retries int)
+	// RegisterMADAgent hands every MAD that arrives on the port's QP1
+	// (with its source LID and QP) to fn, until unregister is called. fn
+	// reports whether it took the MAD (an answer to one of its requests);
+	// a MAD no agent takes is dropped and counted by the port. fn runs on
+	// the port's receive path and must not block.
+	RegisterMADAgent(fn func(slid uint16, srcQP uint32, mad []byte) bool) (unregister func())
 }

@@ -21,8 +21,9 @@ type Device struct {
 	ops  DeviceOps
 	host *Host
 
-	mu     sync.Mutex
-	closed bool
+	mu         sync.Mutex
+	closed     bool
+	clientData map[any]any // Client values (client.go)
 }
 
 // RegisterDevice adds a backend's device to DefaultHost's device list and

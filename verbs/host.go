@@ -62,6 +62,9 @@ func (h *Host) RegisterDevice(ops DeviceOps) *Device {
 		ws = append(ws, w)
 	}
 	h.mu.Unlock()
+	for _, c := range registeredClients() {
+		c.Add(dev)
+	}
 	for _, w := range ws {
 		w(dev)
 	}
@@ -72,11 +75,18 @@ func (h *Host) RegisterDevice(ops DeviceOps) *Device {
 // contexts keep working until they are closed; Open fails with ENODEV.
 func (h *Host) UnregisterDevice(dev *Device) {
 	h.mu.Lock()
+	present := slices.Contains(h.devs, dev)
 	h.devs = slices.DeleteFunc(h.devs, func(d *Device) bool { return d == dev })
 	h.mu.Unlock()
 	dev.mu.Lock()
 	dev.closed = true
 	dev.mu.Unlock()
+	if present {
+		cs := registeredClients()
+		for i := len(cs) - 1; i >= 0; i-- {
+			cs[i].Remove(dev)
+		}
+	}
 }
 
 // DeviceList returns the host's devices (ibv_get_device_list): every

@@ -85,13 +85,20 @@ type GroupReport struct {
 	SAJoinState uint8
 }
 
-// Inspect returns the device's report; false when its backend offers none.
+// Inspect returns the device's report, with what the host's clients add
+// (ClientInspector); false when its backend offers none.
 func (d *Device) Inspect() (DeviceReport, bool) {
 	in, ok := d.ops.(Inspector)
 	if !ok {
 		return DeviceReport{}, false
 	}
-	return in.Inspect(), true
+	r := in.Inspect()
+	for _, c := range registeredClients() {
+		if ci, ok := c.(ClientInspector); ok {
+			ci.InspectDevice(d, &r)
+		}
+	}
+	return r, true
 }
 
 // DeviceEvent is a change of a device's network side that tools log.

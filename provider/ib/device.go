@@ -2,8 +2,10 @@
 // port attached to an emulated subnet (ib/sm: subnet manager, SA and
 // switch in one process) over UDP. It implements softverbs.Driver with the
 // InfiniBand rules (LIDs, multicast LIDs from 0xC000, P_Keys) and sends
-// real IB packets (LRH/GRH/BTH/DETH/ICRC/VCRC) to the switch. Its SA client
-// and multicast join engine are package ib/mcast (Device.Multicast).
+// real IB packets (LRH/GRH/BTH/DETH/ICRC/VCRC) to the switch. It is only
+// the port: the SA client, its multicast join engine and the IPoIB
+// broadcast membership belong to the host (rdmacm/saclient, which finds
+// the port by verbs.MADPort), as in the kernel's ib_core.
 //
 // A port is opened with Open (or by the RDMA CM when SOFTRDMA_SM names a
 // subnet manager); the local address of its fabric socket plays the role
@@ -26,7 +28,6 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/ib/fabric"
-	"github.com/softrdma/softrdma/ib/mcast"
 	"github.com/softrdma/softrdma/internal/sys/mmsg"
 	"github.com/softrdma/softrdma/internal/sys/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
@@ -77,22 +78,16 @@ const (
 // PortEvent is delivered to subscribers of a device.
 type PortEvent struct{ Kind PortEventKind }
 
-var engineEvent = map[PortEventKind]mcast.EventKind{
-	ClientReregister: mcast.ClientReregister, LIDChange: mcast.LIDChange,
-	PortError: mcast.PortError, PortActive: mcast.PortActive,
-}
-
 // Registry is a host's InfiniBand ports.
 type Registry struct {
 	host *verbs.Host
 	mu   sync.Mutex
 	devs []*Device
 	env  sync.Mutex // serializes OpenFromEnv
+	// names numbers the host's ports softib0, softib1…, as a machine
+	// numbers its own HCAs.
+	names atomic.Int64
 }
-
-// names numbers ports softib0, softib1… across the process, so that two
-// hosts' ports (one process) never share a name on the subnet.
-var names atomic.Int64
 
 type registryKey struct{}
 
@@ -140,7 +135,7 @@ type Device struct {
 	// by each keepalive and taken by the retry answered at once.
 	cookie  []byte
 	retryOK bool
-	subs    map[int]func(PortEvent)
+	subs    []portSub // in subscription order: the host's SA client first
 	nextSub int
 	qpns    map[uint32]bool // QPNs in use
 	nextQPN uint32
@@ -155,7 +150,7 @@ type Device struct {
 	lastReq time.Time
 	rxWin   int // the port's receive window, in packets
 
-	mc     *mcast.Engine
+	agents atomic.Pointer[[]madAgent] // QP1's MAD agents (RegisterMADAgent)
 	events chan PortEvent
 	done   chan struct{}
 	wg     sync.WaitGroup
@@ -196,7 +191,7 @@ func Open(cfg Config) (*Device, error) {
 	d := &Device{
 		cfg: cfg, conn: conn, guid: cfg.GUID,
 		smAddr:   netip.AddrPortFrom(sm.AddrPort().Addr().Unmap(), sm.AddrPort().Port()),
-		activeCh: make(chan struct{}), refusedCh: make(chan struct{}), subs: map[int]func(PortEvent){},
+		activeCh: make(chan struct{}), refusedCh: make(chan struct{}),
 		qpns: map[uint32]bool{}, nextQPN: 2,
 		done: make(chan struct{}), events: make(chan PortEvent, 16),
 		linkCh: make(chan struct{}),
@@ -216,10 +211,10 @@ func Open(cfg Config) (*Device, error) {
 		d.guid = h.Sum64()&0x0000ffffffffffff | 0x0002c90000000000
 	}
 	d.core = softverbs.New(d)
-	d.mc = mcast.New(d, mcast.Config{Timeout: cfg.SATimeout, Retries: cfg.SARetries})
+	r := On(cfg.Host)
 	d.name = cfg.Name
 	if d.name == "" {
-		d.name = fmt.Sprintf("softib%d", names.Add(1)-1)
+		d.name = fmt.Sprintf("softib%d", r.names.Add(1)-1)
 	}
 
 	d.wg.Add(3)
@@ -237,8 +232,6 @@ func Open(cfg Config) (*Device, error) {
 		d.shutdown()
 		return nil, fmt.Errorf("ib: open %s: no answer from the subnet manager at %s: %w", d.name, cfg.SM, syscall.ETIMEDOUT)
 	}
-	d.mc.Refresh()
-	r := On(cfg.Host)
 	d.reg = r
 	d.vdev = r.host.RegisterDevice(d.core)
 	r.mu.Lock()
@@ -307,8 +300,8 @@ func (addrOwner) DeviceForAddr(h *verbs.Host, a netip.Addr) (*verbs.Device, erro
 // interface: an IPoIB address may also be an interface's (127.0.0.x).
 func (addrOwner) AddrOrder() int { return 10 }
 
-// A port is the RDMA CM's InfiniBand port.
-var _ mcast.JoinPort = (*Device)(nil)
+// A port carries the host's SA client's MADs.
+var _ verbs.MADPort = (*Device)(nil)
 
 func init() { verbs.RegisterAddrOwner(addrOwner{}) }
 
@@ -326,13 +319,7 @@ func (r *Registry) CloseAll() {
 // Name returns the device name.
 func (d *Device) Name() string { return d.name }
 
-// Multicast returns the port's SA client and multicast join engine.
-func (d *Device) Multicast() *mcast.Engine { return d.mc }
-
-// Memberships returns the port's SA memberships (Multicast().Memberships).
-func (d *Device) Memberships() []Membership { return d.mc.Memberships() }
-
-// SMLID returns the subnet manager's LID (mcast.Port).
+// SMLID returns the subnet manager's LID (verbs.MADPort).
 func (d *Device) SMLID() uint16 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -404,29 +391,35 @@ func (d *Device) GIDTable(port uint8) ([]verbs.GIDEntry, error) {
 	return []verbs.GIDEntry{{GID: d.PortGID(), Index: 0, PortNum: 1, Type: verbs.GIDTypeIB}}, nil
 }
 
+// portSub is one subscriber of the port's events.
+type portSub struct {
+	id int
+	fn func(PortEvent)
+}
+
 // Watch calls fn for every port event until cancel is called.
+// Subscribers are called one after another in the order they subscribed,
+// so the host's SA client (subscribed when the device was registered)
+// has reset its memberships before a program hears of the event.
 func (d *Device) Watch(fn func(PortEvent)) (cancel func()) {
 	d.mu.Lock()
 	id := d.nextSub
 	d.nextSub++
-	d.subs[id] = fn
+	d.subs = append(d.subs, portSub{id, fn})
 	d.mu.Unlock()
 	return func() {
 		d.mu.Lock()
-		delete(d.subs, id)
+		d.subs = slices.DeleteFunc(d.subs, func(s portSub) bool { return s.id == id })
 		d.mu.Unlock()
 	}
 }
 
 func (d *Device) emit(ev PortEvent) {
 	d.mu.Lock()
-	fns := make([]func(PortEvent), 0, len(d.subs))
-	for _, f := range d.subs {
-		fns = append(fns, f)
-	}
+	subs := slices.Clone(d.subs)
 	d.mu.Unlock()
-	for _, f := range fns {
-		f(ev)
+	for _, s := range subs {
+		s.fn(ev)
 	}
 }
 
@@ -515,14 +508,12 @@ func (d *Device) portInfo(c *fabric.Control) {
 	}
 }
 
-// eventLoop hands port events to the multicast engine and subscribers, in
-// order.
+// eventLoop hands port events to the subscribers, in order.
 func (d *Device) eventLoop() {
 	defer d.wg.Done()
 	for {
 		select {
 		case ev := <-d.events:
-			d.mc.Event(engineEvent[ev.Kind])
 			d.emit(ev)
 		case <-d.done:
 			return
@@ -554,6 +545,5 @@ func (d *Device) Close() error {
 func (d *Device) shutdown() {
 	close(d.done)
 	d.conn.Close()
-	d.mc.Close()
 	d.wg.Wait()
 }

@@ -7,10 +7,12 @@ import (
 
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
+	"github.com/softrdma/softrdma/rdmacm/saclient"
 )
 
 // Example starts a subnet manager in the process, attaches a port to it
-// and shows what the port learned at activation.
+// and shows what the port learned at activation, and what the host's SA
+// client (imported by rdmacm, here directly) learned from the SA.
 func Example() {
 	s, err := sm.New(sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true})
 	if err != nil {
@@ -29,10 +31,11 @@ func Example() {
 	}
 	defer port.Close()
 	pa, _ := port.QueryPort(1)
-	bc, _ := port.Multicast().BroadcastGroup()
+	sa, _ := saclient.For(port.Verbs())
+	bc, _ := sa.BroadcastGroup()
 	fmt.Printf("LID %d, SM LID %d, %v, %v\n", port.LID(), pa.SMLID, pa.State, pa.LinkLayer)
 	fmt.Printf("IPoIB broadcast group %v MLID %#x Q_Key %#x\n", bc.MGID, bc.MLID, bc.QKey)
-	fmt.Println("send-only full member support:", port.Multicast().SendOnlyFullMemberSupported())
+	fmt.Println("send-only full member support:", sa.SendOnlyFullMemberSupported())
 	// Output:
 	// LID 2, SM LID 1, PORT_ACTIVE, InfiniBand
 	// IPoIB broadcast group ff12:401b:ffff::ffff:ffff MLID 0xc000 Q_Key 0xb1b

@@ -5,8 +5,8 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
-	"github.com/softrdma/softrdma/ib/mcast"
 	"github.com/softrdma/softrdma/provider/softverbs"
+	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -15,18 +15,20 @@ import (
 // be called directly. Its event loop runs until stop.
 func fuzzDevice() (d *Device, stop func()) {
 	d = &Device{
-		guid: 0x0002c900000000aa, activeCh: make(chan struct{}), subs: map[int]func(PortEvent){},
+		guid: 0x0002c900000000aa, activeCh: make(chan struct{}),
 		qpns: map[uint32]bool{}, nextQPN: 2,
 		done: make(chan struct{}), events: make(chan PortEvent, 16), linkCh: make(chan struct{}),
 	}
 	d.core = softverbs.New(d)
-	d.mc = mcast.New(fuzzPort{d}, mcast.Config{})
+	// The host's SA client takes QP1's MADs, as on a registered port.
+	e := saclient.New(fuzzPort{d}, saclient.Config{})
+	d.RegisterMADAgent(e.Receive)
 	d.wg.Add(1)
 	go d.eventLoop()
-	return d, func() { close(d.done); d.mc.Close(); d.wg.Wait(); d.core.Close() }
+	return d, func() { close(d.done); e.Close(); d.wg.Wait(); d.core.Close() }
 }
 
-// fuzzPort sends the engine's MADs nowhere.
+// fuzzPort sends the SA client's MADs nowhere.
 type fuzzPort struct{ d *Device }
 
 func (p fuzzPort) SendSA([]byte) error { return nil }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/sm"
-	"github.com/softrdma/softrdma/provider/ib"
+	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -34,7 +34,7 @@ func TestGetTableManyGroups(t *testing.T) {
 	}
 	defer conn.Close()
 	const n = 300
-	want := map[verbs.GID]bool{ib.IPoIBBroadcastMGID: true}
+	want := map[verbs.GID]bool{saclient.IPoIBBroadcastMGID: true}
 	buf := make([]byte, 512)
 	for i := range n {
 		g := verbs.GID{0xff, 0x12, 0x40, 0x01, 0xff, 0xff, 14: byte(i >> 8), 15: byte(i)}
@@ -54,7 +54,7 @@ func TestGetTableManyGroups(t *testing.T) {
 		}
 	}
 
-	recs, err := p.dev.Multicast().GetTable(ib.GroupRecord{}, 0)
+	recs, err := saEngine(t, p.dev).GetTable(saclient.GroupRecord{}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestGetTableManyGroups(t *testing.T) {
 		delete(want, r.MGID)
 	}
 	// A GetTable of one group (an RMPP transfer of one segment).
-	one, err := p.dev.Multicast().GetTable(ib.GroupRecord{MGID: ib.IPoIBBroadcastMGID}, mad.CompMGID)
+	one, err := saEngine(t, p.dev).GetTable(saclient.GroupRecord{MGID: saclient.IPoIBBroadcastMGID}, mad.CompMGID)
 	if err != nil || len(one) != 1 || one[0].MLID != 0xC000 {
 		t.Fatalf("broadcast group: %v %+v", err, one)
 	}

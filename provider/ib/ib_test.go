@@ -13,10 +13,10 @@ import (
 	"github.com/softrdma/softrdma/provider/softverbs"
 
 	"github.com/softrdma/softrdma/ib/mad"
-	"github.com/softrdma/softrdma/ib/mcast"
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/provider/ib"
+	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/verbs"
 	"go.uber.org/goleak"
 )
@@ -99,9 +99,9 @@ func openPort(t *testing.T, s *sm.SM, local string) *port {
 }
 
 // join joins the port to mgid with a JoinState and waits for the answer.
-func (p *port) join(t *testing.T, mgid verbs.GID, state uint8) (*mcast.Member, *ib.GroupRecord) {
+func (p *port) join(t *testing.T, mgid verbs.GID, state uint8) (*saclient.Member, *saclient.GroupRecord) {
 	t.Helper()
-	bc, ok := p.dev.Multicast().BroadcastGroup()
+	bc, ok := saEngine(t, p.dev).BroadcastGroup()
 	if !ok {
 		t.Fatal("no broadcast group")
 	}
@@ -109,10 +109,10 @@ func (p *port) join(t *testing.T, mgid verbs.GID, state uint8) (*mcast.Member, *
 	req.MGID, req.PortGID, req.QKey, req.MLID, req.JoinState = mgid, p.dev.PortGID(), 0x01234567, 0, state
 	type res struct {
 		status int
-		rec    *ib.GroupRecord
+		rec    *saclient.GroupRecord
 	}
 	ch := make(chan res, 1)
-	m, err := p.dev.Multicast().Join(req, mad.CompCreateRequired, func(status int, rec *ib.GroupRecord) {
+	m, err := saEngine(t, p.dev).Join(req, mad.CompCreateRequired, func(status int, rec *saclient.GroupRecord) {
 		select {
 		case ch <- res{status, rec}:
 		default:
@@ -146,8 +146,8 @@ func TestJoinStatesAndForwarding(t *testing.T) {
 	if rec.MLID < 0xc001 {
 		t.Fatalf("MLID %#x", rec.MLID)
 	}
-	var ms []ib.Membership
-	for _, m := range non.dev.Memberships() {
+	var ms []saclient.Membership
+	for _, m := range saEngine(t, non.dev).Memberships() {
 		if m.MGID == mgid {
 			ms = append(ms, m)
 		}
@@ -256,4 +256,15 @@ func TestOpenProvesAddress(t *testing.T) {
 		t.Fatalf("SM stats %+v", st)
 	}
 	t.Logf("Open took %v", took)
+}
+
+// saEngine returns the host's SA client of a port (rdmacm/saclient, which
+// this test imports as rdmacm does).
+func saEngine(t *testing.T, d *ib.Device) *saclient.Engine {
+	t.Helper()
+	e, ok := saclient.For(d.Verbs())
+	if !ok {
+		t.Fatalf("%s: no SA client", d.Name())
+	}
+	return e
 }

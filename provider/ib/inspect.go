@@ -1,10 +1,6 @@
 package ib
 
-import (
-	"slices"
-
-	"github.com/softrdma/softrdma/verbs"
-)
+import "github.com/softrdma/softrdma/verbs"
 
 // String returns the event kind's name.
 func (k PortEventKind) String() string {
@@ -22,21 +18,9 @@ func (k PortEventKind) String() string {
 }
 
 // InspectTransport adds the port's side to the core's view of the device
-// (softverbs.TransportInspector): its SA memberships (MLID, join state).
-func (d *Device) InspectTransport(r *verbs.DeviceReport) {
-	r.Kind = "ib"
-	ms := d.Memberships()
-	for _, m := range ms {
-		i := slices.IndexFunc(r.Groups, func(g verbs.GroupReport) bool { return g.MGID == m.MGID })
-		if i < 0 {
-			r.Groups = append(r.Groups, verbs.GroupReport{MGID: m.MGID})
-			i = len(r.Groups) - 1
-		}
-		r.Groups[i].MLID, r.Groups[i].SAJoinState = m.MLID, m.JoinState
-	}
-	r.Usage = append(r.Usage, verbs.UsageCount{Name: "sa_memberships", Value: len(ms)})
-	slices.SortFunc(r.Groups, func(a, b verbs.GroupReport) int { return slices.Compare(a.MGID[:], b.MGID[:]) })
-}
+// (softverbs.TransportInspector). Its SA memberships are the host's SA
+// client's, which adds them (verbs.ClientInspector).
+func (d *Device) InspectTransport(r *verbs.DeviceReport) { r.Kind = "ib" }
 
 // Subscribe reports the port's events as device events (verbs.EventSource,
 // through the verbs core), for operator tools.

@@ -286,7 +286,7 @@ func (d *Device) handlePacket(b []byte, self *qp, rx *receiveScratch) {
 			return
 		}
 		c.Count(softverbs.SAMADs, 1)
-		if !d.mc.Receive(p.LRH.SLID(), ud.DETH.SrcQP(), ud.Payload) {
+		if !d.deliverMAD(p.LRH.SLID(), ud.DETH.SrcQP(), ud.Payload) {
 			c.Count(softverbs.SAStrayDrops, 1)
 		}
 		return

@@ -1,20 +1,25 @@
 package ib
 
 import (
+	"slices"
+	"time"
+
 	"github.com/softrdma/softrdma/ib/fabric"
-	"github.com/softrdma/softrdma/ib/mcast"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/wire"
 )
 
-// GroupRecord is a decoded MCMemberRecord (mcast.GroupRecord).
-type GroupRecord = mcast.GroupRecord
+// The port's side of the host's SA client (verbs.MADPort): it carries
+// MADs to the SA and hands the MADs that arrive on QP1 to the agents.
 
-// IPoIBBroadcastMGID is the default partition's IPoIB IPv4 broadcast group.
-var IPoIBBroadcastMGID = mcast.IPoIBBroadcastMGID
+// madAgent is one registered receiver of QP1's MADs.
+type madAgent struct {
+	id int
+	fn func(slid uint16, srcQP uint32, mad []byte) bool
+}
 
-// SendSA implements mcast.Port: it sends a MAD to the SA as a UD packet to
-// the SM LID, QP1.
+// SendSA sends a MAD to the SA as a UD packet to the SM LID, QP1
+// (verbs.MADPort).
 func (d *Device) SendSA(m []byte) error {
 	d.mu.Lock()
 	lid, smLID := d.lid, d.smLID
@@ -44,4 +49,47 @@ func (d *Device) control(b []byte) {
 		return
 	}
 	d.core.Count(softverbs.ControlDrops, 1)
+}
+
+// SATimeout returns the port's configured SA wait and resends
+// (Config.SATimeout, Config.SARetries; verbs.MADPort).
+func (d *Device) SATimeout() (time.Duration, int) { return d.cfg.SATimeout, d.cfg.SARetries }
+
+// RegisterMADAgent hands every MAD arriving on QP1 to fn until unregister
+// (verbs.MADPort). A MAD no agent takes is counted in SAStrayDrops.
+func (d *Device) RegisterMADAgent(fn func(slid uint16, srcQP uint32, mad []byte) bool) (unregister func()) {
+	d.mu.Lock()
+	id := d.nextSub
+	d.nextSub++
+	d.setAgentsLocked(append(d.madAgents(), madAgent{id, fn}))
+	d.mu.Unlock()
+	return func() {
+		d.mu.Lock()
+		d.setAgentsLocked(slices.DeleteFunc(d.madAgents(), func(a madAgent) bool { return a.id == id }))
+		d.mu.Unlock()
+	}
+}
+
+// madAgents returns a copy of the agents (d.mu held by writers).
+func (d *Device) madAgents() []madAgent {
+	if p := d.agents.Load(); p != nil {
+		return slices.Clone(*p)
+	}
+	return nil
+}
+
+func (d *Device) setAgentsLocked(a []madAgent) { d.agents.Store(&a) }
+
+// deliverMAD offers a MAD from QP1 to the agents; false when none took it.
+func (d *Device) deliverMAD(slid uint16, srcQP uint32, mad []byte) bool {
+	p := d.agents.Load()
+	if p == nil {
+		return false
+	}
+	for _, a := range *p {
+		if a.fn(slid, srcQP, mad) {
+			return true
+		}
+	}
+	return false
 }

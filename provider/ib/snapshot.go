@@ -1,9 +1,6 @@
 package ib
 
-import (
-	"github.com/softrdma/softrdma/ib/mcast"
-	"github.com/softrdma/softrdma/verbs"
-)
+import "github.com/softrdma/softrdma/verbs"
 
 // QPInfo is a read-only view of one QP of the port, for operator tools.
 type QPInfo struct {
@@ -20,9 +17,6 @@ type Attachment struct {
 	MGID verbs.GID
 	MLID uint16
 }
-
-// Membership is a read-only view of the port's SA membership of a group.
-type Membership = mcast.Membership
 
 // QPs returns the port's QPs, by QPN.
 func (d *Device) QPs() []QPInfo {

@@ -27,7 +27,7 @@ import (
 // costs one round trip at attach, and forged or repeated retries make the
 // port send at most one more attach per keepalive (so they cannot push its
 // attaches over the SM's ControlRate for its address).
-// SA answers are further matched by the join engine (TID, response
+// SA answers are further matched by the host's SA client (TID, response
 // method, attribute, source LID and QP).
 
 // fromSM reports whether a datagram's source is the port's SM.

@@ -1,7 +1,10 @@
-// Package mcast is the InfiniBand SA client and multicast join engine of a
-// port: what Linux's ib_core does in sa_query.c and multicast.c, for any
-// IB port that can send a MAD to its SA and hand back the MADs it receives
-// (the Port interface).
+// Package saclient is the host's InfiniBand SA client and multicast join
+// engine: what Linux's ib_core does in sa_query.c and multicast.c, and the
+// IPoIB broadcast membership IPoIB keeps, for every IB port of a host that
+// can send a MAD to its SA and hand back the MADs it receives
+// (verbs.MADPort). It registers itself as a verbs.Client: a program that
+// imports rdmacm has it, and For gives a device's engine. Providers do not
+// import it: an IB port offers only the MAD transport.
 //
 // The engine keeps one SA membership per MGID, shared by every local
 // member: local members are counted per JoinState bit, a Set goes out only
@@ -11,7 +14,7 @@
 // are serialized in order by a per-group worker; no lock is held while a
 // request waits for the SA, so a silent SA delays only that group's
 // requests, never the port's receive path, its events or other groups.
-package mcast
+package saclient
 
 import (
 	"fmt"
@@ -24,7 +27,8 @@ import (
 	"github.com/softrdma/softrdma/verbs"
 )
 
-// Port is what the engine needs from an IB port.
+// Port is what the engine needs from an IB port (a subset of
+// verbs.MADPort).
 type Port interface {
 	// SendSA sends one 256-byte SA MAD to the SA (the SM's LID, QP1).
 	SendSA(mad []byte) error
@@ -121,9 +125,9 @@ type Membership struct {
 // or source).
 type Stats struct{ Answers, Stray uint64 }
 
-// New returns the engine of a port. The port hands it the MADs it
-// receives on QP1 (Receive) and its events (Event), and calls Refresh when
-// it becomes active.
+// New returns the engine of a port. Its owner (the host's client, Add)
+// hands it the MADs the port receives on QP1 (Receive) and the port's
+// events (Event), and calls Refresh when the port becomes active.
 func New(p Port, cfg Config) *Engine {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 3 * time.Second
@@ -515,6 +519,10 @@ func (e *Engine) Memberships() []Membership {
 	return out
 }
 
+// PortGID returns the GID of the engine's port (index 0 of its GID
+// table).
+func (e *Engine) PortGID() verbs.GID { return e.port.PortGID() }
+
 // Close fails every pending SA request with ENODEV and waits for the
 // engine's goroutines; later joins fail with ENODEV.
 func (e *Engine) Close() {
@@ -523,14 +531,4 @@ func (e *Engine) Close() {
 	e.mu.Unlock()
 	e.sa.close()
 	e.wg.Wait()
-}
-
-// JoinPort is the capability of an InfiniBand port whose multicast joins
-// go to the subnet's SA (the kernel's rdma_cap_ib_mcast): its join engine
-// and its port GID. The RDMA CM finds it with verbs.Capability.
-type JoinPort interface {
-	// Multicast returns the port's join engine.
-	Multicast() *Engine
-	// PortGID returns the port's GID (index 0 of its GID table).
-	PortGID() verbs.GID
 }

@@ -1,0 +1,89 @@
+package verbs_test
+
+import (
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// recClient records what the host tells it and reports a usage count.
+type recClient struct {
+	mu  sync.Mutex
+	log []string
+}
+
+type recKey struct{}
+
+func (c *recClient) Add(d *verbs.Device) {
+	c.mu.Lock()
+	c.log = append(c.log, "add "+d.Name())
+	c.mu.Unlock()
+	d.SetClientData(recKey{}, "state of "+d.Name())
+}
+
+func (c *recClient) Remove(d *verbs.Device) {
+	c.mu.Lock()
+	c.log = append(c.log, "remove "+d.Name())
+	c.mu.Unlock()
+	d.SetClientData(recKey{}, nil)
+}
+
+func (c *recClient) InspectDevice(d *verbs.Device, r *verbs.DeviceReport) {
+	if s, ok := d.ClientData(recKey{}).(string); ok {
+		r.Usage = append(r.Usage, verbs.UsageCount{Name: s, Value: 1})
+	}
+}
+
+func (c *recClient) events() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.log)
+}
+
+// inspectOps is a backend with a name and a report of its own.
+type inspectOps struct {
+	verbs.DeviceOps
+	name string
+}
+
+func (o inspectOps) Name() string { return o.name }
+func (o inspectOps) Inspect() verbs.DeviceReport {
+	return verbs.DeviceReport{Kind: "fake", Usage: []verbs.UsageCount{{Name: "own", Value: 2}}}
+}
+
+var (
+	registerRec sync.Once
+	rec         = &recClient{}
+)
+
+// TestClients: a registered client hears of every device a host
+// registers (before RegisterDevice returns) and of its removal (once,
+// even when unregistered twice), keeps its state in the device's client
+// data, and adds to the device's report after the backend's own.
+func TestClients(t *testing.T) {
+	registerRec.Do(func() { verbs.RegisterClient(rec) })
+	before := len(rec.events())
+	h := verbs.NewHost()
+	defer h.Close()
+	d := h.RegisterDevice(inspectOps{name: "fake_client0"})
+	if got := rec.events()[before:]; !slices.Equal(got, []string{"add fake_client0"}) {
+		t.Fatalf("after RegisterDevice: %q", got)
+	}
+	if v := d.ClientData(recKey{}); v != "state of fake_client0" {
+		t.Fatalf("client data %v", v)
+	}
+	r, ok := d.Inspect()
+	if !ok || r.Kind != "fake" || !slices.Equal(r.Usage, []verbs.UsageCount{{Name: "own", Value: 2}, {Name: "state of fake_client0", Value: 1}}) {
+		t.Fatalf("report %+v", r)
+	}
+	h.UnregisterDevice(d)
+	h.UnregisterDevice(d)
+	if got := rec.events()[before:]; !slices.Equal(got, []string{"add fake_client0", "remove fake_client0"}) {
+		t.Fatalf("after UnregisterDevice twice: %q", got)
+	}
+	if v := d.ClientData(recKey{}); v != nil {
+		t.Fatalf("client data after remove %v", v)
+	}
+}
