@@ -456,6 +456,19 @@ type SM struct {
 	logVersion                                limitedLog
 	// secret keys the cookies of retries (random per SM start).
 	secret [32]byte
+	// Markers (switch.go): the token that proves one ours, where they go,
+	// the last one's number, the send times of the last markerRing, and
+	// caught: every datagram that reached the fabric socket before it has
+	// been handled (the send time of the last marker handled); markDone
+	// is the last marker handled, expiryAt the earliest end of a waiting
+	// head's lifetime (zero: none, or a marker went out since).
+	markToken [markerTokenLen]byte
+	markAddr  netip.AddrPort
+	markSeq   uint64
+	markDone  uint64
+	markSent  [markerRing]time.Time
+	caught    time.Time
+	expiryAt  time.Time
 	// Control messages waiting for the control goroutine: the attached
 	// ports' (each port's own, served round robin) and the rest's.
 	ctlPorts fifo[*port]
@@ -493,6 +506,7 @@ func New(cfg Config) (*SM, error) {
 		return nil, err
 	}
 	s.rcvbuf = socketBuffer(s.fabric)
+	s.markAddr = markerAddr(s.FabricAddr())
 	if raw, err := s.fabric.SyscallConn(); err == nil {
 		s.gso = mmsg.GSOSupported(raw)
 	}
@@ -562,6 +576,9 @@ func newState(cfg Config) (*SM, error) {
 	}
 	s.saDrop.Store(cfg.SADrop)
 	if _, err := rand.Read(s.secret[:]); err != nil {
+		return nil, err
+	}
+	if _, err := rand.Read(s.markToken[:]); err != nil {
 		return nil, err
 	}
 	var eb [8]byte

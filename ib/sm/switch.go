@@ -1,6 +1,8 @@
 package sm
 
 import (
+	"crypto/hmac"
+	"encoding/binary"
 	"errors"
 	"net"
 	"net/netip"
@@ -33,13 +35,30 @@ import (
 //     blocked on a port without credit blocks its input queue (and so,
 //     through the credits, its sender) — never the other queues — for at
 //     most Config.HOQLife (IB's head-of-queue lifetime); then it is
-//     discarded for the ports still without credit (XmitDiscards). A port
+//     discarded for the ports still without credit (XmitDiscards). The
+//     lifetime counts what reached the switch, not the switch's own
+//     delays: a head is discarded only when the switch has read every
+//     datagram that reached its socket within the lifetime and no credit
+//     was among them (see marker). A port
 //     on which VLStallCount packets in a row were discarded so is stalled:
 //     for 8 × HOQLife every packet for it is discarded at once (IB's
 //     Time_Drop state), then it gets packets again.
 //
 // SA answers are management packets: they are counted on the link but do
 // not wait for credit.
+//
+// The switch is a process that the OS may deschedule or stop. A credit
+// that reached its socket while it did not run is read only afterwards;
+// if a timer decided the head-of-queue lifetime first, the packet that
+// waited for that credit was discarded although the port had given it in
+// time (after a stall of the switch longer than HOQLife the forwarder's
+// timer runs before the reader: one lost datagram in TestIBBurstLossless
+// under load). So the forwarder decides no discard itself: when a
+// lifetime may have passed it sends a marker, a datagram to the fabric
+// socket itself, and records when it sent it; the socket's queue is in
+// order, so once the reader handles the marker every datagram that
+// reached the socket before it has been handled, and a head still
+// without credit then waited the lifetime by the switch's input (caught).
 
 // Defaults of the switch's head-of-queue handling (OpenSM's defaults for
 // switch ports to channel adapters: leaf_head_of_queue_lifetime 0x10,
@@ -69,6 +88,79 @@ const (
 	// queue before it looks at the next.
 	perRound = 16
 )
+
+// Markers: the forwarder's datagrams to its own fabric socket (see above).
+const (
+	// markerLen is a marker's length: the SM's marker token and a
+	// sequence number. It is neither a flow control packet (6 bytes), nor
+	// a control message (Magic), nor an IB packet the switch would take
+	// (from no port's address).
+	markerLen = markerTokenLen + 8
+	// markerTokenLen is the length of the random token that proves a
+	// marker the SM's own.
+	markerTokenLen = 16
+	// markerRing is how many markers' send times are kept; a marker
+	// handled after markerRing newer ones were sent is ignored.
+	markerRing = 8
+)
+
+// sendMarker sends a marker to the fabric socket and records its send
+// time, when a head's lifetime has passed (expiryAt) and no marker is on
+// its way (or the last one has not come back within FlowRefresh: the
+// kernel may have dropped it). It is the forwarder's.
+func (s *SM) sendMarker() {
+	var b [markerLen]byte
+	s.mu.Lock()
+	now := time.Now()
+	due := !s.expiryAt.IsZero() && !now.Before(s.expiryAt)
+	onItsWay := s.markDone < s.markSeq && now.Sub(s.markSent[s.markSeq%markerRing]) < fabric.FlowRefresh
+	if !due || onItsWay {
+		s.mu.Unlock()
+		return
+	}
+	s.expiryAt = time.Time{}
+	s.markSeq++
+	seq := s.markSeq
+	s.markSent[seq%markerRing] = now
+	s.mu.Unlock()
+	copy(b[:], s.markToken[:])
+	binary.BigEndian.PutUint64(b[markerTokenLen:], seq)
+	if _, err := s.fabric.WriteToUDPAddrPort(b[:], s.markAddr); err != nil {
+		s.sendErrors.Add(1)
+	}
+}
+
+// markerIn handles a datagram that may be a marker and reports whether
+// it was one: everything that reached the socket before the marker has
+// been handled, so the switch has caught up to the marker's send time.
+// Caller holds mu.
+func (s *SM) markerIn(b []byte, from netip.AddrPort) bool {
+	if len(b) != markerLen || from.Port() != s.markAddr.Port() || from.Addr().Unmap() != s.markAddr.Addr().Unmap() || !hmac.Equal(b[:markerTokenLen], s.markToken[:]) {
+		return false
+	}
+	seq := binary.BigEndian.Uint64(b[markerTokenLen:])
+	if seq <= s.markSeq && s.markSeq-seq < markerRing {
+		if t := s.markSent[seq%markerRing]; t.After(s.caught) {
+			s.caught = t
+		}
+		s.markDone = max(s.markDone, seq)
+	}
+	return true
+}
+
+// markerAddr is where the fabric socket sends its markers: its own
+// address, on loopback when it listens on every address.
+func markerAddr(local netip.AddrPort) netip.AddrPort {
+	a := local.Addr()
+	switch {
+	case !a.IsUnspecified():
+	case a.Is4():
+		a = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	default:
+		a = netip.IPv6Loopback()
+	}
+	return netip.AddrPortFrom(a, local.Port())
+}
 
 // inQueue is a port's input queue: a ring of packets.
 type inQueue struct {
@@ -236,6 +328,7 @@ func (s *SM) fabricLoop() error {
 			data, name, _, trunc := r.Datagram(i)
 			from := mmsg.AddrPort(name)
 			switch {
+			case s.markerIn(data, from):
 			case fabric.IsControl(data):
 				s.controlIn(data, from, now)
 			case fabric.IsFlow(data):
@@ -367,6 +460,9 @@ func (s *SM) forwardLoop() {
 		select {
 		case <-s.work:
 		case <-timer.C:
+			// A deadline: a head-of-queue lifetime may have passed. The
+			// reader decides once it has read what came before the marker.
+			s.sendMarker()
 		case <-s.quit:
 			return
 		}
@@ -508,7 +604,9 @@ func (s *SM) forwardHead(p *port, now time.Time, o *outBatch) (done bool, retry 
 		case since.IsZero():
 			since = now
 			d.c.waits.Add(1)
-		case now.Sub(since) >= s.cfg.HOQLife:
+		case s.caught.Sub(since) >= s.cfg.HOQLife:
+			// No credit reached the switch within the lifetime (caught:
+			// everything that arrived until then has been read).
 			d.c.discards.Add(1)
 			s.discarded(d, now)
 			d.ls.stallCount++
@@ -523,12 +621,21 @@ func (s *SM) forwardHead(p *port, now time.Time, o *outBatch) (done bool, retry 
 		k++
 		next := now // the batch was full: at once
 		if d.ls.link.Credits() == 0 {
-			next = since.Add(s.cfg.HOQLife)
 			if now.Sub(d.ls.lastReq) >= fabric.FlowRefresh && !o.full() {
 				d.ls.lastReq = now
 				o.addFlow(d.ls.link.Flow(fabric.FlowOpRequest), d.addr)
 			}
-			next = minTime(next, d.ls.lastReq.Add(fabric.FlowRefresh))
+			next = d.ls.lastReq.Add(fabric.FlowRefresh)
+			// The lifetime's end: the forwarder then sends a marker, and
+			// the reader discards once it has handled it (a lifetime
+			// already over waits for that, not for the forwarder).
+			exp := since.Add(s.cfg.HOQLife)
+			if s.expiryAt.IsZero() || exp.Before(s.expiryAt) {
+				s.expiryAt = exp
+			}
+			if exp.After(now) {
+				next = minTime(next, exp)
+			}
 		}
 		if retry.IsZero() || next.Before(retry) {
 			retry = next
