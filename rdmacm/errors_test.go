@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -228,4 +229,37 @@ func TestEINVALSaysWhy(t *testing.T) {
 			t.Errorf("%s: %v, want EINVAL saying %q", c.name, c.err, c.reason)
 		}
 	}
+}
+
+// TestJoinPortDownSaysWhy: a join on a RoCE device whose interface has no
+// carrier (its veth peer is down) fails with ENODEV and says the port is
+// not active. It runs in a child process inside a network namespace of
+// its own.
+func TestJoinPortDownSaysWhy(t *testing.T) {
+	if os.Getenv("SOFTRDMA_TEST_NETNS_CHILD") == "port-down" {
+		_, id := newID(t, PS_UDP)
+		// A second bind: EINVAL, with the id's state.
+		if err := id.BindAddr(UDPAddr(netip.MustParseAddr("10.68.0.1"))); !errors.Is(err, syscall.EINVAL) || !strings.Contains(fmt.Sprint(err), "id is ADDR_BOUND, a bind wants IDLE") {
+			t.Errorf("second bind: %v, want EINVAL saying the id is bound", err)
+		}
+		id, err := CreateID(nil, nil, PS_UDP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer id.Destroy()
+		if err := id.BindAddr(UDPAddr(netip.MustParseAddr("10.68.0.1"))); err != nil {
+			t.Fatal(err)
+		}
+		err = id.JoinMulticast(UDPAddr(netip.MustParseAddr("239.68.0.1")), nil)
+		if !errors.Is(err, syscall.ENODEV) || !strings.Contains(fmt.Sprint(err), "port 1 of rxe_pd0 is PORT_DOWN, not active") {
+			t.Fatalf("join: %v, want ENODEV saying port 1 of rxe_pd0 is not active", err)
+		}
+		return
+	}
+	runInNetns(t, "port-down", "^TestJoinPortDownSaysWhy$", [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "pd0", "type", "veth", "peer", "name", "pd1"},
+		{"addr", "add", "10.68.0.1/24", "dev", "pd0"},
+		{"link", "set", "pd0", "up"},
+	})
 }

@@ -387,7 +387,7 @@ func (id *ID) BindAddr(addr net.Addr) (err error) {
 
 func (id *ID) bindLocked(sa sockaddr) error {
 	if id.state != stateIdle {
-		return syscall.EINVAL
+		return fmt.Errorf("id is %s, a bind wants IDLE (bound already?): %w", stateName(id.state), syscall.EINVAL)
 	}
 	var dev *cmDevice
 	var gidx uint8

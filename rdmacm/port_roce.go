@@ -58,8 +58,10 @@ func (p rocePort) join(id *ID, mc *mcJoin) error {
 		// "Differences").
 		return fmt.Errorf("group address %v is a loopback address, which softrdma refuses (Linux joins it with MGID 0): %w", group, syscall.EINVAL)
 	}
-	if pa, err := id.dev.ctx.QueryPort(1); err != nil || pa.State != verbs.PortActive {
-		return syscall.ENODEV
+	if pa, err := id.dev.ctx.QueryPort(1); err != nil {
+		return fmt.Errorf("port 1 of %s: %v: %w", p.name, err, syscall.ENODEV)
+	} else if pa.State != verbs.PortActive {
+		return fmt.Errorf("port 1 of %s is %v, not active (is its interface up, with a carrier?): %w", p.name, pa.State, syscall.ENODEV)
 	}
 	if id.qkey == 0 && id.ps != PS_IPOIB {
 		id.defaultQKey()

@@ -78,8 +78,9 @@ func (softEngine) resolveAddr(id *ID, src *sockaddr, d sockaddr, timeout time.Du
 	switch id.state {
 	case stateAddrBound, stateAddrResolved:
 	default:
+		st := id.state
 		id.mu.Unlock()
-		return syscall.EINVAL
+		return fmt.Errorf("id is %s, an address resolution wants IDLE, ADDR_BOUND or ADDR_RESOLVED: %w", stateName(st), syscall.EINVAL)
 	}
 	id.dst = d
 	if id.dev != nil && !d.ip.IsMulticast() && !d.ip.IsLoopback() && !d.ip.IsUnspecified() {
