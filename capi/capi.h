@@ -75,6 +75,25 @@ struct sockaddr *sr_id_src(struct rdma_cm_id *id);
 struct sockaddr *sr_id_dst(struct rdma_cm_id *id);
 struct rdma_ud_param *sr_event_ud(struct rdma_cm_event *ev);
 uint32_t sr_wc_imm(struct ibv_wc *wc);
+
+// The data path: ibv_post_send and ibv_post_recv hand Go a chain's work
+// requests SR_CHAIN at a time, flattened (the unions of the WR structs are
+// opaque to cgo), in one call; Go writes imm_data of a struct ibv_wc at
+// SR_WC_IMM_OFF.
+#define SR_CHAIN 32
+struct sr_swr {
+	uint64_t wr_id;
+	struct ibv_sge *sg;
+	struct ibv_ah *ah;
+	int num_sge;
+	uint32_t opcode, flags, imm, rqpn, rqkey;
+};
+struct sr_rwr {
+	uint64_t wr_id;
+	struct ibv_sge *sg;
+	int num_sge;
+};
+enum { SR_WC_IMM_OFF = offsetof(struct ibv_wc, imm_data) };
 void sr_wc_set_imm(struct ibv_wc *wc, uint32_t be);
 
 #endif

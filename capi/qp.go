@@ -10,8 +10,6 @@ package main
 import "C"
 
 import (
-	"sync"
-	"syscall"
 	"unsafe"
 
 	"github.com/softrdma/softrdma/verbs"
@@ -26,14 +24,11 @@ type cqp struct {
 
 	sigAll bool // sq_sig_all, for ibv_query_qp
 
-	// Inline sends (IBV_SEND_INLINE) may name memory no MR covers, as
-	// libibverbs copies it into the work queue: their bytes are copied
-	// into bounce, a buffer of C memory registered on the QP's PD when
-	// the first inline send comes (and deregistered before the QP or its
-	// id goes, so that the PD can be freed).
-	mu       sync.Mutex // serializes inline sends; guards bounce
-	bounce   unsafe.Pointer
-	bounceMR *verbs.MR
+	// The QP's sizes, fixed at its creation.
+	maxSendSGE, maxRecvSGE, maxInline int
+
+	send sendPath // guarded by its mu
+	recv recvPath // guarded by its mu
 }
 
 // newCQP makes the C struct of a new Go QP and registers both.
@@ -48,7 +43,9 @@ func newCQP(gq *verbs.QP, pd *C.struct_ibv_pd, qpctx unsafe.Pointer, scq, rcq *C
 	b.qp_num = C.uint32_t(gq.Num())
 	b.state = uint32(gq.State())
 	b.qp_type = uint32(gq.Type())
-	q := &cqp{qp: gq, c: c, id: id, sigAll: sigAll}
+	cp := gq.Query().Cap
+	q := &cqp{qp: gq, c: c, id: id, sigAll: sigAll,
+		maxSendSGE: cp.MaxSendSGE, maxRecvSGE: cp.MaxRecvSGE, maxInline: cp.MaxInlineData}
 	c.h = reg.put(q)
 	b.handle = C.uint32_t(c.h)
 	return q
@@ -56,15 +53,16 @@ func newCQP(gq *verbs.QP, pd *C.struct_ibv_pd, qpctx unsafe.Pointer, scq, rcq *C
 
 // dropBounce deregisters and frees the inline bounce buffer.
 func (q *cqp) dropBounce() {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.bounceMR != nil {
-		q.bounceMR.Dereg()
-		q.bounceMR = nil
+	s := &q.send
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bounceMR != nil {
+		s.bounceMR.Dereg()
+		s.bounceMR = nil
 	}
-	if q.bounce != nil {
-		C.free(q.bounce)
-		q.bounce = nil
+	if s.bounce != nil {
+		C.free(s.bounce)
+		s.bounce = nil
 	}
 }
 
@@ -73,48 +71,6 @@ func (q *cqp) free() {
 	q.dropBounce()
 	reg.del(q.c.h)
 	C.sr_qp_free(q.c)
-}
-
-// postInline posts a send WR with IBV_SEND_INLINE: its bytes are gathered
-// into the bounce buffer, which one SGE then names.
-func (q *cqp) postInline(wr *verbs.SendWR) error {
-	n := 0
-	for _, s := range wr.SGList {
-		n += int(s.Length)
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	max := q.qp.Query().Cap.MaxInlineData
-	if n > max {
-		return syscall.EINVAL
-	}
-	if q.bounceMR == nil && max > 0 {
-		q.bounce = C.malloc(C.size_t(max))
-		mr, err := q.qp.PD().RegMR(unsafe.Slice((*byte)(q.bounce), max), verbs.AccessLocalWrite)
-		if err != nil {
-			C.free(q.bounce)
-			q.bounce = nil
-			return err
-		}
-		q.bounceMR = mr
-	}
-	if n > 0 {
-		dst := unsafe.Slice((*byte)(q.bounce), n)
-		off := 0
-		for _, s := range wr.SGList {
-			if s.Length == 0 {
-				continue
-			}
-			if s.Addr == 0 {
-				return syscall.EFAULT
-			}
-			off += copy(dst[off:], unsafe.Slice((*byte)(cPointer(s.Addr)), int(s.Length)))
-		}
-		wr.SGList = []verbs.SGE{q.bounceMR.SGE(0, n)}
-	} else {
-		wr.SGList = nil
-	}
-	return q.qp.PostSend(wr)
 }
 
 // cPointer is the C memory at address a (an SGE's address).

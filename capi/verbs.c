@@ -66,16 +66,35 @@ static int sr_op_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 	return srReqNotifyCQ(cq, solicited_only);
 }
 
+// sr_op_post_send hands Go the chain SR_CHAIN requests at a time. A
+// request whose gather list is malformed ends the chain with EINVAL after
+// the requests before it were posted; *bad_wr names the request that
+// failed, as rdma-core's providers.
 static int sr_op_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
-	for (; wr; wr = wr->next) {
-		int e;
-		if (wr->num_sge < 0 || (wr->num_sge > 0 && !wr->sg_list)) {
-			e = EINVAL;
-		} else {
-			e = srPostSend(qp, wr->wr_id, wr->opcode, wr->send_flags, wr->imm_data,
-				       wr->wr.ud.ah, wr->wr.ud.remote_qpn, wr->wr.ud.remote_qkey,
-				       wr->sg_list, wr->num_sge);
+	struct sr_swr f[SR_CHAIN];
+	struct ibv_send_wr *p[SR_CHAIN];
+	while (wr) {
+		int n = 0, e = 0, bad = 0;
+		for (; wr && n < SR_CHAIN; wr = wr->next) {
+			if (wr->num_sge < 0 || (wr->num_sge > 0 && !wr->sg_list)) {
+				e = EINVAL;
+				break;
+			}
+			f[n] = (struct sr_swr){
+				.wr_id = wr->wr_id, .sg = wr->sg_list, .ah = wr->wr.ud.ah, .num_sge = wr->num_sge,
+				.opcode = wr->opcode, .flags = wr->send_flags, .imm = wr->imm_data,
+				.rqpn = wr->wr.ud.remote_qpn, .rqkey = wr->wr.ud.remote_qkey,
+			};
+			p[n++] = wr;
+		}
+		if (n > 0) {
+			int r = srPostSendFlat(qp, f, n, &bad);
+			if (r) {
+				if (bad_wr)
+					*bad_wr = p[bad >= 0 && bad < n ? bad : 0];
+				return r;
+			}
 		}
 		if (e) {
 			if (bad_wr)
@@ -88,12 +107,26 @@ static int sr_op_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv
 
 static int sr_op_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 {
-	for (; wr; wr = wr->next) {
-		int e;
-		if (wr->num_sge < 0 || (wr->num_sge > 0 && !wr->sg_list))
-			e = EINVAL;
-		else
-			e = srPostRecv(qp, wr->wr_id, wr->sg_list, wr->num_sge);
+	struct sr_rwr f[SR_CHAIN];
+	struct ibv_recv_wr *p[SR_CHAIN];
+	while (wr) {
+		int n = 0, e = 0, bad = 0;
+		for (; wr && n < SR_CHAIN; wr = wr->next) {
+			if (wr->num_sge < 0 || (wr->num_sge > 0 && !wr->sg_list)) {
+				e = EINVAL;
+				break;
+			}
+			f[n] = (struct sr_rwr){ .wr_id = wr->wr_id, .sg = wr->sg_list, .num_sge = wr->num_sge };
+			p[n++] = wr;
+		}
+		if (n > 0) {
+			int r = srPostRecvFlat(qp, f, n, &bad);
+			if (r) {
+				if (bad_wr)
+					*bad_wr = p[bad >= 0 && bad < n ? bad : 0];
+				return r;
+			}
+		}
 		if (e) {
 			if (bad_wr)
 				*bad_wr = wr;

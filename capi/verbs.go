@@ -630,51 +630,6 @@ func srDestroyCQ(cq *C.struct_ibv_cq) C.int {
 	return 0
 }
 
-//export srPollCQ
-func srPollCQ(cq *C.struct_ibv_cq, n C.int, wc *C.struct_ibv_wc) C.int {
-	gcq, ok := goCQ(cq)
-	if !ok {
-		return -C.EINVAL
-	}
-	out := unsafe.Slice(wc, int(n))
-	var buf [16]verbs.WC
-	done := 0
-	for done < len(out) {
-		k, err := gcq.Poll(buf[:min(len(buf), len(out)-done)])
-		if err != nil {
-			if done > 0 {
-				break
-			}
-			return -errno(err)
-		}
-		for i := 0; i < k; i++ {
-			putWC(&out[done+i], &buf[i])
-		}
-		done += k
-		if k < len(buf) {
-			break
-		}
-	}
-	return C.int(done)
-}
-
-// putWC writes struct ibv_wc.
-func putWC(c *C.struct_ibv_wc, w *verbs.WC) {
-	c.wr_id = C.uint64_t(w.WRID)
-	c.status = uint32(w.Status)
-	c.opcode = uint32(w.Opcode)
-	c.vendor_err = C.uint32_t(w.VendorErr)
-	c.byte_len = C.uint32_t(w.ByteLen)
-	C.sr_wc_set_imm(c, C.uint32_t(htonl(w.ImmData)))
-	c.qp_num = C.uint32_t(w.QPNum)
-	c.src_qp = C.uint32_t(w.SrcQP)
-	c.wc_flags = C.uint(w.Flags)
-	c.pkey_index = C.uint16_t(w.PKeyIndex)
-	c.slid = C.uint16_t(w.SLID)
-	c.sl = C.uint8_t(w.SL)
-	c.dlid_path_bits = C.uint8_t(w.DLIDPathBits)
-}
-
 //export srReqNotifyCQ
 func srReqNotifyCQ(cq *C.struct_ibv_cq, solicited C.int) C.int {
 	gcq, ok := goCQ(cq)
@@ -682,56 +637,6 @@ func srReqNotifyCQ(cq *C.struct_ibv_cq, solicited C.int) C.int {
 		return C.EINVAL
 	}
 	return errno(gcq.ReqNotify(solicited != 0))
-}
-
-// goSGEs copies a C scatter/gather list.
-func goSGEs(sge *C.struct_ibv_sge, n C.int) []verbs.SGE {
-	if n == 0 {
-		return nil
-	}
-	cs := unsafe.Slice(sge, int(n))
-	gs := make([]verbs.SGE, len(cs))
-	for i := range cs {
-		gs[i] = verbs.SGE{Addr: uint64(cs[i].addr), Length: uint32(cs[i].length), LKey: uint32(cs[i].lkey)}
-	}
-	return gs
-}
-
-//export srPostSend
-func srPostSend(qp *C.struct_ibv_qp, wrid C.uint64_t, opcode C.uint, flags C.uint, immBE C.uint32_t,
-	ah *C.struct_ibv_ah, rqpn C.uint32_t, rqkey C.uint32_t, sge *C.struct_ibv_sge, nsge C.int) C.int {
-	q, ok := goQP(qp)
-	if !ok {
-		return C.EINVAL
-	}
-	gq := q.qp
-	wr := verbs.SendWR{
-		WRID:    uint64(wrid),
-		SGList:  goSGEs(sge, nsge),
-		Opcode:  verbs.WROpcode(opcode),
-		Flags:   verbs.SendFlags(flags),
-		ImmData: htonl(uint32(immBE)),
-	}
-	if gq.Type() == verbs.QPTypeUD {
-		gah, ok := goAH(ah)
-		if !ok {
-			return C.EINVAL
-		}
-		wr.UD = verbs.UDWR{AH: gah, RemoteQPN: uint32(rqpn), RemoteQKey: uint32(rqkey)}
-	}
-	if wr.Flags&verbs.SendInline != 0 {
-		return errno(q.postInline(&wr))
-	}
-	return errno(gq.PostSend(&wr))
-}
-
-//export srPostRecv
-func srPostRecv(qp *C.struct_ibv_qp, wrid C.uint64_t, sge *C.struct_ibv_sge, nsge C.int) C.int {
-	q, ok := goQP(qp)
-	if !ok {
-		return C.EINVAL
-	}
-	return errno(q.qp.PostRecv(&verbs.RecvWR{WRID: uint64(wrid), SGList: goSGEs(sge, nsge)}))
 }
 
 //export srAttachMcast

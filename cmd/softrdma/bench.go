@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -61,7 +62,7 @@ the JSON lines).
 	quick := fs.Bool("quick", false, "a run of a few seconds: one receiver, 64-byte payloads, 200 groups")
 	jsonOnly := fs.Bool("json", false, "print only the JSON lines")
 	bind := fs.String("bind", cfg.Bind.String(), "local address; its interface carries the traffic (loopback by default)")
-	parts := fs.String("parts", strings.Join(cfg.Parts, ","), "parts to run: icrc,allocs,control,latency,fanout,ib")
+	parts := fs.String("parts", strings.Join(cfg.Parts, ","), "parts to run: icrc,allocs,control,latency,fanout,ib,capi (capi: C programs through the libraries against the Go API; not in the default)")
 	recv := fs.String("n", "", "receiver process counts, comma-separated (default 1,2,4)")
 	sizes := fs.String("sizes", "", "payload sizes in bytes, comma-separated (default 64,256,1024,4096)")
 	dur := fs.Duration("d", 0, "send time per mode and case (default 250ms)")
@@ -76,6 +77,10 @@ the JSON lines).
 	latWaits := fs.String("lat-waits", "", "latency: waits, comma-separated: block (rdma_get_recv_comp), poll (ibv_poll_cq loop) (default both)")
 	latLinks := fs.String("lat-links", "", "latency: links, comma-separated: lo, veth (two network namespaces, root), ib (the emulated subnet) (default all)")
 	latRounds := fs.Int("lat-rounds", 0, "latency: timed round trips per run (default 3000)")
+	capiDev := fs.String("capi-dev", "rxe_lo", "capi: the device of both paths")
+	capiIters := fs.Int("capi-iters", 200000, "capi: ITERS of capibench (calls per case)")
+	capiSecs := fs.Float64("capi-secs", 2, "capi: perftest's -D and the Go twin's run time, in seconds")
+	capiLibdir := fs.String("capi-libdir", os.Getenv("SOFTRDMA_LIBDIR"), "capi: the libraries' directory (default: as softrdma exec finds or builds them)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -89,7 +94,19 @@ the JSON lines).
 		fmt.Fprintf(stderr, "bench: -bind: %v\n", err)
 		return 2
 	}
-	cfg.Parts = strings.Split(*parts, ",")
+	cfg.Parts = nil
+	capiPart := false
+	for _, p := range strings.Split(*parts, ",") {
+		if p == partCapi {
+			capiPart = true
+		} else {
+			cfg.Parts = append(cfg.Parts, p)
+		}
+	}
+	if *capiIters < 16 || *capiSecs <= 0 {
+		fmt.Fprintln(stderr, "bench: -capi-iters must be ≥ 16 and -capi-secs > 0")
+		return 2
+	}
 	cfg.Modes = nil
 	for _, m := range strings.Split(*modes, ",") {
 		if m != "udp" && m != "rdma" {
@@ -143,7 +160,19 @@ the JSON lines).
 		cfg.JSON = &deferred{}
 	}
 	start := time.Now()
-	_, err = bench.Run(cfg)
+	if len(cfg.Parts) > 0 {
+		_, err = bench.Run(cfg)
+	}
+	if err == nil && capiPart {
+		cc := capiConfig{dev: *capiDev, iters: *capiIters, secs: *capiSecs, repeats: 3, libdir: *capiLibdir, port: 18700}
+		if *repeats > 0 {
+			cc.repeats = *repeats
+		}
+		if *quick {
+			cc.repeats, cc.iters, cc.secs = 1, min(cc.iters, 20000), min(cc.secs, 1)
+		}
+		err = runCapiPart(context.Background(), cc, cfg.Table, cfg.JSON, stderr)
+	}
 	if d, ok := cfg.JSON.(*deferred); ok {
 		fmt.Fprintf(stdout, "\n%s", d.b.String())
 	}
