@@ -160,8 +160,30 @@ func Build(ctx context.Context, dir string, o Options) error {
 	return nil
 }
 
+// forkSafe are the calls that never reach Go (capi/fork.c): they work in
+// the child of a fork(), where every other call fails.
+var forkSafe = map[string]bool{
+	"ibv_get_device_name": true, "ibv_free_device_list": true, "ibv_fork_init": true,
+	"ibv_is_fork_initialized": true, "ibv_node_type_str": true, "ibv_port_state_str": true,
+	"ibv_event_type_str": true, "ibv_wc_status_str": true, "ibv_rate_to_mult": true,
+	"ibv_rate_to_mbps": true, "mult_to_ibv_rate": true, "mbps_to_ibv_rate": true,
+	"ibv_read_sysfs_file": true, "verbs_register_driver_34": true, "rdma_event_str": true,
+	"rdma_freeaddrinfo": true, "rdma_free_devices": true,
+}
+
+// forkENOSYS are the calls that make objects from nothing: in the child of
+// a fork() they fail with ENOSYS (softrdma does not run there), the others
+// with EINVAL (their objects are the parent's).
+var forkENOSYS = map[string]bool{
+	"ibv_get_device_list": true, "rdma_create_event_channel": true, "rdma_getaddrinfo": true,
+	"rdma_get_devices": true,
+}
+
 // Trampolines returns the assembly and the version script of a thin
-// library: every symbol of lib is a jump to its Target.
+// library: every symbol of lib is a jump to its Target. On amd64 a symbol
+// that reaches Go first tests softrdma_forked (capi/fork.c): in the child
+// of a fork() it fails instead (see forkSafe and forkENOSYS); on arm64 it
+// jumps at once.
 func Trampolines(lib, goarch string) (asm, script []byte, err error) {
 	var jmp, ptr string
 	switch goarch {
@@ -190,6 +212,18 @@ func Trampolines(lib, goarch string) (asm, script []byte, err error) {
 		label := "softrdma_tramp_" + s.Name + "_" + strings.NewReplacer(".", "_").Replace(s.Version)
 		if s.Kind == "object" {
 			fmt.Fprintf(&a, "\t.data\n\t.globl %s\n\t.type %s, %%object\n\t.size %s, 1\n%s:\n\t.byte 0\n", label, label, label, label)
+		} else if goarch == "amd64" && !forkSafe[s.Name] {
+			// In the child of a fork() (capi/fork.c sets softrdma_forked)
+			// the call goes to softrdma_forked_<kind>(name, errno)
+			// instead: the Go runtime's threads are not in the child.
+			e := 22 // EINVAL: an object of the parent
+			if forkENOSYS[s.Name] {
+				e = 38 // ENOSYS
+			}
+			fmt.Fprintf(&a, "\t.section .rodata\n%s_name:\n\t.asciz \"%s\"\n", label, s.Name)
+			fmt.Fprintf(&a, "\t.text\n\t.globl %s\n\t.type %s, %%function\n%s:\n", label, label, label)
+			fmt.Fprintf(&a, "\tmovq softrdma_forked@GOTPCREL(%%rip), %%r11\n\tcmpl $0, (%%r11)\n\tjne 1f\n\t"+jmp+"\n", s.Target())
+			fmt.Fprintf(&a, "1:\tleaq %s_name(%%rip), %%rdi\n\tmovl $%d, %%esi\n\tjmp softrdma_forked_%s@PLT\n", label, e, s.Kind)
 		} else {
 			fmt.Fprintf(&a, "\t.text\n\t.globl %s\n\t.type %s, %%function\n%s:\n\t"+jmp+"\n", label, label, label, s.Target())
 		}
