@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"syscall"
@@ -117,11 +118,36 @@ func (t *mckey) dropHint(n *node) {
 		return
 	}
 	if len(grew) == 0 {
+		own := 0
+		if r, ok := dev.Inspect(); ok {
+			own = r.Netdev.Index
+		}
+		if seen, ok := t.watch.report(own); ok {
+			fmt.Fprintf(t.errOut, "mckey: device %s (bound to %s) dropped nothing: no datagram for %s reached it; %s\n",
+				dev.Name(), addr, t.cfg.dst, seen)
+			return
+		}
 		fmt.Fprintf(t.errOut, "mckey: device %s (bound to %s) dropped nothing: no datagram for %s reached it; is the sender on this device (-b)?\n",
 			dev.Name(), addr, t.cfg.dst)
 		return
 	}
 	fmt.Fprintf(t.errOut, "mckey: device %s (bound to %s) dropped since the receives were posted: %s\n", dev.Name(), addr, strings.Join(grew, " "))
+}
+
+// startWatch starts the group watch of a receiver on RoCE that gives up
+// after --timeout (once, for the first node): what it sees is told only
+// then.
+func (t *mckey) startWatch() {
+	if t.watch != nil || t.cfg.timeout <= 0 || t.cfg.sendOnly || t.cfg.unmapped || os.Getenv("SOFTRDMA_SM") != "" {
+		return
+	}
+	u, ok := t.dstAddr.(*net.UDPAddr)
+	if !ok {
+		return
+	}
+	if g, ok := netip.AddrFromSlice(u.IP); ok {
+		t.watch = watchGroup(g)
+	}
 }
 
 // routeOf describes what the kernel's route lookup picks for dst.

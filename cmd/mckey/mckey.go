@@ -63,6 +63,9 @@ type mckey struct {
 	sendFailed   int // the status of failed sends (sendErrors), which survives the leaves
 	dstAddr      net.Addr
 	srcAddr      net.Addr
+	// watch sees the group's datagrams on every interface of the host
+	// while a RoCE receiver with --timeout waits (dropHint).
+	watch *groupWatch
 	// resolver looks up host names (nil: net.DefaultResolver); dnsDial
 	// reaches the name servers when lookupError asks again (nil: a
 	// net.Dialer). Tests point both at a fake name server.
@@ -239,11 +242,13 @@ func runContext(ctx context.Context, args []string, out, errOut io.Writer) int {
 	ret := t.run()
 	if ctx.Err() != nil {
 		// Interrupted: the groups are left; the caller dies of the signal.
+		t.watch.stop()
 		t.destroyNodes()
 		fmt.Fprintf(errOut, "mckey: interrupted: left %d group(s)\n", len(t.nodes))
 		return ret
 	}
 	fmt.Fprintf(out, "test complete\n")
+	t.watch.stop()
 	t.destroyNodes()
 	fmt.Fprintf(out, "return status %d\n", ret)
 	return ret
@@ -640,6 +645,7 @@ func (t *mckey) addrHandler(n *node) (int, error) {
 		if _, vals, ok := n.cm.Verbs().Device().Counters(); ok {
 			n.drops0 = vals
 		}
+		t.startWatch()
 	}
 	flags := rdmacm.MCJoinFlagFullMember
 	if t.cfg.sendOnly {
