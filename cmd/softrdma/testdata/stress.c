@@ -3,9 +3,9 @@
 //
 // stress SECONDS: on rxe_lo, NQP UD QPs, each with a CQ of its own, all
 // CQs on one completion channel. For SECONDS:
-//   - the sender thread posts sends from QP i to QP i+1 (mod NQP), each
-//     signaled, at most WINDOW in flight per pair so that the receiver's
-//     queue never runs dry;
+//   - two sender threads post sends from QP i to QP i+1 (mod NQP) on the
+//     same QPs at once, each signaled, at most about WINDOW in flight per
+//     pair so that the receiver's queue never runs dry;
 //   - the poller thread waits on the completion channel (poll on its fd,
 //     ibv_get_cq_event, ibv_ack_cq_events, ibv_req_notify_cq), polls the
 //     CQ, checks every completion (status, length, the payload's source
@@ -18,7 +18,7 @@
 //     deregisters MRs and queries the port and GID 0;
 //   - the async thread polls the context's async_fd: a quiet device has
 //     no event.
-// Then the sender stops, every send must complete and arrive exactly
+// Then the senders stop, every send must complete and arrive exactly
 // once; the program prints its counts and "ok", or the first mismatch
 // and exits 1. An alarm of SECONDS+60 kills a hung run.
 #define _GNU_SOURCE
@@ -45,6 +45,7 @@
 #define GRH 40
 #define QKEY 0x11111111u
 #define MAGIC 0x5eed5eedu
+#define NTHREAD 6 // two senders, the poller, CM, objects, async
 
 struct msg {
 	uint32_t magic, src;
@@ -99,16 +100,26 @@ static int post_recv(struct qpx *x, int slot)
 
 static void *sender(void *arg)
 {
-	(void)arg;
+	// Each sender has SQ buffers per QP of its own: its post n reuses
+	// the buffer of its post n-SQ, which completed (a QP completes sends
+	// in the order they were posted, and fewer than SQ are in flight).
+	int k = (int)(intptr_t)arg;
+	unsigned long mine[NQP] = { 0 };
 	while (!atomic_load(&stop_send)) {
 		int posted = 0;
 		for (int i = 0; i < NQP && !atomic_load(&stop_send); i++) {
 			struct qpx *x = &q[i], *d = &q[(i + 1) % NQP];
 			unsigned long s = atomic_load(&x->sent);
+			// Both senders may pass these checks at once: a QP has at most
+			// WINDOW + NSENDERS in flight, fewer than its RQ receives and
+			// its SQ send buffers.
 			if (s - atomic_load(&d->recvd) >= WINDOW || s - atomic_load(&x->sendcomp) >= SQ / 2)
 				continue;
-			int slot = s % (SQ / 2);
-			struct msg *m = (struct msg *)(x->sbuf + slot * PAYLOAD);
+			// Counted before the post: the poller may see the completion
+			// before ibv_post_send returns.
+			if (!atomic_compare_exchange_strong(&x->sent, &s, s + 1))
+				continue; // the other sender took s
+			struct msg *m = (struct msg *)(x->sbuf + (k * SQ + mine[i]++ % SQ) * PAYLOAD);
 			m->magic = MAGIC;
 			m->src = i;
 			m->seq = s;
@@ -118,9 +129,6 @@ static void *sender(void *arg)
 				.send_flags = IBV_SEND_SIGNALED,
 				.wr.ud = { .ah = ah, .remote_qpn = d->qp->qp_num, .remote_qkey = QKEY },
 			}, *bad;
-			// Counted before the post: the poller may see the completion
-			// before ibv_post_send returns.
-			atomic_store(&x->sent, s + 1);
 			int e = ibv_post_send(x->qp, &wr, &bad);
 			if (e) {
 				fail("ibv_post_send on QP %d: %s", i, strerror(e));
@@ -365,9 +373,9 @@ static int setup(void)
 		struct qpx *x = &q[i];
 		x->i = i;
 		x->rbuf = calloc(RQ, GRH + PAYLOAD);
-		x->sbuf = calloc(SQ / 2, PAYLOAD);
+		x->sbuf = calloc(2 * SQ, PAYLOAD);
 		x->rmr = ibv_reg_mr(pd, x->rbuf, RQ * (GRH + PAYLOAD), IBV_ACCESS_LOCAL_WRITE);
-		x->smr = ibv_reg_mr(pd, x->sbuf, SQ / 2 * PAYLOAD, 0);
+		x->smr = ibv_reg_mr(pd, x->sbuf, 2 * SQ * PAYLOAD, 0);
 		x->cq = ibv_create_cq(ctx, RQ + SQ, x, cch, 0);
 		if (!x->rmr || !x->smr || !x->cq)
 			return perror("ibv_reg_mr/ibv_create_cq"), -1;
@@ -419,8 +427,8 @@ static long long now_ms(void)
 
 int main(int argc, char **argv)
 {
-	pthread_t ts[5];
-	void *(*fns[5])(void *) = { sender, poller, cm, objects, async_reader };
+	pthread_t ts[NTHREAD];
+	void *(*fns[NTHREAD])(void *) = { sender, sender, poller, cm, objects, async_reader };
 	int secs;
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc != 2 || (secs = atoi(argv[1])) <= 0) {
@@ -431,13 +439,14 @@ int main(int argc, char **argv)
 	if (setup())
 		return 1;
 	printf("running %d s\n", secs);
-	for (int i = 0; i < 5; i++)
-		if (pthread_create(&ts[i], NULL, fns[i], NULL))
+	for (int i = 0; i < NTHREAD; i++)
+		if (pthread_create(&ts[i], NULL, fns[i], (void *)(intptr_t)i))
 			return perror("pthread_create"), 1;
 	for (long long end = now_ms() + secs * 1000LL; now_ms() < end && !atomic_load(&failed);)
 		usleep(10000);
 	atomic_store(&stop_send, 1);
 	pthread_join(ts[0], NULL);
+	pthread_join(ts[1], NULL);
 	// Every send completes and arrives (UD on lo, the receive queues
 	// never empty): wait for that, 10 s at most.
 	for (long long end = now_ms() + 10000; !atomic_load(&failed); usleep(1000)) {
@@ -458,7 +467,7 @@ int main(int argc, char **argv)
 		}
 	}
 	atomic_store(&stop_all, 1);
-	for (int i = 1; i < 5; i++)
+	for (int i = 2; i < NTHREAD; i++)
 		pthread_join(ts[i], NULL);
 	if (atomic_load(&failed))
 		return 1;
