@@ -492,7 +492,7 @@ func (s *SM) handlePacket(b []byte, from netip.AddrPort) {
 	o := s.newOutBatch()
 	s.mu.Lock()
 	if fabric.IsFlow(b) {
-		s.flowIn(b, from)
+		s.flowIn(b, from, time.Now())
 	} else {
 		s.packetIn(b, from, false)
 	}

@@ -324,6 +324,11 @@ type Stats struct {
 	// refused to send.
 	SocketBuffer int
 	SendErrors   uint64
+	// SocketDrops counts datagrams the kernel dropped because the fabric
+	// socket's buffer was full, before the switch read them (SO_MEMINFO's
+	// drop count, asked when Stats is called): packets, credits and
+	// control messages lost on the way into the switch.
+	SocketDrops uint64
 }
 
 type portCounters struct {
@@ -484,6 +489,7 @@ type SM struct {
 	rmppAborts                                atomic.Uint64
 	saDrop                                    atomic.Bool // Config.SADrop, changeable with SetSADrop
 	sendErrors                                atomic.Uint64
+	sockDropsSeen                             atomic.Uint32 // the fabric socket's kernel drops at the last look (logSocketDrops)
 	rcvbuf                                    int           // the fabric socket's receive buffer
 	gso                                       bool          // the kernel takes UDP_SEGMENT sends
 	work                                      chan struct{} // wakes the forwarder
@@ -765,6 +771,7 @@ func (s *SM) expiryLoop(ctx context.Context) {
 				return
 			}
 			s.saveIfDirty(now)
+			s.logSocketDrops()
 		}
 	}
 }
@@ -1167,7 +1174,7 @@ func (s *SM) detachLocked(p *port) {
 			delete(s.perSource, src)
 		}
 		p.addr = netip.AddrPort{}
-		p.ls.dropQueue()
+		p.c.drops.Add(uint64(p.ls.dropQueue())) // a port that went down loses what it sent
 		p.ls.link = fabric.Link{}
 		p.ls.wantFlow = false
 		p.budget = bucket{}
@@ -1508,7 +1515,7 @@ func (s *SM) Stats() Stats {
 		ThrottledControls: s.throttled.Load(), ControlDrops: s.ctlDrops.Load(),
 		GroupQuotaRefusals: q.Groups, MembershipQuotaRefusals: q.Memberships,
 		RMPPTransfers: s.rmppXfers.Load(), RMPPRetransmits: s.rmppRetrans.Load(), RMPPTimeouts: s.rmppTimeouts.Load(), RMPPAborts: s.rmppAborts.Load(),
-		SocketBuffer: s.rcvbuf, SendErrors: s.sendErrors.Load()}
+		SocketBuffer: s.rcvbuf, SendErrors: s.sendErrors.Load(), SocketDrops: uint64(s.socketDrops())}
 	for _, p := range s.sortedPorts() {
 		st.Ports = append(st.Ports, PortStats{
 			GUID: p.guid, LID: p.lid, NodeDesc: p.desc, Attached: p.attached(), Addr: p.addr, PreRegistered: p.pre,

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -214,6 +215,9 @@ type linkState struct {
 	unlogged uint64
 	loggedAt time.Time
 	wantFlow bool // the port asked for our flow control packet
+	// flowAt is when the port's last flow control packet was handled
+	// (the discard log says how long before the discard).
+	flowAt time.Time
 }
 
 // packetPool holds the switch's packet buffers.
@@ -332,7 +336,7 @@ func (s *SM) fabricLoop() error {
 			case fabric.IsControl(data):
 				s.controlIn(data, from, now)
 			case fabric.IsFlow(data):
-				s.flowIn(data, from)
+				s.flowIn(data, from, now)
 			default:
 				s.packetIn(data, from, trunc)
 			}
@@ -381,7 +385,7 @@ func (s *SM) kick() {
 }
 
 // flowIn applies a port's flow control packet. Caller holds mu.
-func (s *SM) flowIn(b []byte, from netip.AddrPort) {
+func (s *SM) flowIn(b []byte, from netip.AddrPort, now time.Time) {
 	p := s.byAddr[from]
 	if p == nil {
 		s.unknownSrc.Add(1)
@@ -393,6 +397,7 @@ func (s *SM) flowIn(b []byte, from netip.AddrPort) {
 		return
 	}
 	p.ls.link.Receive(f)
+	p.ls.flowAt = now
 	if f.Op == fabric.FlowOpRequest {
 		p.ls.wantFlow = true
 		s.activate(p)
@@ -586,6 +591,7 @@ func (s *SM) forwardHead(p *port, now time.Time, o *outBatch) (done bool, retry 
 		since := ls.pendSince[i]
 		switch {
 		case !d.attached():
+			d.c.discards.Add(1) // the port went down while the packet waited
 			continue
 		case now.Before(d.ls.dropUntil):
 			d.c.discards.Add(1)
@@ -656,14 +662,46 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-// dropQueue empties a port's input queue (the port detached). Caller
-// holds mu.
-func (ls *linkState) dropQueue() {
+// dropQueue empties a port's input queue (the port detached) and returns
+// how many packets it dropped. Caller holds mu.
+func (ls *linkState) dropQueue() int {
+	n := ls.in.n
 	for ls.in.n > 0 {
 		packetPool.Put(ls.in.pop())
 	}
 	ls.headActive = false
 	ls.pend, ls.pendSince = ls.pend[:0], ls.pendSince[:0]
+	return n
+}
+
+// socketDrops is the kernel's count of datagrams dropped on the fabric
+// socket because its buffer was full (SO_MEMINFO), 0 when it cannot say.
+func (s *SM) socketDrops() uint32 {
+	raw, err := s.fabric.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var v uint32
+	raw.Control(func(fd uintptr) {
+		var mi [unix.SK_MEMINFO_VARS]uint32
+		l := uint32(unsafe.Sizeof(mi))
+		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_MEMINFO,
+			uintptr(unsafe.Pointer(&mi[0])), uintptr(unsafe.Pointer(&l)), 0)
+		if e == 0 && l > unix.SK_MEMINFO_DROPS*4 {
+			v = mi[unix.SK_MEMINFO_DROPS]
+		}
+	})
+	return v
+}
+
+// logSocketDrops logs the fabric socket's kernel drops that grew since
+// the last look (expiryLoop's tick): datagrams lost before the switch saw
+// them are counted nowhere else.
+func (s *SM) logSocketDrops() {
+	n := s.socketDrops()
+	if last := s.sockDropsSeen.Swap(n); n != last {
+		s.logf("fabric socket: the kernel dropped %d datagrams (buffer full) since the last look (%d in all)", n-last, n)
+	}
 }
 
 // discarded logs a port's discards (packets for it that found no credit
@@ -675,7 +713,11 @@ func (s *SM) discarded(d *port, now time.Time) {
 	if s.cfg.Logf == nil || now.Sub(d.ls.loggedAt) < time.Second {
 		return
 	}
-	s.logf("port %#x (LID %d): %d packets for it discarded: no credit for the head-of-queue lifetime %v (PortXmitDiscards %d)",
-		d.guid, d.lid, d.ls.unlogged, s.cfg.HOQLife, d.c.discards.Load())
+	last := "none yet"
+	if !d.ls.flowAt.IsZero() {
+		last = now.Sub(d.ls.flowAt).Round(time.Millisecond).String() + " ago"
+	}
+	s.logf("port %#x (LID %d): %d packets for it discarded: no credit for the head-of-queue lifetime %v (PortXmitDiscards %d; its last flow control packet %s)",
+		d.guid, d.lid, d.ls.unlogged, s.cfg.HOQLife, d.c.discards.Load(), last)
 	d.ls.unlogged, d.ls.loggedAt = 0, now
 }
