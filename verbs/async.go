@@ -60,11 +60,12 @@ type AsyncEvent struct {
 	PortNum uint8
 }
 
-// AsyncEventSource is an optional interface of a DeviceOps: a backend that
-// raises asynchronous events delivers them to fn until cancel is called
-// (a call already under way may end after cancel returns: a context
-// ignores events once closed). Without it a device has no asynchronous
-// events.
+// AsyncEventSource is an optional interface of a ContextOps or, failing
+// that, of a DeviceOps: a backend that raises asynchronous events (of the
+// context, or of the device for each context) delivers them to fn until
+// cancel is called (a call already under way may end after cancel
+// returns: a context ignores events once closed). Without it a device has
+// no asynchronous events.
 type AsyncEventSource interface {
 	SubscribeAsync(fn func(AsyncEvent)) (cancel func())
 }
@@ -96,9 +97,13 @@ func (c *Context) WatchAsyncEvents() {
 		a.ready = make(chan struct{}, 1)
 	}
 	a.mu.Unlock()
-	src, ok := c.dev.ops.(AsyncEventSource)
+	// The context's own events (a kernel context's async_fd), else its
+	// device's.
+	src, ok := c.ops.(AsyncEventSource)
 	if !ok {
-		return
+		if src, ok = c.dev.ops.(AsyncEventSource); !ok {
+			return
+		}
 	}
 	// Outside a.mu: a source may deliver from inside SubscribeAsync.
 	cancel := src.SubscribeAsync(func(ev AsyncEvent) {

@@ -174,7 +174,8 @@ type kctx struct {
 
 	mu       sync.RWMutex // closed (write), calls on c (read)
 	closed   bool
-	pds, cqs int // EBUSY for Close: ibv_close_device itself frees them all
+	pds, cqs int            // EBUSY for Close: ibv_close_device itself frees them all
+	readers  []*asyncReader // SubscribeAsync's (async.go): Close ends them
 }
 
 // use counts PDs and CQs made or freed; EINVAL once closed.
@@ -332,5 +333,8 @@ func (k *kctx) Close() error {
 		return verbs.Errorf("ibv_close_device", k.dev.name, ibvErrno(int(rc)))
 	}
 	k.closed = true
+	for _, r := range k.readers {
+		r.stop()
+	}
 	return nil
 }

@@ -173,4 +173,32 @@ static inline int64_t sr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, in
 	return (idx << 32) | (int64_t)(uint32_t)rc;
 }
 
+// sr_get_async_event reads one asynchronous event of a context whose
+// async_fd is non-blocking, acknowledges it at once (the Go side keeps no
+// reference to its element) and returns its type and, for a port event,
+// its port: 0, EAGAIN when there is none, or another errno.
+static inline int sr_get_async_event(struct ibv_context *ctx, int *type, int *port) {
+	struct ibv_async_event ev;
+	errno = 0;
+	if (ibv_get_async_event(ctx, &ev) != 0)
+		return errno ? errno : EIO;
+	*type = ev.event_type;
+	*port = 0;
+	switch (ev.event_type) {
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+		*port = ev.element.port_num;
+		break;
+	default:
+		break;
+	}
+	ibv_ack_async_event(&ev);
+	return 0;
+}
+
 #endif

@@ -23,8 +23,10 @@ suite=bookworm
 guest_pkgs=(rdma-core ibverbs-providers rdmacm-utils ibverbs-utils perftest iproute2 kmod)
 # Modules the guest loads (their dependencies are resolved with modprobe).
 # crc32_generic: rxe allocates the "crc32" shash at device creation (a
-# runtime request, not a module dependency).
-guest_mods=(virtio_pci virtio_net 9pnet_virtio 9p crc32_generic rdma_rxe ib_uverbs rdma_ucm)
+# runtime request, not a module dependency). veth: provider/rdmacore's
+# TestAsyncPortEvents adds an rxe device on a veth pair of its own (the
+# kernel loads it on demand, with the guest's modprobe).
+guest_mods=(virtio_pci virtio_net 9pnet_virtio 9p crc32_generic rdma_rxe ib_uverbs rdma_ucm veth)
 
 key_only=0 rebuild=0
 for a in "$@"; do

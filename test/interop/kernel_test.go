@@ -155,7 +155,7 @@ func TestKernelVerbs(t *testing.T) {
 	note := report(t)
 	g := l.guests[0]
 	// TestSendCost is a measurement: TestKernelSendCost runs it.
-	out, rc := g.goTest(t, "./provider/rdmacore", "-test.v", "-test.count=1", "-test.skip", "^(TestSendCost|TestDeviceAddedAgain)$")
+	out, rc := g.goTest(t, "./provider/rdmacore", "-test.v", "-test.count=1", "-test.skip", "^(TestSendCost|TestDeviceAddedAgain|TestAsyncPortEvents)$")
 	passed := strings.Count(out, "--- PASS")
 	skipped := strings.Count(out, "--- SKIP")
 	if rc != 0 || skipped > 0 || passed == 0 {
@@ -170,6 +170,14 @@ func TestKernelVerbs(t *testing.T) {
 	readd, readdRC := g.goTestEnv(t, "./provider/rdmacore", []string{"SOFTRDMA_RDMACORE_READD=1"}, "-test.v", "-test.count=1", "-test.run", "^TestDeviceAddedAgain$")
 	if readdRC != 0 || !strings.Contains(readd, "--- PASS: TestDeviceAddedAgain") {
 		t.Fatalf("%s: TestDeviceAddedAgain: exit status %d:\n%s", g, readdRC, nettest.Indent(readd))
+	}
+	// A context's asynchronous events from its async_fd, on an rxe device
+	// of a veth pair the test adds, in a process of its own; the device
+	// is deleted once the process has ended (see readd above).
+	async, asyncRC := g.goTestEnv(t, "./provider/rdmacore", []string{"SOFTRDMA_RDMACORE_ASYNC=1"}, "-test.v", "-test.count=1", "-test.run", "^TestAsyncPortEvents$")
+	g.run(t, "rdma link delete rxeasync; ip link del sraasync; true")
+	if asyncRC != 0 || !strings.Contains(async, "--- PASS: TestAsyncPortEvents") {
+		t.Fatalf("%s: TestAsyncPortEvents: exit status %d:\n%s", g, asyncRC, nettest.Indent(async))
 	}
 	// The kernel CM's package (librdmacm ids' lifetimes).
 	cmOut, cmRC := g.goTest(t, "./provider/rdmacore/cm", "-test.v", "-test.count=1")
