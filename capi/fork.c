@@ -178,7 +178,10 @@ static int sr_fork_wr_complete(struct ibv_qp_ex *qpx)
 
 static void sr_fork_prepare(void)
 {
-	srForkPrepare();
+	// A child forking again has no Go to ask: it keeps the lists it
+	// inherited, whose ops its child handler set already.
+	if (!softrdma_forked)
+		srForkPrepare();
 }
 
 static void sr_fork_child(void)

@@ -35,11 +35,11 @@ func runStress(t *testing.T, dir, libDir, prog, secs string, env ...string) {
 }
 
 // TestExecThreads runs testdata/stress.c through softrdma exec on rxe_lo
-// for 5 s: one thread posts UD sends on 4 QPs while another waits on
-// their CQs' completion channel, polls and posts receives again, a third
-// joins and leaves multicast groups and reads the CM events, a fourth
-// creates and destroys AHs and MRs, a fifth watches async_fd (issue 23,
-// item 5). Every send must complete and arrive exactly once.
+// for 5 s: two threads post UD sends on the same 4 QPs while a third
+// waits on their CQs' completion channel, polls and posts receives again,
+// a fourth joins and leaves multicast groups and reads the CM events, a
+// fifth creates and destroys AHs and MRs, a sixth watches async_fd (issue
+// 23, item 5). Every send must complete and arrive exactly once.
 func TestExecThreads(t *testing.T) {
 	requireRDMACore(t)
 	dir := execDir(t)

@@ -6,7 +6,8 @@
 //      fails with EINVAL (ENOSYS for ibv_get_device_list and
 //      rdma_create_event_channel), never hangs; calls that do not reach
 //      softrdma's runtime (ibv_wc_status_str, ibv_is_fork_initialized)
-//      work; the child exits 0 when all of that held;
+//      work; a grandchild it forks gets EINVAL too; the child exits 0
+//      when all of that held;
 //   2. a child of fork() execs this program with "exec-child": it opens
 //      rxe_lo afresh, its port is active, and it sends a message from a
 //      QP of its own to the parent's QP B (whose number and the GID come
@@ -156,6 +157,14 @@ static void child_inherited(void)
 	CHECK(!rdma_create_event_channel() && errno == ENOSYS, "child: rdma_create_event_channel: errno %d, want ENOSYS",
 	      errno);
 	ibv_ack_cq_events(cq, 1); // void: does nothing
+	pid_t gp = fork(); // a grandchild: forking again does not hang either
+	CHECK(gp >= 0, "child: fork: %s", strerror(errno));
+	if (gp == 0) {
+		struct ibv_wc gwc;
+		_exit(ibv_poll_cq(cq, 1, &gwc) == -EINVAL ? 0 : 1);
+	}
+	int st;
+	CHECK(waitpid(gp, &st, 0) == gp && WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: the grandchild: status %#x", st);
 	CHECK(!strcmp(ibv_wc_status_str(IBV_WC_SUCCESS), "success"), "child: ibv_wc_status_str");
 	CHECK(ibv_is_fork_initialized() == IBV_FORK_UNNEEDED, "child: ibv_is_fork_initialized");
 	printf("child: every call on inherited objects failed\n");
