@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -57,28 +56,6 @@ func (p mckeyPair) run(t *testing.T, dir string) {
 		}
 	}
 	checkMckeyRun(t, rout.String(), sout.String())
-}
-
-// startExecNS is startExecEnv in the named network namespace ns (ip netns
-// exec), or in the test's own when ns is "".
-func startExecNS(t *testing.T, ctx context.Context, dir, ns string, env []string, args ...string) (*exec.Cmd, *lineWaiter) {
-	t.Helper()
-	if ns == "" {
-		return startExecEnv(t, ctx, dir, env, args...)
-	}
-	argv := append([]string{"netns", "exec", ns, filepath.Join(dir, "softrdma"), "exec", "-libdir", filepath.Join(dir, "lib"), "--"}, args...)
-	cmd := exec.CommandContext(ctx, "ip", argv...)
-	cmd.Env = testenv.CleanEnv(env...)
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pw.Close()
-	return cmd, newLineWaiter(pr)
 }
 
 // TestExecMckeyOptions runs Debian's unmodified mckey through softrdma

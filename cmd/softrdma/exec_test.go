@@ -124,7 +124,18 @@ func startExec(t *testing.T, ctx context.Context, dir string, args ...string) (*
 // program's environment (SOFTRDMA_SM=…).
 func startExecEnv(t *testing.T, ctx context.Context, dir string, env []string, args ...string) (*exec.Cmd, *lineWaiter) {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, filepath.Join(dir, "softrdma"), append([]string{"exec", "-libdir", filepath.Join(dir, "lib"), "--"}, args...)...)
+	return startExecNS(t, ctx, dir, "", env, args...)
+}
+
+// startExecNS is startExecEnv in the named network namespace ns (ip netns
+// exec), or in the test's own when ns is "".
+func startExecNS(t *testing.T, ctx context.Context, dir, ns string, env []string, args ...string) (*exec.Cmd, *lineWaiter) {
+	t.Helper()
+	argv := append([]string{filepath.Join(dir, "softrdma"), "exec", "-libdir", filepath.Join(dir, "lib"), "--"}, args...)
+	if ns != "" {
+		argv = append([]string{"ip", "netns", "exec", ns}, argv...)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = testenv.CleanEnv(env...)
 	pr, pw, err := os.Pipe()
 	if err != nil {
