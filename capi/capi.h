@@ -18,7 +18,10 @@ struct sr_device { struct ibv_device dev; uintptr_t h; };
 struct sr_context { uintptr_t h; struct verbs_context vc; };
 struct sr_pd { struct ibv_pd pd; uintptr_t h; };
 struct sr_mr { struct ibv_mr mr; uintptr_t h; };
-struct sr_cq { struct ibv_cq cq; uintptr_t h; };
+// hint is what softverbs says of the CQ (SetPollHint): 0 while a poll
+// would find nothing and do nothing, so that ibv_poll_cq returns at once
+// without entering Go; all ones (enter Go) where the device gives no hint.
+struct sr_cq { struct ibv_cq cq; uintptr_t h; uint32_t hint; };
 // A QP is an extended one (ibv_qp_to_qp_ex): qpx.qp_base is the struct
 // ibv_qp. The WR API's requests between wr_start and wr_complete are
 // kept in wrs (qp.c).

@@ -12,6 +12,7 @@ import "C"
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -574,10 +575,25 @@ func cCQ(gcq *verbs.CQ, ch *C.struct_ibv_comp_channel, cqctx unsafe.Pointer) *C.
 	c = C.sr_cq_alloc(cContext(gcq.Context()), ch, cqctx, C.int(gcq.Cap()))
 	c.h = reg.put(gcq)
 	c.cq.handle = C.uint32_t(c.h)
+	if ph, ok := gcq.Ops().(pollHinter); ok {
+		ph.SetPollHint(hintWord(c))
+	}
 	reg.mu.Lock()
 	reg.cqs[gcq] = c
 	reg.mu.Unlock()
 	return &c.cq
+}
+
+// pollHinter is a CQ of softverbs: it keeps a word of the C struct up to
+// date (sr_cq's hint), which lets ibv_poll_cq return without entering Go
+// when there is nothing to poll.
+type pollHinter interface {
+	SetPollHint(w *atomic.Uint32)
+}
+
+// hintWord is the hint of a C CQ as an atomic word.
+func hintWord(c *C.struct_sr_cq) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&c.hint))
 }
 
 // forgetCQ frees the C struct of a destroyed CQ.
@@ -587,6 +603,9 @@ func forgetCQ(gcq *verbs.CQ) {
 	delete(reg.cqs, gcq)
 	reg.mu.Unlock()
 	if c != nil {
+		if ph, ok := gcq.Ops().(pollHinter); ok {
+			ph.SetPollHint(nil) // before the word's memory goes
+		}
 		reg.del(c.h)
 		C.sr_cq_free(c)
 	}

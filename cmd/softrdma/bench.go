@@ -79,7 +79,7 @@ the JSON lines).
 	latRounds := fs.Int("lat-rounds", 0, "latency: timed round trips per run (default 3000)")
 	capiDev := fs.String("capi-dev", "rxe_lo", "capi: the device of both paths")
 	capiIters := fs.Int("capi-iters", 200000, "capi: ITERS of capibench (calls per case)")
-	capiSecs := fs.Float64("capi-secs", 2, "capi: perftest's -D and the Go twin's run time, in seconds")
+	capiSecs := fs.Int("capi-secs", 2, "capi: perftest's -D and the Go twin's run time, in whole seconds")
 	capiLibdir := fs.String("capi-libdir", os.Getenv("SOFTRDMA_LIBDIR"), "capi: the libraries' directory (default: as softrdma exec finds or builds them)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -103,8 +103,8 @@ the JSON lines).
 			cfg.Parts = append(cfg.Parts, p)
 		}
 	}
-	if *capiIters < 16 || *capiSecs <= 0 {
-		fmt.Fprintln(stderr, "bench: -capi-iters must be ≥ 16 and -capi-secs > 0")
+	if *capiIters < 16 || *capiSecs < 1 || *capiSecs > 600 {
+		fmt.Fprintln(stderr, "bench: -capi-iters must be ≥ 16 and -capi-secs 1..600")
 		return 2
 	}
 	cfg.Modes = nil

@@ -31,12 +31,12 @@ const partCapi = "capi"
 
 // capiConfig is what the capi part measures.
 type capiConfig struct {
-	dev     string  // the device of both paths (rxe_lo: RoCEv2 on lo)
-	iters   int     // capibench's ITERS
-	secs    float64 // perftest's -D and the twin's run time
-	repeats int     // runs of each kind
-	libdir  string  // the libraries ("": found or built as softrdma exec does)
-	port    int     // the first TCP port of the perftest runs
+	dev     string // the device of both paths (rxe_lo: RoCEv2 on lo)
+	iters   int    // capibench's ITERS
+	secs    int    // perftest's -D and the twin's run time
+	repeats int    // runs of each kind
+	libdir  string // the libraries ("": found or built as softrdma exec does)
+	port    int    // the first TCP port of the perftest runs
 }
 
 // capiResult is one case of the capi part: the median cost per operation
@@ -160,7 +160,7 @@ func runCapiPart(ctx context.Context, cfg capiConfig, table, jsonw io.Writer, lo
 		lat = &capiResult{Case: "ib_send_lat -c UD 2 B, t_avg", Unit: "us"}
 		bw = &capiResult{Case: "ib_send_bw -c UD 4096 B, 1/msg rate", Unit: "us"}
 		port := cfg.port
-		secs := strconv.FormatFloat(cfg.secs, 'f', -1, 64)
+		secs := strconv.Itoa(cfg.secs)
 		for i := 0; i < cfg.repeats; i++ {
 			for _, mode := range []string{"lat", "bw"} {
 				prog, size, header, col := "ib_send_lat", "2", "t_avg[usec]", 2

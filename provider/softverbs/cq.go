@@ -37,6 +37,46 @@ type cqObj struct {
 	// empty CQ without its lock (a consumer polls in a loop).
 	pollable atomic.Bool
 	empty    atomic.Uint32 // empty polls, for the yield
+	// hint is the word of SetPollHint, or nil; written under mu.
+	hint atomic.Pointer[atomic.Uint32]
+}
+
+// The bits of a poll hint (SetPollHint).
+const (
+	// PollHintReady: Poll may return completions or an error.
+	PollHintReady = 1 << 0
+	// PollHintSource: an empty Poll makes progress on the CQ's source.
+	PollHintSource = 1 << 1
+)
+
+// SetPollHint has the CQ keep *w up to date for a consumer that looks at
+// it before calling Poll (softrdma's C libraries, whose ibv_poll_cq would
+// otherwise enter Go on every call): w is 0 only while Poll would return
+// nothing without doing anything — no completion, no error, and no source
+// to make progress on — else a set of PollHint bits. w may be memory Go
+// does not manage. nil stops the updates: once SetPollHint(nil) returns,
+// the old word is not written again.
+func (cq *cqObj) SetPollHint(w *atomic.Uint32) {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	cq.hint.Store(w)
+	cq.writeHintLocked()
+}
+
+// writeHintLocked updates the word of SetPollHint, if any (cq.mu held).
+func (cq *cqObj) writeHintLocked() {
+	w := cq.hint.Load()
+	if w == nil {
+		return
+	}
+	var v uint32
+	if cq.pollable.Load() {
+		v |= PollHintReady
+	}
+	if cq.src.Load() != nil {
+		v |= PollHintSource
+	}
+	w.Store(v)
 }
 
 // Arming states of a CQ with a completion channel.
@@ -153,7 +193,16 @@ func (cq *cqObj) Poll(wc []verbs.WC) (int, error) {
 const yieldEvery = 255
 
 // setPollable updates pollable (cq.mu held).
-func (cq *cqObj) setPollable() { cq.pollable.Store(cq.n > 0 || cq.overrun || cq.dead) }
+func (cq *cqObj) setPollable() {
+	cq.pollable.Store(cq.n > 0 || cq.overrun || cq.dead)
+	cq.writeHintLocked()
+}
+
+// markPollable sets pollable (cq.mu held).
+func (cq *cqObj) markPollable() {
+	cq.pollable.Store(true)
+	cq.writeHintLocked()
+}
 
 // poll is Poll without progress.
 func (cq *cqObj) poll(wc []verbs.WC) (int, error) {
@@ -278,7 +327,7 @@ func (cq *cqObj) enqueueLocked(wc *verbs.WC, solicited bool) bool {
 	}
 	cq.ring[i] = *wc
 	cq.n++
-	cq.pollable.Store(true)
+	cq.markPollable()
 	cq.notifyLocked(wc, solicited)
 	return true
 }
@@ -288,7 +337,7 @@ func (cq *cqObj) pushOrOverrun(wc *verbs.WC) {
 	if !cq.push(wc, false) {
 		cq.mu.Lock()
 		cq.overrun = true
-		cq.pollable.Store(true)
+		cq.markPollable()
 		cq.wake()
 		cq.mu.Unlock()
 	}
@@ -305,7 +354,7 @@ func (cq *cqObj) pushAllOrOverrun(wcs []verbs.WC) {
 	for i := range wcs {
 		if !cq.enqueueLocked(&wcs[i], false) {
 			cq.overrun = true
-			cq.pollable.Store(true)
+			cq.markPollable()
 			break
 		}
 	}
@@ -347,7 +396,7 @@ func (cq *cqObj) Destroy() error {
 		return syscall.EBUSY
 	}
 	cq.dead = true
-	cq.pollable.Store(true)
+	cq.markPollable()
 	cq.wake()
 	if cq.ch != nil {
 		cq.ch.drop(cq)

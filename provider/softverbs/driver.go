@@ -238,5 +238,15 @@ func (b *Burst) add(cq *cqObj) {
 	b.cqs = append(b.cqs, cq)
 	if b.Src != nil && cq.src.Load() != b.Src {
 		cq.src.Store(b.Src)
+		if cq.hint.Load() != nil {
+			// The hint is written under the CQ's lock (SetPollHint).
+			if b.cq == cq {
+				cq.writeHintLocked()
+			} else {
+				cq.mu.Lock()
+				cq.writeHintLocked()
+				cq.mu.Unlock()
+			}
+		}
 	}
 }
