@@ -3,7 +3,9 @@ package sm
 import (
 	"fmt"
 	"net"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -111,6 +113,21 @@ func TestStalledPortBound(t *testing.T) {
 	if !said {
 		t.Errorf("no log line of the stuck port's discards in %q", logged)
 	}
+	// The lines add up to the port's discards (the last ones within a
+	// second after the previous line).
+	re := regexp.MustCompile(fmt.Sprintf(`^port %#x \(LID \d+\): (\d+) packets for it discarded`, stuck.guid))
+	waitFor(t, func() bool {
+		logMu.Lock()
+		defer logMu.Unlock()
+		sum := 0
+		for _, l := range logged {
+			if m := re.FindStringSubmatch(l); m != nil {
+				n, _ := strconv.Atoi(m[1])
+				sum += n
+			}
+		}
+		return sum == n-4
+	})
 	if st := statsOf(s, ok.guid); st.TxPackets != n || st.XmitDiscards != 0 {
 		t.Errorf("good port's counters %+v", st)
 	}

@@ -445,6 +445,9 @@ type SM struct {
 	perSource map[netip.Addr]int
 	// lruOld and lruNew end the list of attached ports by lastSeen.
 	lruOld, lruNew *port
+	// unlogged lists the ports with discards not logged yet
+	// (flushDiscards).
+	unlogged []*port
 	// visit lists the ports the forwarder has to visit (queued packets,
 	// flow control to send); spare is its other buffer.
 	visit, spare []*port
@@ -772,6 +775,7 @@ func (s *SM) expiryLoop(ctx context.Context) {
 			}
 			s.saveIfDirty(now)
 			s.logSocketDrops()
+			s.flushDiscards(now)
 		}
 	}
 }

@@ -707,12 +707,21 @@ func (s *SM) logSocketDrops() {
 // discarded logs a port's discards (packets for it that found no credit
 // for HOQLife, or came while it was stalled), at most one line a second
 // per port with the count since the last: a lossless fabric that lost a
-// packet says where. SM.mu is held.
+// packet says where. Discards not logged yet are logged by
+// flushDiscards. SM.mu is held.
 func (s *SM) discarded(d *port, now time.Time) {
+	if d.ls.unlogged == 0 {
+		s.unlogged = append(s.unlogged, d)
+	}
 	d.ls.unlogged++
 	if s.cfg.Logf == nil || now.Sub(d.ls.loggedAt) < time.Second {
 		return
 	}
+	s.logDiscards(d, now)
+}
+
+// logDiscards logs d's discards not logged yet. SM.mu is held.
+func (s *SM) logDiscards(d *port, now time.Time) {
 	last := "none yet"
 	if !d.ls.flowAt.IsZero() {
 		last = now.Sub(d.ls.flowAt).Round(time.Millisecond).String() + " ago"
@@ -720,4 +729,26 @@ func (s *SM) discarded(d *port, now time.Time) {
 	s.logf("port %#x (LID %d): %d packets for it discarded: no credit for the head-of-queue lifetime %v (PortXmitDiscards %d; its last flow control packet %s)",
 		d.guid, d.lid, d.ls.unlogged, s.cfg.HOQLife, d.c.discards.Load(), last)
 	d.ls.unlogged, d.ls.loggedAt = 0, now
+}
+
+// flushDiscards logs the discards that discarded left unlogged, once a
+// second has passed since the port's last line (expiryLoop's tick), so
+// that the lines of a port add up to its PortXmitDiscards.
+func (s *SM) flushDiscards(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := s.unlogged[:0]
+	for _, d := range s.unlogged {
+		switch {
+		case d.ls.unlogged == 0:
+		case s.cfg.Logf == nil:
+			d.ls.unlogged = 0
+		case now.Sub(d.ls.loggedAt) < time.Second:
+			kept = append(kept, d)
+		default:
+			s.logDiscards(d, now)
+		}
+	}
+	clear(s.unlogged[len(kept):])
+	s.unlogged = kept
 }
