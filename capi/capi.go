@@ -114,7 +114,9 @@ func goAddr(sa *C.struct_sockaddr) (net.Addr, error) {
 		a.ScopeID = uint64(sib.sib_scope_id)
 		return a, nil
 	}
-	return nil, syscall.EAFNOSUPPORT
+	// librdmacm's ucma_addrlen knows no other family, and every call
+	// refuses an address it gives no length with EINVAL.
+	return nil, syscall.EINVAL
 }
 
 // putAddr writes a into the C socket address sa (room for a

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -87,11 +88,55 @@ func (ec *eventChannel) lower() {
 	}
 }
 
+// refresh makes the fd readable exactly while events are queued, after a
+// call that moved or dropped events without reading them (rdma_migrate_id,
+// rdma_leave_multicast, rdma_destroy_id): the kernel's file is readable
+// while it holds events, at once.
+func (ec *eventChannel) refresh() {
+	if ec == nil {
+		return
+	}
+	ec.mu.Lock()
+	defer ec.mu.Unlock()
+	if ec.closed {
+		return
+	}
+	switch n := ec.ch.Len(); {
+	case n > 0 && !ec.raised:
+		C.sr_eventfd_signal(ec.fd)
+		ec.raised = true
+	case n == 0 && ec.raised:
+		C.sr_eventfd_clear(ec.fd)
+		ec.raised = false
+		select {
+		case ec.drained <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// channelOf returns the Go side of a C event channel (nil for none).
+func channelOf(ch *C.struct_rdma_event_channel) *eventChannel {
+	if ch == nil {
+		return nil
+	}
+	ec, ok := get[*eventChannel]((*C.struct_sr_channel)(unsafe.Pointer(ch)).h)
+	if !ok {
+		return nil
+	}
+	return ec
+}
+
 // cmID is the Go side of a C CM id.
 type cmID struct {
 	id *rdmacm.ID
 	c  *C.struct_sr_id
 	qp *cqp // the id's QP (id.QP()), if any
+
+	mu      sync.Mutex          // sync's
+	parked  *rdmacm.Event       // a synchronous id's last event, as id->event shows it
+	parkedC *C.struct_sr_event  // its C copy (id->event), the library's: never acked by the program
+	route   []rdmacm.PathRecord // what id->route.path_rec holds
 }
 
 var ids = struct {
@@ -105,17 +150,98 @@ func goID(id *C.struct_rdma_cm_id) (*cmID, bool) {
 
 // sync copies the id's state into its C struct: the device context, port,
 // addresses, as librdmacm refreshes them after a call or an event.
+//
+// As librdmacm: id->pd is the device's protection domain once the id has
+// a device (ucma_get_device allocates one per device), or its QP's;
+// id->route.path_rec the resolved route's paths; id->event a synchronous
+// id's last event.
 func (ci *cmID) sync() {
+	ci.mu.Lock()
+	defer ci.mu.Unlock()
 	c := &ci.c.id
 	if v := ci.id.Verbs(); v != nil {
 		c.verbs = cContext(v)
 		c.port_num = C.uint8_t(ci.id.PortNum())
+	}
+	if pd := ci.id.PD(); pd != nil {
+		c.pd = cPD(pd)
 	}
 	if a := ci.id.SrcAddr(); a != nil {
 		putAddr(C.sr_id_src(c), a)
 	}
 	if a := ci.id.DstAddr(); a != nil {
 		putAddr(C.sr_id_dst(c), a)
+	}
+	ci.syncRoute()
+	if ev := ci.id.Event(); ev != ci.parked {
+		old := ci.parkedC
+		ci.parked, ci.parkedC, c.event = ev, nil, nil
+		if ev != nil {
+			ci.parkedC = newCEvent(ci, ev)
+			c.event = &ci.parkedC.ev
+		}
+		if old != nil {
+			C.free(unsafe.Pointer(old))
+		}
+	}
+}
+
+// syncRoute copies the id's route into id->route.path_rec (malloc'd, as
+// librdmacm's, freed with the id).
+func (ci *cmID) syncRoute() {
+	r := ci.id.Route()
+	if slices.Equal(r, ci.route) {
+		return
+	}
+	c := &ci.c.id
+	if c.route.path_rec != nil {
+		C.free(unsafe.Pointer(c.route.path_rec))
+		c.route.path_rec, c.route.num_paths = nil, 0
+	}
+	ci.route = slices.Clone(r)
+	if len(r) == 0 {
+		return
+	}
+	recs := (*C.struct_ibv_sa_path_rec)(C.calloc(C.size_t(len(r)), C.sizeof_struct_ibv_sa_path_rec))
+	for i := range r {
+		p, g := &unsafe.Slice(recs, len(r))[i], &r[i]
+		p.dgid = *(*C.union_ibv_gid)(unsafe.Pointer(&g.DGID))
+		p.sgid = *(*C.union_ibv_gid)(unsafe.Pointer(&g.SGID))
+		p.dlid, p.slid = C.__be16(htons(g.DLID)), C.__be16(htons(g.SLID))
+		p.raw_traffic = cBool(g.RawTraffic)
+		p.flow_label = C.__be32(htonl(g.FlowLabel))
+		p.hop_limit, p.traffic_class = C.uint8_t(g.HopLimit), C.uint8_t(g.TrafficClass)
+		p.reversible = cBool(g.Reversible)
+		p.numb_path = C.uint8_t(g.NumbPath)
+		p.pkey = C.__be16(htons(g.PKey))
+		p.sl = C.uint8_t(g.SL)
+		p.mtu_selector, p.mtu = C.uint8_t(g.MTUSelector), C.uint8_t(g.MTU)
+		p.rate_selector, p.rate = C.uint8_t(g.RateSelector), C.uint8_t(g.Rate)
+		p.packet_life_time_selector, p.packet_life_time = C.uint8_t(g.PacketLifeTimeSelector), C.uint8_t(g.PacketLifeTime)
+		p.preference = C.uint8_t(g.Preference)
+	}
+	c.route.path_rec, c.route.num_paths = recs, C.int(len(r))
+}
+
+func cBool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// forget frees what sync allocated for the id's C struct.
+func (ci *cmID) forget() {
+	ci.mu.Lock()
+	defer ci.mu.Unlock()
+	c := &ci.c.id
+	if c.route.path_rec != nil {
+		C.free(unsafe.Pointer(c.route.path_rec))
+		c.route.path_rec, c.route.num_paths = nil, 0
+	}
+	if ci.parkedC != nil {
+		C.free(unsafe.Pointer(ci.parkedC))
+		ci.parkedC, c.event = nil, nil
 	}
 }
 
@@ -192,10 +318,13 @@ func srDestroyID(id *C.struct_rdma_cm_id) C.int {
 		// The bounce buffer's MR would keep the id's PD.
 		ci.qp.dropBounce()
 	}
+	ec := channelOf(id.channel)
 	if err := ci.id.Destroy(); err != nil {
 		return errno(err)
 	}
+	ec.refresh() // the id's unread events are gone
 	ci.forgetQP()
+	ci.forget()
 	ids.Lock()
 	delete(ids.m, ci.id)
 	ids.Unlock()
@@ -373,6 +502,14 @@ func srGetEvent(ch *C.struct_rdma_event_channel, nonblock C.int, out **C.struct_
 		return C.EIO
 	}
 	ci.sync()
+	c := newCEvent(ci, ev)
+	c.h = reg.put(&cmEvent{ev: ev})
+	*out = &c.ev
+	return 0
+}
+
+// newCEvent returns a malloc'd C copy of an event of the id.
+func newCEvent(ci *cmID, ev *rdmacm.Event) *C.struct_sr_event {
 	c := (*C.struct_sr_event)(C.calloc(1, C.sizeof_struct_sr_event))
 	c.ev.id = &ci.c.id
 	c.ev.event = uint32(ev.Event)
@@ -388,9 +525,7 @@ func srGetEvent(ch *C.struct_rdma_event_channel, nonblock C.int, out **C.struct_
 			ud.private_data = p
 		}
 	}
-	c.h = reg.put(&cmEvent{ev: ev})
-	*out = &c.ev
-	return 0
+	return c
 }
 
 //export srAckEvent
@@ -444,7 +579,10 @@ func srLeave(id *C.struct_rdma_cm_id, sa *C.struct_sockaddr) C.int {
 	if err != nil {
 		return errno(err)
 	}
-	return errno(ci.id.LeaveMulticast(a))
+	err = ci.id.LeaveMulticast(a)
+	channelOf(id.channel).refresh() // the group's unread events are gone
+	ci.sync()                       // a parked JOIN event of the group is acked
+	return errno(err)
 }
 
 //export srPort

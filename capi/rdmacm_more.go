@@ -43,10 +43,16 @@ func srMigrateID(id *C.struct_rdma_cm_id, ch *C.struct_rdma_event_channel) C.int
 		}
 		gch = ec.ch
 	}
+	old := channelOf(id.channel)
 	if err := ci.id.MigrateID(gch); err != nil {
 		return errno(err)
 	}
 	id.channel = ch
+	// The id's queued events moved: each fd tells at once, as the
+	// kernel's files do.
+	old.refresh()
+	channelOf(ch).refresh()
+	ci.sync()
 	return 0
 }
 
