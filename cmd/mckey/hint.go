@@ -93,11 +93,14 @@ func (t *mckey) landedHint(n *node) {
 	fmt.Fprintf(t.errOut, "mckey: no -b: %s; bound to %v on device %s\n", routeOf(t.cfg.dst), n.cm.SrcAddr(), n.cm.DeviceName())
 }
 
-// dropHint says, after a receive timeout, what the device the receiver
-// listened on dropped since its receives were posted, counter by counter
-// (too_long_drops: messages larger than the receive buffers…), or that
-// it dropped nothing: then nothing for the group reached that device.
-func (t *mckey) dropHint(n *node) {
+// dropHint says, after a receive timeout with done of the messages in,
+// what the device the receiver listened on dropped since its receives
+// were posted, counter by counter (too_long_drops: messages larger than
+// the receive buffers…), or that it dropped nothing: then the rest did
+// not reach that device, and the line says where the group's datagrams
+// went instead (RoCE: the group watch) or where an InfiniBand subnet
+// loses them.
+func (t *mckey) dropHint(n *node, done int) {
 	dev := n.cm.Verbs().Device()
 	addr := n.cm.SrcAddr().String()
 	if u, ok := n.cm.SrcAddr().(*net.UDPAddr); ok {
@@ -117,21 +120,28 @@ func (t *mckey) dropHint(n *node) {
 		fmt.Fprintf(t.errOut, "mckey: -o: a send-only full member receives nothing (its QP is not attached, its device not in the group)\n")
 		return
 	}
-	if len(grew) == 0 {
-		own := 0
-		if r, ok := dev.Inspect(); ok {
-			own = r.Netdev.Index
-		}
-		if seen, ok := t.watch.report(own); ok {
-			fmt.Fprintf(t.errOut, "mckey: device %s (bound to %s) dropped nothing: no datagram for %s reached it; %s\n",
-				dev.Name(), addr, t.cfg.dst, seen)
-			return
-		}
-		fmt.Fprintf(t.errOut, "mckey: device %s (bound to %s) dropped nothing: no datagram for %s reached it; is the sender on this device (-b)?\n",
-			dev.Name(), addr, t.cfg.dst)
+	if len(grew) > 0 {
+		fmt.Fprintf(t.errOut, "mckey: device %s (bound to %s) dropped since the receives were posted: %s\n", dev.Name(), addr, strings.Join(grew, " "))
 		return
 	}
-	fmt.Fprintf(t.errOut, "mckey: device %s (bound to %s) dropped since the receives were posted: %s\n", dev.Name(), addr, strings.Join(grew, " "))
+	what := fmt.Sprintf("no datagram for %s reached it", t.cfg.dst)
+	if done > 0 {
+		what = fmt.Sprintf("the other %d datagrams for %s did not reach it", t.cfg.messageCount-done, t.cfg.dst)
+	}
+	own := 0
+	if r, ok := dev.Inspect(); ok {
+		own = r.Netdev.Index
+	}
+	var why string
+	switch seen, ok := t.watch.report(own); {
+	case ok:
+		why = seen
+	case os.Getenv("SOFTRDMA_SM") != "":
+		why = "on the InfiniBand subnet the switch discards what waits longer than its head-of-queue lifetime for a port that gives no credit (softsm -v names the port and counts)"
+	default:
+		why = "is the sender on this device (-b)?"
+	}
+	fmt.Fprintf(t.errOut, "mckey: device %s (bound to %s) dropped nothing: %s; %s\n", dev.Name(), addr, what, why)
 }
 
 // startWatch starts the group watch of a receiver on RoCE that gives up

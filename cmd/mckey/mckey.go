@@ -758,7 +758,7 @@ func (t *mckey) pollCQs() int {
 			}
 			if err != nil {
 				fmt.Fprintf(t.out, "mckey: receive timeout: %d of %d messages\n", done, t.cfg.messageCount)
-				t.dropHint(n)
+				t.dropHint(n, done)
 				return -int(syscall.ETIMEDOUT)
 			}
 		}

@@ -127,7 +127,7 @@ func TestOutputWithoutPeer(t *testing.T) {
 		name:   "receiver timeout",
 		args:   []string{"-m", g, "-b", "127.0.0.1", "-C", "3", "--timeout", "500ms", "--join-pause", "100ms"},
 		stdout: timeoutLines(g, 3),
-		stderr: []string{"mckey: device rxe_lo (bound to 127.0.0.1) dropped nothing: no datagram for " + g + " reached it; is the sender on this device (-b)?"},
+		stderr: []string{"mckey: device rxe_lo (bound to 127.0.0.1) dropped nothing: no datagram for " + g + " reached it; nor did any datagram for it reach another interface of this host"},
 		code:   timeoutStatus,
 	}, {
 		// GNU getopt: non-option arguments (ignored) may come between options.
@@ -477,8 +477,11 @@ func TestVerifyFailure(t *testing.T) {
 func TestTimeoutNamesTheDrops(t *testing.T) {
 	t.Parallel()
 	g := randomGroup()
+	// The timeout runs from the receiver's join; the sender starts after
+	// it (3 s: a race-built mcpeer on a loaded machine once took longer
+	// than 1 s to send).
 	rcv := start(t, "mckey receiver", mckeyBin, "-m", g, "-b", "127.0.0.1", "-C", "3", "-S", "100",
-		"--timeout", "1s", "--join-pause", "100ms")
+		"--timeout", "3s", "--join-pause", "100ms")
 	rcv.waitLine(joinedRE, lineTimeout)
 	s := startPeer(t, "S", g, "-S", "1000", "-o")
 	s.send(3)
