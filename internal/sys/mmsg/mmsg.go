@@ -361,8 +361,11 @@ func (r *Reader) EndLease() {
 // datagram whose readiness woke a goroutine that gave up waits unread.
 //
 // With one, a consumer reads one batch and leaves the rest to its next
-// call (or to the lease's end); a goroutine that found the lock held
-// still gets its read.
+// call (or to the lease's end); but once a goroutine found the lock held
+// and gave up, the holder reads until the socket is empty: the one that
+// gave up may be Serve's, gone back to the netpoller, which no readiness
+// wakes again until another datagram comes (a consumer's ReadNow, with no
+// lease to read the rest, left it unread until then).
 func (r *Reader) progress(fd uintptr, one bool) int {
 	total := 0
 	for {
@@ -378,6 +381,7 @@ func (r *Reader) progress(fd uintptr, one bool) int {
 		if !r.pending.Load() {
 			return total
 		}
+		one = false
 	}
 }
 
