@@ -270,3 +270,28 @@ func TestSocketDropsCounted(t *testing.T) {
 		return slices.ContainsFunc(logged, func(l string) bool { return strings.Contains(l, "fabric socket: the kernel dropped") })
 	})
 }
+
+// TestSABypassesBlockedData: a port's SA request is a management packet
+// (VL15): it is answered while the port's data packets wait at the head
+// of its input queue for a port that gives no credit. Before, it waited
+// behind them for the head-of-queue lifetime (an mckey leave timed out
+// with a lifetime of an hour).
+func TestSABypassesBlockedData(t *testing.T) {
+	s := startSM(t, Config{HOQLife: time.Hour})
+	tx := newFlowPort(t, s.FabricAddr(), 0x200041, 16, true)
+	stuck := newFlowPort(t, s.FabricAddr(), 0x200042, 4, false)
+	group := mgid("ff12:4001:ffff::601:208")
+	r := mustStatus(t, rawSA(t, s.SAAddr(), mcReq(mad.MethodSet, mad.CompCreateRequired, group, stuck.guid, mad.JoinFullMember), waitTimeout), 0)
+	mlid := r.MCMemberRecord().MLID()
+	for range 6 { // within tx's credit; the stuck port takes 4
+		tx.send(mlid, true, group, wire.MulticastQPN, 0x01234567, []byte("blocked"))
+	}
+	waitFor(t, func() bool { return statsOf(s, stuck.guid).XmitWaits >= 1 }) // the head waits
+	answers := tx.sa(mcReq(mad.MethodGet, mad.CompMGID|mad.CompPortGID, group, stuck.guid, 0), false)
+	if len(answers) != 1 || answers[0].Status() != 0 {
+		t.Fatalf("SA answers %v", answers)
+	}
+	if st := statsOf(s, tx.guid); st.SARequests != 1 {
+		t.Errorf("sender's counters %+v", st)
+	}
+}

@@ -444,6 +444,13 @@ func (s *SM) packetIn(b []byte, from netip.AddrPort, trunc bool) {
 		p.c.drops.Add(1)
 		return
 	}
+	// A packet for the SM is a management packet (VL15 on IB): it does
+	// not wait in the input queue behind data packets that wait for
+	// credit (a leave behind a head blocked on a stalled port timed out).
+	if l, err := fabric.CheckLink(b); err == nil && l.DLID() == fabric.SMLID {
+		s.saFromFabric(b, p)
+		return
+	}
 	bp := packetPool.Get().(*[]byte)
 	*bp = append((*bp)[:0], b...)
 	p.ls.in.push(bp)
