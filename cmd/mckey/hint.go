@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -137,11 +138,62 @@ func (t *mckey) dropHint(n *node, done int) {
 	case ok:
 		why = seen
 	case os.Getenv("SOFTRDMA_SM") != "":
-		why = "on the InfiniBand subnet the switch discards what waits longer than its head-of-queue lifetime for a port that gives no credit (softsm -v names the port and counts)"
+		why = ibLossText
 	default:
 		why = "is the sender on this device (-b)?"
 	}
 	fmt.Fprintf(t.errOut, "mckey: device %s (bound to %s) dropped nothing: %s; %s\n", dev.Name(), addr, what, why)
+}
+
+// ibLossText says where the emulated IB subnet loses datagrams: it is
+// flow controlled, so only where a port gives no credit for too long.
+const ibLossText = "on the InfiniBand subnet the switch discards what waits longer than its head-of-queue lifetime for a port that gives no credit " +
+	"(softsm -v names the port and counts), and a sender's port what finds no credit for its link stall timeout (link_stall_drops, said by an mckey sender)"
+
+// sendDrops are the drop counters of a sender's own datagrams: a send
+// larger than the MTU, and one an IB port's stalled link dropped. (The
+// others count what a device receives, a sender's blocked loopback copies
+// among them.)
+var sendDrops = []string{"oversized_send_drops", "link_stall_drops"}
+
+// grewSince lists the send drop counters of n's device that grew since
+// n.drops0 ("link_stall_drops=3"), and their sum.
+func grewSince(n *node) (grew []string, total uint64) {
+	schema, vals, ok := n.cm.Verbs().Device().Counters()
+	if !ok || len(n.drops0) != len(vals) {
+		return nil, 0
+	}
+	for i, c := range schema {
+		if slices.Contains(sendDrops, c.Name) && vals[i] > n.drops0[i] {
+			grew = append(grew, fmt.Sprintf("%s=%d", c.Name, vals[i]-n.drops0[i]))
+			total += vals[i] - n.drops0[i]
+		}
+	}
+	return grew, total
+}
+
+// sendDropHint says which sends the sender's device dropped after they
+// completed: rdma-core's mckey posts them unsignaled and says "data
+// transfers complete" all the same, as a datagram lost in the fabric
+// completes with success. On the emulated IB subnet that is a port whose
+// link found no credit for its stall timeout (link_stall_drops): the
+// receivers behind the switch returned none.
+func (t *mckey) sendDropHint() {
+	for _, n := range t.nodes {
+		if !n.connected {
+			continue
+		}
+		grew, total := grewSince(n)
+		if total == 0 {
+			continue
+		}
+		addr := n.cm.SrcAddr().String()
+		if u, ok := n.cm.SrcAddr().(*net.UDPAddr); ok {
+			addr = u.IP.String()
+		}
+		fmt.Fprintf(t.errOut, "mckey: device %s (bound to %s) dropped %d of its %d sends to %s after they completed: %s\n",
+			n.cm.Verbs().Device().Name(), addr, total, t.cfg.messageCount, t.cfg.dst, strings.Join(grew, " "))
+	}
 }
 
 // startWatch starts the group watch of a receiver on RoCE that gives up

@@ -50,7 +50,7 @@ type node struct {
 	remoteQPN uint32
 	remoteQK  uint32
 	mem       []byte
-	drops0    []uint64 // the device's counters when the receives were posted (dropHint)
+	drops0    []uint64 // the device's counters when the receives (or sends) were posted (dropHint, sendDropHint)
 }
 
 type mckey struct {
@@ -436,6 +436,9 @@ func (t *mckey) transfer() int {
 	if t.cfg.sender {
 		fmt.Fprintf(t.out, "initiating data transfers\n")
 		for _, n := range t.nodes {
+			if _, vals, ok := n.cm.Verbs().Device().Counters(); ok && n.connected {
+				n.drops0 = vals
+			}
 			if ret := t.postSends(n); ret != 0 {
 				return ret
 			}
@@ -443,6 +446,7 @@ func (t *mckey) transfer() int {
 		if t.sendFailed = t.sendErrors(); t.sendFailed != 0 {
 			return t.sendFailed
 		}
+		t.sendDropHint()
 	} else {
 		fmt.Fprintf(t.out, "receiving data transfers\n")
 		if ret := t.pollCQs(); ret != 0 {
