@@ -3,6 +3,7 @@ package sm
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strconv"
@@ -293,5 +294,27 @@ func TestSABypassesBlockedData(t *testing.T) {
 	}
 	if st := statsOf(s, tx.guid); st.SARequests != 1 {
 		t.Errorf("sender's counters %+v", st)
+	}
+}
+
+// TestNoMarkerStillDiscards: when the switch cannot send itself a marker
+// (no loopback), the clock decides the head-of-queue lifetime, and a
+// port that gives no credit still cannot hold its senders forever.
+func TestNoMarkerStillDiscards(t *testing.T) {
+	s := startSM(t, Config{HOQLife: 50 * time.Millisecond})
+	s.mu.Lock()
+	s.markAddr = netip.MustParseAddrPort("[2001:db8::1]:1") // an IPv4 socket refuses it (EAFNOSUPPORT): nothing is sent
+	s.mu.Unlock()
+	tx := newFlowPort(t, s.FabricAddr(), 0x200051, 16, true)
+	stuck := newFlowPort(t, s.FabricAddr(), 0x200052, 4, false)
+	group := mgid("ff12:4001:ffff::601:209")
+	r := mustStatus(t, rawSA(t, s.SAAddr(), mcReq(mad.MethodSet, mad.CompCreateRequired, group, stuck.guid, mad.JoinFullMember), waitTimeout), 0)
+	mlid := r.MCMemberRecord().MLID()
+	for range 5 {
+		tx.send(mlid, true, group, wire.MulticastQPN, 0x01234567, []byte("no marker"))
+	}
+	waitFor(t, func() bool { return statsOf(s, stuck.guid).XmitDiscards == 1 })
+	if st := s.Stats(); st.SendErrors == 0 {
+		t.Errorf("the refused marker is not counted: %+v", st)
 	}
 }

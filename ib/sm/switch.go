@@ -127,7 +127,15 @@ func (s *SM) sendMarker() {
 	copy(b[:], s.markToken[:])
 	binary.BigEndian.PutUint64(b[markerTokenLen:], seq)
 	if _, err := s.fabric.WriteToUDPAddrPort(b[:], s.markAddr); err != nil {
+		// No way to itself (loopback down): the clock decides, as if
+		// the switch never stalled, rather than no lifetime ever ending.
 		s.sendErrors.Add(1)
+		s.mu.Lock()
+		if now.After(s.caught) {
+			s.caught = now
+		}
+		s.markDone = max(s.markDone, seq)
+		s.mu.Unlock()
 	}
 }
 
