@@ -164,7 +164,7 @@ the JSON lines).
 		_, err = bench.Run(cfg)
 	}
 	if err == nil && capiPart {
-		cc := capiConfig{dev: *capiDev, iters: *capiIters, secs: *capiSecs, repeats: 3, libdir: *capiLibdir, port: 18700}
+		cc := capiConfig{dev: *capiDev, iters: *capiIters, secs: *capiSecs, repeats: 5, libdir: *capiLibdir, port: 18700}
 		if *repeats > 0 {
 			cc.repeats = *repeats
 		}

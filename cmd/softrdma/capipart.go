@@ -40,16 +40,23 @@ type capiConfig struct {
 }
 
 // capiResult is one case of the capi part: the median cost per operation
-// or message of each path and their ratio.
+// or message of each path, their ratio, and the median of the runs'
+// ratios.
 type capiResult struct {
-	Kind  string    `json:"kind"` // "capi"
-	Case  string    `json:"case"`
-	Unit  string    `json:"unit"`
-	C     float64   `json:"c"`
-	Go    float64   `json:"go"`
-	Ratio float64   `json:"ratio"` // C / Go
-	CRuns []float64 `json:"c_runs"`
-	GRuns []float64 `json:"go_runs"`
+	Kind  string  `json:"kind"` // "capi"
+	Case  string  `json:"case"`
+	Unit  string  `json:"unit"`
+	C     float64 `json:"c"`
+	Go    float64 `json:"go"`
+	Ratio float64 `json:"ratio"` // C / Go, of the medians
+	// PairRatio is the median of the runs' ratios (run i of C against
+	// run i of Go, measured one after the other): steadier than Ratio
+	// when the machine's load drifts during the part. The targets use it.
+	PairRatio float64   `json:"pair_ratio"`
+	CBest     float64   `json:"c_best"` // the lowest cost of a run
+	GoBest    float64   `json:"go_best"`
+	CRuns     []float64 `json:"c_runs"`
+	GRuns     []float64 `json:"go_runs"`
 }
 
 // capiRatioMax is issue 23's target: the C path's cost per message at
@@ -93,17 +100,27 @@ func runCapiPart(ctx context.Context, cfg capiConfig, table, jsonw io.Writer, lo
 		return append([]string{exe, "exec", "-libdir", dir, "--"}, args...)
 	}
 
-	tablef("\nC programs through softrdma's libibverbs (softrdma exec) against the Go API, device %s, %d runs each, interleaved (medians)\n", cfg.dev, cfg.repeats)
-	tablef("  %-40s %14s %14s %8s\n", "case", "C", "Go", "C/Go")
+	tablef("\nC programs through softrdma's libibverbs (softrdma exec) against the Go API, device %s, %d runs each, interleaved\n", cfg.dev, cfg.repeats)
+	tablef("(C, Go: medians; C/Go: of the medians; per run: the median of the runs' ratios, which the targets use; best: the lowest)\n")
+	tablef("  %-40s %14s %14s %8s %8s %14s %14s\n", "case", "C", "Go", "C/Go", "per run", "C best", "Go best")
 	var results []capiResult
 	add := func(r *capiResult) {
 		r.Kind = "capi"
 		r.C, r.Go = median(r.CRuns), median(r.GRuns)
+		r.CBest, r.GoBest = slices.Min(r.CRuns), slices.Min(r.GRuns)
 		if r.Go > 0 {
 			r.Ratio = r.C / r.Go
 		}
+		var pairs []float64
+		for i := range min(len(r.CRuns), len(r.GRuns)) {
+			if r.GRuns[i] > 0 {
+				pairs = append(pairs, r.CRuns[i]/r.GRuns[i])
+			}
+		}
+		r.PairRatio = median(pairs)
 		results = append(results, *r)
-		tablef("  %-40s %11.1f %-2s %11.1f %-2s %8.2f\n", r.Case, r.C, r.Unit, r.Go, r.Unit, r.Ratio)
+		tablef("  %-40s %11.1f %-2s %11.1f %-2s %8.2f %8.2f %11.1f %-2s %11.1f %-2s\n", r.Case, r.C, r.Unit, r.Go, r.Unit,
+			r.Ratio, r.PairRatio, r.CBest, r.Unit, r.GoBest, r.Unit)
 		emit(r)
 	}
 
@@ -209,8 +226,8 @@ func runCapiPart(ctx context.Context, cfg capiConfig, table, jsonw io.Writer, lo
 		if r == nil {
 			t.Unmeasured = perftest
 		} else {
-			t.Measured = fmt.Sprintf("%.2fx (C %.1f %s, Go %.1f %s)", r.Ratio, r.C, r.Unit, r.Go, r.Unit)
-			t.Met = r.Ratio <= capiRatioMax
+			t.Measured = fmt.Sprintf("%.2fx per run (medians C %.1f %s, Go %.1f %s)", r.PairRatio, r.C, r.Unit, r.Go, r.Unit)
+			t.Met = r.PairRatio <= capiRatioMax
 		}
 		mark := "MET"
 		switch {

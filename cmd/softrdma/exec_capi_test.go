@@ -45,7 +45,8 @@ func TestExecCapiStress(t *testing.T) {
 // TestBenchCapi runs `softrdma bench -parts capi -quick -json` on the
 // libraries execDir built: capibench.c through them and its Go twin, and
 // (with perftest) ib_send_lat and ib_send_bw -c UD against theirs; every
-// case has both costs and their ratio, and both targets are judged. No
+// case has both costs, their ratio and the runs' ratio, and both targets
+// are judged. No
 // timing is asserted.
 func TestBenchCapi(t *testing.T) {
 	requireRDMACore(t)
@@ -76,6 +77,7 @@ func TestBenchCapi(t *testing.T) {
 		var v struct {
 			Kind, Case, Name, Measured, Unmeasured string
 			C, Go, Ratio                           float64
+			PairRatio                              float64 `json:"pair_ratio"`
 		}
 		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
 			t.Fatalf("line %q: %v", sc.Text(), err)
@@ -83,7 +85,7 @@ func TestBenchCapi(t *testing.T) {
 		switch v.Kind {
 		case "capi":
 			cases[v.Case] = true
-			if v.C <= 0 || v.Go <= 0 || v.Ratio <= 0 {
+			if v.C <= 0 || v.Go <= 0 || v.Ratio <= 0 || v.PairRatio <= 0 {
 				t.Errorf("case without both costs and a ratio: %s", sc.Text())
 			}
 		case "target":
