@@ -173,7 +173,7 @@ static void child_inherited(void)
 
 // exec_child runs in a program the second child exec'd: softrdma works
 // afresh, and it sends to the parent's QP B.
-static int exec_child(const char *dqpn_s)
+static int exec_child(const char *dqpn_s, const char *go_s)
 {
 	struct ibv_context *c = open_lo();
 	struct ibv_port_attr pa;
@@ -191,6 +191,12 @@ static int exec_child(const char *dqpn_s)
 	CHECK(a, "exec child: ibv_create_ah");
 	CHECK(!post_send(qp, a, r, m, strtoul(dqpn_s, NULL, 0)), "exec child: ibv_post_send");
 	wait_wc(q, 1, 0);
+	// The datagram may sit in this process's UDP 4791 socket, on its way
+	// to the parent's device (the kernel picks one socket of the port's
+	// reuseport group by hash): closing the device before it was handed
+	// over would lose it. The parent says when it has it.
+	char go;
+	CHECK(read(atoi(go_s), &go, 1) == 1, "exec child: waiting for the parent: %s", strerror(errno));
 	CHECK(!ibv_destroy_qp(qp) && !ibv_destroy_ah(a) && !ibv_dereg_mr(r) && !ibv_destroy_cq(q) &&
 	      !ibv_dealloc_pd(p) && !ibv_close_device(c), "exec child: cleanup");
 	printf("exec child: sent\n");
@@ -208,8 +214,8 @@ int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IONBF, 0);
 	alarm(60);
-	if (argc == 3 && !strcmp(argv[1], "exec-child"))
-		return exec_child(argv[2]);
+	if (argc == 4 && !strcmp(argv[1], "exec-child"))
+		return exec_child(argv[2], argv[3]);
 	CHECK(ibv_fork_init() == 0, "ibv_fork_init");
 	CHECK(ibv_is_fork_initialized() == IBV_FORK_UNNEEDED, "ibv_is_fork_initialized");
 	ctx = open_lo();
@@ -233,17 +239,24 @@ int main(int argc, char **argv)
 	wait_child(pid, "the child using inherited objects");
 
 	CHECK(!post_recv(), "ibv_post_recv");
+	int gofd[2];
+	CHECK(!pipe(gofd), "pipe: %s", strerror(errno));
 	pid = fork();
 	CHECK(pid >= 0, "fork: %s", strerror(errno));
 	if (pid == 0) {
-		char qpn[16];
+		char qpn[16], fd[16];
 		snprintf(qpn, sizeof qpn, "%u", qb->qp_num);
-		execl("/proc/self/exe", argv[0], "exec-child", qpn, (char *)NULL);
+		snprintf(fd, sizeof fd, "%d", gofd[0]);
+		close(gofd[1]);
+		execl("/proc/self/exe", argv[0], "exec-child", qpn, fd, (char *)NULL);
 		fprintf(stderr, "execl: %s\n", strerror(errno));
 		_exit(127);
 	}
-	wait_child(pid, "the child that execs");
+	close(gofd[0]);
 	wait_wc(cq, 0, 1);
+	CHECK(write(gofd[1], "x", 1) == 1, "write: %s", strerror(errno));
+	close(gofd[1]);
+	wait_child(pid, "the child that execs");
 	CHECK(!strcmp(buf + 1024 + GRH, "from the exec'd child"), "received %.32s from the exec'd child", buf + 1024 + GRH);
 	printf("parent: received from the exec'd child\n");
 
