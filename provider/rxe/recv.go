@@ -98,12 +98,14 @@ func (r *receiver) handleBatch(n int) {
 		r.handle(b, name, oob, trunc)
 	}
 	r.burst.Flush()
-	if n == RecvBatch {
+	if n == RecvBatch && r.br.InServe() {
 		// A full batch: more are waiting, and Serve reads on without
 		// blocking. Let the consumers just woken run first, so that they
 		// repost receive WRs while the backlog lasts; otherwise, on a
 		// single P, the backlog would use up the posted WRs
-		// (no_recv_wr_drops) before they run.
+		// (no_recv_wr_drops) before they run. A consumer reading in its
+		// own poll does not yield (to itself, or, from a C thread's cgo
+		// callback, its Go runtime to another thread).
 		runtime.Gosched()
 	}
 }

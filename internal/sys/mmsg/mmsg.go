@@ -170,6 +170,7 @@ type Reader struct {
 	// socket and runs the handler.
 	mu       sync.Mutex
 	serve    func(n int)   // Serve's handler, while it runs
+	byServe  bool          // the handler runs on Serve's goroutine (r.mu held)
 	pending  atomic.Bool   // a goroutine found mu held: its holder reads on
 	fatal    atomic.Uint32 // the errno that ends Serve
 	sleepers atomic.Int32  // goroutines in Wait
@@ -210,7 +211,7 @@ func newReader(conn syscall.Conn, p *Pool, b *Batch) (*Reader, error) {
 	// the rest is read (it polls again, or Serve reads it when the lease
 	// ends), so that it reposts its receive WRs between batches as it
 	// would between Serve's; else until the socket is empty.
-	r.progressFn = func(fd uintptr) { r.progress(fd, r.pauser != nil) }
+	r.progressFn = func(fd uintptr) { r.progress(fd, r.pauser != nil, false) }
 	return r, nil
 }
 
@@ -313,7 +314,7 @@ func (r *Reader) serveBatches(fd uintptr) bool {
 	if r.sleepers.Load() > 0 {
 		return false // a consumer in Wait reads it before it leaves
 	}
-	r.progress(fd, false)
+	r.progress(fd, false, true)
 	return r.fatal.Load() != 0
 }
 
@@ -334,6 +335,14 @@ func (r *Reader) Progress() {
 	r.touch()
 	_ = r.raw.Control(r.progressFn)
 }
+
+// InServe reports, inside Serve's handler, whether the handler runs on
+// Serve's own goroutine rather than on a consumer's in Progress, ReadNow
+// or Wait (a handler that yields the processor to woken consumers yields
+// only on Serve's goroutine: a consumer would yield to itself, and a C
+// thread's cgo callback would hand its Go runtime to another thread). It
+// is valid only inside the handler.
+func (r *Reader) InServe() bool { return r.byServe }
 
 // ReadNow is Progress without the lease: Serve goes on reading the socket
 // (for a consumer that polls and then waits for Serve's deliveries, as
@@ -366,7 +375,7 @@ func (r *Reader) EndLease() {
 // gave up may be Serve's, gone back to the netpoller, which no readiness
 // wakes again until another datagram comes (a consumer's ReadNow, with no
 // lease to read the rest, left it unread until then).
-func (r *Reader) progress(fd uintptr, one bool) int {
+func (r *Reader) progress(fd uintptr, one, byServe bool) int {
 	total := 0
 	for {
 		r.pending.Store(true)
@@ -375,7 +384,9 @@ func (r *Reader) progress(fd uintptr, one bool) int {
 		}
 		r.pending.Store(false)
 		if r.serve != nil && r.fatal.Load() == 0 {
+			r.byServe = byServe
 			total += r.drainLocked(fd, one)
+			r.byServe = false
 		}
 		r.mu.Unlock()
 		if !r.pending.Load() {
@@ -440,7 +451,7 @@ func (r *Reader) Wait(kick int, timeout time.Duration, woke func()) (kicked bool
 		if woke != nil {
 			woke()
 		}
-		r.progress(fd, r.pauser != nil)
+		r.progress(fd, r.pauser != nil, false)
 	})
 	// Serve reads again after the lease; a datagram that came after the
 	// progress above wakes it as the socket goes back into the netpoller.
