@@ -321,3 +321,26 @@ func TestNoMarkerStillDiscards(t *testing.T) {
 		t.Errorf("the refused marker is not counted: %+v", st)
 	}
 }
+
+// TestSAMADsKeepTheLinkGranted: SA MADs take the port's credit like any
+// packet but never queue; the switch grants it back, so a port that sends
+// only SA MADs (joins and leaves, no data) for many windows on end gets
+// every one answered (without the grant the MADs past a window and the
+// management slack were overruns, and the port's leaves timed out).
+func TestSAMADsKeepTheLinkGranted(t *testing.T) {
+	s := startSM(t, Config{})
+	tx := newFlowPort(t, s.FabricAddr(), 0x200061, 16, true)
+	group := mgid("ff12:4001:ffff::601:209")
+	s.mu.Lock()
+	n := 3*s.win + 2*mgmtSlack + 8
+	s.mu.Unlock()
+	for i := range n {
+		answers := tx.sa(mcReq(mad.MethodGet, mad.CompMGID, group, tx.guid, 0), false)
+		if len(answers) != 1 {
+			t.Fatalf("SA MAD %d of %d: answers %v", i+1, n, answers)
+		}
+	}
+	if st := statsOf(s, tx.guid); st.RcvOverruns != 0 || st.SARequests != uint64(n) {
+		t.Fatalf("port counters %+v, want %d SA requests and no overrun", st, n)
+	}
+}

@@ -457,6 +457,10 @@ func (s *SM) packetIn(b []byte, from netip.AddrPort, trunc bool) {
 	// credit (a leave behind a head blocked on a stalled port timed out).
 	if l, err := fabric.CheckLink(b); err == nil && l.DLID() == fabric.SMLID {
 		s.saFromFabric(b, p)
+		// It took a credit: the forwarder's visit grants it back (a port
+		// whose data never queues would otherwise run out of credit after
+		// a window of SA MADs, and the next ones would be overruns).
+		s.activate(p)
 		return
 	}
 	bp := packetPool.Get().(*[]byte)
