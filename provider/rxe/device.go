@@ -101,6 +101,11 @@ type Device struct {
 	// ho hands unicast datagrams over to their owner (handover.go).
 	ho handover
 
+	// uinputs are the unicast receive sockets and hand-over connections,
+	// which consumers of the device's other inputs read too while they
+	// are active (progress.go); changed under mu.
+	uinputs atomic.Pointer[[]*uinput]
+
 	mu     sync.Mutex // control plane: everything below
 	closed bool
 	limits Options

@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/sys/mmsg"
+	"github.com/softrdma/softrdma/internal/sys/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
 )
 
@@ -92,9 +94,11 @@ type handover struct {
 	conns  map[uint16]*handoverConn // by the owner's IPv4 send port
 }
 
-// handoverConn is a connection to a send block's hand-over socket.
+// handoverConn is a connection to a send block's hand-over socket, out
+// of the netpoller: the owner's reads make it writable, which would wake
+// the netpoller's thread of the forwarding process once a datagram.
 type handoverConn struct {
-	c   *net.UnixConn
+	c   *rawudp.Conn
 	raw syscall.RawConn
 }
 
@@ -120,24 +124,28 @@ func (h *handover) conn(port uint16) (*handoverConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Net: "unixpacket", Name: filepath.Join(dir, strconv.Itoa(int(port)))})
+	nc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Net: "unixpacket", Name: filepath.Join(dir, strconv.Itoa(int(port)))})
 	if err != nil {
 		return nil, err
 	}
 	// The connection's queue is the sender's buffer: as large as the
 	// receive sockets' where the process may (SO_SNDBUFFORCE), else up
 	// to net.core.wmem_max.
-	_ = control(c, func(fd int) error {
+	_ = control(nc, func(fd int) error {
 		return setOpts(fd, []sockopt{
 			{unix.SOL_SOCKET, unix.SO_SNDBUF, recvBufSize, true},
 			{unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, recvBufSize, true},
 		})
 	})
-	raw, err := c.SyscallConn()
+	fd, _, err := takeConn(nc)
 	if err != nil {
-		c.Close()
 		return nil, err
 	}
+	c, err := rawudp.NewConn(fd)
+	if err != nil {
+		return nil, err
+	}
+	raw, _ := c.SyscallConn()
 	if h.conns == nil || len(h.conns) >= maxHandoverConns {
 		h.closeConnsLocked()
 		h.conns = map[uint16]*handoverConn{}
@@ -185,7 +193,7 @@ type handoverListener struct {
 
 	mu     sync.Mutex
 	closed bool
-	conns  []*net.UnixConn
+	conns  []*rawudp.Conn
 }
 
 // listenHandoverLocked opens blk's hand-over socket and starts its accept
@@ -236,16 +244,25 @@ func (d *Device) acceptHandovers(blk *sendBlock, l *handoverListener) {
 	defer d.wg.Done()
 	uid := uint32(os.Geteuid())
 	for {
-		c, err := l.ln.AcceptUnix()
+		nc, err := l.ln.AcceptUnix()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
 			continue // a connection that went away before it was accepted
 		}
-		if cred, err := peerCred(c); err != nil || cred.Uid != uid {
+		fd, cred, err := takeConn(nc)
+		if err != nil || cred.Uid != uid {
 			d.core.Count(softverbs.UntrustedDrops, 1)
-			c.Close()
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+			continue
+		}
+		// Its reads can leave the netpoller, as a receive socket's: a
+		// consumer polling in a loop reads it, and no thread wakes.
+		c, err := rawudp.NewConn(fd)
+		if err != nil {
 			continue
 		}
 		l.mu.Lock()
@@ -261,33 +278,72 @@ func (d *Device) acceptHandovers(blk *sendBlock, l *handoverListener) {
 	}
 }
 
-// peerCred returns the credentials of the process at the other end of c.
-func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+// takeConn takes an accepted connection out of package net: it returns a
+// descriptor of its own (a duplicate, non-blocking as the original; -1 on
+// an error), the peer's credentials (SO_PEERCRED), and closes nc.
+func takeConn(nc *net.UnixConn) (int, *unix.Ucred, error) {
+	defer nc.Close()
+	fd := -1
 	var cred *unix.Ucred
 	var cerr error
-	if err := control(c, func(fd int) error {
-		cred, cerr = unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err := control(nc, func(f int) error {
+		if cred, cerr = unix.GetsockoptUcred(f, unix.SOL_SOCKET, unix.SO_PEERCRED); cerr != nil {
+			return nil
+		}
+		fd, cerr = unix.FcntlInt(uintptr(f), unix.F_DUPFD_CLOEXEC, 0)
 		return nil
 	}); err != nil {
-		return nil, err
+		return -1, nil, err
 	}
-	return cred, cerr
+	if cerr != nil {
+		return -1, nil, cerr
+	}
+	return fd, cred, nil
 }
 
 // readHandovers reads the datagrams one device hands over on c until
-// either end closes it.
-func (d *Device) readHandovers(blk *sendBlock, c *net.UnixConn) {
+// either end closes it. The connection is one of the device's unicast
+// inputs, which a polling consumer reads too (progress.go).
+func (d *Device) readHandovers(blk *sendBlock, c *rawudp.Conn) {
 	defer d.wg.Done()
 	defer c.Close()
-	r := newBlockReceiver(d, blk, nil)
-	buf := make([]byte, fwdHdrLen+readBufLen)
-	for {
-		n, _, flags, _, err := c.ReadMsgUnix(buf, nil)
-		if err != nil || n == 0 {
-			return // closed, or the end of the connection
-		}
-		r.countReceived(1, uint64(n))
-		r.handleForwarded(buf[:n], flags&unix.MSG_TRUNC != 0)
-		r.burst.Flush()
+	br, err := mmsg.NewPooledReader(c, handoverPool)
+	if err != nil {
+		return
 	}
+	br.EndOnEmpty()
+	r := newBlockReceiver(d, blk, br)
+	r.in = &uinput{br: br}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return
+	}
+	d.addInputLocked(r.in)
+	d.mu.Unlock()
+	r.run()
+	d.mu.Lock()
+	d.removeInputLocked(r.in)
+	d.mu.Unlock()
 }
+
+// handoverBatch is the number of hand-overs one read takes.
+const handoverBatch = 16
+
+// handoverBufs are the buffers of one batch of hand-overs, in one
+// allocation: a forwarding header and a datagram each, with no address
+// or control messages (the header carries them).
+type handoverBufs struct {
+	mmsg.Batch
+	hs   [handoverBatch]unix.Mmsghdr
+	iovs [handoverBatch]unix.Iovec
+	data [handoverBatch * (fwdHdrLen + readBufLen)]byte
+}
+
+// handoverPool holds the buffers of hand-over reads: an idle connection
+// holds none.
+var handoverPool = mmsg.NewPool(func() *mmsg.Batch {
+	b := &handoverBufs{}
+	b.Init(b.hs[:], b.iovs[:], b.data[:], nil, nil)
+	return &b.Batch
+})

@@ -30,6 +30,7 @@ func (m *membership) alive() bool { return m.cmRefs > 0 || m.grp.Load() != nil }
 type recvSock struct {
 	v6      bool
 	conn    *rawudp.Conn
+	uin     *uinput                       // a unicast socket's entry in the device's unicast inputs
 	drops   atomic.Uint32                 // the kernel's drop count of the socket already counted (socket_drops)
 	mships  atomic.Pointer[[]*membership] // immutable; read by the goroutine
 	list    []*membership                 // Device.mu
@@ -296,8 +297,12 @@ func (d *Device) openUnicastLocked(v6 bool) error {
 			d.openGuardLocked()
 		}
 		d.usocks = append(d.usocks, s)
+		rx := newReceiver(d, s, br)
+		rx.in = &uinput{br: br}
+		s.uin = rx.in
+		d.addInputLocked(rx.in)
 		d.wg.Add(1)
-		go d.unicastLoop(newReceiver(d, s, br))
+		go d.unicastLoop(rx)
 	}
 	return nil
 }
@@ -306,6 +311,7 @@ func (d *Device) openUnicastLocked(v6 bool) error {
 // exit).
 func (d *Device) closeUnicastLocked() {
 	for _, s := range d.usocks {
+		d.removeInputLocked(s.uin)
 		d.closeSock(s)
 	}
 	d.usocks = nil

@@ -18,6 +18,7 @@ type receiver struct {
 	blk *sendBlock // the send block whose hand-overs this reads
 	v6  bool       // s is an IPv6 socket
 	br  *mmsg.Reader
+	in  *uinput // a unicast input: its activity (nil for a membership socket)
 
 	meta rxMeta
 	pkt  wire.Packet
@@ -48,16 +49,21 @@ func newReceiver(d *Device, s *recvSock, br *mmsg.Reader) *receiver {
 	r := &receiver{d: d, s: s, v6: s.v6, br: br}
 	r.init()
 	if br != nil {
-		r.burst.Src = softverbs.NewSource(br)
+		r.burst.Src = newSource(d, br)
 	}
 	return r
 }
 
 // newBlockReceiver returns the receiver of the datagrams handed over to
-// blk on one connection.
+// blk on one connection, read by br (nil: the caller reads and calls
+// handleForwarded). A consumer whose CQ it fills may read the connection
+// itself, as a socket (progress.go).
 func newBlockReceiver(d *Device, blk *sendBlock, br *mmsg.Reader) *receiver {
 	r := &receiver{d: d, blk: blk, br: br}
 	r.init()
+	if br != nil {
+		r.burst.Src = newSource(d, br)
+	}
 	return r
 }
 
@@ -93,9 +99,16 @@ func (r *receiver) handleBatch(n int) {
 		bytes += uint64(len(b))
 	}
 	r.countReceived(n, bytes)
+	if r.in != nil {
+		r.in.last.Store(clock())
+	}
 	for i := 0; i < n; i++ {
 		b, name, oob, trunc := r.br.Datagram(i)
-		r.handle(b, name, oob, trunc)
+		if r.blk != nil {
+			r.handleForwarded(b, trunc)
+		} else {
+			r.handle(b, name, oob, trunc)
+		}
 	}
 	r.burst.Flush()
 	if n == RecvBatch && r.br.InServe() {

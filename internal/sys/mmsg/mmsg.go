@@ -163,6 +163,9 @@ type Reader struct {
 	errno syscall.Errno
 	fn    func(fd uintptr) bool // r.recvmmsg, bound once
 
+	endOnEmpty bool // an empty read is the end of the connection (EndOnEmpty)
+	eof        bool // the batch read last ended at the end of the connection
+
 	serveFn    func(fd uintptr) bool // r.serveBatches, bound once
 	progressFn func(fd uintptr)      // r.progress, bound once
 
@@ -243,8 +246,34 @@ func (r *Reader) recvmmsg(fd uintptr) bool {
 	r.n, r.errno = int(n), e
 	if e != 0 {
 		r.n = 0
+	} else if r.endOnEmpty {
+		r.cutAtEnd(b)
 	}
 	return true
+}
+
+// EndOnEmpty makes the reader of a connected SOCK_SEQPACKET socket take an
+// empty read for the end of the connection (recvmmsg then returns a
+// zero-length message, again on every call): Read and Serve end with
+// ECONNRESET once the datagrams before it are handled. Call it before
+// Serve; on a UDP socket, where a datagram may be empty, never.
+func (r *Reader) EndOnEmpty() { r.endOnEmpty = true }
+
+// cutAtEnd cuts the batch just read at its first empty message (the end of
+// the connection): the end itself when it comes first, else after the
+// datagrams before it (r.eof).
+func (r *Reader) cutAtEnd(b *Batch) {
+	for i := 0; i < r.n; i++ {
+		if b.Hdrs[i].Len == 0 {
+			r.n = i
+			if i == 0 {
+				r.errno = unix.ECONNRESET
+			} else {
+				r.eof = true
+			}
+			return
+		}
+	}
 }
 
 // Read blocks until at least one datagram is read and returns how many.
@@ -260,6 +289,7 @@ func (r *Reader) Read() (int, error) {
 		switch r.errno {
 		case 0:
 			if r.n > 0 {
+				r.eof = false // the next read finds the end again
 				return r.n, nil
 			}
 		case unix.EINTR, unix.ENOMEM, unix.ENOBUFS:
@@ -415,6 +445,12 @@ func (r *Reader) drainLocked(fd uintptr, one bool) int {
 		}
 		r.serve(r.n)
 		total += r.n
+		if r.eof {
+			r.eof = false
+			r.fatal.Store(uint32(unix.ECONNRESET))
+			r.Release()
+			return total
+		}
 		if r.n < len(r.b.Hdrs) || one {
 			r.Release()
 			return total

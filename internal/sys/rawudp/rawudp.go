@@ -151,30 +151,53 @@ func ListenUDP(network, addr string, setup func(fd int) error) (*Conn, error) {
 	case *unix.SockaddrInet6:
 		c.local = &net.UDPAddr{IP: net.IP(a.Addr[:]), Port: a.Port}
 	}
+	if op, err := c.watch(); err != nil {
+		return nil, opErr(op, err)
+	}
+	ok = true
+	return c, nil
+}
+
+// NewConn makes a Conn of fd, a non-blocking socket of any kind (a
+// connected unix SOCK_SEQPACKET socket, say) whose reads should leave the
+// netpoller as a UDP socket's can: Read, Control, Write, SetReadInterest
+// and Close work as on a UDP socket (not WriteToUDPAddrPort; LocalAddr is
+// nil). The Conn owns fd from then on, also on an error (closed).
+func NewConn(fd int) (*Conn, error) {
+	c := &Conn{fd: fd}
+	if op, err := c.watch(); err != nil {
+		unix.Close(fd)
+		return nil, os.NewSyscallError(op, err)
+	}
+	return c, nil
+}
+
+// watch makes the epoll instance that watches c.fd for reading and puts
+// it into the netpoller; on an error it names the failed call.
+func (c *Conn) watch() (string, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
-		return nil, opErr("epoll_create1", err)
+		return "epoll_create1", err
 	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(c.fd)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, c.fd, &ev); err != nil {
 		unix.Close(epfd)
-		return nil, opErr("epoll_ctl", err)
+		return "epoll_ctl", err
 	}
 	if err := unix.SetNonblock(epfd, true); err != nil {
 		unix.Close(epfd)
-		return nil, opErr("fcntl", err)
+		return "fcntl", err
 	}
 	// A non-blocking descriptor handed to os.NewFile goes into the
 	// netpoller.
 	c.ep = os.NewFile(uintptr(epfd), "rawudp-epoll")
 	if c.eprc, err = c.ep.SyscallConn(); err != nil {
 		c.ep.Close()
-		return nil, err
+		return "", err
 	}
 	c.rcb = c.readCallback
 	c.interestFn = c.setInterest
-	ok = true
-	return c, nil
+	return "", nil
 }
 
 // LocalAddr returns the address the socket is bound to.
