@@ -106,6 +106,10 @@ type Device struct {
 	// are active (progress.go); changed under mu.
 	uinputs atomic.Pointer[[]*uinput]
 
+	// peers opens the peer sockets while the device has unicast sockets
+	// (peers.go).
+	peers atomic.Pointer[peerSocks]
+
 	mu     sync.Mutex // control plane: everything below
 	closed bool
 	limits Options

@@ -2,6 +2,7 @@ package rxe
 
 import (
 	"errors"
+	"github.com/softrdma/softrdma/internal/sys/mmsg"
 	"net/netip"
 	"slices"
 	"sync/atomic"
@@ -296,20 +297,28 @@ func (d *Device) openUnicastLocked(v6 bool) error {
 		if !fam6 {
 			d.openGuardLocked()
 		}
-		d.usocks = append(d.usocks, s)
-		rx := newReceiver(d, s, br)
-		rx.in = &uinput{br: br}
-		s.uin = rx.in
-		d.addInputLocked(rx.in)
-		d.wg.Add(1)
-		go d.unicastLoop(rx)
+		d.startUnicastLocked(s, br)
 	}
+	d.startPeersLocked()
 	return nil
+}
+
+// startUnicastLocked adds s, read by br, to the device's unicast receive
+// sockets and inputs and starts its goroutine (d.mu held).
+func (d *Device) startUnicastLocked(s *recvSock, br *mmsg.Reader) {
+	d.usocks = append(d.usocks, s)
+	rx := newReceiver(d, s, br)
+	rx.in = &uinput{br: br}
+	s.uin = rx.in
+	d.addInputLocked(rx.in)
+	d.wg.Add(1)
+	go d.unicastLoop(rx)
 }
 
 // closeUnicastLocked closes the unicast receive sockets (their goroutines
 // exit).
 func (d *Device) closeUnicastLocked() {
+	d.stopPeersLocked()
 	for _, s := range d.usocks {
 		d.removeInputLocked(s.uin)
 		d.closeSock(s)

@@ -20,6 +20,8 @@ type receiver struct {
 	br  *mmsg.Reader
 	in  *uinput // a unicast input: its activity (nil for a membership socket)
 
+	asked peerKey // the peer whose socket this receiver asked for last (peers.go)
+
 	meta rxMeta
 	pkt  wire.Packet
 	ip   [wire.IPv6HeaderLen]byte
@@ -221,6 +223,7 @@ func (r *receiver) checkDeliver(b []byte, v6, fwd bool) {
 				d.core.Count(softverbs.NoQPDrops, 1)
 				return
 			}
+			r.askPeer(v6)
 		case port != 0 && !m.dst.IsMulticast() && !d.ownsPort4(port):
 			// Every member of a group reads a multicast datagram: only the
 			// one socket the kernel chose forwards a unicast one.
