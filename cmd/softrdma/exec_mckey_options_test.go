@@ -112,9 +112,16 @@ func TestExecMckeyOptions(t *testing.T) {
 	})
 }
 
-// mckeyAcrossVeth runs mckey's receiver and sender in two network
-// namespaces joined by a veth pair, each on the RoCEv2 device of its end.
-func mckeyAcrossVeth(t *testing.T, dir string) {
+// The veth pair's ends: srmka (vethA) in the first namespace, srmkb
+// (vethB) in the second.
+const vethA, vethB = "10.23.7.1", "10.23.7.2"
+
+// vethPair makes two network namespaces joined by a veth pair (srmka
+// vethA/24, srmkb vethB/24, both up and running), deleted when the test
+// ends, and returns their names; prefix tells them apart from other
+// tests'.
+func vethPair(t *testing.T, prefix string) (nsA, nsB string) {
+	t.Helper()
 	ip := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
@@ -122,14 +129,14 @@ func mckeyAcrossVeth(t *testing.T, dir string) {
 		}
 	}
 	suffix := fmt.Sprint(os.Getpid())
-	nsA, nsB := "srmk-a-"+suffix, "srmk-b-"+suffix
+	nsA, nsB = prefix+"-a-"+suffix, prefix+"-b-"+suffix
 	for _, ns := range []string{nsA, nsB} {
 		ip("netns", "add", ns)
 		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
 		ip("-n", ns, "link", "set", "lo", "up")
 	}
 	ip("link", "add", "srmka", "netns", nsA, "type", "veth", "peer", "name", "srmkb", "netns", nsB)
-	for _, e := range []struct{ ns, dev, addr string }{{nsA, "srmka", "10.23.7.1/24"}, {nsB, "srmkb", "10.23.7.2/24"}} {
+	for _, e := range []struct{ ns, dev, addr string }{{nsA, "srmka", vethA + "/24"}, {nsB, "srmkb", vethB + "/24"}} {
 		ip("-n", e.ns, "addr", "add", e.addr, "dev", e.dev)
 		ip("-n", e.ns, "link", "set", e.dev, "up")
 	}
@@ -148,10 +155,17 @@ func mckeyAcrossVeth(t *testing.T, dir string) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	return nsA, nsB
+}
+
+// mckeyAcrossVeth runs mckey's receiver and sender in two network
+// namespaces joined by a veth pair, each on the RoCEv2 device of its end.
+func mckeyAcrossVeth(t *testing.T, dir string) {
+	nsA, nsB := vethPair(t, "srmk")
 	args := func(bind string, extra ...string) []string {
 		return append([]string{"-m", "239.23.1.5", "-b", bind, "-C", "10", "-S", "64"}, extra...)
 	}
-	mckeyPair{recv: args("10.23.7.2"), send: args("10.23.7.1", "-s"), recvNS: nsB, sendNS: nsA}.run(t, dir)
+	mckeyPair{recv: args(vethB), send: args(vethA, "-s"), recvNS: nsB, sendNS: nsA}.run(t, dir)
 }
 
 // waitN returns true once n lines containing s were read, false if the

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -185,25 +186,43 @@ func TestExecMckey(t *testing.T) {
 }
 
 // TestExecDevinfo runs Debian's ibv_devinfo -v through softrdma exec: the
-// loopback RoCEv2 device with its port and GIDs.
+// loopback RoCEv2 device with its port and GIDs, and, with SOFTRDMA_SM and
+// SOFTRDMA_IB_PORTS, an InfiniBand port of the emulated subnet with the
+// LIDs softsm gave.
 func TestExecDevinfo(t *testing.T) {
 	requireRDMACore(t, "ibv_devinfo")
 	dir := execDir(t)
 	if !testenv.InNetns(t) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd, out := startExec(t, ctx, dir, "ibv_devinfo", "-v")
-	err := cmd.Wait()
-	out.wait("\x00")
-	if err != nil {
-		t.Fatalf("ibv_devinfo -v: %v\n%s", err, out)
-	}
-	for _, want := range []string{"hca_id:\t", "PORT_ACTIVE", "link_layer:\t\tEthernet", "::ffff:127.0.0.1, RoCE v2"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("ibv_devinfo -v lacks %q:\n%s", want, out)
-		}
+	sm := startSM(t)
+	for _, c := range []struct {
+		name string
+		env  []string
+		want []string
+	}{
+		{"roce", nil, []string{"hca_id:\trxe_lo", "PORT_ACTIVE", "link_layer:\t\tEthernet", "::ffff:127.0.0.1, RoCE v2"}},
+		{"ib", []string{sm, "SOFTRDMA_IB_PORTS=127.0.3.41"}, []string{"hca_id:\tsoftib0", "link_layer:\t\tInfiniBand",
+			"sm_lid:\t\t\t1", "GID[  0]:\t\tfe80:0000:0000:0000:"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd, out := startExecEnv(t, ctx, dir, c.env, "ibv_devinfo", "-v")
+			err := cmd.Wait()
+			out.wait("\x00")
+			if err != nil {
+				t.Fatalf("ibv_devinfo -v: %v\n%s", err, out)
+			}
+			for _, want := range c.want {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("ibv_devinfo -v lacks %q:\n%s", want, out)
+				}
+			}
+			if c.name == "ib" && !regexp.MustCompile(`port_lid:\t\t[1-9]`).MatchString(out.String()) {
+				t.Errorf("the IB port has no LID:\n%s", out)
+			}
+		})
 	}
 }
 

@@ -84,6 +84,8 @@ type Registry struct {
 	mu   sync.Mutex
 	devs []*Device
 	env  sync.Mutex // serializes OpenFromEnv
+	// tried: the ports of EnvPorts were opened (discover.go); under env.
+	tried bool
 	// names numbers the host's ports softib0, softib1…, as a machine
 	// numbers its own HCAs.
 	names atomic.Int64
