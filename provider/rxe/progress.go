@@ -97,30 +97,30 @@ func (in *devInput) others() []*uinput {
 // blocking (softverbs.Input). It allocates nothing.
 func (in *devInput) Progress() {
 	in.own.Progress()
-	if l := in.others(); len(l) > 0 {
-		now := clock()
-		for _, x := range l {
-			if x.br != in.own && x.active(now) {
-				x.br.Progress()
-			}
-		}
-	}
+	in.readOthers(true)
 }
 
 // ReadNow is Progress without the leases (softverbs.Input).
 func (in *devInput) ReadNow() {
 	in.own.ReadNow()
-	in.readOthers()
+	in.readOthers(false)
 }
 
-// readOthers reads the active unicast inputs other than its own.
-func (in *devInput) readOthers() {
-	if l := in.others(); len(l) > 0 {
-		now := clock()
-		for _, x := range l {
-			if x.br != in.own && x.active(now) {
-				x.br.ReadNow()
-			}
+// readOthers reads the active unicast inputs other than its own, with
+// their leases (Progress) or without (ReadNow).
+func (in *devInput) readOthers(lease bool) {
+	l := in.others()
+	if len(l) == 0 {
+		return
+	}
+	now := clock()
+	for _, x := range l {
+		switch {
+		case x.br == in.own || !x.active(now):
+		case lease:
+			x.br.Progress()
+		default:
+			x.br.ReadNow()
 		}
 	}
 }
@@ -146,7 +146,7 @@ func (in *devInput) Wait(kick int, timeout time.Duration, woke func()) (bool, er
 	}
 	kicked, err := in.own.Wait(kick, timeout, woke)
 	if err == nil {
-		in.readOthers()
+		in.readOthers(false)
 	}
 	return kicked, err
 }
