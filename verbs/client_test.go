@@ -8,15 +8,34 @@ import (
 	"github.com/softrdma/softrdma/verbs"
 )
 
-// recClient records what the host tells it and reports a usage count.
+// recClient records what the host tells it of the devices of host (the
+// test's: it hears of every host's, other tests' fakes among them) and
+// reports a usage count.
 type recClient struct {
-	mu  sync.Mutex
-	log []string
+	mu   sync.Mutex
+	host *verbs.Host
+	log  []string
 }
 
 type recKey struct{}
 
+// watch makes the client record the devices of h only.
+func (c *recClient) watch(h *verbs.Host) {
+	c.mu.Lock()
+	c.host = h
+	c.mu.Unlock()
+}
+
+func (c *recClient) mine(d *verbs.Device) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return d.Host() == c.host
+}
+
 func (c *recClient) Add(d *verbs.Device) {
+	if !c.mine(d) {
+		return
+	}
 	c.mu.Lock()
 	c.log = append(c.log, "add "+d.Name())
 	c.mu.Unlock()
@@ -24,6 +43,9 @@ func (c *recClient) Add(d *verbs.Device) {
 }
 
 func (c *recClient) Remove(d *verbs.Device) {
+	if !c.mine(d) {
+		return
+	}
 	c.mu.Lock()
 	c.log = append(c.log, "remove "+d.Name())
 	c.mu.Unlock()
@@ -53,20 +75,21 @@ func (o inspectOps) Inspect() verbs.DeviceReport {
 	return verbs.DeviceReport{Kind: "fake", Usage: []verbs.UsageCount{{Name: "own", Value: 2}}}
 }
 
-var (
-	registerRec sync.Once
-	rec         = &recClient{}
-)
+// rec is registered before any device exists, as RegisterClient asks.
+var rec = &recClient{}
+
+func init() { verbs.RegisterClient(rec) }
 
 // TestClients: a registered client hears of every device a host
 // registers (before RegisterDevice returns) and of its removal (once,
 // even when unregistered twice), keeps its state in the device's client
 // data, and adds to the device's report after the backend's own.
 func TestClients(t *testing.T) {
-	registerRec.Do(func() { verbs.RegisterClient(rec) })
-	before := len(rec.events())
 	h := verbs.NewHost()
 	defer h.Close()
+	rec.watch(h)
+	defer rec.watch(nil)
+	before := len(rec.events())
 	d := h.RegisterDevice(inspectOps{name: "fake_client0"})
 	if got := rec.events()[before:]; !slices.Equal(got, []string{"add fake_client0"}) {
 		t.Fatalf("after RegisterDevice: %q", got)
