@@ -321,7 +321,9 @@ func (d *Device) readHandovers(blk *sendBlock, c *rawudp.Conn) {
 	}
 	d.addInputLocked(r.in)
 	d.mu.Unlock()
-	r.run()
+	if err := r.run(); !closedErr(err) && !connEnded(err) {
+		d.loopEnded(nil, err)
+	}
 	d.mu.Lock()
 	d.removeInputLocked(r.in)
 	d.mu.Unlock()

@@ -31,6 +31,8 @@ func (m *membership) alive() bool { return m.cmRefs > 0 || m.grp.Load() != nil }
 type recvSock struct {
 	v6      bool
 	conn    *rawudp.Conn
+	peer    peerKey                       // a peer socket's peer (peers.go); zero for the others
+	errSaid atomic.Bool                   // an error of the socket was logged (sockerr.go)
 	uin     *uinput                       // a unicast socket's entry in the device's unicast inputs
 	drops   atomic.Uint32                 // the kernel's drop count of the socket already counted (socket_drops)
 	mships  atomic.Pointer[[]*membership] // immutable; read by the goroutine
@@ -261,10 +263,13 @@ func (d *Device) openRecvSockLocked(v6 bool) (*recvSock, error) {
 	return s, nil
 }
 
-// receiveLoop is the goroutine of one receive socket.
+// receiveLoop is the goroutine of one receive socket. An end other than
+// the socket's close is logged and counted (loopEnded).
 func (d *Device) receiveLoop(rx *receiver) {
 	defer d.wg.Done()
-	rx.run()
+	if err := rx.run(); !closedErr(err) {
+		d.loopEnded(rx.s, err)
+	}
 }
 
 // openUnicastLocked opens the device's unicast receive sockets: UDP 4791
@@ -327,8 +332,14 @@ func (d *Device) closeUnicastLocked() {
 	d.closeGuardIdleLocked()
 }
 
-// unicastLoop is the goroutine of one unicast receive socket.
+// unicastLoop is the goroutine of one unicast receive socket. An end
+// other than the socket's close is logged and counted, and the socket
+// closed (unicastEnded): the kernel would go on queueing datagrams to a
+// socket nobody reads.
 func (d *Device) unicastLoop(rx *receiver) {
 	defer d.wg.Done()
-	rx.run()
+	if err := rx.run(); !closedErr(err) {
+		d.loopEnded(rx.s, err)
+		d.unicastEnded(rx.s)
+	}
 }

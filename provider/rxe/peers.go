@@ -1,9 +1,16 @@
 package rxe
 
 import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
 	"net/netip"
+	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/wire"
 )
 
 // Peer sockets: a unicast datagram handed over to a device (forward.go)
@@ -18,6 +25,17 @@ import (
 // another device's QPN is handed over as on any), at most maxPeerSocks
 // per device, closed with the unicast sockets. Only a datagram that passed
 // the owner's checks (ICRC, its send block's QPN) asks for one.
+//
+// One four-tuple, one socket: a peer that talks to two devices of the
+// host from one port can be steered to one of them only, and a second
+// socket with the same four-tuple would only take a slot (the kernel
+// gives every datagram to one of the two, which one depending on its
+// hash chains). So a device opens a peer socket only while no socket of
+// the network namespace has that four-tuple (/proc/net/udp), and the
+// devices of the user open them one at a time (a lock on their hand-over
+// directory, handover.go), so two cannot both find the four-tuple free.
+// The other device's datagrams from that peer are handed over; it asks
+// again after peerRetry, and gets the socket once the holder's is gone.
 
 // maxPeerSocks bounds the peer sockets of one device.
 const maxPeerSocks = 16
@@ -30,9 +48,14 @@ type peerKey struct {
 	v6   bool
 }
 
+// peerRetry is how long a device waits before it asks again for a peer
+// socket it could not open (another device had the four-tuple).
+const peerRetry = time.Second
+
 // peerSocks is the goroutine that opens a device's peer sockets.
 type peerSocks struct {
 	req  chan peerKey
+	gone chan peerKey // a peer socket closed early (sockerr.go): its slot is free
 	done chan struct{}
 }
 
@@ -41,7 +64,7 @@ func (d *Device) startPeersLocked() {
 	if d.peers.Load() != nil {
 		return
 	}
-	p := &peerSocks{req: make(chan peerKey, maxPeerSocks), done: make(chan struct{})}
+	p := &peerSocks{req: make(chan peerKey, maxPeerSocks), gone: make(chan peerKey, maxPeerSocks), done: make(chan struct{})}
 	d.peers.Store(p)
 	d.wg.Add(1)
 	go d.peerLoop(p)
@@ -56,12 +79,16 @@ func (d *Device) stopPeersLocked() {
 }
 
 // askPeer asks for a socket connected to the source of the datagram just
-// checked (r.meta), once per new source: it never waits (the request is
-// dropped when the goroutine is behind) and takes no lock, for it runs in
-// a receive handler.
+// checked (r.meta), once per new source, and again after peerRetry: it
+// never waits (the request is dropped when the goroutine is behind) and
+// takes no lock, for it runs in a receive handler.
 func (r *receiver) askPeer(v6 bool) {
 	k := peerKey{addr: r.meta.src, port: r.meta.srcPort, v6: v6}
-	if k == r.asked || k.port == 0 {
+	if k.port == 0 {
+		return
+	}
+	now := clock()
+	if k == r.asked && now-r.askedAt < int64(peerRetry) {
 		return
 	}
 	p := r.d.peers.Load()
@@ -70,7 +97,7 @@ func (r *receiver) askPeer(v6 bool) {
 	}
 	select {
 	case p.req <- k:
-		r.asked = k
+		r.asked, r.askedAt = k, now
 	default:
 	}
 }
@@ -78,32 +105,53 @@ func (r *receiver) askPeer(v6 bool) {
 // peerLoop opens a socket for each new peer asked for, up to maxPeerSocks.
 func (d *Device) peerLoop(p *peerSocks) {
 	defer d.wg.Done()
-	known := map[peerKey]bool{}
+	open := map[peerKey]bool{}
+	failed := map[peerKey]time.Time{} // when a peer's socket could not be opened
 	for {
 		select {
 		case <-p.done:
 			return
+		case k := <-p.gone:
+			delete(open, k)
 		case k := <-p.req:
-			if known[k] || len(known) >= maxPeerSocks {
+			if open[k] || len(open) >= maxPeerSocks {
 				continue
 			}
-			known[k] = true
-			d.openPeerSock(p, k)
+			if t, ok := failed[k]; ok && time.Since(t) < peerRetry {
+				continue
+			}
+			if d.openPeerSock(p, k) {
+				open[k] = true
+				delete(failed, k)
+				continue
+			}
+			if len(failed) >= 4*maxPeerSocks {
+				clear(failed)
+			}
+			failed[k] = time.Now()
 		}
 	}
 }
 
-// openPeerSock opens the socket of peer k (best effort: without it the
-// peer's datagrams are handed over as before).
-func (d *Device) openPeerSock(p *peerSocks, k peerKey) {
+// openPeerSock opens the socket of peer k and reports whether it did (best
+// effort: without it the peer's datagrams are handed over as before). It
+// does not while a socket of the network namespace has the four-tuple
+// (another device's), checked and connected under the lock of the user's
+// hand-over directory.
+func (d *Device) openPeerSock(p *peerSocks, k peerKey) bool {
+	unlock := d.lockPeerSocks()
+	defer unlock()
+	if taken, _ := fourTupleTaken(k); taken {
+		return false // unknown (no list to read): opened, as before the check
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed || d.peers.Load() != p {
-		return
+		return false
 	}
 	conn, err := openRecvConn(k.v6)
 	if err != nil {
-		return
+		return false
 	}
 	var sa unix.Sockaddr
 	if k.v6 {
@@ -112,18 +160,75 @@ func (d *Device) openPeerSock(p *peerSocks, k peerKey) {
 		sa = &unix.SockaddrInet4{Port: int(k.port), Addr: k.addr.Unmap().As4()}
 	} else {
 		conn.Close()
-		return
+		return false
 	}
 	if err := control(conn, func(fd int) error { return unix.Connect(fd, sa) }); err != nil {
 		conn.Close()
-		return
+		return false
 	}
-	s := &recvSock{v6: k.v6, conn: conn}
+	s := &recvSock{v6: k.v6, conn: conn, peer: k}
 	s.publish()
 	br, err := newBatchReader(conn)
 	if err != nil {
 		conn.Close()
-		return
+		return false
 	}
 	d.startUnicastLocked(s, br)
+	return true
+}
+
+// lockPeerSocks takes the lock under which the user's devices in the
+// network namespace open peer sockets (flock on their hand-over
+// directory), and returns its release. Without the directory, no lock.
+func (d *Device) lockPeerSocks() (unlock func()) {
+	dir, err := d.ho.directory()
+	if err != nil {
+		return func() {}
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return func() {}
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	return func() { unix.Close(fd) } // closing the only descriptor releases the lock
+}
+
+// fourTupleTaken reports whether a UDP socket of the network namespace on
+// port 4791 is connected to k (one of another device of the user: only
+// the user's sockets share the port), as /proc/net/udp or udp6 lists
+// them; an error when the list cannot be read.
+func fourTupleTaken(k peerKey) (bool, error) {
+	f := "/proc/thread-self/net/udp"
+	var want []byte
+	if k.v6 {
+		f += "6"
+		a := k.addr.As16()
+		for i := 0; i < 16; i += 4 {
+			want = fmt.Appendf(want, "%08X", binary.NativeEndian.Uint32(a[i:i+4]))
+		}
+	} else {
+		a := k.addr.Unmap().As4()
+		want = fmt.Appendf(want, "%08X", binary.NativeEndian.Uint32(a[:]))
+	}
+	want = fmt.Appendf(want, ":%04X", k.port)
+	local := fmt.Sprintf(":%04X", wire.UDPPort)
+	b, err := os.ReadFile(f)
+	if err != nil {
+		return false, err
+	}
+	// "sl local_address rem_address st ...", addresses as the kernel
+	// prints them (%08X of each 32-bit word, in host order), 01 the
+	// connected state (TCP_ESTABLISHED).
+	for _, l := range bytes.Split(b, []byte("\n"))[1:] {
+		fs := bytes.Fields(l)
+		if len(fs) >= 4 && bytes.HasSuffix(fs[1], []byte(local)) && bytes.Equal(fs[2], want) && string(fs[3]) == "01" {
+			return true, nil
+		}
+	}
+	return false, nil
 }

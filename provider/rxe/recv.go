@@ -3,6 +3,7 @@ package rxe
 import (
 	"errors"
 	"runtime"
+	"syscall"
 
 	"github.com/softrdma/softrdma/internal/sys/mmsg"
 	"github.com/softrdma/softrdma/provider/softverbs"
@@ -20,7 +21,8 @@ type receiver struct {
 	br  *mmsg.Reader
 	in  *uinput // a unicast input: its activity (nil for a membership socket)
 
-	asked peerKey // the peer whose socket this receiver asked for last (peers.go)
+	asked   peerKey // the peer whose socket this receiver asked for last (peers.go)
+	askedAt int64   // clock() when it asked
 
 	meta rxMeta
 	pkt  wire.Packet
@@ -52,6 +54,7 @@ func newReceiver(d *Device, s *recvSock, br *mmsg.Reader) *receiver {
 	r.init()
 	if br != nil {
 		r.burst.Src = newSource(d, br)
+		br.OnAsyncError(func(errno syscall.Errno) { d.socketError(s, errno) })
 	}
 	return r
 }
@@ -83,8 +86,10 @@ func (r *receiver) init() {
 // parses and checks; it releases the locks before a tap and a forward).
 func (r *receiver) batched() { r.bp = &r.burst }
 
-// run reads batches until the socket is closed.
-func (r *receiver) run() { r.br.Serve(r.handleBatch) }
+// run reads batches until the socket is closed (net.ErrClosed), the
+// connection of a hand-over reader ends (ECONNRESET), or the socket fails
+// for good (the error).
+func (r *receiver) run() error { return r.br.Serve(r.handleBatch) }
 
 // handleBatch handles the n datagrams of one batch read by run.
 func (r *receiver) handleBatch(n int) {

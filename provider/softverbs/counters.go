@@ -42,6 +42,8 @@ var (
 	RcvdPkts           = def("rcvd_pkts", dev, "received_packets_total", "", "Datagrams read from the device's sockets, before any check.")
 	RcvdBytes          = def("rcvd_bytes", dev, "received_bytes_total", "", "Bytes of the datagrams read (UDP payload on RoCEv2, the whole packet on IB).")
 	SocketDrops        = def("socket_drops", dev, drp, "socket_buffer", "Datagrams the kernel dropped because a receive socket's buffer was full, before the device read them (the kernel's count of the socket, asked when the counters are read; RoCEv2).")
+	SocketErrors       = def("socket_errors", dev, "socket_errors_total", "", "Errors the kernel reported on a receive socket for an ICMP or ICMPv6 message that quotes its addresses and ports (port unreachable and the like; anyone can send one): counted, and the socket reads on (RoCEv2).")
+	RecvLoopEnds       = def("recv_loop_ends", dev, "receive_loop_ends_total", "", "Receive goroutines that ended on an error while their socket was open, each logged; a unicast socket is closed with its goroutine (RoCEv2).")
 	Delivered          = def("delivered", qp, "delivered_packets_total", "", "Datagrams handed to a QP's receive queue (one per receiving QP).")
 	SentPkts           = def("sent_pkts", qp, "sent_packets_total", "", "Datagrams sent.")
 	SentBytes          = def("sent_bytes", qp, "sent_bytes_total", "", "Bytes sent (UDP payload on RoCEv2, the whole packet on IB).")

@@ -166,6 +166,9 @@ type Reader struct {
 	endOnEmpty bool // an empty read is the end of the connection (EndOnEmpty)
 	eof        bool // the batch read last ended at the end of the connection
 
+	asyncErrs atomic.Uint64             // errors reported for ICMP messages, read on (AsyncErrors)
+	onAsync   func(errno syscall.Errno) // OnAsyncError's function, if any
+
 	serveFn    func(fd uintptr) bool // r.serveBatches, bound once
 	progressFn func(fd uintptr)      // r.progress, bound once
 
@@ -259,6 +262,49 @@ func (r *Reader) recvmmsg(fd uintptr) bool {
 // Serve; on a UDP socket, where a datagram may be empty, never.
 func (r *Reader) EndOnEmpty() { r.endOnEmpty = true }
 
+// OnAsyncError makes the reader call fn with each error it reads on
+// (AsyncError), for its owner to count or log; fn runs where the read
+// ran (Serve's handler's goroutine, or Read's caller) and must not use
+// the Reader. Call it before Read or Serve.
+func (r *Reader) OnAsyncError(fn func(errno syscall.Errno)) { r.onAsync = fn }
+
+// AsyncErrors returns how many errors the reader read on (AsyncError).
+func (r *Reader) AsyncErrors() uint64 { return r.asyncErrs.Load() }
+
+// async reports whether errno, returned by a read, is an asynchronous
+// error of a datagram socket that the reader reads on, and counts it.
+func (r *Reader) async(errno syscall.Errno) bool {
+	if r.endOnEmpty || !AsyncError(errno) {
+		return false
+	}
+	r.asyncErrs.Add(1)
+	if r.onAsync != nil {
+		r.onAsync(errno)
+	}
+	return true
+}
+
+// AsyncError reports whether errno, returned by a receive (or a send) on
+// a UDP socket, is an error the kernel keeps for an ICMP or ICMPv6 error
+// message about a datagram (destination, port or protocol unreachable,
+// packet too big, parameter problem, time exceeded, administratively
+// prohibited; see icmp_err_convert and icmpv6_err_convert) rather than a
+// failure of the socket. The kernel keeps one such error per socket (a
+// connected one, or one with IP_RECVERR) and hands it to the next receive
+// or send, which it fails, and clears it: the datagrams queued behind it,
+// and the socket, are untouched. Anyone who can send ICMP to the host
+// can make one, quoting the socket's addresses and ports, so a reader
+// takes it for news, never for the socket's end.
+func AsyncError(errno syscall.Errno) bool {
+	switch errno {
+	case unix.ECONNREFUSED, unix.EHOSTUNREACH, unix.ENETUNREACH, unix.EHOSTDOWN, unix.ENETDOWN,
+		unix.ENONET, unix.ENOPROTOOPT, unix.EPROTO, unix.EOPNOTSUPP, unix.EMSGSIZE, unix.EACCES,
+		unix.ETIMEDOUT:
+		return true
+	}
+	return false
+}
+
 // cutAtEnd cuts the batch just read at its first empty message (the end of
 // the connection): the end itself when it comes first, else after the
 // datagrams before it (r.eof).
@@ -277,8 +323,9 @@ func (r *Reader) cutAtEnd(b *Batch) {
 }
 
 // Read blocks until at least one datagram is read and returns how many.
-// EINTR, ENOMEM and ENOBUFS are retried; an error means the socket was
-// closed (or failed for good). The datagrams (Datagram) stay valid until
+// EINTR, ENOMEM and ENOBUFS are retried, and so are the errors the kernel
+// reports for ICMP messages (AsyncError: counted, see AsyncErrors); an
+// error means the socket was closed (or failed for good). The datagrams (Datagram) stay valid until
 // the next Read or Release.
 func (r *Reader) Read() (int, error) {
 	for {
@@ -295,6 +342,9 @@ func (r *Reader) Read() (int, error) {
 		case unix.EINTR, unix.ENOMEM, unix.ENOBUFS:
 			// transient
 		default:
+			if r.async(r.errno) {
+				continue
+			}
 			r.Release()
 			return 0, r.errno
 		}
@@ -440,6 +490,9 @@ func (r *Reader) drainLocked(fd uintptr, one bool) int {
 		case unix.EINTR, unix.ENOMEM, unix.ENOBUFS:
 			continue // transient
 		default:
+			if r.async(r.errno) {
+				continue // the datagrams queued behind it are still there
+			}
 			r.fatal.Store(uint32(r.errno))
 			return total
 		}
@@ -616,7 +669,13 @@ type Sender struct {
 	n     int
 	errno syscall.Errno
 	fn    func(fd uintptr) bool
+
+	asyncErrs atomic.Uint64 // async errors a send met and went past (AsyncErrors)
 }
+
+// AsyncErrors returns how many errors kept for ICMP messages (AsyncError)
+// failed a sendmmsg that was then made again.
+func (s *Sender) AsyncErrors() uint64 { return s.asyncErrs.Load() }
 
 // NewSender returns a ready Sender.
 func NewSender() *Sender {
@@ -635,8 +694,17 @@ func (s *Sender) Init() { s.fn = s.sendmmsg }
 // a Syscall would wake the runtime's sysmon thread when it sleeps — a
 // thread wake-up (and a core taken from the peer) on every send of a
 // sender that otherwise waits, the latency part's ping-pong.
+//
+// An error the kernel kept for an ICMP message (AsyncError) fails the
+// call before anything is sent, and is cleared: the call is made once
+// more, whose error, if any, is then the datagram's own (EMSGSIZE is
+// both).
 func (s *Sender) sendmmsg(fd uintptr) bool {
 	n, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hs[0])), uintptr(len(s.hs)), unix.MSG_DONTWAIT, 0, 0)
+	if e != 0 && AsyncError(e) {
+		s.asyncErrs.Add(1)
+		n, _, e = unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hs[0])), uintptr(len(s.hs)), unix.MSG_DONTWAIT, 0, 0)
+	}
 	if e == unix.EAGAIN {
 		return false
 	}

@@ -57,6 +57,8 @@ type Conn struct {
 	mu      sync.RWMutex
 	closing atomic.Bool // set first by Close: writers waiting for room give up
 
+	asyncErrs atomic.Uint64 // async errors WriteToUDPAddrPort went past (AsyncErrors)
+
 	rmu sync.Mutex            // one Read at a time (the netpoller has one reader slot)
 	rf  func(fd uintptr) bool // the current Read's callback
 	rcb func(_ uintptr) bool  // c.readCallback, bound once: no allocation per Read
@@ -226,7 +228,9 @@ func (c *Conn) Close() error {
 }
 
 // WriteToUDPAddrPort sends b to addr in one datagram, waiting for room in
-// the send buffer as Write does; it allocates nothing. An IPv6 socket
+// the send buffer as Write does; it allocates nothing. An error the
+// kernel kept for an ICMP message (mmsg.AsyncError) does not fail it: it
+// is counted (AsyncErrors) and the datagram sent. An IPv6 socket
 // sends to an IPv4 address as IPv4-mapped, an IPv4 socket to an
 // IPv4-mapped one as IPv4.
 func (c *Conn) WriteToUDPAddrPort(b []byte, addr netip.AddrPort) (int, error) {
@@ -248,23 +252,34 @@ func (c *Conn) WriteToUDPAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 	}
 	c.mu.RLock()
 	defer c.mu.RUnlock()
+	async := false
 	for {
 		if c.closing.Load() {
 			return 0, net.ErrClosed
 		}
 		// Raw: with MSG_DONTWAIT it never blocks (see mmsg's sendmmsg).
 		n, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(c.fd), uintptr(p), uintptr(len(b)), unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(&sa[0])), saLen)
-		switch e {
-		case 0:
+		switch {
+		case e == 0:
 			return int(n), nil
-		case unix.EAGAIN:
+		case e == unix.EAGAIN:
 			c.waitRoom()
-		case unix.EINTR:
+		case e == unix.EINTR:
+		case mmsg.AsyncError(e) && !async:
+			// An error kept for an ICMP message failed the send before
+			// anything was sent, and is cleared: once more (a second
+			// one is the datagram's own).
+			async = true
+			c.asyncErrs.Add(1)
 		default:
 			return 0, &net.OpError{Op: "write", Net: "udp", Addr: net.UDPAddrFromAddrPort(addr), Err: os.NewSyscallError("sendto", e)}
 		}
 	}
 }
+
+// AsyncErrors returns how many errors kept for ICMP messages
+// (mmsg.AsyncError) failed a WriteToUDPAddrPort that then sent again.
+func (c *Conn) AsyncErrors() uint64 { return c.asyncErrs.Load() }
 
 // SetReadBuffer sets the socket's receive buffer (SO_RCVBUF), as
 // net.UDPConn's does.

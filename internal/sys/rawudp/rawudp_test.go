@@ -284,3 +284,52 @@ func TestCloseWhileACallbackWrites(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 }
+
+// TestWriteAsyncError: an error the kernel keeps for an ICMP message (here
+// the port unreachable loopback answers a datagram to a closed port with)
+// does not fail the next WriteToUDPAddrPort: it is counted, and the
+// datagram is sent.
+func TestWriteAsyncError(t *testing.T) {
+	c := listen(t)
+	tmp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := tmp.LocalAddr().(*net.UDPAddr).AddrPort()
+	tmp.Close()
+	rc, _ := c.SyscallConn()
+	var serr error
+	rc.Control(func(fd uintptr) {
+		if serr = unix.Connect(int(fd), &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}, Port: int(peer.Port())}); serr == nil {
+			_, serr = unix.Write(int(fd), []byte("anyone there?"))
+		}
+	})
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for pending := false; !pending; {
+		rc.Control(func(fd uintptr) {
+			p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			unix.Poll(p, 10)
+			pending = p[0].Revents&unix.POLLERR != 0
+		})
+		if !pending && time.Now().After(deadline) {
+			t.Fatal("no ICMP error on the connected socket")
+		}
+	}
+	rx, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(peer))
+	if err != nil {
+		t.Fatalf("the port again: %v", err)
+	}
+	defer rx.Close()
+	if _, err := c.WriteToUDPAddrPort([]byte("sent"), peer); err != nil || c.AsyncErrors() != 1 {
+		t.Fatalf("write: %v; async errors %d", err, c.AsyncErrors())
+	}
+	rx.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 16)
+	n, _, err := rx.ReadFromUDP(buf)
+	if err != nil || string(buf[:n]) != "sent" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+}
