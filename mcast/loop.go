@@ -1,0 +1,276 @@
+package mcast
+
+import (
+	"context"
+	"crypto/rand"
+	"math"
+	"net/netip"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/softrdma/softrdma/mcast/internal/proto"
+	"github.com/softrdma/softrdma/verbs"
+)
+
+func cryptoRead(b []byte) (int, error) { return rand.Read(b) }
+
+// env is the Conn as the protocol's carrier (c.mu held).
+type env Conn
+
+// Multicast sends a protocol packet to the group.
+func (e *env) Multicast(pkt []byte) {
+	c := (*Conn)(e)
+	c.post(pkt, c.mcAH, verbs.MulticastQPN)
+}
+
+// Unicast sends a protocol packet to one member.
+func (e *env) Unicast(to uint32, pkt []byte) {
+	c := (*Conn)(e)
+	if p := c.peers[to]; p != nil {
+		c.post(pkt, p.ah, p.addr.QPN)
+	}
+}
+
+// post copies pkt into a send slot and posts it (c.mu held). With no
+// slot free it reaps send completions; a packet that still finds none is
+// dropped and counted: the protocol repairs it as any loss.
+func (c *Conn) post(pkt []byte, ah *verbs.AH, qpn uint32) {
+	if len(c.sfree) == 0 {
+		for spin := 0; len(c.sfree) == 0 && spin < 100; spin++ {
+			if c.reapSends() == 0 {
+				runtime.Gosched()
+			}
+		}
+		if len(c.sfree) == 0 {
+			c.stats.SendDrops++
+			return
+		}
+	}
+	slot := c.sfree[len(c.sfree)-1]
+	c.sfree = c.sfree[:len(c.sfree)-1]
+	n := copy(c.sbuf[slot*c.mtu:(slot+1)*c.mtu], pkt)
+	c.ssge[0] = c.smr.SGE(slot*c.mtu, n)
+	c.swr = verbs.SendWR{WRID: uint64(slot), SGList: c.ssge[:], Opcode: verbs.WRSend,
+		Flags: verbs.SendSignaled, UD: verbs.UDWR{AH: ah, RemoteQPN: qpn, RemoteQKey: c.qkey}}
+	if err := c.qp.PostSend(&c.swr); err != nil {
+		c.sfree = append(c.sfree, slot)
+		c.stats.SendDrops++
+	}
+}
+
+// reapSends takes send completions and frees their slots (c.mu held).
+func (c *Conn) reapSends() int {
+	n, _ := c.scq.Poll(c.swcs)
+	for _, wc := range c.swcs[:n] {
+		c.sfree = append(c.sfree, int(wc.WRID))
+	}
+	return n
+}
+
+// repost gives a receive slot back to the QP (c.mu held).
+func (c *Conn) repost(slot int) {
+	c.rwr[slot].Next = nil
+	if err := c.qp.PostRecv(&c.rwr[slot]); err != nil {
+		c.stats.RecvErrors++
+	}
+}
+
+// srcOf reads a datagram's source from its GRH area and completion.
+func srcOf(grh []byte, wc *verbs.WC) (netip.Addr, verbs.GID) {
+	var g verbs.GID
+	if grh[0]>>4 == 6 {
+		copy(g[:], grh[8:24])
+	} else {
+		// RoCEv2 over IPv4: 20 reserved bytes, then the IPv4 header.
+		a := netip.AddrFrom4([4]byte(grh[32:36]))
+		g = a.As16()
+	}
+	return netip.AddrFrom16(g).Unmap(), g
+}
+
+// learn returns the member the packet came from, making its address
+// handle on first sight. A session seen from another address is refused
+// (nil): a member's session is bound to the first address it used.
+func (c *Conn) learn(session uint32, grh []byte, wc *verbs.WC) *peer {
+	ip, gid := srcOf(grh, wc)
+	if p := c.peers[session]; p != nil {
+		if p.addr.IP != ip || p.addr.QPN != wc.SrcQP {
+			c.stats.SourceMismatches++
+			return nil
+		}
+		return p
+	}
+	if len(c.peers) >= maxPeers {
+		c.stats.SourceMismatches++
+		return nil
+	}
+	attr := c.tmpl
+	attr.GRH.DGID = gid
+	attr.DLID = wc.SLID
+	attr.SL = wc.SL
+	ah, err := c.pd.CreateAH(&attr)
+	if err != nil {
+		c.stats.RecvErrors++
+		return nil
+	}
+	p := &peer{addr: Addr{IP: ip, QPN: wc.SrcQP, LID: wc.SLID}, ah: ah}
+	c.peers[session] = p
+	return p
+}
+
+// handle takes one receive completion (c.mu held); it reports whether the
+// slot may be posted again at once.
+func (c *Conn) handle(now int64, wc *verbs.WC) bool {
+	slot := int(wc.WRID)
+	if wc.Status != verbs.WCSuccess || int(wc.ByteLen) < verbs.GRHLen {
+		c.stats.RecvErrors++
+		return true
+	}
+	b := c.rbuf[slot*c.rslot : slot*c.rslot+int(wc.ByteLen)]
+	grh, pkt := b[:verbs.GRHLen], b[verbs.GRHLen:]
+	if c.m == nil {
+		if wc.SrcQP == c.self.QPN {
+			if ip, _ := srcOf(grh, wc); ip == c.self.IP {
+				return true // our own, looped back
+			}
+		}
+		ip, _ := srcOf(grh, wc)
+		k := rawKey{ip, wc.SrcQP}
+		a := c.raw[k]
+		if a == nil {
+			if len(c.raw) >= maxPeers {
+				clear(c.raw)
+			}
+			a = &Addr{IP: ip, QPN: wc.SrcQP, LID: wc.SLID}
+			c.raw[k] = a
+		}
+		c.rq = append(c.rq, rawMsg{slot: slot, n: len(pkt), from: a})
+		return false
+	}
+	p := proto.Packet(pkt)
+	if !p.Valid() {
+		c.m.Handle(now, pkt) // counts it
+		return true
+	}
+	if c.learn(p.Author(), grh, wc) == nil {
+		return true
+	}
+	c.m.Handle(now, pkt)
+	return true
+}
+
+// loop is the Conn's progress: receive completions, send completions and
+// the protocol's timers.
+func (c *Conn) loop() {
+	defer close(c.loopDone)
+	timer := time.AfterFunc(time.Hour, c.wake.kick)
+	defer timer.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		default:
+		}
+		n, err := c.rcq.Poll(c.wcs)
+		c.mu.Lock()
+		now := c.now()
+		if err != nil {
+			c.stats.RecvErrors++
+		}
+		for i := range c.wcs[:n] {
+			if c.handle(now, &c.wcs[i]) {
+				c.repost(int(c.wcs[i].WRID))
+			}
+		}
+		c.reapSends()
+		due := int64(math.MaxInt64)
+		readable, writable := n > 0 && c.m == nil && len(c.rq) > 0, false
+		if c.m != nil {
+			if c.m.Due() <= now {
+				c.m.Tick(now)
+			}
+			due = c.m.Due()
+			readable = c.m.Pending()
+			writable = c.m.Room() || c.m.Drained()
+		}
+		c.mu.Unlock()
+		if readable {
+			c.signal(c.readable)
+		}
+		if writable {
+			c.signal(c.writable)
+		}
+		if n > 0 {
+			continue
+		}
+		d := time.Duration(due - c.now())
+		if d <= 0 {
+			continue
+		}
+		c.armed.Store(due)
+		timer.Reset(d)
+		c.rcq.Wait(c.wake)
+		timer.Stop()
+		c.armed.Store(math.MaxInt64)
+		c.wake.rearm()
+	}
+}
+
+// kick wakes the loop from its wait.
+func (c *Conn) kick() {
+	if c.wake != nil {
+		c.wake.kick()
+	}
+}
+
+// waker is the context the loop waits on: kick ends it, rearm renews it.
+// It allocates only when kicked.
+type waker struct {
+	mu     sync.Mutex
+	ch     chan struct{}
+	kicked bool
+}
+
+func newWaker() *waker { return &waker{ch: make(chan struct{})} }
+
+func (w *waker) kick() {
+	w.mu.Lock()
+	if !w.kicked {
+		w.kicked = true
+		close(w.ch)
+	}
+	w.mu.Unlock()
+}
+
+func (w *waker) rearm() {
+	w.mu.Lock()
+	if w.kicked {
+		w.kicked = false
+		w.ch = make(chan struct{})
+	}
+	w.mu.Unlock()
+}
+
+// Deadline reports none (context.Context).
+func (w *waker) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+// Done is closed by kick (context.Context).
+func (w *waker) Done() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ch
+}
+
+// Err is context.Canceled once kicked (context.Context).
+func (w *waker) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.kicked {
+		return context.Canceled
+	}
+	return nil
+}
+
+// Value has no values (context.Context).
+func (w *waker) Value(any) any { return nil }

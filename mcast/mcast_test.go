@@ -1,0 +1,210 @@
+package mcast_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/mcast"
+	_ "github.com/softrdma/softrdma/provider/all"
+	"github.com/softrdma/softrdma/provider/rxe"
+)
+
+func TestMain(m *testing.M) {
+	testenv.ClearSoftRDMA()
+	code := m.Run()
+	rxe.CloseAll()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+var lo = netip.MustParseAddr("127.0.0.1")
+
+func randomGroup() netip.Addr {
+	return netip.AddrFrom4([4]byte{239, 77, byte(rand.IntN(256)), byte(1 + rand.IntN(254))})
+}
+
+// payload is message i of a test stream: its number, then bytes that
+// depend on it.
+func payload(i, size int) []byte {
+	b := make([]byte, max(size, 8))
+	binary.BigEndian.PutUint64(b, uint64(i))
+	for j := 8; j < len(b); j++ {
+		b[j] = byte(i*7 + j)
+	}
+	return b
+}
+
+func check(b []byte) (int, error) {
+	if len(b) < 8 {
+		return 0, fmt.Errorf("message of %d bytes", len(b))
+	}
+	i := int(binary.BigEndian.Uint64(b))
+	for j := 8; j < len(b); j++ {
+		if b[j] != byte(i*7+j) {
+			return i, fmt.Errorf("message %d: byte %d is %d", i, j, b[j])
+		}
+	}
+	return i, nil
+}
+
+func join(t *testing.T, ctx context.Context, group netip.Addr, o mcast.Options) *mcast.Conn {
+	t.Helper()
+	if !o.Local.IsValid() {
+		o.Local = lo
+	}
+	c, err := mcast.Join(ctx, group, &o)
+	if err != nil {
+		t.Fatalf("join %v: %v", group, err)
+	}
+	return c
+}
+
+// receiveAll receives n messages and checks they are 0..n-1 in order.
+func receiveAll(ctx context.Context, c *mcast.Conn, n int, sizes []int) error {
+	buf := make([]byte, 1<<20)
+	for want := range n {
+		got, from, err := c.Receive(ctx, buf)
+		if err != nil {
+			return fmt.Errorf("receive message %d: %w", want, err)
+		}
+		if from == nil {
+			return fmt.Errorf("message %d: no sender", want)
+		}
+		i, err := check(buf[:got])
+		if err != nil {
+			return err
+		}
+		if i != want || got != max(sizes[i], 8) {
+			return fmt.Errorf("message %d of %d bytes where %d of %d was due", i, got, want, max(sizes[want], 8))
+		}
+	}
+	return nil
+}
+
+func TestReliableLoopback(t *testing.T) {
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	group := randomGroup()
+	snd := join(t, ctx, group, mcast.Options{})
+	defer snd.Close()
+	const receivers, messages = 3, 3000
+	rcv := make([]*mcast.Conn, receivers)
+	for i := range rcv {
+		rcv[i] = join(t, ctx, group, mcast.Options{})
+		defer rcv[i].Close()
+	}
+	if err := snd.WaitReceivers(ctx, receivers); err != nil {
+		t.Fatal(err)
+	}
+	sizes := make([]int, messages)
+	for i := range sizes {
+		switch i % 10 {
+		case 0:
+			sizes[i] = rand.IntN(64 << 10) // several fragments
+		case 1:
+			sizes[i] = 0
+		default:
+			sizes[i] = rand.IntN(snd.MTU())
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, receivers)
+	for i, r := range rcv {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = receiveAll(ctx, r, messages, sizes)
+		}()
+	}
+	for i, s := range sizes {
+		if err := snd.Send(ctx, payload(i, s)); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("receiver %d: %v", i, err)
+		}
+	}
+	st := snd.Stats()
+	t.Logf("sender: %+v", st)
+	if err := snd.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+}
+
+func TestShortBuffer(t *testing.T) {
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	group := randomGroup()
+	snd := join(t, ctx, group, mcast.Options{})
+	defer snd.Close()
+	rcv := join(t, ctx, group, mcast.Options{})
+	defer rcv.Close()
+	if err := snd.WaitReceivers(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := snd.Send(ctx, payload(0, 10000)); err != nil {
+		t.Fatal(err)
+	}
+	n, _, err := rcv.Receive(ctx, make([]byte, 100))
+	var sb *mcast.ShortBufferError
+	if !errors.As(err, &sb) || !errors.Is(err, io.ErrShortBuffer) || sb.Need != 10000 || n != 0 {
+		t.Fatalf("Receive into 100 bytes: %d, %v; want a ShortBufferError of 10000", n, err)
+	}
+	buf := make([]byte, sb.Need)
+	n, _, err = rcv.Receive(ctx, buf)
+	if err != nil || n != 10000 {
+		t.Fatalf("Receive again: %d, %v", n, err)
+	}
+	if i, err := check(buf[:n]); err != nil || i != 0 {
+		t.Fatalf("message %d: %v", i, err)
+	}
+}
+
+func TestBadOptions(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		group netip.Addr
+		o     mcast.Options
+	}{
+		{netip.MustParseAddr("10.0.0.1"), mcast.Options{Local: lo}},
+		{randomGroup(), mcast.Options{Local: lo, Window: 2}},
+		{randomGroup(), mcast.Options{Local: lo, MaxMessageSize: 1 << 30}},
+	} {
+		c, err := mcast.Join(ctx, tc.group, &tc.o)
+		if err == nil {
+			c.Close()
+			t.Errorf("Join(%v, %+v) worked", tc.group, tc.o)
+			continue
+		}
+		var oe *mcast.OpError
+		if !errors.As(err, &oe) {
+			t.Errorf("Join(%v, %+v): %T %v, not an OpError", tc.group, tc.o, err, err)
+		}
+	}
+}
