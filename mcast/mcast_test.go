@@ -9,6 +9,10 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -206,5 +210,98 @@ func TestBadOptions(t *testing.T) {
 		if !errors.As(err, &oe) {
 			t.Errorf("Join(%v, %+v): %T %v, not an OpError", tc.group, tc.o, err, err)
 		}
+	}
+}
+
+// dropUDP makes the namespace's input drop UDP 4791 datagrams at random,
+// perMille of 1,000, and returns a func reading how many it dropped.
+func dropUDP(t *testing.T, perMille int) func() int {
+	t.Helper()
+	rules := fmt.Sprintf(`table inet mcastloss {
+	chain in {
+		type filter hook input priority 0; policy accept;
+		udp dport 4791 numgen random mod 1000 < %d counter drop
+	}
+}`, perMille)
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		testenv.Require(t, "nft: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("nft", "delete", "table", "inet", "mcastloss").Run() })
+	return func() int {
+		out, err := exec.Command("nft", "list", "table", "inet", "mcastloss").CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft list: %v: %s", err, out)
+		}
+		m := regexp.MustCompile(`counter packets (\d+)`).FindSubmatch(out)
+		if m == nil {
+			t.Fatalf("no counter in %s", out)
+		}
+		n, _ := strconv.Atoi(string(m[1]))
+		return n
+	}
+}
+
+// TestReliableUnderLoss: every datagram on lo (multicast data, unicast
+// NACKs, repairs, statuses) is dropped at random; every receiver still gets
+// every message once, in order, and no event.
+func TestReliableUnderLoss(t *testing.T) {
+	for _, pm := range []int{10, 50} {
+		t.Run(fmt.Sprintf("loss%.1f%%", float64(pm)/10), func(t *testing.T) {
+			if !testenv.InNetns(t) {
+				return
+			}
+			dropped := dropUDP(t, pm)
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			group := randomGroup()
+			snd := join(t, ctx, group, mcast.Options{})
+			defer snd.Close()
+			const receivers, messages = 3, 2000
+			rcv := make([]*mcast.Conn, receivers)
+			for i := range rcv {
+				rcv[i] = join(t, ctx, group, mcast.Options{})
+				defer rcv[i].Close()
+			}
+			if err := snd.WaitReceivers(ctx, receivers); err != nil {
+				t.Fatal(err)
+			}
+			sizes := make([]int, messages)
+			for i := range sizes {
+				if i%10 == 0 {
+					sizes[i] = rand.IntN(32 << 10)
+				} else {
+					sizes[i] = rand.IntN(1024)
+				}
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, receivers)
+			for i, r := range rcv {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					errs[i] = receiveAll(ctx, r, messages, sizes)
+				}()
+			}
+			for i, s := range sizes {
+				if err := snd.Send(ctx, payload(i, s)); err != nil {
+					t.Fatalf("send %d: %v", i, err)
+				}
+			}
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Errorf("receiver %d: %v", i, err)
+				}
+			}
+			st := snd.Stats().Protocol
+			d := dropped()
+			t.Logf("dropped %d datagrams; sender: data %d, unicast repairs %d, multicast repairs %d, suppressed %d, NACKs %d",
+				d, st.DataSent, st.RepairsUnicast, st.RepairsMulticast, st.RepairsSuppressed, st.NacksReceived)
+			if d == 0 || st.RepairsUnicast+st.RepairsMulticast == 0 {
+				t.Errorf("no loss to repair: dropped %d, repairs %d", d, st.RepairsUnicast+st.RepairsMulticast)
+			}
+		})
 	}
 }

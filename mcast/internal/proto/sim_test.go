@@ -199,11 +199,10 @@ func checkMsg(b []byte) uint64 {
 
 // sender feeds messages into a member as its window allows.
 type simSender struct {
-	sm    *simMember
-	msgs  [][]byte
-	i     int // message
-	off   int // bytes of it sent
-	start bool
+	sm   *simMember
+	msgs [][]byte
+	i    int // message
+	off  int // bytes of it sent
 }
 
 func (s *simSender) pump(now int64) {
