@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -62,6 +61,7 @@ type Conn struct {
 	err     error            // fatal: the group is gone
 	stats   Stats
 	closing bool
+	armed   int64 // when the loop's wait ends by itself; 0 while it runs
 
 	readable chan struct{}
 	writable chan struct{}
@@ -70,12 +70,14 @@ type Conn struct {
 	evDone   chan struct{}
 	evCancel context.CancelFunc
 	wake     *waker
-	armed    atomic.Int64
 	closeMu  sync.Mutex
 	closeErr error
 	closed   bool
 
 	rdl, wdl atomic.Pointer[time.Time]
+
+	tmu    sync.Mutex
+	timers []*time.Timer
 }
 
 type peer struct {
@@ -163,7 +165,6 @@ func Join(ctx context.Context, group netip.Addr, opts *Options) (_ *Conn, err er
 		}, (*env)(c))
 	}
 	c.wake = newWaker()
-	c.armed.Store(math.MaxInt64)
 	evCtx, cancel := context.WithCancel(context.Background())
 	c.evCancel = cancel
 	go c.events(evCtx)
@@ -416,6 +417,16 @@ func (c *Conn) WaitReceivers(ctx context.Context, n int) error {
 	}
 }
 
+// dueMovedLocked reports whether the protocol's timers now fall before the
+// end of the loop's wait: then the loop must be woken (c.mu held).
+func (c *Conn) dueMovedLocked() bool {
+	if d := c.m.Due(); c.armed != 0 && d < c.armed {
+		c.armed = d
+		return true
+	}
+	return false
+}
+
 func (c *Conn) errLocked() error {
 	if c.closing {
 		return net.ErrClosed
@@ -427,7 +438,6 @@ func (c *Conn) errLocked() error {
 // no signal wakes every 10 ms to look again (the loop's signals are
 // edge-triggered).
 func (c *Conn) waitFor(ctx context.Context, ch chan struct{}, dl *time.Time) error {
-	var tc <-chan time.Time
 	d := 10 * time.Millisecond
 	if dl != nil && !dl.IsZero() {
 		left := time.Until(*dl)
@@ -436,18 +446,38 @@ func (c *Conn) waitFor(ctx context.Context, ch chan struct{}, dl *time.Time) err
 		}
 		d = min(d, left)
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	tc = t.C
+	t := c.timer()
+	t.Reset(d)
+	defer func() {
+		t.Stop()
+		c.tmu.Lock()
+		c.timers = append(c.timers, t)
+		c.tmu.Unlock()
+	}()
 	select {
 	case <-ch:
-	case <-tc:
+	case <-t.C:
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-c.done:
 		return net.ErrClosed
 	}
 	return nil
+}
+
+// timer returns a stopped timer for a wait: the Conn's waits reuse
+// theirs, so that a wait allocates nothing.
+func (c *Conn) timer() *time.Timer {
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	if n := len(c.timers); n > 0 {
+		t := c.timers[n-1]
+		c.timers = c.timers[:n-1]
+		return t
+	}
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
 }
 
 // Send sends msg to the group: every member receives it whole, once, in
@@ -501,9 +531,9 @@ func (c *Conn) send(ctx context.Context, msg []byte, dl *time.Time) error {
 		}
 	}
 	c.stats.MessagesSent++
-	due := c.m.Due()
+	kick := c.dueMovedLocked()
 	c.mu.Unlock()
-	if due < c.armed.Load() {
+	if kick {
 		c.kick()
 	}
 	return nil
@@ -581,9 +611,9 @@ func (c *Conn) receive(ctx context.Context, buf []byte, dl *time.Time) (int, *Ad
 						c.signal(c.readable)
 					}
 				}
-				due := c.m.Due()
+				kick := c.dueMovedLocked()
 				c.mu.Unlock()
-				if due < c.armed.Load() {
+				if kick {
 					c.kick()
 				}
 				if err != nil {

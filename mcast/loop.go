@@ -1,12 +1,10 @@
 package mcast
 
 import (
-	"context"
 	"crypto/rand"
 	"math"
 	"net/netip"
 	"runtime"
-	"sync"
 	"time"
 
 	"github.com/softrdma/softrdma/mcast/internal/proto"
@@ -194,6 +192,9 @@ func (c *Conn) loop() {
 			readable = c.m.Pending()
 			writable = c.m.Room() || c.m.Drained()
 		}
+		if n == 0 {
+			c.armed = due // a Send or Receive that moves it earlier kicks
+		}
 		c.mu.Unlock()
 		if readable {
 			c.signal(c.readable)
@@ -205,15 +206,14 @@ func (c *Conn) loop() {
 			continue
 		}
 		d := time.Duration(due - c.now())
-		if d <= 0 {
-			continue
+		if d > 0 {
+			timer.Reset(d)
+			c.rcq.Ops().Wait(c.wake) // its error is the kick's, or the CQ's seen by Poll
+			timer.Stop()
 		}
-		c.armed.Store(due)
-		timer.Reset(d)
-		c.rcq.Wait(c.wake)
-		timer.Stop()
-		c.armed.Store(math.MaxInt64)
-		c.wake.rearm()
+		c.mu.Lock()
+		c.armed = 0
+		c.mu.Unlock()
 	}
 }
 
@@ -224,53 +224,30 @@ func (c *Conn) kick() {
 	}
 }
 
-// waker is the context the loop waits on: kick ends it, rearm renews it.
-// It allocates only when kicked.
-type waker struct {
-	mu     sync.Mutex
-	ch     chan struct{}
-	kicked bool
-}
+// waker is what the loop's CQ wait watches besides the CQ: a wake-up
+// token, not a cancellation. Its Done channel holds one token; kick puts
+// it there (a kick while the loop runs makes its next wait return at once:
+// one more look, harmless). Nothing allocates, and only the loop waits on
+// it, so that one token wakes it.
+type waker struct{ ch chan struct{} }
 
-func newWaker() *waker { return &waker{ch: make(chan struct{})} }
+func newWaker() *waker { return &waker{ch: make(chan struct{}, 1)} }
 
 func (w *waker) kick() {
-	w.mu.Lock()
-	if !w.kicked {
-		w.kicked = true
-		close(w.ch)
+	select {
+	case w.ch <- struct{}{}:
+	default:
 	}
-	w.mu.Unlock()
-}
-
-func (w *waker) rearm() {
-	w.mu.Lock()
-	if w.kicked {
-		w.kicked = false
-		w.ch = make(chan struct{})
-	}
-	w.mu.Unlock()
 }
 
 // Deadline reports none (context.Context).
 func (w *waker) Deadline() (time.Time, bool) { return time.Time{}, false }
 
-// Done is closed by kick (context.Context).
-func (w *waker) Done() <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.ch
-}
+// Done yields the token (context.Context).
+func (w *waker) Done() <-chan struct{} { return w.ch }
 
-// Err is context.Canceled once kicked (context.Context).
-func (w *waker) Err() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.kicked {
-		return context.Canceled
-	}
-	return nil
-}
+// Err is nil: a wake-up ends nothing (context.Context).
+func (w *waker) Err() error { return nil }
 
 // Value has no values (context.Context).
 func (w *waker) Value(any) any { return nil }

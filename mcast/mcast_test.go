@@ -14,14 +14,17 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/mcast"
 	_ "github.com/softrdma/softrdma/provider/all"
+	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/provider/rxe"
 )
 
@@ -303,5 +306,149 @@ func TestReliableUnderLoss(t *testing.T) {
 				t.Errorf("no loss to repair: dropped %d, repairs %d", d, st.RepairsUnicast+st.RepairsMulticast)
 			}
 		})
+	}
+}
+
+// streamTest sends messages from snd to every receiver and checks each
+// gets all of them in order.
+func streamTest(t *testing.T, ctx context.Context, snd *mcast.Conn, rcv []*mcast.Conn, messages, maxSize int) {
+	t.Helper()
+	if err := snd.WaitReceivers(ctx, len(rcv)); err != nil {
+		t.Fatal(err)
+	}
+	sizes := make([]int, messages)
+	for i := range sizes {
+		sizes[i] = rand.IntN(maxSize + 1)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(rcv))
+	for i, r := range rcv {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = receiveAll(ctx, r, messages, sizes)
+		}()
+	}
+	for i, s := range sizes {
+		if err := snd.Send(ctx, payload(i, s)); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("receiver %d: %v", i, err)
+		}
+	}
+}
+
+// TestReliableIB runs a group on ports of an emulated InfiniBand subnet
+// (an in-process softsm): joins through the SA, data through its switch.
+func TestReliableIB(t *testing.T) {
+	if !testenv.InNetns(t) {
+		return
+	}
+	s, err := sm.New(sm.Config{Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithCancel(context.Background())
+	sdone := make(chan struct{})
+	go func() { s.Run(sctx); close(sdone) }()
+	defer func() { scancel(); <-sdone }()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var conns []*mcast.Conn
+	group := randomGroup()
+	for i := range 3 {
+		local := netip.AddrFrom4([4]byte{127, 0, 9, byte(40 + i)})
+		port, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: local})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer port.Close()
+		c := join(t, ctx, group, mcast.Options{Local: local})
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	if n := conns[0].DeviceName(); !strings.HasPrefix(n, "softib") && !strings.Contains(n, "ib") {
+		t.Fatalf("device %q is not an IB port", n)
+	}
+	streamTest(t, ctx, conns[0], conns[1:], 1000, 3*conns[0].MTU())
+}
+
+// TestUnreliable: raw datagrams, one per message, no header of the
+// package: what a member sends arrives as it is, with its sender; a
+// message over the MTU is refused with EMSGSIZE.
+func TestUnreliable(t *testing.T) {
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	group := randomGroup()
+	a := join(t, ctx, group, mcast.Options{Unreliable: true})
+	defer a.Close()
+	b := join(t, ctx, group, mcast.Options{Unreliable: true})
+	defer b.Close()
+	if err := a.Send(ctx, make([]byte, a.MTU()+1)); !errors.Is(err, syscall.EMSGSIZE) {
+		t.Fatalf("oversized send: %v, want EMSGSIZE", err)
+	}
+	if _, err := a.WriteTo([]byte("hello"), mcast.GroupAddr{IP: group}); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 100)
+	n, from, err := b.ReadFrom(buf)
+	if err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("ReadFrom: %q, %v", buf[:n], err)
+	}
+	if from.String() != a.LocalAddr().String() {
+		t.Fatalf("from %v, want %v", from, a.LocalAddr())
+	}
+	// Its own datagram does not come back to the sender.
+	a.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if n, _, err := a.ReadFrom(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("sender read its own: %q, %v", buf[:n], err)
+	}
+}
+
+// TestSteadyStateAllocs: a message sent and received allocates nothing
+// once the stream runs.
+func TestSteadyStateAllocs(t *testing.T) {
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	group := randomGroup()
+	snd := join(t, ctx, group, mcast.Options{})
+	defer snd.Close()
+	rcv := join(t, ctx, group, mcast.Options{})
+	defer rcv.Close()
+	if err := snd.WaitReceivers(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	msg := make([]byte, 1000)
+	buf := make([]byte, 2000)
+	bg := context.Background()
+	round := func() {
+		if err := snd.Send(bg, msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := rcv.Receive(bg, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3000 {
+		round()
+	}
+	a := testing.AllocsPerRun(2000, round)
+	if raceEnabled {
+		// The race detector makes sync.Pool (the RoCEv2 device's send
+		// and receive batches) drop items at random.
+		t.Skipf("%.3f allocations per message under the race detector, which defeats sync.Pool: run without -race", a)
+	}
+	if a > 0.05 {
+		t.Errorf("%.3f allocations per message", a)
 	}
 }
