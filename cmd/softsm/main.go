@@ -12,14 +12,17 @@
 //	       [-sa-delay D | -sa-timeout D] [-sa-drop] [-subnet-prefix P]
 //	       [-port-timeout D] [-hoq-life D] [-vl-stall-count N]
 //	       [-max-ports-per-source N] [-max-groups-per-port N]
-//	       [-max-memberships-per-port N] [-v]
+//	       [-max-memberships-per-port N] [-max-table-records N] [-v]
 //
 // When its sockets are bound it prints one line to stdout,
 //
 //	softsm: listening fabric 127.0.0.1:4792 sa off
 //
 // (or "sa 127.0.0.1:4793" with the raw SA port)
-// and serves until SIGTERM or SIGINT, then exits 0. Pre-registered ports
+// and serves until SIGTERM or SIGINT, then exits 0. It stops within
+// milliseconds whatever the SA is doing (no SA query holds the SM's lock
+// for long); should stopping still take longer than 5 s it exits 1, and a
+// second signal ends it at once. Pre-registered ports
 // (-port, repeatable) get LIDs 2, 3, … in order and GIDs <prefix>:<GUID>,
 // e.g. -port 0x100001 → LID 2, fe80::10:1. With -state FILE the GUID → LID
 // map survives restarts; groups never do (a restarted SM has a new epoch
@@ -44,7 +47,24 @@
 // member of -max-memberships-per-port groups (default 8192); a join
 // beyond is answered with MAD status 0x0100 (insufficient resources), as
 // OpenSM answers when it runs out of MLIDs, so one port cannot take every
-// MLID. 0 means the default, a negative value no cap. Every refusal and
+// MLID. 0 means the default, a negative value no cap.
+//
+// SA queries: one answer carries at most -max-table-records records
+// (default 16384, every group the MLIDs allow); a Get or GetTable of
+// MCMemberRecord or PathRecord that would answer more, or examine more than
+// 4 × as many candidates (a GetTable(PathRecord) without source or
+// destination examines N×N pairs of ports), is answered with MAD status
+// 0x0100 and no record. Broad queries (naming no group, member or both
+// ends of a path) are built by a goroutine of their own without the SM's
+// lock, so joins of other ports go on meanwhile. A port may send 8192 SA
+// requests at once and 32768 a second beyond (a source address 32768 and
+// 65536), of them 4 broad queries at once and 2 a second (a source
+// address 32 and 16); beyond, requests are dropped. A requester
+// may have 2 RMPP transfers (GetTable answers) in progress, a source
+// address 16 MiB of them, all sources 64 MiB; a GetTable beyond is
+// answered 0x0100.
+//
+// Every refusal and
 // drop is counted (sm.Stats) and logged with -v (throttles, drops and
 // source refusals at most once a second with their counts).
 //
@@ -132,6 +152,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxPortsPerSource, "max-ports-per-source", sm.DefaultMaxPortsPerSource, "most ports attached from one source IP address (`n`; negative: no cap); one more attach is refused (source_limit)")
 	fs.IntVar(&cfg.MaxGroupsPerPort, "max-groups-per-port", sm.DefaultMaxGroupsPerPort, "most groups one port may have created that still exist (`n`; negative: no cap); one more create is answered 0x0100")
 	fs.IntVar(&cfg.MaxMembershipsPerPort, "max-memberships-per-port", sm.DefaultMaxMembershipsPerPort, "most groups one port may be a member of (`n`; negative: no cap); one more join is answered 0x0100")
+	fs.IntVar(&cfg.MaxTableRecords, "max-table-records", sm.DefaultMaxTableRecords, "most records of one SA answer (`n`; negative: no cap); a query that would answer more, or examine 4 × as many candidates, is answered 0x0100")
 	fs.BoolVar(&verbose, "v", false, "log attaches, detaches, SA requests and drops to stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -183,11 +204,42 @@ func run(args []string, stdout, stderr io.Writer) int {
 			s.Epoch(), cfg.SendOnlySupport, len(ports), s.Stats().SocketBuffer)
 		fmt.Fprintf(stderr, "softsm: limits: %s\n", limits(cfg))
 	}
+	ran := make(chan struct{})
+	defer close(ran)
+	go stopping(ctx, stop, ran, stderr)
 	if err := s.Run(ctx); err != nil {
 		fmt.Fprintf(stderr, "softsm: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// stopGrace is how long softsm may take to stop after SIGTERM or SIGINT
+// (a variable for tests).
+var stopGrace = 5 * time.Second
+
+// exit ends the process (a variable for tests).
+var exit = os.Exit
+
+// stopping waits for the signal (ctx) unless Run returns first (ran): then
+// a second signal ends the process at once (stop restores the default
+// action), and when Run has not returned within stopGrace the process
+// exits 1.
+func stopping(ctx context.Context, stop func(), ran <-chan struct{}, stderr io.Writer) {
+	select {
+	case <-ctx.Done():
+	case <-ran:
+		return
+	}
+	stop()
+	t := time.NewTimer(stopGrace)
+	defer t.Stop()
+	select {
+	case <-ran:
+	case <-t.C:
+		fmt.Fprintf(stderr, "softsm: not stopped %v after the signal: exiting\n", stopGrace)
+		exit(1)
+	}
 }
 
 // limits describes the flood limits and quotas of cfg.
@@ -198,8 +250,8 @@ func limits(cfg sm.Config) string {
 		}
 		return fmt.Sprint(v)
 	}
-	return fmt.Sprintf("%s ports per source address, %s groups created and %s memberships per port",
-		f(cfg.MaxPortsPerSource), f(cfg.MaxGroupsPerPort), f(cfg.MaxMembershipsPerPort))
+	return fmt.Sprintf("%s ports per source address, %s groups created and %s memberships per port, %s records per SA answer",
+		f(cfg.MaxPortsPerSource), f(cfg.MaxGroupsPerPort), f(cfg.MaxMembershipsPerPort), f(cfg.MaxTableRecords))
 }
 
 // checkDurations validates the duration flags: a port timeout must outlast

@@ -21,15 +21,31 @@ type status uint16
 // Delete of ClassPortInfo, or (over the fabric) a requester the SA does
 // not know.
 func (s *SA) Handle(req mad.MAD, from From) []mad.MAD {
+	resps, q := s.Prepare(req, from)
+	if q != nil {
+		resps, _ = q.Build()
+	}
+	return resps
+}
+
+// Prepare is Handle in two steps, so that a query's answer, which may be
+// large, is built without the SA: an answer it can give at once comes
+// back as resps (nil: none, as Handle), a Get or GetTable of
+// MCMemberRecord or PathRecord as a Query whose Build makes the answer
+// (Broad tells the queries whose work grows with the subnet). Prepare copies what the query needs from the SA's state: at
+// most every port or every group, and at most 4 × Config.MaxRecords
+// group members. Build needs nothing of the SA: it may run on another
+// goroutine while the SA goes on (it answers from the state Prepare saw).
+func (s *SA) Prepare(req mad.MAD, from From) (resps []mad.MAD, q *Query) {
 	if len(req) < mad.Len {
-		return nil
+		return nil, nil
 	}
 	req = req[:mad.Len]
 	if req.BaseVersion() != mad.BaseVersion || req.MgmtClass() != mad.ClassSubnAdm || req.IsResponse() {
-		return nil
+		return nil, nil
 	}
 	if req.RMPPFlags()&mad.RMPPFlagActive != 0 && req.RMPPType() != mad.RMPPTypeData {
-		return nil
+		return nil, nil
 	}
 	switch req.Method() {
 	case mad.MethodGet, mad.MethodGetTable, mad.MethodSet, mad.MethodDelete:
@@ -37,32 +53,32 @@ func (s *SA) Handle(req mad.MAD, from From) []mad.MAD {
 		// OpenSM (built with DUAL_SIDED_RMPP, as Debian's) hands
 		// GetMulti to the attribute's handler, which refuses it.
 	default:
-		return nil // ERR 1A05: unsupported method
+		return nil, nil // ERR 1A05: unsupported method
 	}
 	switch req.AttrID() {
 	case mad.AttrClassPortInfo:
 		// ClassPortInfo is class-version independent: OpenSM answers a
 		// version-1 Get as a version-2 one.
 		if v := req.ClassVersion(); v != mad.SAClassVersion && v != 1 {
-			return errorReply(req, mad.StatusBadVersion)
+			return errorReply(req, mad.StatusBadVersion), nil
 		}
 		switch req.Method() {
 		case mad.MethodGet:
-			return []mad.MAD{s.classPortInfo(req)}
+			return []mad.MAD{s.classPortInfo(req)}, nil
 		case mad.MethodGetTable, mad.MethodGetMulti:
-			return errorReply(req, mad.StatusReqInvalid) // ERR 1403: not Get
+			return errorReply(req, mad.StatusReqInvalid), nil // ERR 1403: not Get
 		default:
-			return nil // Set/Delete go to OpenSM's set dispatcher, which has no ClassPortInfo handler
+			return nil, nil // Set/Delete go to OpenSM's set dispatcher, which has no ClassPortInfo handler
 		}
 	case mad.AttrMCMemberRecord:
 		if req.ClassVersion() != mad.SAClassVersion {
-			return errorReply(req, mad.StatusBadVersion)
+			return errorReply(req, mad.StatusBadVersion), nil
 		}
 		return s.mcmr(req, from)
 	case mad.AttrPathRecord:
 		return s.pathRecord(req, from) // path.go
 	default:
-		return nil // ERR 1A01: unsupported attribute
+		return nil, nil // ERR 1A01: unsupported attribute
 	}
 }
 
@@ -129,20 +145,20 @@ func (s *SA) classPortInfo(req mad.MAD) mad.MAD {
 	return r
 }
 
-func (s *SA) mcmr(req mad.MAD, from From) []mad.MAD {
+func (s *SA) mcmr(req mad.MAD, from From) ([]mad.MAD, *Query) {
 	comp := req.CompMask()
 	rec := req.MCMemberRecord().Fields()
 	switch req.Method() {
 	case mad.MethodSet, mad.MethodDelete:
 		if comp&mad.CompJoinRequired != mad.CompJoinRequired {
-			return errorReply(req, mad.StatusInsufComps)
+			return errorReply(req, mad.StatusInsufComps), nil
 		}
 	case mad.MethodGet, mad.MethodGetTable:
 	default:
-		return errorReply(req, mad.StatusUnsupportedMethodAttr)
+		return errorReply(req, mad.StatusUnsupportedMethodAttr), nil
 	}
 	if !mtuRateValid(comp, &rec) {
-		return errorReply(req, mad.StatusReqInvalid)
+		return errorReply(req, mad.StatusReqInvalid), nil
 	}
 	var (
 		resp mad.MCMemberFields
@@ -158,13 +174,13 @@ func (s *SA) mcmr(req mad.MAD, from From) []mad.MAD {
 	case mad.MethodDelete:
 		resp, st, drop = s.leave(rec, from)
 	default:
-		return s.query(req, comp, rec, from)
+		return nil, s.query(req, comp, rec, from)
 	}
 	if drop {
-		return nil
+		return nil, nil
 	}
 	if st != 0 {
-		return errorReply(req, uint16(st))
+		return errorReply(req, uint16(st)), nil
 	}
 	r := respHeader(req, mad.MCMemberRecordWords)
 	resp.MTUSelector, resp.RateSelector, resp.PacketLifeTimeSelector = mad.SelExactly, mad.SelExactly, mad.SelExactly
@@ -172,7 +188,7 @@ func (s *SA) mcmr(req mad.MAD, from From) []mad.MAD {
 	// OpenSM answers a copy of the received record: the ProxyJoin bit, the
 	// reserved bits and bytes and the padding go back as they came.
 	copy(r.SAData()[mad.MCMemberRecordEchoOffset:mad.MCMemberRecordStride], req.SAData()[mad.MCMemberRecordEchoOffset:mad.MCMemberRecordStride])
-	return []mad.MAD{r}
+	return []mad.MAD{r}, nil
 }
 
 // mtuRateValid checks comp-masked MTU and Rate (each with its selector)
@@ -563,88 +579,6 @@ func (s *SA) leave(rec mad.MCMemberFields, from From) (mad.MCMemberFields, statu
 	return resp, 0, false
 }
 
-// query handles Get/GetTable(MCMemberRecord) (mcmr_query_mgrp).
-func (s *SA) query(req mad.MAD, comp uint64, rec mad.MCMemberFields, from From) []mad.MAD {
-	recGUID := binary.BigEndian.Uint64(rec.PortGID[8:])
-	reqPort, drop := s.requester(from, recGUID)
-	if drop {
-		return nil
-	}
-	trusted := req.SMKey() != 0 && req.SMKey() == s.cfg.SMKey
-	var stateMask uint8
-	if comp&mad.CompScope != 0 {
-		stateMask |= 0xF0
-	}
-	if comp&mad.CompJoinState != 0 {
-		stateMask |= 0x0F
-	}
-	reqState := rec.Scope<<4 | rec.JoinState&0x0F
-	var out []mad.MCMemberFields
-	var echoes []*group // the group of each record of out (its echo bytes)
-	var mgids []wire.GID
-	if comp&mad.CompMGID != 0 {
-		if s.groups[rec.MGID] != nil {
-			mgids = []wire.GID{rec.MGID}
-		}
-	} else {
-		mgids = s.sortedMGIDs()
-	}
-	for _, mgid := range mgids {
-		g := s.groups[mgid]
-		if comp&mad.CompMGID != 0 && rec.MGID != g.rec.MGID {
-			continue
-		}
-		if comp&mad.CompMLID != 0 && rec.MLID != g.rec.MLID {
-			continue
-		}
-		if !hasPKey(reqPort, g.rec.PKey) || !otherCompFieldsMatch(comp, &rec, &g.rec) {
-			continue
-		}
-		if comp&mad.CompProxyJoin != 0 && rec.ProxyJoin != g.rec.ProxyJoin {
-			continue
-		}
-		if !moreCompFieldsMatch(comp, &rec, &g.rec) {
-			continue
-		}
-		groupState := g.rec.Scope << 4
-		if trusted && comp&mad.CompPortGID == 0 {
-			for _, guid := range sortedGUIDs(g.members) {
-				m := g.members[guid]
-				st := groupState | m.JoinState
-				if stateMask&reqState != stateMask&st {
-					continue
-				}
-				r := g.rec
-				r.PortGID, r.JoinState, r.ProxyJoin = m.PortGID, m.JoinState, m.ProxyJoin
-				out = append(out, r)
-				echoes = append(echoes, g)
-			}
-			continue
-		}
-		r := g.rec
-		st := groupState
-		if comp&mad.CompPortGID != 0 {
-			m := g.members[recGUID]
-			if m == nil {
-				continue
-			}
-			st |= m.JoinState
-			r.PortGID, r.JoinState, r.ProxyJoin = m.PortGID, m.JoinState, m.ProxyJoin
-		}
-		if stateMask&reqState != stateMask&st {
-			continue
-		}
-		out = append(out, r)
-		echoes = append(echoes, g)
-	}
-	if !trusted {
-		for i := range out {
-			out[i].PortGID, out[i].JoinState, out[i].ProxyJoin = wire.GID{}, 0, false
-		}
-	}
-	return recordsReply(req, mad.MCMemberRecordWords, len(out), func(b []byte, i int) { encodeRecord(b, &out[i], echoes[i]) })
-}
-
 // recordsReply answers a Get or GetTable that found n records, each words
 // 8-byte words long, written by put: a Get takes exactly one (none 0x0300,
 // more 0x0400), a GetTable travels RMPP (AttributeOffset 0 when empty).
@@ -672,14 +606,14 @@ func recordsReply(req mad.MAD, words uint16, n int, put func(b []byte, i int)) [
 	return mad.RMPPSegments(respHeader(req, off), data)
 }
 
-// encodeRecord writes a query's record of group g into b (56 bytes):
-// the fields, then the group's echo bytes (its creating request's reserved
+// encodeRecord writes a query's record of a group into b (56 bytes):
+// the fields, then the group's echo bytes (echo) (its creating request's reserved
 // bits and bytes and padding, as OpenSM answers its copy of that request)
 // beside the ProxyJoin bit.
-func encodeRecord(b []byte, f *mad.MCMemberFields, g *group) {
+func encodeRecord(b []byte, f *mad.MCMemberFields, echo *[mad.MCMemberRecordStride - mad.MCMemberRecordEchoOffset]byte) {
 	mad.MCMemberRecord(b).Encode(f)
 	e := b[mad.MCMemberRecordEchoOffset:mad.MCMemberRecordStride]
 	proxy := e[0] & mad.MCMemberProxyJoinBit
-	copy(e, g.echo[:])
+	copy(e, echo[:])
 	e[0] |= proxy
 }

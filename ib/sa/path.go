@@ -1,6 +1,7 @@
 package sa
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/softrdma/softrdma/ib/mad"
@@ -44,24 +45,25 @@ import (
 // subnet timeout.
 const pathPacketLifeTime = 18
 
-// pathRecord handles Get and GetTable of PathRecord.
-func (s *SA) pathRecord(req mad.MAD, from From) []mad.MAD {
+// pathRecord handles Get and GetTable of PathRecord: errors and the path
+// to a group at once, unicast paths as a Query (query.go).
+func (s *SA) pathRecord(req mad.MAD, from From) ([]mad.MAD, *Query) {
 	switch req.Method() {
 	case mad.MethodGet, mad.MethodGetTable:
 	default:
-		return nil
+		return nil, nil
 	}
 	if req.ClassVersion() != mad.SAClassVersion {
-		return errorReply(req, mad.StatusBadVersion)
+		return errorReply(req, mad.StatusBadVersion), nil
 	}
 	comp := req.CompMask()
 	q := req.PathRecord()
 	if comp&mad.PathCompMTU != 0 && comp&mad.PathCompMTUSelector != 0 && !mad.ValidMTU(q.MTU()) ||
 		comp&mad.PathCompRate != 0 && comp&mad.PathCompRateSelector != 0 && !mad.ValidRate(q.Rate()) {
-		return errorReply(req, mad.StatusReqInvalid)
+		return errorReply(req, mad.StatusReqInvalid), nil
 	}
 	if sid := comp & mad.PathCompServiceID; sid != 0 && sid != mad.PathCompServiceID {
-		return errorReply(req, mad.StatusInsufComps)
+		return errorReply(req, mad.StatusInsufComps), nil
 	}
 	var reqGUID uint64
 	if comp&mad.PathCompSGID != 0 {
@@ -69,76 +71,128 @@ func (s *SA) pathRecord(req mad.MAD, from From) []mad.MAD {
 	}
 	requester, drop := s.requester(from, reqGUID)
 	if drop {
-		return nil
+		return nil, nil
 	}
-	var out [][mad.PathRecordLen]byte
 	if comp&mad.PathCompDGID != 0 && q.DGID()[0] == 0xFF {
+		var out [][mad.PathRecordLen]byte
 		if rec, ok := s.multicastPath(comp, q); ok {
 			out = append(out, rec)
 		}
-	} else {
-		srcs, ok := s.pathEnds(comp&mad.PathCompSGID != 0, q.SGID(), comp&mad.PathCompSLID != 0, q.SLID())
-		if !ok {
-			return errorReply(req, mad.StatusNoRecords)
+		return recordsReply(req, mad.PathRecordWords, len(out), func(b []byte, i int) { copy(b, out[i][:]) }), nil
+	}
+	srcs, srcAll, ok := s.pathEnds(comp&mad.PathCompSGID != 0, q.SGID(), comp&mad.PathCompSLID != 0, q.SLID())
+	if !ok {
+		return errorReply(req, mad.StatusNoRecords), nil
+	}
+	dsts, dstAll, ok := s.pathEnds(comp&mad.PathCompDGID != 0, q.DGID(), comp&mad.PathCompDLID != 0, q.DLID())
+	if !ok {
+		return errorReply(req, mad.StatusNoRecords), nil
+	}
+	// A GetTable examines every pair: one with more pairs than the work
+	// bound is refused before anything is copied.
+	nSrc, nDst := len(srcs), len(dsts)
+	if srcAll {
+		nSrc = len(s.byLID)
+	}
+	if dstAll {
+		nDst = len(s.byLID)
+	}
+	qu := s.newQuery(req, queryPath)
+	if req.Method() == mad.MethodGetTable && qu.work > 0 && nSrc*nDst > qu.work {
+		return nil, qu.refuse()
+	}
+	if srcAll || dstAll {
+		all := s.lidPorts()
+		if srcAll {
+			srcs = all
 		}
-		dsts, ok := s.pathEnds(comp&mad.PathCompDGID != 0, q.DGID(), comp&mad.PathCompDLID != 0, q.DLID())
-		if !ok {
-			return errorReply(req, mad.StatusNoRecords)
-		}
-	pairs:
-		for _, src := range srcs {
-			for _, dst := range dsts {
-				if requester != nil && (!sharePKey(requester, src) || !sharePKey(requester, dst)) {
-					continue
-				}
-				if rec, ok := unicastPath(comp, q, src, dst, s.PortGID(src.GUID), s.PortGID(dst.GUID)); ok {
-					out = append(out, rec)
-					if req.Method() == mad.MethodGet {
-						break pairs
-					}
-				}
-			}
+		if dstAll {
+			dsts = all
 		}
 	}
-	return recordsReply(req, mad.PathRecordWords, len(out), func(b []byte, i int) { copy(b, out[i][:]) })
+	qu.comp, qu.path, qu.requester = comp, append(mad.PathRecord(nil), q...), requester
+	qu.srcs, qu.dsts, qu.sortSrcs, qu.sortDsts = srcs, dsts, srcAll, dstAll && !srcAll
+	return nil, qu
 }
 
-// pathEnds returns the ports a path end may be: the port of the GID or of
-// the LID when given (both must name the same port), else every port with
-// a LID, by GUID; false when a given GID or LID names no port.
-func (s *SA) pathEnds(hasGID bool, gid wire.GID, hasLID bool, lid uint16) ([]*Port, bool) {
+// pathEnds returns the port a path end must be: the port of the GID or of
+// the LID when given (both must name the same port); all when neither is
+// given (every port with a LID: lidPorts); false when a given GID or LID
+// names no port.
+func (s *SA) pathEnds(hasGID bool, gid wire.GID, hasLID bool, lid uint16) (ports []*Port, all, ok bool) {
 	var p *Port
 	if hasGID {
 		guid, _, st := s.portGUID(gid)
 		if st != 0 {
-			return nil, false
+			return nil, false, false
 		}
 		if p = s.ports[guid]; p == nil {
-			return nil, false
+			return nil, false, false
 		}
 	}
 	if hasLID {
 		guid, ok := s.byLID[lid]
 		if !ok || (p != nil && p.GUID != guid) {
-			return nil, false
+			return nil, false, false
 		}
 		p = s.ports[guid]
 	}
 	if p != nil {
-		return []*Port{p}, true
+		return []*Port{p}, false, true
 	}
-	guids := make([]uint64, 0, len(s.ports))
-	for g, pp := range s.ports {
-		if pp.LID != 0 {
-			guids = append(guids, g)
+	return nil, true, true
+}
+
+// lidPorts returns every port with a LID, unsorted (O(ports)). A Port is
+// never changed once registered (AddPort registers a new one), so the
+// slice may be read without the SA.
+func (s *SA) lidPorts() []*Port {
+	ports := make([]*Port, 0, len(s.byLID))
+	for _, p := range s.ports {
+		if p.LID != 0 {
+			ports = append(ports, p)
 		}
 	}
-	slices.Sort(guids)
-	ports := make([]*Port, len(guids))
-	for i, g := range guids {
-		ports[i] = s.ports[g]
+	return ports
+}
+
+// buildPaths is Build of a unicast PathRecord query: every pair of ends,
+// sources and destinations by GUID, each pair the requester may see
+// (they share a partition) that the request's fields do not rule out. A
+// Get takes the first path; a query examining more than q.work pairs, or
+// a GetTable finding more than q.limit paths, is refused (0x0100).
+func (q *Query) buildPaths() []mad.MAD {
+	byGUID := func(a, b *Port) int { return cmp.Compare(a.GUID, b.GUID) }
+	if q.sortSrcs {
+		slices.SortFunc(q.srcs, byGUID)
 	}
-	return ports, true
+	if q.sortDsts {
+		slices.SortFunc(q.dsts, byGUID)
+	}
+	get := q.req.Method() == mad.MethodGet
+	var out [][mad.PathRecordLen]byte
+	examined := 0
+pairs:
+	for _, src := range q.srcs {
+		for _, dst := range q.dsts {
+			if examined++; q.work > 0 && examined > q.work {
+				return q.refuse().resps
+			}
+			if q.requester != nil && (!sharePKey(q.requester, src) || !sharePKey(q.requester, dst)) {
+				continue
+			}
+			if rec, ok := unicastPath(q.comp, q.path, src, dst, prefixGID(q.prefix, src.GUID), prefixGID(q.prefix, dst.GUID)); ok {
+				out = append(out, rec)
+				if get {
+					break pairs
+				}
+				if q.limit > 0 && len(out) > q.limit {
+					return q.refuse().resps
+				}
+			}
+		}
+	}
+	return recordsReply(q.req, mad.PathRecordWords, len(out), func(b []byte, i int) { copy(b, out[i][:]) })
 }
 
 // unicastPath builds the path from src to dst, or reports that the

@@ -83,7 +83,6 @@
 package sa
 
 import (
-	"encoding/binary"
 	"slices"
 	"time"
 
@@ -143,6 +142,10 @@ type Config struct {
 	// (0: no cap); a Set that would add one more membership is answered
 	// 0x0100.
 	MaxMembershipsPerPort int
+	// MaxRecords bounds one query (0: no bound): a Get or GetTable that
+	// would answer more records, or examine more than WorkFactor ×
+	// MaxRecords candidates, is answered 0x0100 (see Prepare).
+	MaxRecords int
 	// Logf, if set, is told when a port runs into a quota: its first
 	// refusal, then each time its count of refusals doubles.
 	Logf func(format string, args ...any)
@@ -293,12 +296,7 @@ func RespTimeValueFor(d time.Duration) uint8 {
 func (s *SA) SubnetPrefix() uint64 { return s.prefix }
 
 // PortGID returns the GID of the port with the given GUID.
-func (s *SA) PortGID(guid uint64) wire.GID {
-	var g wire.GID
-	binary.BigEndian.PutUint64(g[:8], s.prefix)
-	binary.BigEndian.PutUint64(g[8:], guid)
-	return g
-}
+func (s *SA) PortGID(guid uint64) wire.GID { return prefixGID(s.prefix, guid) }
 
 // AddPort registers (or updates) an end port.
 func (s *SA) AddPort(p Port) {

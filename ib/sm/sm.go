@@ -75,6 +75,28 @@
 // join beyond is answered 0x0100 (insufficient resources), counted
 // (GroupQuotaRefusals, MembershipQuotaRefusals) and logged (see sa.Config).
 //
+// SA requests and tables: no SA request costs work that grows with the
+// subnet in the reader or under the SM's lock beyond a copy. The reader
+// answers joins, leaves, ClassPortInfo and the queries of one group,
+// member or path itself (O(1) each); a broad query (sa.SA.Broad: a Get or
+// GetTable of MCMemberRecord or PathRecord whose work grows with the
+// subnet) goes to the table goroutine (at most tableQueue wait; beyond, 0x0100 at once,
+// TableBusy), which copies what the query needs under the lock
+// (sa.Prepare: at most every port or group) and builds the answer without
+// it (sa.Query.Build). An answer carries at most Config.MaxTableRecords
+// records: a query that would answer more, or examine more than
+// sa.WorkFactor × as many candidates, is answered 0x0100 and no record
+// (TableTooLarge). A port may send SARequestBurst SA requests at once and
+// SARequestRate a second beyond, of them TableBurst broad queries at once
+// and TableRate a second; a source address (all its ports; the raw SA port's
+// peers count as one source) SASourceBurst/SASourceRate and
+// TableSourceBurst/TableSourceRate. Beyond, requests are dropped
+// (SAThrottled). A requester may have MaxRMPPPerRequester RMPP transfers in
+// progress, a source address RMPPSourceBytes of segments in them, all
+// sources RMPPBytes; a GetTable beyond is answered 0x0100 (TableBusy).
+// RMPP ACKs, STOPs and ABORTs are not counted against the rates. Each kind
+// is logged at most once a second with its count.
+//
 // Raw SA port (off unless Config.SAListen is set; loopback only unless
 // Config.SAAllowRemote): a diagnostic. One datagram of exactly 256 bytes
 // is one SA MAD; every response MAD (one, or the RMPP segments of a
@@ -159,11 +181,49 @@ const (
 	// all other addresses together.
 	portPending = 4
 	newQueue    = 1024
+	// tableQueue is the most broad SA queries (sa.SA.Broad) that wait for
+	// the table goroutine.
+	tableQueue = 64
 	// expireBatch is the most ports expire forgets under one hold of the
 	// lock.
 	expireBatch = 256
 	// stateEvery is how often a changed state file is written.
 	stateEvery = time.Second
+)
+
+// SA bounds (see the package comment, "SA requests and tables").
+const (
+	// DefaultMaxTableRecords is Config.MaxTableRecords's default: every
+	// group the MLIDs allow (16,383) in one GetTable(MCMemberRecord).
+	DefaultMaxTableRecords = 16384
+	// SARequestBurst and SARequestRate bound the SA requests of one port:
+	// SARequestBurst at once (a port rejoining all of its
+	// DefaultMaxMembershipsPerPort groups after a client reregister),
+	// SARequestRate a second beyond (twice the joins a second one port
+	// makes in the IB benchmark); SASourceBurst and SASourceRate those of
+	// all the ports of one source IP address (the raw SA port's peers
+	// count as one source). Beyond, requests are dropped (SAThrottled):
+	// the requester's SA client sends again after its timeout.
+	SARequestBurst = 8192
+	SARequestRate  = 32768
+	SASourceBurst  = 32768
+	SASourceRate   = 65536
+	// TableBurst and TableRate bound the broad queries (sa.SA.Broad: a
+	// Get or GetTable of MCMemberRecord or PathRecord whose cost grows
+	// with the subnet) of one port, TableSourceBurst and TableSourceRate those of one source
+	// address; beyond, they are dropped (SAThrottled).
+	TableBurst       = 4
+	TableRate        = 2
+	TableSourceBurst = 32
+	TableSourceRate  = 16
+	// MaxRMPPPerRequester is how many RMPP transfers (GetTable answers)
+	// one requester (a port, a raw SA peer) may have in progress;
+	// RMPPSourceBytes and RMPPBytes bound the segments held for the
+	// transfers of one source address and of all. A GetTable beyond is
+	// answered 0x0100 (TableBusy).
+	MaxRMPPPerRequester = 2
+	RMPPSourceBytes     = 16 << 20
+	RMPPBytes           = 64 << 20
 )
 
 // RMPP defaults.
@@ -234,6 +294,11 @@ type Config struct {
 	// MaxMembershipsPerPort caps the groups one port may be a member of
 	// (0 → DefaultMaxMembershipsPerPort; negative → no cap).
 	MaxMembershipsPerPort int
+	// MaxTableRecords caps the records of one SA answer (0 →
+	// DefaultMaxTableRecords; negative → no cap): a Get or GetTable that
+	// would answer more, or examine more than sa.WorkFactor × as many
+	// candidates, is answered 0x0100 (TableTooLarge).
+	MaxTableRecords int
 	// Logf, if set, receives one line per event (attach, detach, SA
 	// request, drop reason).
 	Logf func(format string, args ...any)
@@ -318,6 +383,15 @@ type Stats struct {
 	// RMPPTimeouts transfers dropped after their retries; RMPPAborts
 	// transfers ended by a STOP or ABORT from the receiver or by a bad ACK.
 	RMPPTransfers, RMPPRetransmits, RMPPTimeouts, RMPPAborts uint64
+	// SAThrottled counts SA requests dropped beyond a port's or a source
+	// address's SA rate (SARequestRate, SASourceRate, TableRate,
+	// TableSourceRate); TableTooLarge queries answered 0x0100 because the
+	// answer would exceed Config.MaxTableRecords records (or its
+	// candidates sa.WorkFactor × as many); TableBusy queries answered
+	// 0x0100 because tableQueue of them waited already, or the requester
+	// had MaxRMPPPerRequester transfers in progress, or the transfer
+	// would exceed RMPPSourceBytes or RMPPBytes.
+	SAThrottled, TableTooLarge, TableBusy uint64
 	// SocketBuffer is the fabric socket's receive buffer the ports'
 	// windows share (bytes, as the kernel reported it before the SM asked
 	// for floodHeadroom beyond); SendErrors counts datagrams the kernel
@@ -353,6 +427,26 @@ type port struct {
 	// (the port is on SM.ctlPorts while there are any).
 	budget  bucket
 	pending []ctlMsg
+	// SA request budgets of the port (SARequestRate, TableRate).
+	saBudget, tableBudget bucket
+}
+
+// saSource is the SA budget of a source address: its requests and
+// queries (SASourceRate, TableSourceRate) and the bytes of its RMPP
+// transfers in progress (RMPPSourceBytes). Guarded by SM.mu.
+type saSource struct {
+	reqs, tables bucket
+	rmppBytes    int
+}
+
+// tableJob is an SA query waiting for the table goroutine.
+type tableJob struct {
+	req  mad.MAD
+	from sa.From
+	key  rmppKey
+	send func(mad.MAD) // called under mu
+	src  *saSource
+	who  string // the requester, for the log
 }
 
 // bucket is a token bucket; the zero bucket is full.
@@ -362,8 +456,11 @@ type bucket struct {
 }
 
 // allow takes a token from a bucket of burst tokens refilled at rate a
-// second.
+// second (a nil bucket always allows).
 func (b *bucket) allow(now time.Time, burst, rate float64) bool {
+	if b == nil {
+		return true
+	}
 	if b.at.IsZero() {
 		b.tokens = burst
 	} else {
@@ -438,6 +535,17 @@ type SM struct {
 	timers map[*time.Timer]struct{}
 	rmpp   map[rmppKey]*rmppXfer
 	closed bool
+	// rmppPer counts the RMPP transfers in progress of each requester (its
+	// rmppKey without TID), rmppBytes the bytes of all their segments.
+	rmppPer   map[rmppKey]int
+	rmppBytes int
+	// SA budgets: of each source address with attached ports, and of the
+	// raw SA port's peers together.
+	saSources map[netip.Addr]*saSource
+	rawSource saSource
+	// SA queries waiting for the table goroutine (at most tableQueue).
+	tables    fifo[tableJob]
+	tableWake chan struct{}
 	// win is every attached port's receive window at the switch: the
 	// socket buffer shared among them (fabric.Window).
 	win int
@@ -462,6 +570,7 @@ type SM struct {
 	logBad, logRefused, logForeign            limitedLog
 	logRetry, logCookie, logUnpadded          limitedLog
 	logVersion                                limitedLog
+	logSAThrottle, logTooLarge, logTableBusy  limitedLog
 	// secret keys the cookies of retries (random per SM start).
 	secret [32]byte
 	// Markers (switch.go): the token that proves one ours, where they go,
@@ -490,6 +599,7 @@ type SM struct {
 	retries, badCookies, unpadded, oldVersion atomic.Uint64
 	rmppXfers, rmppRetrans, rmppTimeouts      atomic.Uint64
 	rmppAborts                                atomic.Uint64
+	saThrottled, tableTooLarge, tableBusy     atomic.Uint64
 	saDrop                                    atomic.Bool // Config.SADrop, changeable with SetSADrop
 	sendErrors                                atomic.Uint64
 	sockDropsSeen                             atomic.Uint32 // the fabric socket's kernel drops at the last look (logSocketDrops)
@@ -559,11 +669,14 @@ func newState(cfg Config) (*SM, error) {
 		byLID:   make(map[uint16]*port),
 		timers:  make(map[*time.Timer]struct{}),
 		rmpp:    make(map[rmppKey]*rmppXfer),
+		rmppPer: make(map[rmppKey]int),
 		work:    make(chan struct{}, 1),
 		quit:    make(chan struct{}),
 
 		perSource: make(map[netip.Addr]int),
 		ctlWake:   make(chan struct{}, 1),
+		saSources: make(map[netip.Addr]*saSource),
+		tableWake: make(chan struct{}, 1),
 	}
 	if s.cfg.HOQLife <= 0 {
 		s.cfg.HOQLife = DefaultHOQLife
@@ -600,6 +713,7 @@ func newState(cfg Config) (*SM, error) {
 	s.cfg.MaxPortsPerSource = orDefault(cfg.MaxPortsPerSource, DefaultMaxPortsPerSource)
 	s.cfg.MaxGroupsPerPort = orDefault(cfg.MaxGroupsPerPort, DefaultMaxGroupsPerPort)
 	s.cfg.MaxMembershipsPerPort = orDefault(cfg.MaxMembershipsPerPort, DefaultMaxMembershipsPerPort)
+	s.cfg.MaxTableRecords = orDefault(cfg.MaxTableRecords, DefaultMaxTableRecords)
 	s.sa = sa.New(sa.Config{
 		SubnetPrefix:          cfg.SubnetPrefix,
 		SendOnlySupport:       cfg.SendOnlySupport,
@@ -607,6 +721,7 @@ func newState(cfg Config) (*SM, error) {
 		RespTimeValue:         sa.RespTimeValueFor(cfg.SADelay),
 		MaxGroupsPerPort:      s.cfg.MaxGroupsPerPort,
 		MaxMembershipsPerPort: s.cfg.MaxMembershipsPerPort,
+		MaxRecords:            s.cfg.MaxTableRecords,
 		Logf:                  s.logf,
 	})
 	if cfg.StateFile != "" {
@@ -701,10 +816,11 @@ func (s *SM) limitedf(l *limitedLog, now time.Time, format string, args ...any) 
 // first socket error that is not due to closing).
 func (s *SM) Run(ctx context.Context) error {
 	errc := make(chan error, 2)
-	s.wg.Add(4)
+	s.wg.Add(5)
 	go func() { defer s.wg.Done(); errc <- s.fabricLoop() }()
 	go func() { defer s.wg.Done(); s.forwardLoop() }()
 	go func() { defer s.wg.Done(); s.controlLoop() }()
+	go func() { defer s.wg.Done(); s.tableLoop() }()
 	go func() { defer s.wg.Done(); s.expiryLoop(ctx) }()
 	if s.rawSA != nil {
 		s.wg.Add(1)
@@ -1176,12 +1292,13 @@ func (s *SM) detachLocked(p *port) {
 		src := p.addr.Addr().Unmap()
 		if s.perSource[src]--; s.perSource[src] <= 0 {
 			delete(s.perSource, src)
+			delete(s.saSources, src) // transfers and queries keep their pointer
 		}
 		p.addr = netip.AddrPort{}
 		p.c.drops.Add(uint64(p.ls.dropQueue())) // a port that went down loses what it sent
 		p.ls.link = fabric.Link{}
 		p.ls.wantFlow = false
-		p.budget = bucket{}
+		p.budget, p.saBudget, p.tableBudget = bucket{}, bucket{}, bucket{}
 		s.lruRemove(p)
 		s.resizeWindows()
 	}
@@ -1290,13 +1407,116 @@ func (s *SM) saFromFabric(b []byte, p *port) {
 		s.rmppReceive(key, req, send)
 		return
 	}
+	src := s.saSources[p.addr.Addr().Unmap()]
+	if src == nil {
+		src = &saSource{}
+		s.saSources[p.addr.Addr().Unmap()] = src
+	}
+	query := s.sa.Broad(req)
+	if !s.saAllow(&p.saBudget, &p.tableBudget, src, query, func() string { return fmt.Sprintf("port %#x (%v)", guid, p.addr) }) {
+		return
+	}
+	if query {
+		s.saLater(func() {
+			s.queueTable(tableJob{req: req, from: sa.From{GUID: guid}, key: key, send: send, src: src, who: fmt.Sprintf("%#x", guid)})
+		})
+		return
+	}
 	s.saLater(func() {
 		resps := s.sa.Handle(req, sa.From{GUID: guid})
 		if s.cfg.Logf != nil {
 			s.logf("SA %s from %#x → %s", describe(req), guid, describeResp(resps))
 		}
-		s.answer(key, resps, send)
+		s.answer(key, req, resps, send, src)
 	})
+}
+
+// saAllow takes an SA request's tokens: the port's and the source's
+// (nil port buckets: a raw SA peer), and for a query their table tokens
+// too. Beyond, the request is dropped, counted and logged. Caller holds
+// mu.
+func (s *SM) saAllow(reqs, tables *bucket, src *saSource, query bool, who func() string) bool {
+	now := time.Now()
+	why := ""
+	switch {
+	case !reqs.allow(now, SARequestBurst, SARequestRate):
+		why = fmt.Sprintf("beyond %d SA requests a second from the port", SARequestRate)
+	case !src.reqs.allow(now, SASourceBurst, SASourceRate):
+		why = fmt.Sprintf("beyond %d SA requests a second from its source address", SASourceRate)
+	case query && !tables.allow(now, TableBurst, TableRate):
+		why = fmt.Sprintf("beyond %d broad queries (Get, GetTable) a second from the port", TableRate)
+	case query && !src.tables.allow(now, TableSourceBurst, TableSourceRate):
+		why = fmt.Sprintf("beyond %d broad queries (Get, GetTable) a second from its source address", TableSourceRate)
+	default:
+		return true
+	}
+	s.saThrottled.Add(1)
+	if s.cfg.Logf != nil {
+		s.limitedf(&s.logSAThrottle, now, "SA request from %s: dropped, %s", who(), why)
+	}
+	return false
+}
+
+// queueTable queues a query for the table goroutine; when tableQueue
+// wait already it is answered 0x0100 at once. Caller holds mu.
+func (s *SM) queueTable(j tableJob) {
+	if s.tables.len() >= tableQueue {
+		s.tableBusy.Add(1)
+		s.limitedf(&s.logTableBusy, time.Now(), "SA %s from %s: answered 0x0100, %d queries wait already", describe(j.req), j.who, tableQueue)
+		j.send(sa.ErrorReply(j.req, mad.StatusNoResources)[0])
+		return
+	}
+	s.tables.push(j)
+	select {
+	case s.tableWake <- struct{}{}:
+	default:
+	}
+}
+
+// tableLoop answers the queued queries until Close, one at a time: under
+// mu the SA copies what a query needs (sa.Prepare: at most every port or
+// group), without mu the answer is built (sa.Query.Build: bounded by
+// Config.MaxTableRecords), under mu again it is sent. So a query holds up
+// neither the reader nor the joins of other ports for longer than the
+// copy.
+func (s *SM) tableLoop() {
+	for {
+		select {
+		case <-s.tableWake:
+		case <-s.quit:
+			return
+		}
+		for {
+			s.mu.Lock()
+			if s.closed || s.tables.len() == 0 {
+				s.mu.Unlock()
+				break
+			}
+			j := s.tables.pop()
+			resps, q := s.sa.Prepare(j.req, j.from)
+			s.mu.Unlock()
+			tooLarge := false
+			if q != nil {
+				resps, tooLarge = q.Build()
+			}
+			s.mu.Lock()
+			if s.closed {
+				s.mu.Unlock()
+				return
+			}
+			now := time.Now()
+			if tooLarge {
+				s.tableTooLarge.Add(1)
+				s.limitedf(&s.logTooLarge, now, "SA %s from %s: answered 0x0100, more than %d records (or %d candidates)",
+					describe(j.req), j.who, s.cfg.MaxTableRecords, sa.WorkFactor*s.cfg.MaxTableRecords)
+			}
+			if s.cfg.Logf != nil {
+				s.logf("SA %s from %s → %s", describe(j.req), j.who, describeResp(resps))
+			}
+			s.answer(j.key, j.req, resps, j.send, j.src)
+			s.mu.Unlock()
+		}
+	}
 }
 
 // rmppKey names an RMPP transfer: its TID and the requester (a port over
@@ -1312,6 +1532,14 @@ type rmppXfer struct {
 	snd   *mad.RMPPSender
 	send  func(mad.MAD)
 	timer *time.Timer
+	bytes int       // its segments' (RMPPBytes, RMPPSourceBytes)
+	src   *saSource // charged for bytes
+}
+
+// requester is the requester of a transfer: its key without the TID.
+func (k rmppKey) requester() rmppKey {
+	k.tid = 0
+	return k
 }
 
 // isRMPPControl reports an RMPP ACK, STOP or ABORT (for the RMPP sender,
@@ -1320,9 +1548,13 @@ func isRMPPControl(m mad.MAD) bool {
 	return m.RMPPFlags()&mad.RMPPFlagActive != 0 && m.RMPPType() != mad.RMPPTypeData
 }
 
-// answer sends the SA's response MADs: a plain MAD at once, the segments
-// of an RMPP-active answer through a windowed RMPP sender. Caller holds mu.
-func (s *SM) answer(key rmppKey, resps []mad.MAD, send func(mad.MAD)) {
+// answer sends the SA's response MADs to req: a plain MAD at once, the
+// segments of an RMPP-active answer through a windowed RMPP sender — unless
+// the requester has MaxRMPPPerRequester transfers in progress or the
+// segments would exceed src's RMPPSourceBytes or RMPPBytes: then the
+// answer is 0x0100 (TableBusy). A transfer with the same key (requester
+// and TID) is replaced. Caller holds mu.
+func (s *SM) answer(key rmppKey, req mad.MAD, resps []mad.MAD, send func(mad.MAD), src *saSource) {
 	if len(resps) == 0 {
 		return
 	}
@@ -1333,12 +1565,36 @@ func (s *SM) answer(key rmppKey, resps []mad.MAD, send func(mad.MAD)) {
 		return
 	}
 	if old := s.rmpp[key]; old != nil {
-		s.stopTimer(old.timer)
+		s.rmppEnd(key, old)
 	}
-	x := &rmppXfer{snd: mad.NewRMPPSender(resps, s.cfg.RMPPRetries), send: send}
+	n := len(resps) * mad.Len
+	if s.rmppPer[key.requester()] >= MaxRMPPPerRequester || s.rmppBytes+n > RMPPBytes || src.rmppBytes+n > RMPPSourceBytes {
+		s.tableBusy.Add(1)
+		s.limitedf(&s.logTableBusy, time.Now(), "SA %s: answered 0x0100, the requester has %d RMPP transfers in progress (at most %d), its source address %d bytes of them (%d), all %d (%d); this one %d",
+			describe(req), s.rmppPer[key.requester()], MaxRMPPPerRequester, src.rmppBytes, RMPPSourceBytes, s.rmppBytes, RMPPBytes, n)
+		send(sa.ErrorReply(req, mad.StatusNoResources)[0])
+		return
+	}
+	x := &rmppXfer{snd: mad.NewRMPPSender(resps, s.cfg.RMPPRetries), send: send, bytes: n, src: src}
 	s.rmpp[key] = x
+	s.rmppPer[key.requester()]++
+	s.rmppBytes += n
+	src.rmppBytes += n
 	s.rmppXfers.Add(1)
 	s.rmppSend(key, x, x.snd.Start())
+}
+
+// rmppEnd forgets a transfer: its timer, its count and bytes. Caller
+// holds mu.
+func (s *SM) rmppEnd(key rmppKey, x *rmppXfer) {
+	s.stopTimer(x.timer)
+	delete(s.rmpp, key)
+	who := key.requester()
+	if s.rmppPer[who]--; s.rmppPer[who] <= 0 {
+		delete(s.rmppPer, who)
+	}
+	s.rmppBytes -= x.bytes
+	x.src.rmppBytes -= x.bytes
 }
 
 // rmppSend sends segments of a transfer and (re)arms its ACK timer.
@@ -1361,7 +1617,7 @@ func (s *SM) rmppTimeout(key rmppKey, x *rmppXfer) {
 	segs := x.snd.Timeout()
 	if done, _ := x.snd.Done(); done {
 		s.rmppTimeouts.Add(1)
-		delete(s.rmpp, key)
+		s.rmppEnd(key, x)
 		s.logf("RMPP transfer tid %#x: no ACK after %d retries (%d segments acknowledged): dropped", key.tid, s.cfg.RMPPRetries, x.snd.Acked())
 		return
 	}
@@ -1381,8 +1637,7 @@ func (s *SM) rmppReceive(key rmppKey, m mad.MAD, reply func(mad.MAD)) {
 		reply(abort)
 	}
 	if done, err := x.snd.Done(); done {
-		s.stopTimer(x.timer)
-		delete(s.rmpp, key)
+		s.rmppEnd(key, x)
 		if err != nil {
 			s.rmppAborts.Add(1)
 			s.logf("RMPP transfer tid %#x: %v (RMPP type %d status %d)", key.tid, err, m.RMPPType(), m.RMPPStatus())
@@ -1468,12 +1723,25 @@ func (s *SM) rawSALoop() error {
 			s.mu.Unlock()
 			continue
 		}
+		src := &s.rawSource
+		query := s.sa.Broad(req)
+		if !s.saAllow(nil, nil, src, query, func() string { return fmt.Sprintf("raw %v", from) }) {
+			s.mu.Unlock()
+			continue
+		}
+		if query {
+			s.saLater(func() {
+				s.queueTable(tableJob{req: req, from: sa.From{Raw: true}, key: key, send: send, src: src, who: fmt.Sprintf("raw %v", from)})
+			})
+			s.mu.Unlock()
+			continue
+		}
 		s.saLater(func() {
 			resps := s.sa.Handle(req, sa.From{Raw: true})
 			if s.cfg.Logf != nil {
 				s.logf("SA %s from raw %v → %s", describe(req), from, describeResp(resps))
 			}
-			s.answer(key, resps, send)
+			s.answer(key, req, resps, send, src)
 		})
 		s.mu.Unlock()
 	}
@@ -1519,6 +1787,7 @@ func (s *SM) Stats() Stats {
 		ThrottledControls: s.throttled.Load(), ControlDrops: s.ctlDrops.Load(),
 		GroupQuotaRefusals: q.Groups, MembershipQuotaRefusals: q.Memberships,
 		RMPPTransfers: s.rmppXfers.Load(), RMPPRetransmits: s.rmppRetrans.Load(), RMPPTimeouts: s.rmppTimeouts.Load(), RMPPAborts: s.rmppAborts.Load(),
+		SAThrottled: s.saThrottled.Load(), TableTooLarge: s.tableTooLarge.Load(), TableBusy: s.tableBusy.Load(),
 		SocketBuffer: s.rcvbuf, SendErrors: s.sendErrors.Load(), SocketDrops: uint64(s.socketDrops())}
 	for _, p := range s.sortedPorts() {
 		st.Ports = append(st.Ports, PortStats{
