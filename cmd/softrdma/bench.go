@@ -62,7 +62,7 @@ the JSON lines).
 	quick := fs.Bool("quick", false, "a run of a few seconds: one receiver, 64-byte payloads, 200 groups")
 	jsonOnly := fs.Bool("json", false, "print only the JSON lines")
 	bind := fs.String("bind", cfg.Bind.String(), "local address; its interface carries the traffic (loopback by default)")
-	parts := fs.String("parts", strings.Join(cfg.Parts, ","), "parts to run: icrc,allocs,control,latency,fanout,ib,capi (capi: C programs through the libraries against the Go API; not in the default)")
+	parts := fs.String("parts", strings.Join(cfg.Parts, ","), "parts to run: icrc,allocs,control,latency,fanout,ib,capi,reliable (capi: C programs through the libraries against the Go API; reliable: reliable multicast against NORM, OpenPGM and plain UDP in network namespaces, root; neither in the default)")
 	recv := fs.String("n", "", "receiver process counts, comma-separated (default 1,2,4)")
 	sizes := fs.String("sizes", "", "payload sizes in bytes, comma-separated (default 64,256,1024,4096)")
 	dur := fs.Duration("d", 0, "send time per mode and case (default 250ms)")
@@ -81,6 +81,7 @@ the JSON lines).
 	capiIters := fs.Int("capi-iters", 200000, "capi: ITERS of capibench (calls per case)")
 	capiSecs := fs.Int("capi-secs", 2, "capi: perftest's -D and the Go twin's run time, in whole seconds")
 	capiLibdir := fs.String("capi-libdir", os.Getenv("SOFTRDMA_LIBDIR"), "capi: the libraries' directory (default: as softrdma exec finds or builds them)")
+	rel := relFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -142,6 +143,10 @@ the JSON lines).
 	}
 	cfg.Batch, cfg.Rate, cfg.Slots = *batch, *rate, *slots
 	if err := latencyFlags(&cfg, *latSizes, *latWaits, *latLinks, *latRounds); err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 2
+	}
+	if err := rel.apply(&cfg); err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 2
 	}
@@ -223,6 +228,75 @@ func latencyFlags(cfg *bench.Config, sizes, waits, links string, rounds int) err
 	} else if rounds > 0 {
 		cfg.LatRounds = rounds
 	}
+	return nil
+}
+
+// relOpts are the flags of the reliable part.
+type relOpts struct {
+	receivers, sizes, loss, peers *string
+	count                         *int
+	rate                          *float64
+	timeout                       *time.Duration
+	normRate                      *float64
+	normCC                        *bool
+	pgmRate                       *int
+}
+
+func relFlags(fs *flag.FlagSet) *relOpts {
+	d := bench.DefaultConfig()
+	return &relOpts{
+		receivers: fs.String("rel-receivers", "", "reliable: receiver process counts, comma-separated (default 1,2,4)"),
+		sizes:     fs.String("rel-sizes", "", "reliable: message sizes in bytes, comma-separated (default 64,1024,65536)"),
+		loss:      fs.String("rel-loss", "", "reliable: injected loss rates in per mille, comma-separated; loss 0 always runs (default 0,1,10,50)"),
+		peers:     fs.String("rel-peers", "", "reliable: the peers to run, comma-separated (default every registered one: "+strings.Join(relPeerNames(), ",")+")"),
+		count:     fs.Int("rel-count", 0, "reliable: messages per case (default 64 MiB/size, 1000..200000)"),
+		rate:      fs.Float64("rel-rate", 0, "reliable: the sender's rate in messages/s (0: as fast as the peer's flow control lets it)"),
+		timeout:   fs.Duration("rel-timeout", 0, "reliable: a receiver gives up after this long (default 60s)"),
+		normRate:  fs.Float64("rel-norm-rate", d.RelNormRate, "reliable: NORM's transmit rate in bit/s (NORM-CC's upper bound with -rel-norm-cc)"),
+		normCC:    fs.Bool("rel-norm-cc", false, "reliable: NORM with its congestion control (NORM-CC) instead of a fixed rate"),
+		pgmRate:   fs.Int("rel-pgm-rate", d.RelPGMRate, "reliable: PGM's PGM_TXW_MAX_RTE in bytes/s"),
+	}
+}
+
+func relPeerNames() []string {
+	var out []string
+	for _, p := range bench.ReliablePeers() {
+		out = append(out, p.Name)
+	}
+	return out
+}
+
+// apply sets the reliable part's fields of cfg from the flags.
+func (o *relOpts) apply(cfg *bench.Config) error {
+	var err error
+	if *o.receivers != "" {
+		if cfg.RelReceivers, err = intList(*o.receivers, 1, 64); err != nil {
+			return fmt.Errorf("-rel-receivers: %v", err)
+		}
+	}
+	if *o.sizes != "" {
+		if cfg.RelSizes, err = intList(*o.sizes, bench.RMsgHeader, 1<<20); err != nil {
+			return fmt.Errorf("-rel-sizes: %v", err)
+		}
+	}
+	if *o.loss != "" {
+		if cfg.RelLoss, err = intList(*o.loss, 0, 1000); err != nil {
+			return fmt.Errorf("-rel-loss: %v", err)
+		}
+	}
+	if *o.peers != "" {
+		cfg.RelPeers = strings.Split(*o.peers, ",")
+	}
+	if *o.count < 0 || *o.rate < 0 || *o.timeout < 0 || *o.normRate <= 0 || *o.pgmRate <= 0 {
+		return fmt.Errorf("-rel-count, -rel-rate and -rel-timeout must be ≥ 0, -rel-norm-rate and -rel-pgm-rate > 0")
+	}
+	if *o.count > 0 {
+		cfg.RelCount = *o.count
+	}
+	if *o.timeout > 0 {
+		cfg.RelTimeout = *o.timeout
+	}
+	cfg.RelRate, cfg.RelNormRate, cfg.RelNormCC, cfg.RelPGMRate = *o.rate, *o.normRate, *o.normCC, *o.pgmRate
 	return nil
 }
 

@@ -76,4 +76,9 @@ func TestBenchTable(t *testing.T) {
 	if code := run([]string{"bench", "-sizes", "9000"}, &out, &errb); code != 2 {
 		t.Errorf("-sizes 9000: exit %d", code)
 	}
+	for _, bad := range [][]string{{"-rel-loss", "1001"}, {"-rel-sizes", "8"}, {"-rel-receivers", "0"}, {"-rel-pgm-rate", "0"}} {
+		if code := run(append([]string{"bench", "-parts", "reliable"}, bad...), &out, &errb); code != 2 {
+			t.Errorf("%v: exit %d", bad, code)
+		}
+	}
 }

@@ -16,6 +16,12 @@
 //     number of groups one process holds at once with the Go heap per
 //     group, and the memory of a QP;
 //   - allocs: allocations per datagram in steady state;
+//   - reliable (not in the default run: root and the C peers' libraries):
+//     reliable multicast side by side — one sender to N receiver processes
+//     in network namespaces of their own, over a bridge, at injected loss
+//     rates — for every registered Peer (plain UDP multicast as the
+//     ceiling, NORM, OpenPGM, and softrdma's once registered; see
+//     reliable.go and rmsg.go);
 //   - ib: the emulated InfiniBand subnet: fan-out through softsm (a
 //     process of its own) against the RoCEv2 path of the same run, with
 //     its loss (the subnet is lossless: the target is none), the SA's
@@ -132,6 +138,31 @@ type Config struct {
 	LatIB     bool
 	LatEnv    []string
 
+	// The reliable part (PartReliable): RelReceivers receiver processes,
+	// RelSizes message sizes, RelLoss injected loss rates in per mille
+	// (loss 0 always runs: the first pass of the repair bytes), for the
+	// peers named in RelPeers (all registered ones when empty). A case
+	// sends RelCount messages, or when 0 RelBytes/size clamped to
+	// 1000..RelMaxCount; RelRate paces the sender (messages/s, 0: as fast
+	// as the peer's own flow control lets it). A receiver gives up after
+	// RelTimeout, or RelIdle without a delivery (at most 1 s for a peer
+	// that does not repair). RelNormRate is NORM's
+	// transmit rate in bit/s (NORM-CC's upper bound with RelNormCC),
+	// RelPGMRate PGM's PGM_TXW_MAX_RTE in bytes/s.
+	RelReceivers []int
+	RelSizes     []int
+	RelLoss      []int
+	RelPeers     []string
+	RelCount     int
+	RelBytes     int
+	RelMaxCount  int
+	RelRate      float64
+	RelTimeout   time.Duration
+	RelIdle      time.Duration
+	RelNormRate  float64
+	RelNormCC    bool
+	RelPGMRate   int
+
 	// Table, when not nil, gets the human-readable table as the run goes.
 	Table io.Writer
 	// JSON, when not nil, gets one JSON object per line per case.
@@ -169,6 +200,16 @@ func DefaultConfig() Config {
 		LatLo:       true,
 		LatVeth:     true,
 		LatIB:       true,
+
+		RelReceivers: []int{1, 2, 4},
+		RelSizes:     []int{64, 1024, 65536},
+		RelLoss:      []int{0, 1, 10, 50},
+		RelBytes:     64 << 20,
+		RelMaxCount:  200000,
+		RelTimeout:   60 * time.Second,
+		RelIdle:      10 * time.Second,
+		RelNormRate:  relNormRate,
+		RelPGMRate:   relPGMRate,
 	}
 }
 
@@ -190,6 +231,7 @@ func QuickConfig() Config {
 	c.LatRounds = 300
 	c.LatWarmup = 50
 	c.LatVeth = false
+	c.RelReceivers, c.RelSizes, c.RelLoss, c.RelCount = []int{1}, []int{1024}, []int{0, 10}, 2000
 	return c
 }
 
@@ -204,6 +246,7 @@ type Report struct {
 	QP       *QPResult
 	Allocs   []AllocsResult
 	Latency  []LatencyResult
+	Reliable []RelResult
 	Targets  []Target
 }
 
@@ -241,6 +284,8 @@ func Run(cfg Config) (*Report, error) {
 			err = runIB(&cfg, w, rep)
 		case PartLatency:
 			err = runLatency(&cfg, w, rep)
+		case PartReliable:
+			err = runReliable(&cfg, w, rep)
 		default:
 			err = fmt.Errorf("unknown part %q", part)
 		}
@@ -392,6 +437,9 @@ func targets(rep *Report) []Target {
 		ts = append(ts, fanoutTargets(fs)...)
 	}
 	ts = append(ts, latencyTargets(rep.Latency)...)
+	if len(rep.Reliable) > 0 {
+		ts = append(ts, reliableTargets(rep.Reliable)...)
+	}
 	if len(rep.IBFanout) > 0 {
 		lo, lossy := rep.IBFanout[0], rep.IBFanout[0]
 		for _, r := range rep.IBFanout {
