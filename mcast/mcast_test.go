@@ -29,6 +29,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(peerVar) != "" {
+		os.Exit(runPeer())
+	}
 	testenv.ClearSoftRDMA()
 	code := m.Run()
 	rxe.CloseAll()

@@ -38,8 +38,9 @@ type Config struct {
 	// PeerTimeout is how long a member stays silent before it counts as
 	// gone: a sender for its receivers, a receiver for its senders.
 	PeerTimeout time.Duration
-	// MaxStall, when not 0, is how long a receiver may hold a blocked
-	// sender back without acking anything before the sender evicts it.
+	// MaxStall, when not 0, bounds how much a receiver may hold a sender
+	// back: one that kept the sender blocked for more than half of a
+	// period of MaxStall is evicted at the period's end.
 	MaxStall time.Duration
 	// Seed seeds the member's random choices (NACK delays).
 	Seed uint64
@@ -147,7 +148,7 @@ type Member struct {
 	ctl   []byte
 	out   *outStream
 	in    map[uint32]*inStream
-	gone  map[uint32]int64
+	gone  map[uint32]goneStream
 	ready []*inStream
 	evs   []Event
 	due   int64
@@ -167,7 +168,7 @@ func New(cfg Config, env Env) *Member {
 		frag: cfg.MTU - DataLen,
 		ctl:  make([]byte, cfg.MTU),
 		in:   map[uint32]*inStream{},
-		gone: map[uint32]int64{},
+		gone: map[uint32]goneStream{},
 		due:  never,
 	}
 }
@@ -198,7 +199,9 @@ type outStream struct {
 	evicted      map[uint32]evictMark
 	hbDue        int64
 	hbIvl        time.Duration
-	blockedSince int64
+	blockedSince int64 // when SendFragment was first refused, 0 when not blocked
+	lastHeld     int64 // held time is counted up to here
+	period       int64 // start of the current MaxStall period
 	final        bool
 }
 
@@ -211,15 +214,17 @@ type repair struct {
 }
 
 type rcvState struct {
-	ack      uint64
-	window   uint64
-	heard    int64
-	progress int64
+	ack    uint64
+	window uint64
+	heard  int64
+	held   int64 // time the sender was blocked on it in this period
+	end    bool  // it knows where the stream ends (Finish)
 }
 
 type evictMark struct {
 	resume uint64
 	at     int64
+	sent   int64 // the last Evict sent
 }
 
 func (m *Member) sender(now int64) *outStream {
@@ -280,6 +285,21 @@ func (m *Member) room(o *outStream) bool {
 	return true
 }
 
+// hold counts the time the sender has been blocked since it last looked
+// to the receivers that block it now.
+func (m *Member) hold(now int64, o *outStream) {
+	if o.blockedSince == 0 || m.cfg.MaxStall <= 0 {
+		return
+	}
+	d := now - o.lastHeld
+	o.lastHeld = now
+	for _, r := range o.rcv {
+		if o.next >= max(r.ack, o.trail)+r.window {
+			r.held += d
+		}
+	}
+}
+
 // SendFragment sends one fragment of a message (at most FragmentSize
 // bytes; first and last mark the message's ends). It returns false, and
 // sends nothing, when the window has no room: the caller waits for Tick
@@ -289,9 +309,10 @@ func (m *Member) SendFragment(now int64, frag []byte, first, last bool) bool {
 	if o.final {
 		return false
 	}
+	m.hold(now, o)
 	if !m.room(o) {
 		if o.blockedSince == 0 {
-			o.blockedSince = now
+			o.blockedSince, o.lastHeld = now, now
 			// Ask the receivers where they are, soon.
 			o.hbIvl = m.cfg.HeartbeatMin
 			o.hbDue = min(o.hbDue, now+int64(m.cfg.HeartbeatMin))
@@ -340,20 +361,21 @@ func (m *Member) Finish(now int64) {
 		return
 	}
 	m.out.final = true
+	m.heartbeat(now, m.out, 0)
 	m.out.hbIvl = m.cfg.HeartbeatMin
-	m.out.hbDue = now
-	m.at(now)
+	m.out.hbDue = now + int64(m.out.hbIvl)
+	m.at(m.out.hbDue)
 }
 
 // Drained reports whether every receiver of the member's stream has
-// acked all of it.
+// acked all of it and, after Finish, knows it ended.
 func (m *Member) Drained() bool {
 	o := m.out
 	if o == nil {
 		return true
 	}
 	for _, r := range o.rcv {
-		if r.ack < o.next {
+		if r.ack < o.next || o.final && !r.end {
 			return false
 		}
 	}
@@ -362,7 +384,7 @@ func (m *Member) Drained() bool {
 
 func (m *Member) heartbeat(now int64, o *outStream, to uint32) {
 	var fl uint8
-	if o.trail < o.next || o.blockedSince != 0 {
+	if o.trail < o.next || o.blockedSince != 0 || o.final {
 		fl |= FlagAckReq
 	}
 	if o.final {
@@ -385,9 +407,14 @@ func (m *Member) onStatus(now int64, p Packet) {
 	from, ack := p.From(), p.Ack()
 	if e, ok := o.evicted[from]; ok {
 		if ack < e.resume {
-			// From before the eviction, or the Evict was lost: again.
-			n := PutEvict(m.ctl, m.cfg.Session, from, e.resume)
-			m.env.Unicast(from, m.ctl[:n])
+			// From before the eviction, or the Evict was lost: again,
+			// at most once per RepairTimeout.
+			if now-e.sent >= int64(m.cfg.RepairTimeout) {
+				e.sent = now
+				o.evicted[from] = e
+				n := PutEvict(m.ctl, m.cfg.Session, from, e.resume)
+				m.env.Unicast(from, m.ctl[:n])
+			}
 			return
 		}
 		delete(o.evicted, from)
@@ -398,7 +425,7 @@ func (m *Member) onStatus(now int64, p Packet) {
 	}
 	r := o.rcv[from]
 	if r == nil {
-		r = &rcvState{ack: ack, progress: now}
+		r = &rcvState{ack: ack}
 		o.rcv[from] = r
 	}
 	if p.Flags()&FlagHello != 0 {
@@ -406,11 +433,12 @@ func (m *Member) onStatus(now int64, p Packet) {
 		m.env.Unicast(from, m.ctl[:n])
 	}
 	if ack > r.ack {
+		m.hold(now, o) // what it held up to now
 		r.ack = ack
-		r.progress = now
 	}
 	r.window = max(uint64(p.Window()), 1)
 	r.heard = now
+	r.end = r.end || p.Flags()&FlagEnd != 0
 }
 
 func (m *Member) onNack(now int64, p Packet) {
@@ -477,15 +505,23 @@ func (m *Member) tickSender(now int64, o *outStream) {
 			m.Stats.ReceiversGone++
 		}
 	}
-	if m.cfg.MaxStall > 0 && o.blockedSince != 0 && now-o.blockedSince > int64(m.cfg.MaxStall) {
-		for id, r := range o.rcv {
-			if o.next >= max(r.ack, o.trail)+r.window && now-r.progress > int64(m.cfg.MaxStall) {
-				delete(o.rcv, id)
-				o.evicted[id] = evictMark{resume: o.next, at: now}
-				n := PutEvict(m.ctl, m.cfg.Session, id, o.next)
-				m.env.Unicast(id, m.ctl[:n])
-				m.Stats.Evictions++
+	if m.cfg.MaxStall > 0 {
+		m.hold(now, o)
+		if now-o.period >= int64(m.cfg.MaxStall) {
+			for id, r := range o.rcv {
+				if r.held > int64(m.cfg.MaxStall)/2 {
+					delete(o.rcv, id)
+					o.evicted[id] = evictMark{resume: o.next, at: now, sent: now}
+					n := PutEvict(m.ctl, m.cfg.Session, id, o.next)
+					m.env.Unicast(id, m.ctl[:n])
+					m.Stats.Evictions++
+				}
+				r.held = 0
 			}
+			o.period = now
+		}
+		if o.blockedSince != 0 {
+			m.at(o.period + int64(m.cfg.MaxStall))
 		}
 	}
 	for id, e := range o.evicted {
@@ -508,6 +544,12 @@ const (
 	slotHave
 	slotLost
 )
+
+// goneStream is a stream that ended: its packets are ignored for a while.
+type goneStream struct {
+	at    int64
+	ended bool // it ended gracefully, read to its end
+}
 
 type inStream struct {
 	session            uint32
@@ -565,6 +607,9 @@ func (m *Member) sendStatus(now int64, st *inStream) {
 	ivl := m.cfg.StatusInterval
 	if !st.synced {
 		fl, ivl = FlagHello, m.cfg.RepairTimeout
+	}
+	if st.final {
+		fl |= FlagEnd
 	}
 	n := PutStatus(m.ctl, st.session, m.cfg.Session, st.deliv, uint32(m.cfg.Window), fl)
 	m.env.Unicast(st.session, m.ctl[:n])
@@ -752,7 +797,7 @@ func (m *Member) retire(st *inStream) {
 		return
 	}
 	delete(m.in, st.session)
-	m.gone[st.session] = st.heard
+	m.gone[st.session] = goneStream{at: st.heard, ended: st.final}
 }
 
 // loseTo marks every missing packet below to as lost for good. A point
@@ -762,7 +807,10 @@ func (m *Member) loseTo(now int64, st *inStream, to uint64, why EventKind) {
 	if to <= st.lostTo {
 		return
 	}
-	st.lostTo, st.lostWhy = to, why
+	if st.lostWhy != EventEvicted || st.deliv >= st.lostTo {
+		st.lostWhy = why // an eviction not yet reported stays the reason
+	}
+	st.lostTo = to
 	w := uint64(m.cfg.Window)
 	if to > st.deliv+w {
 		for k := range w {
@@ -804,6 +852,13 @@ func (m *Member) onHeartbeat(now int64, p Packet) {
 		return
 	}
 	if p.Flags()&FlagFinal != 0 && m.in[p.Session()] == nil {
+		if g, ok := m.gone[p.Session()]; ok && g.ended {
+			// Read to its end already: say so again (the Status that
+			// said it may have been lost).
+			n := PutStatus(m.ctl, p.Session(), m.cfg.Session, p.Next(), uint32(m.cfg.Window), FlagEnd)
+			m.env.Unicast(p.Session(), m.ctl[:n])
+			m.Stats.StatusSent++
+		}
 		return
 	}
 	st := m.stream(now, p.Session(), p.Next())
@@ -831,6 +886,17 @@ func (m *Member) onHeartbeat(now int64, p Packet) {
 func (m *Member) onEvict(now int64, p Packet) {
 	st := m.in[p.Session()]
 	if st == nil || p.To() != m.cfg.Session {
+		return
+	}
+	if p.Resume() <= st.lostTo {
+		// The sender's trail told of the loss first: say why.
+		if st.lostWhy != EventEvicted {
+			st.lostWhy = EventEvicted
+			if st.lostRun == 0 {
+				m.evs = append(m.evs, Event{Kind: EventEvicted, Session: st.session})
+				m.Stats.Evicted++
+			}
+		}
 		return
 	}
 	st.heard = now
@@ -968,8 +1034,8 @@ func (m *Member) Tick(now int64) {
 			m.pump(now, st)
 		}
 	}
-	for s, t := range m.gone {
-		if now-t > 2*int64(m.cfg.PeerTimeout) {
+	for s, g := range m.gone {
+		if now-g.at > 2*int64(m.cfg.PeerTimeout) {
 			delete(m.gone, s)
 		}
 	}

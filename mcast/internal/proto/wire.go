@@ -60,6 +60,9 @@ const (
 	// the receiver is in the sender's window from then on, and starts at
 	// the trail if its own start is older.
 	FlagWelcome = 0x20
+	// FlagEnd marks the Status of a receiver that knows where the stream
+	// ends (it saw a Final heartbeat).
+	FlagEnd = 0x10
 )
 
 // Header lengths.
