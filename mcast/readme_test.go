@@ -1,0 +1,63 @@
+package mcast_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/internal/harness/testenv"
+)
+
+// TestREADMEQuickStart runs README's Go quick start as written: the first
+// Go block of its section, as the main package of a module of its own
+// that uses this checkout.
+func TestREADMEQuickStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a program")
+	}
+	if !testenv.InNetns(t) {
+		return
+	}
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(readme)
+	i := strings.Index(s, "## Quick start: a reliable group in Go")
+	if i < 0 {
+		t.Fatal("README has no Go quick start section")
+	}
+	s = s[i:]
+	a := strings.Index(s, "```go\n")
+	b := strings.Index(s[a+6:], "```")
+	if a < 0 || b < 0 {
+		t.Fatal("no Go block in the quick start")
+	}
+	src := s[a+6 : a+6+b]
+	// A directory of this module that ./... patterns skip (a leading _).
+	dir, err := os.MkdirTemp(".", "_quickstart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, nettest.GoTool(), "run", "./"+filepath.Base(dir))
+	cmd.Env = testenv.CleanEnv()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go run: %v\n%s", err, out)
+	}
+	if !strings.HasPrefix(string(out), "hello, group 127.0.0.1/0x") || !strings.HasSuffix(strings.TrimSpace(string(out)), "<nil>") {
+		t.Fatalf("the quick start printed %q", out)
+	}
+	t.Logf("quick start: %s", out)
+}
