@@ -2,6 +2,7 @@ package mcast
 
 import (
 	"crypto/rand"
+	"errors"
 	"math"
 	"net/netip"
 	"runtime"
@@ -30,30 +31,66 @@ func (e *env) Unicast(to uint32, pkt []byte) {
 	}
 }
 
-// post copies pkt into a send slot and posts it (c.mu held). With no
-// slot free it reaps send completions; a packet that still finds none is
+// post copies pkt into a send slot and adds it to the chain, which goes
+// to the QP at once unless the Conn is corked (c.mu held). With no slot
+// free it reaps send completions; a packet that still finds none is
 // dropped and counted: the protocol repairs it as any loss.
 func (c *Conn) post(pkt []byte, ah *verbs.AH, qpn uint32) {
-	if len(c.sfree) == 0 {
-		for spin := 0; len(c.sfree) == 0 && spin < 100; spin++ {
+	if c.shead-c.stail == sendSlots {
+		c.flush()
+		for spin := 0; c.shead-c.stail == sendSlots && spin < 1000; spin++ {
 			if c.reapSends() == 0 {
 				runtime.Gosched()
 			}
 		}
-		if len(c.sfree) == 0 {
+		if c.shead-c.stail == sendSlots {
 			c.stats.SendDrops++
 			return
 		}
 	}
-	slot := c.sfree[len(c.sfree)-1]
-	c.sfree = c.sfree[:len(c.sfree)-1]
+	slot := int(c.shead % sendSlots)
+	c.shead++
 	n := copy(c.sbuf[slot*c.mtu:(slot+1)*c.mtu], pkt)
-	c.ssge[0] = c.smr.SGE(slot*c.mtu, n)
-	c.swr = verbs.SendWR{WRID: uint64(slot), SGList: c.ssge[:], Opcode: verbs.WRSend,
-		Flags: verbs.SendSignaled, UD: verbs.UDWR{AH: ah, RemoteQPN: qpn, RemoteQKey: c.qkey}}
-	if err := c.qp.PostSend(&c.swr); err != nil {
-		c.sfree = append(c.sfree, slot)
-		c.stats.SendDrops++
+	i := c.nchain
+	c.ssge[i] = c.smr.SGE(slot*c.mtu, n)
+	c.swrs[i] = verbs.SendWR{WRID: c.shead, SGList: c.ssge[i : i+1], Opcode: verbs.WRSend,
+		UD: verbs.UDWR{AH: ah, RemoteQPN: qpn, RemoteQKey: c.qkey}}
+	if i > 0 {
+		c.swrs[i-1].Next = &c.swrs[i]
+	}
+	c.nchain++
+	if !c.cork || c.nchain == sendChain {
+		c.flush()
+	}
+}
+
+// flush posts the chain (c.mu held). Every signalEvery-th packet and the
+// chain's last ask for a completion, whose WRID (the ring position after
+// it) frees every slot before it.
+func (c *Conn) flush() {
+	n := c.nchain
+	if n == 0 {
+		return
+	}
+	c.nchain = 0
+	for i := range n {
+		if c.swrs[i].WRID%signalEvery == 0 || i == n-1 {
+			c.swrs[i].Flags = verbs.SendSignaled
+		}
+	}
+	err := c.qp.PostSend(&c.swrs[0])
+	if err != nil {
+		// What the chain did not send is dropped (the protocol repairs
+		// it); its slots are freed once the packets before it complete.
+		var bad *verbs.BadWRError
+		sent := 0
+		if errors.As(err, &bad) {
+			sent = bad.Index
+		}
+		// The slots of the packets sent are freed by their completion,
+		// or the next signaled one's.
+		c.stats.SendDrops += uint64(n - sent)
+		c.shead -= uint64(n - sent)
 	}
 }
 
@@ -61,7 +98,9 @@ func (c *Conn) post(pkt []byte, ah *verbs.AH, qpn uint32) {
 func (c *Conn) reapSends() int {
 	n, _ := c.scq.Poll(c.swcs)
 	for _, wc := range c.swcs[:n] {
-		c.sfree = append(c.sfree, int(wc.WRID))
+		if wc.WRID > c.stail {
+			c.stail = wc.WRID
+		}
 	}
 	return n
 }
@@ -176,6 +215,7 @@ func (c *Conn) loop() {
 		if err != nil {
 			c.stats.RecvErrors++
 		}
+		c.cork = true // what the packets and timers make goes in chains
 		for i := range c.wcs[:n] {
 			if c.handle(now, &c.wcs[i]) {
 				c.repost(int(c.wcs[i].WRID))
@@ -192,6 +232,8 @@ func (c *Conn) loop() {
 			readable = c.m.Pending()
 			writable = c.m.Room() || c.m.Drained()
 		}
+		c.cork = false
+		c.flush()
 		if n == 0 {
 			c.armed = due // a Send or Receive that moves it earlier kicks
 		}
