@@ -12,7 +12,12 @@ import (
 // BenchmarkStream: one sender, one receiver on lo, in one process:
 // messages per second through the whole reliable path (fragmenting,
 // window, acks), messages of 64 B, 1 KiB and 64 KiB.
-func BenchmarkStream(b *testing.B) {
+func BenchmarkStream(b *testing.B) { benchStream(b, 1) }
+
+// BenchmarkStreamBatch is BenchmarkStream with SendBatch of 64 messages.
+func BenchmarkStreamBatch(b *testing.B) { benchStream(b, 64) }
+
+func benchStream(b *testing.B, batch int) {
 	for _, size := range []int{64, 1024, 64 << 10} {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -31,7 +36,10 @@ func BenchmarkStream(b *testing.B) {
 			if err := snd.WaitReceivers(ctx, 1); err != nil {
 				b.Fatal(err)
 			}
-			msg := make([]byte, size)
+			msgs := make([][]byte, batch)
+			for i := range msgs {
+				msgs[i] = make([]byte, size)
+			}
 			done := make(chan error, 1)
 			b.SetBytes(int64(size))
 			b.ResetTimer()
@@ -45,8 +53,8 @@ func BenchmarkStream(b *testing.B) {
 				}
 				done <- nil
 			}()
-			for range b.N {
-				if err := snd.Send(ctx, msg); err != nil {
+			for i := 0; i < b.N; i += batch {
+				if _, err := snd.SendBatch(ctx, msgs[:min(batch, b.N-i)]); err != nil {
 					b.Fatal(err)
 				}
 			}

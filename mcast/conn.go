@@ -506,6 +506,9 @@ func (c *Conn) send(ctx context.Context, msg []byte, dl *time.Time) error {
 	if err := c.sendLocked(ctx, msg, dl); err != nil {
 		return err
 	}
+	if c.m != nil {
+		c.m.Flush(c.now())
+	}
 	c.flush()
 	kick := c.m != nil && c.dueMovedLocked()
 	c.mu.Unlock()
@@ -526,17 +529,14 @@ func (c *Conn) sendLocked(ctx context.Context, msg []byte, dl *time.Time) error 
 		c.stats.MessagesSent++
 		return nil
 	}
-	frag := c.m.FragmentSize()
+	total := proto.RecordLen(len(msg))
 	off := 0
 	for {
-		end := min(off+frag, len(msg))
-		if c.m.SendFragment(c.now(), msg[off:end], off == 0, end == len(msg)) {
-			if end == len(msg) {
-				break
-			}
-			off = end
-			continue
+		off = c.m.Write(c.now(), msg, off)
+		if off == total {
+			break
 		}
+		c.m.Flush(c.now())
 		c.flush()
 		c.mu.Unlock()
 		c.kick()
@@ -553,9 +553,11 @@ func (c *Conn) sendLocked(ctx context.Context, msg []byte, dl *time.Time) error 
 	return nil
 }
 
-// SendBatch sends msgs in order, as Send does each, with their packets
-// posted in chains (one system call per chain on the RoCEv2 device): the
-// way to send many small messages fast. It returns how many were sent.
+// SendBatch sends msgs in order, as Send does each, but packed: small
+// messages share packets (Send sends its message's last packet at once;
+// SendBatch only the batch's), and the packets go in chains (one system
+// call per chain on the RoCEv2 device): the way to send many small
+// messages fast. It returns how many were sent.
 func (c *Conn) SendBatch(ctx context.Context, msgs [][]byte) (int, error) {
 	dl := c.wdl.Load()
 	for _, m := range msgs {
@@ -572,6 +574,9 @@ func (c *Conn) SendBatch(ctx context.Context, msgs [][]byte) (int, error) {
 		if err := c.sendLocked(ctx, m, dl); err != nil {
 			return i, &OpError{Op: "send", Group: c.group, Err: err}
 		}
+	}
+	if c.m != nil {
+		c.m.Flush(c.now())
 	}
 	c.flush()
 	kick := c.m != nil && c.dueMovedLocked()

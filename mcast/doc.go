@@ -21,8 +21,10 @@
 // # Semantics
 //
 //   - Messages of any size up to Options.MaxMessageSize (1 MiB by
-//     default, at most 64 MiB), fragmented over the path MTU; Receive
-//     gives whole messages, each sender's in its order, each once.
+//     default, at most 64 MiB); Receive gives whole messages, each
+//     sender's in its order, each once. SendBatch packs small messages
+//     into shared packets (Send sends each message's last packet at once,
+//     for latency).
 //   - A member receives a sender's stream from where it found it (the
 //     live edge): a receiver that joins late gets everything from its
 //     first whole message on, without gap. A sender whose first messages
@@ -49,10 +51,12 @@
 // state machine; docs/reliable.md the reasoning against NORM, PGM, Aeron
 // and UCC):
 //
-//   - Every packet of a sender carries its session (a random 32-bit
-//     identity) and a 64-bit sequence number; fragments are marked first
-//     and last. A receiver keeps a window of packets per sender and
-//     delivers in sequence order.
+//   - A sender's messages are a stream of records (a uvarint length, then
+//     the bytes) cut into packets of the path MTU; every packet carries
+//     the sender's session (a random 32-bit identity), a 64-bit sequence
+//     number and where its first record starts (so a receiver can start
+//     mid-stream). A receiver keeps a window of packets per sender and
+//     reads the stream in sequence order.
 //   - A receiver that sees a gap waits a random delay (up to 300 µs) and
 //     sends a NACK over unicast UD to the sender; a repair it sees
 //     meanwhile cancels it (suppression). It asks again after a repair

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -80,5 +81,53 @@ func TestBenchTable(t *testing.T) {
 		if code := run(append([]string{"bench", "-parts", "reliable"}, bad...), &out, &errb); code != 2 {
 			t.Errorf("%v: exit %d", bad, code)
 		}
+	}
+}
+
+// TestBenchReliableQuick runs the reliable part with the softrdma peer
+// (package mcast) and the udp ceiling, small: 2 receivers, 1 KiB, loss 0
+// and 1 %: the softrdma peer delivers everything, in order, once.
+func TestBenchReliableQuick(t *testing.T) {
+	testenv.RequireBench(t)
+	if os.Geteuid() != 0 {
+		testenv.Require(t, "the reliable part needs root for its namespaces")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "softrdma")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "-json", "-parts", "reliable", "-rel-peers", "softrdma,udp",
+		"-rel-receivers", "2", "-rel-sizes", "1024", "-rel-loss", "0,10", "-rel-count", "5000")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
+	}
+	cases := 0
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var v struct {
+			Kind, Peer, Err             string
+			Lost, Reordered, Duplicated int
+			Sent                        int
+			LossPerMille                int `json:"loss_per_mille"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		if v.Kind != "reliable" || v.Peer != "softrdma" {
+			continue
+		}
+		cases++
+		if v.Err != "" || v.Sent != 5000 || v.Lost+v.Reordered+v.Duplicated != 0 {
+			t.Errorf("softrdma at %d‰: %s", v.LossPerMille, sc.Text())
+		}
+	}
+	if cases != 2 {
+		t.Errorf("%d softrdma cases, want 2:\n%s\n%s", cases, out, stderr.String())
 	}
 }

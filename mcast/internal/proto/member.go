@@ -1,6 +1,7 @@
 package proto
 
 import (
+	"encoding/binary"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -129,7 +130,8 @@ type Stats struct {
 	Evictions, Evicted           uint64 // receivers this sender evicted; times this receiver was
 	ReceiversGone, SendersGone   uint64 // peers that fell silent
 	SendersLeft                  uint64 // senders that ended gracefully
-	Blocked                      uint64 // fragments refused for want of window
+	Blocked                      uint64 // times Write stopped for want of window
+	BlockedNs                    uint64 // the time spent so, in ns
 	BadPackets, TooLargeMessages uint64
 }
 
@@ -176,8 +178,8 @@ func New(cfg Config, env Env) *Member {
 // Config returns the member's configuration, defaults filled in.
 func (m *Member) Config() Config { return m.cfg }
 
-// FragmentSize is the largest fragment of a message one packet carries.
-func (m *Member) FragmentSize() int { return m.frag }
+// PacketPayload is the most stream bytes one packet carries.
+func (m *Member) PacketPayload() int { return m.frag }
 
 // Due returns when Tick must run next (math.MaxInt64: nothing pending).
 func (m *Member) Due() int64 { return m.due }
@@ -199,9 +201,12 @@ type outStream struct {
 	evicted      map[uint32]evictMark
 	hbDue        int64
 	hbIvl        time.Duration
-	blockedSince int64 // when SendFragment was first refused, 0 when not blocked
-	lastHeld     int64 // held time is counted up to here
-	period       int64 // start of the current MaxStall period
+	blockedSince int64  // when Write was first refused, 0 when not blocked
+	open         bool   // the packet at next is being filled
+	olen         int    // its length so far, header included
+	ofirst       uint16 // where its first record starts, or NoRecord
+	lastHeld     int64  // held time is counted up to here
+	period       int64  // start of the current MaxStall period
 	final        bool
 }
 
@@ -300,58 +305,102 @@ func (m *Member) hold(now int64, o *outStream) {
 	}
 }
 
-// SendFragment sends one fragment of a message (at most FragmentSize
-// bytes; first and last mark the message's ends). It returns false, and
-// sends nothing, when the window has no room: the caller waits for Tick
-// or a packet to open it (Room).
-func (m *Member) SendFragment(now int64, frag []byte, first, last bool) bool {
+// Write adds message msg to the stream, from byte off of its record (the
+// record is msg's length as a uvarint, then msg; off == 0 starts it), and
+// returns how far it got: RecordLen(len(msg)) once all of it is in
+// packets. Records are packed into packets back to back and a record
+// spans packets as needed; a full packet is sent at once, the last one
+// stays open for the next record until Flush. It stops early, and says
+// so by returning less, when the window has no room for another packet:
+// the caller waits for a packet or Tick to open it (Room) and calls again
+// with the offset.
+func (m *Member) Write(now int64, msg []byte, off int) int {
 	o := m.sender(now)
 	if o.final {
-		return false
+		return off
 	}
-	m.hold(now, o)
-	if !m.room(o) {
-		if o.blockedSince == 0 {
-			o.blockedSince, o.lastHeld = now, now
-			// Ask the receivers where they are, soon.
-			o.hbIvl = m.cfg.HeartbeatMin
-			o.hbDue = min(o.hbDue, now+int64(m.cfg.HeartbeatMin))
-			m.at(o.hbDue)
+	var h [binary.MaxVarintLen64]byte
+	hn := binary.PutUvarint(h[:], uint64(len(msg)))
+	total := hn + len(msg)
+	mtu := m.cfg.MTU
+	for off < total {
+		if !o.open {
+			m.hold(now, o)
+			if !m.room(o) {
+				if o.blockedSince == 0 {
+					o.blockedSince, o.lastHeld = now, now
+					// Ask the receivers where they are, soon.
+					o.hbIvl = m.cfg.HeartbeatMin
+					o.hbDue = min(o.hbDue, now+int64(m.cfg.HeartbeatMin))
+					m.at(o.hbDue)
+				}
+				m.Stats.Blocked++
+				return off
+			}
+			if o.blockedSince != 0 {
+				m.Stats.BlockedNs += uint64(now - o.blockedSince)
+				o.blockedSince = 0
+			}
+			o.open, o.olen, o.ofirst = true, DataLen, NoRecord
 		}
-		m.Stats.Blocked++
-		return false
+		i := int(o.next % uint64(m.cfg.Window))
+		b := o.ring[i*mtu : (i+1)*mtu]
+		if off == 0 && o.ofirst == NoRecord {
+			o.ofirst = uint16(o.olen - DataLen)
+		}
+		for off < hn && o.olen < mtu {
+			b[o.olen] = h[off]
+			o.olen++
+			off++
+		}
+		if off >= hn {
+			n := copy(b[o.olen:], msg[off-hn:])
+			o.olen += n
+			off += n
+		}
+		if o.olen == mtu {
+			m.sendOpen(now, o)
+		}
 	}
-	o.blockedSince = 0
-	seq := o.next
-	i := int(seq % uint64(m.cfg.Window))
-	b := o.ring[i*m.cfg.MTU : (i+1)*m.cfg.MTU]
-	var fl uint8
-	if first {
-		fl |= FlagFirst
+	return off
+}
+
+// RecordLen returns the length of a message's record in the stream.
+func RecordLen(n int) int {
+	var h [binary.MaxVarintLen64]byte
+	return binary.PutUvarint(h[:], uint64(n)) + n
+}
+
+// Flush sends the open packet, if any.
+func (m *Member) Flush(now int64) {
+	if o := m.out; o != nil && o.open {
+		m.sendOpen(now, o)
 	}
-	if last {
-		fl |= FlagLast
-	}
-	n := PutData(b, m.cfg.Session, seq, fl)
-	n += copy(b[n:], frag)
-	o.lens[i] = int32(n)
+}
+
+// sendOpen sends the open packet.
+func (m *Member) sendOpen(now int64, o *outStream) {
+	i := int(o.next % uint64(m.cfg.Window))
+	b := o.ring[i*m.cfg.MTU : i*m.cfg.MTU+o.olen]
+	PutData(b, m.cfg.Session, o.next, 0, o.ofirst)
+	o.lens[i] = int32(o.olen)
 	o.rep[i] = repair{}
 	o.next++
-	m.env.Multicast(b[:n])
+	o.open = false
+	m.env.Multicast(b)
 	m.Stats.DataSent++
-	m.Stats.DataBytes += uint64(len(frag))
+	m.Stats.DataBytes += uint64(o.olen - DataLen)
 	o.hbIvl = m.cfg.HeartbeatMin
 	o.hbDue = now + int64(o.hbIvl)
 	m.at(o.hbDue)
-	return true
 }
 
-// Room reports whether SendFragment would send now.
+// Room reports whether Write would make progress now.
 func (m *Member) Room() bool {
 	if m.out == nil {
 		return true
 	}
-	return !m.out.final && m.room(m.out)
+	return !m.out.final && (m.out.open || m.room(m.out))
 }
 
 // Finish ends the member's stream: no more fragments; heartbeats say
@@ -360,6 +409,7 @@ func (m *Member) Finish(now int64) {
 	if m.out == nil || m.out.final {
 		return
 	}
+	m.Flush(now)
 	m.out.final = true
 	m.heartbeat(now, m.out, 0)
 	m.out.hbIvl = m.cfg.HeartbeatMin
@@ -552,19 +602,30 @@ type goneStream struct {
 }
 
 type inStream struct {
-	session            uint32
-	deliv, contig      uint64 // consumed below deliv; all present or lost below contig
-	high               uint64 // one past the highest sequence number known sent
-	lostTo             uint64 // missing packets below it are lost for good
-	lostWhy            EventKind
-	lostRun            uint64
-	state, flags       []uint8
-	lens               []int32
-	nackAt             []int64
-	tries              []uint8
-	ring               []byte
+	session       uint32
+	deliv, contig uint64 // consumed below deliv; all present or lost below contig
+	high          uint64 // one past the highest sequence number known sent
+	lostTo        uint64 // missing packets below it are lost for good
+	lostWhy       EventKind
+	lostRun       uint64
+	state         []uint8
+	first         []uint16 // each packet's first record (NoRecord: none)
+	lens          []int32
+	nackAt        []int64
+	tries         []uint8
+	ring          []byte
+	// Reading the stream: packet deliv from byte doff.
+	doff               int
+	recSync            bool // doff is at a record boundary (or inside asm's record)
 	asm                []byte
-	asmOn, asmReady    bool
+	asmOn              bool // a record spanning packets is being put together in asm
+	need               int  // bytes it still lacks
+	asmReady           bool // asm holds a whole record
+	hdr                [binary.MaxVarintLen64]byte
+	hdrN               int  // bytes of a record's length that a packet's end cut
+	wholeOK            bool // a whole record lies in packet deliv at recOff
+	recOff             int
+	recLen             int
 	heard              int64
 	statusDue, nackDue int64
 	lastAck            uint64
@@ -587,7 +648,7 @@ func (m *Member) stream(now int64, session uint32, start uint64) *inStream {
 		session: session,
 		deliv:   start, contig: start, high: start, lostTo: start,
 		state:   make([]uint8, w),
-		flags:   make([]uint8, w),
+		first:   make([]uint16, w),
 		lens:    make([]int32, w),
 		nackAt:  make([]int64, w),
 		tries:   make([]uint8, w),
@@ -660,7 +721,7 @@ func (m *Member) onData(now int64, p Packet) {
 		return
 	}
 	st.state[i] = slotHave
-	st.flags[i] = p.Flags() & (FlagFirst | FlagLast)
+	st.first[i] = p.FirstRecord()
 	st.lens[i] = int32(copy(st.ring[i*m.frag:], pl))
 	m.known(now, st, seq, seq+1)
 	m.pump(now, st)
@@ -687,18 +748,26 @@ func (m *Member) free(st *inStream, i int) {
 	st.tries[i] = 0
 }
 
-// whole reports whether a whole one-packet message waits at deliv.
-func (st *inStream) whole(m *Member) bool {
-	if st.deliv >= st.contig || st.asmOn || st.asmReady {
-		return false
+// resync drops a record in progress: reading goes on at the next
+// packet's first record.
+func (st *inStream) resync() {
+	st.recSync, st.asmOn, st.hdrN, st.wholeOK = false, false, 0, false
+	if !st.asmReady {
+		st.asm = st.asm[:0]
 	}
-	i := m.idx(st.deliv)
-	return st.state[i] == slotHave && st.flags[i] == FlagFirst|FlagLast
 }
 
-// pump moves fragments into the reassembly buffer, skips what is lost
-// and fragments of messages whose start it never had, and queues the
-// stream when a message is ready.
+// next moves reading to the next packet.
+func (m *Member) nextPacket(st *inStream, i int) {
+	m.free(st, i)
+	st.deliv++
+	st.doff = 0
+}
+
+// pump reads the stream as far as it can: records spanning packets go
+// into asm, what is lost and what precedes the first record boundary
+// seen is skipped; it stops at a whole record (Read takes it) and queues
+// the stream.
 func (m *Member) pump(now int64, st *inStream) {
 	if !st.synced {
 		return // nothing is delivered before the sender holds the stream for us
@@ -713,52 +782,96 @@ func (m *Member) pump(now int64, st *inStream) {
 			}
 		}(st.deliv)
 	}
-	for {
+	for !st.wholeOK && !st.asmReady {
 		m.advance(st)
-		if st.deliv >= st.contig || st.asmReady {
+		if st.deliv >= st.contig {
 			break
 		}
 		i := m.idx(st.deliv)
 		if st.state[i] == slotLost {
 			st.lostRun++
-			st.asmOn, st.asm = false, st.asm[:0]
-			m.free(st, i)
-			st.deliv++
+			st.resync()
+			m.nextPacket(st, i)
 			continue
 		}
 		if st.lostRun > 0 {
 			m.report(st)
 		}
-		f := st.flags[i]
-		if f == FlagFirst|FlagLast && !st.asmOn {
-			break // a whole message: Read takes it from the ring
+		pl := st.ring[i*m.frag : i*m.frag+int(st.lens[i])]
+		if !st.recSync {
+			f := int(st.first[i])
+			if f == NoRecord || f >= len(pl) {
+				m.nextPacket(st, i)
+				continue
+			}
+			st.doff, st.recSync = f, true
 		}
-		if f&FlagFirst != 0 {
-			st.asm, st.asmOn = st.asm[:0], true
-		} else if !st.asmOn {
-			m.free(st, i)
-			st.deliv++
+		if st.doff >= len(pl) {
+			m.nextPacket(st, i)
 			continue
 		}
-		n := int(st.lens[i])
-		if len(st.asm)+n > m.cfg.MaxMessage {
+		switch {
+		case st.asmOn:
+			n := min(st.need, len(pl)-st.doff)
+			st.asm = append(st.asm, pl[st.doff:st.doff+n]...)
+			st.doff += n
+			st.need -= n
+			if st.need == 0 {
+				st.asmOn, st.asmReady = false, true
+			}
+			continue
+		case st.hdrN > 0:
+			// A length a packet's end cut: its bytes go on here.
+			for st.doff < len(pl) && st.hdrN < len(st.hdr) {
+				st.hdr[st.hdrN] = pl[st.doff]
+				st.hdrN++
+				st.doff++
+				if pl[st.doff-1] < 0x80 {
+					break
+				}
+			}
+			l, hn := binary.Uvarint(st.hdr[:st.hdrN])
+			if hn == 0 {
+				continue // still cut: the next packet
+			}
+			st.hdrN = 0
+			if hn < 0 || l > uint64(m.cfg.MaxMessage) {
+				m.Stats.TooLargeMessages++
+				st.resync() // on at the next packet's first record
+				m.nextPacket(st, i)
+				continue
+			}
+			st.asm, st.asmOn, st.need = st.asm[:0], true, int(l)
+			if l == 0 {
+				st.asmOn, st.asmReady = false, true
+			}
+			continue
+		}
+		l, hn := binary.Uvarint(pl[st.doff:])
+		switch {
+		case hn == 0:
+			st.hdrN = copy(st.hdr[:], pl[st.doff:])
+			st.doff = len(pl)
+			continue
+		case hn < 0 || l > uint64(m.cfg.MaxMessage):
 			m.Stats.TooLargeMessages++
-			st.asmOn, st.asm = false, st.asm[:0]
-			m.free(st, i)
-			st.deliv++
+			st.resync() // on at the next packet's first record
+			m.nextPacket(st, i)
 			continue
 		}
-		st.asm = append(st.asm, st.ring[i*m.frag:i*m.frag+n]...)
-		m.free(st, i)
-		st.deliv++
-		if f&FlagLast != 0 {
-			st.asmOn, st.asmReady = false, true
+		if st.doff+hn+int(l) <= len(pl) {
+			st.wholeOK, st.recOff, st.recLen = true, st.doff+hn, int(l)
+			break
 		}
+		st.asm = append(st.asm[:0], pl[st.doff+hn:]...)
+		st.need = int(l) - (len(pl) - st.doff - hn)
+		st.asmOn = true
+		st.doff = len(pl)
 	}
 	if st.lostRun > 0 && st.deliv == st.contig && st.contig >= st.lostTo {
 		m.report(st)
 	}
-	if (st.asmReady || st.whole(m)) && !st.queued {
+	if (st.asmReady || st.wholeOK) && !st.queued {
 		st.queued = true
 		m.ready = append(m.ready, st)
 	}
@@ -781,7 +894,7 @@ func (m *Member) ackMaybe(now int64, st *inStream) {
 
 // retire ends a stream that is over and read.
 func (m *Member) retire(st *inStream) {
-	if st.asmReady || st.queued || st.deliv < st.contig {
+	if st.asmReady || st.wholeOK || st.queued || st.deliv < st.contig {
 		return
 	}
 	switch {
@@ -817,11 +930,8 @@ func (m *Member) loseTo(now int64, st *inStream, to uint64, why EventKind) {
 			m.free(st, m.idx(st.deliv+k))
 		}
 		st.lostRun += to - st.deliv
-		st.asmOn = false
-		if !st.asmReady {
-			st.asm = st.asm[:0]
-		}
-		st.deliv, st.contig = to, to
+		st.resync()
+		st.deliv, st.contig, st.doff = to, to, 0
 	}
 	st.high = max(st.high, to)
 	m.pump(now, st)
@@ -839,8 +949,8 @@ func (m *Member) restart(now int64, st *inStream, t uint64) {
 	for s := st.deliv; s < t && s < st.deliv+w; s++ {
 		m.free(st, m.idx(s))
 	}
-	st.asmOn, st.asm = false, st.asm[:0]
-	st.deliv, st.lastAck = t, t
+	st.resync()
+	st.deliv, st.lastAck, st.doff = t, t, 0
 	st.contig = max(st.contig, t)
 	st.high = max(st.high, t)
 	st.lostTo = max(st.lostTo, t)
@@ -1075,7 +1185,7 @@ func (m *Member) Pending() bool { return len(m.evs) > 0 || len(m.ready) > 0 }
 func (m *Member) Read(now int64, buf []byte) (n int, from uint32, ok bool, err error) {
 	for len(m.ready) > 0 {
 		st := m.ready[0]
-		if !st.asmReady && !st.whole(m) {
+		if !st.asmReady && !st.wholeOK {
 			m.popReady()
 			st.queued = false
 			m.pump(now, st)
@@ -1088,14 +1198,14 @@ func (m *Member) Read(now int64, buf []byte) (n int, from uint32, ok bool, err e
 			n = copy(buf, st.asm)
 			st.asm, st.asmReady = st.asm[:0], false
 		} else {
-			i := m.idx(st.deliv)
-			l := int(st.lens[i])
-			if len(buf) < l {
-				return l, st.session, false, ErrShortBuffer
+			if len(buf) < st.recLen {
+				return st.recLen, st.session, false, ErrShortBuffer
 			}
-			n = copy(buf, st.ring[i*m.frag:i*m.frag+l])
-			m.free(st, i)
-			st.deliv++
+			i := m.idx(st.deliv)
+			b := i*m.frag + st.recOff
+			n = copy(buf, st.ring[b:b+st.recLen])
+			st.doff = st.recOff + st.recLen
+			st.wholeOK = false
 		}
 		m.popReady()
 		st.queued = false

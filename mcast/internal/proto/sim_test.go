@@ -207,16 +207,16 @@ type simSender struct {
 
 func (s *simSender) pump(now int64) {
 	m := s.sm.m
-	f := m.FragmentSize()
+	defer m.Flush(now)
 	for s.i < len(s.msgs) {
 		msg := s.msgs[s.i]
-		end := min(s.off+f, len(msg))
-		if !m.SendFragment(now, msg[s.off:end], s.off == 0, end == len(msg)) {
-			return
+		s.off = m.Write(now, msg, s.off)
+		if s.off < RecordLen(len(msg)) {
+			return // the window is full
 		}
-		s.off = end
-		if end == len(msg) {
-			s.i, s.off = s.i+1, 0
+		s.i, s.off = s.i+1, 0
+		if s.sm.net.rng.IntN(3) == 0 {
+			m.Flush(now) // sometimes a message ends its packet
 		}
 	}
 }

@@ -7,12 +7,18 @@
 //
 //	0     version (high 4 bits) | type (low 4 bits)
 //	1     flags
-//	2-3   reserved (0)
+//	2-3   Data: where the first record starting in the payload starts
+//	      (NoRecord: none); others: 0
 //	4-7   session: the stream the packet is about (its sender's session)
 //
 // followed by the type's fields, big-endian:
 //
-//	Data       8 seq                                  then the fragment
+//	Data       8 seq                                  then stream bytes
+//
+// A sender's stream is its messages as records (the length as a uvarint,
+// then the bytes), back to back; packets carry it in order, a record may
+// span packets.
+//
 //	Heartbeat  8 next, 8 trail                        (24 bytes)
 //	Status     4 from, 4 window, 8 ack                (24 bytes)
 //	Nack       4 from, 2 count, 2 reserved, count × (8 start, 4 length)
@@ -41,12 +47,12 @@ const (
 	TypeLeave     Type = 6
 )
 
+// NoRecord is a Data packet's first-record offset when no record starts
+// in it.
+const NoRecord = 0xFFFF
+
 // Flags of a packet's common header.
 const (
-	// FlagFirst marks the first fragment of a message (Data).
-	FlagFirst = 0x01
-	// FlagLast marks the last fragment of a message (Data).
-	FlagLast = 0x02
 	// FlagRepair marks a retransmission (Data).
 	FlagRepair = 0x04
 	// FlagAckReq asks every receiver for a Status now (Heartbeat).
@@ -120,8 +126,12 @@ func (p Packet) Session() uint32 { return binary.BigEndian.Uint32(p[4:]) }
 // Seq returns a Data packet's sequence number.
 func (p Packet) Seq() uint64 { return binary.BigEndian.Uint64(p[8:]) }
 
-// Payload returns a Data packet's fragment.
+// Payload returns a Data packet's stream bytes.
 func (p Packet) Payload() []byte { return p[DataLen:] }
+
+// FirstRecord returns where in a Data packet's payload the first record
+// starting in it starts (NoRecord: none does).
+func (p Packet) FirstRecord() uint16 { return binary.BigEndian.Uint16(p[2:]) }
 
 // Next returns a Heartbeat's next sequence number (everything below it
 // was sent).
@@ -165,8 +175,9 @@ func putCommon(b []byte, t Type, flags uint8, session uint32) {
 }
 
 // PutData writes a Data header into b[:DataLen] and returns DataLen.
-func PutData(b []byte, session uint32, seq uint64, flags uint8) int {
+func PutData(b []byte, session uint32, seq uint64, flags uint8, first uint16) int {
 	putCommon(b, TypeData, flags, session)
+	binary.BigEndian.PutUint16(b[2:], first)
 	binary.BigEndian.PutUint64(b[8:], seq)
 	return DataLen
 }
