@@ -607,78 +607,144 @@ func (c *Conn) Receive(ctx context.Context, buf []byte) (int, *Addr, error) {
 }
 
 func (c *Conn) receive(ctx context.Context, buf []byte, dl *time.Time) (int, *Addr, error) {
+	var one [1]Message
+	one[0].Buf = buf
+	_, err := c.receiveBatch(ctx, one[:], dl)
+	return one[0].N, one[0].From, err
+}
+
+// Message is one message of ReceiveBatch.
+type Message struct {
+	// Buf is where the message goes.
+	Buf []byte
+	// N is the message's length in Buf.
+	N int
+	// From is the message's sender.
+	From *Addr
+}
+
+// ReceiveBatch waits for the next message, as Receive does, then takes as
+// many more as are ready without waiting, up to len(msgs), each into its
+// Message's Buf; it returns how many it filled. A *PeerError or a message
+// that does not fit its Buf ends the batch before it (and is the error of
+// a batch of none: the next call's).
+func (c *Conn) ReceiveBatch(ctx context.Context, msgs []Message) (int, error) {
+	n, err := c.receiveBatch(ctx, msgs, c.rdl.Load())
+	if err != nil {
+		var pe *PeerError
+		var sb *ShortBufferError
+		if !errors.As(err, &pe) && !errors.As(err, &sb) {
+			err = &OpError{Op: "receive", Group: c.group, Err: err}
+		}
+	}
+	return n, err
+}
+
+func (c *Conn) receiveBatch(ctx context.Context, msgs []Message, dl *time.Time) (int, error) {
+	if len(msgs) == 0 {
+		return 0, nil
+	}
 	for {
 		c.mu.Lock()
 		if c.closing {
 			c.mu.Unlock()
-			return 0, nil, net.ErrClosed
+			return 0, net.ErrClosed
 		}
-		if c.m == nil {
-			if len(c.rq) > 0 {
-				r := c.rq[0]
-				if len(buf) < r.n {
-					c.mu.Unlock()
-					return 0, r.from, &ShortBufferError{Need: r.n}
+		n, err := c.takeLocked(msgs)
+		if n > 0 || err != nil {
+			c.stats.MessagesReceived += uint64(n)
+			kick := false
+			if c.m != nil {
+				if c.m.Pending() {
+					c.signal(c.readable)
 				}
-				n := copy(buf, c.rbuf[r.slot*c.rslot+verbs.GRHLen:r.slot*c.rslot+verbs.GRHLen+r.n])
-				copy(c.rq, c.rq[1:])
-				c.rq = c.rq[:len(c.rq)-1]
-				c.repost(r.slot)
-				c.stats.MessagesReceived++
-				c.mu.Unlock()
-				return n, r.from, nil
+				kick = c.dueMovedLocked()
+			} else if len(c.rq) > 0 {
+				c.signal(c.readable)
 			}
-		} else {
-			if ev, ok := c.m.NextEvent(); ok {
-				p := c.peers[ev.Session]
-				var a *Addr
-				if p != nil {
-					a = &p.addr
-				}
-				c.mu.Unlock()
-				var e error
-				switch ev.Kind {
-				case proto.EventGone:
-					e = ErrPeerGone
-				case proto.EventEvicted:
-					e = ErrEvicted
-				default:
-					e = ErrLost
-				}
-				return 0, a, &PeerError{Peer: a, Packets: ev.Packets, Err: e}
+			c.mu.Unlock()
+			if kick {
+				c.kick()
 			}
-			n, from, ok, err := c.m.Read(c.now(), buf)
-			if ok || err != nil {
-				var a *Addr
-				if p := c.peers[from]; p != nil {
-					a = &p.addr
-				}
-				if ok {
-					c.stats.MessagesReceived++
-					if c.m.Pending() {
-						c.signal(c.readable)
-					}
-				}
-				kick := c.dueMovedLocked()
-				c.mu.Unlock()
-				if kick {
-					c.kick()
-				}
-				if err != nil {
-					return 0, a, &ShortBufferError{Need: n}
-				}
-				return n, a, nil
-			}
+			return n, err
 		}
-		err := c.err
+		err = c.err
 		c.mu.Unlock()
 		if err != nil {
-			return 0, nil, err
+			return 0, err
 		}
 		if err := c.waitFor(ctx, c.readable, dl); err != nil {
-			return 0, nil, err
+			return 0, err
 		}
 	}
+}
+
+// takeLocked fills msgs with what is ready (c.mu held).
+func (c *Conn) takeLocked(msgs []Message) (int, error) {
+	n := 0
+	if c.m == nil {
+		for n < len(msgs) && len(c.rq) > 0 {
+			r := c.rq[0]
+			if len(msgs[n].Buf) < r.n {
+				if n > 0 {
+					break
+				}
+				msgs[n].From = r.from
+				return 0, &ShortBufferError{Need: r.n}
+			}
+			off := r.slot*c.rslot + verbs.GRHLen
+			msgs[n].N = copy(msgs[n].Buf, c.rbuf[off:off+r.n])
+			msgs[n].From = r.from
+			copy(c.rq, c.rq[1:])
+			c.rq = c.rq[:len(c.rq)-1]
+			c.repost(r.slot)
+			n++
+		}
+		return n, nil
+	}
+	now := c.now()
+	for n < len(msgs) {
+		if ev, ok := c.m.PeekEvent(); ok {
+			if n > 0 {
+				break
+			}
+			c.m.NextEvent()
+			var a *Addr
+			if p := c.peers[ev.Session]; p != nil {
+				a = &p.addr
+			}
+			var e error
+			switch ev.Kind {
+			case proto.EventGone:
+				e = ErrPeerGone
+			case proto.EventEvicted:
+				e = ErrEvicted
+			default:
+				e = ErrLost
+			}
+			msgs[0].From = a
+			return 0, &PeerError{Peer: a, Packets: ev.Packets, Err: e}
+		}
+		k, from, ok, err := c.m.Read(now, msgs[n].Buf)
+		if err != nil {
+			if n > 0 {
+				break
+			}
+			if p := c.peers[from]; p != nil {
+				msgs[0].From = &p.addr
+			}
+			return 0, &ShortBufferError{Need: k}
+		}
+		if !ok {
+			break
+		}
+		msgs[n].N, msgs[n].From = k, nil
+		if p := c.peers[from]; p != nil {
+			msgs[n].From = &p.addr
+		}
+		n++
+	}
+	return n, nil
 }
 
 // ReadFrom receives the next message (net.PacketConn): Receive with the

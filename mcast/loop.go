@@ -6,6 +6,8 @@ import (
 	"math"
 	"net/netip"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/softrdma/softrdma/mcast/internal/proto"
@@ -252,6 +254,7 @@ func (c *Conn) loop() {
 			timer.Reset(d)
 			c.rcq.Ops().Wait(c.wake) // its error is the kick's, or the CQ's seen by Poll
 			timer.Stop()
+			c.wake.reset() // what follows looks at everything a kick stands for
 		}
 		c.mu.Lock()
 		c.armed = 0
@@ -266,18 +269,63 @@ func (c *Conn) kick() {
 	}
 }
 
-// waker is what the loop's CQ wait watches besides the CQ: a wake-up
-// token, not a cancellation. Its Done channel holds one token; kick puts
-// it there (a kick while the loop runs makes its next wait return at once:
-// one more look, harmless). Nothing allocates, and only the loop waits on
-// it, so that one token wakes it.
-type waker struct{ ch chan struct{} }
+// waker is what the loop's CQ wait watches besides the CQ: a wake-up, not
+// a cancellation, yet a context.Context by its rules, because a provider
+// may hand it to the context package (provider/rdmacore's Wait calls
+// context.AfterFunc on it). Once kicked, its Done channel holds one token
+// and Err reports errWoken, until the loop takes the wake-up (reset,
+// after each wait): Err is never nil for whoever received from Done
+// meanwhile, and its AfterFunc method runs the context package's callbacks
+// itself, so that no goroutine of that package reads Done and steals the
+// token. A kick while the loop runs makes its next wait return at once
+// (one more look, harmless). On a provider that only selects on Done
+// (softrdma's), nothing allocates.
+type waker struct {
+	ch    chan struct{}
+	woken atomic.Bool
+
+	mu      sync.Mutex
+	fns     []wakeFn // AfterFunc's callbacks, run by the next kick
+	next    uint64
+	running sync.WaitGroup // callbacks of AfterFunc started in goroutines
+}
+
+type wakeFn struct {
+	id uint64
+	f  func()
+}
+
+// errWoken is a kicked waker's Err.
+var errWoken = errors.New("mcast: loop woken")
 
 func newWaker() *waker { return &waker{ch: make(chan struct{}, 1)} }
 
 func (w *waker) kick() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.woken.Store(true)
 	select {
 	case w.ch <- struct{}{}:
+	default:
+	}
+	// Under w.mu, as a cancelCtx cancels its children under its own: the
+	// callbacks read Err, which reset cannot clear meanwhile.
+	for _, fn := range w.fns {
+		fn.f()
+	}
+	clear(w.fns)
+	w.fns = w.fns[:0]
+}
+
+// reset takes the wake-up after a wait: the token and Err's errWoken (the
+// loop only, outside its wait).
+func (w *waker) reset() {
+	w.running.Wait() // late callbacks read Err: not yet
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.woken.Store(false)
+	select {
+	case <-w.ch:
 	default:
 	}
 }
@@ -288,8 +336,49 @@ func (w *waker) Deadline() (time.Time, bool) { return time.Time{}, false }
 // Done yields the token (context.Context).
 func (w *waker) Done() <-chan struct{} { return w.ch }
 
-// Err is nil: a wake-up ends nothing (context.Context).
-func (w *waker) Err() error { return nil }
+// Err is errWoken from a kick until the loop takes it, else nil
+// (context.Context).
+func (w *waker) Err() error {
+	if w.woken.Load() {
+		return errWoken
+	}
+	return nil
+}
 
 // Value has no values (context.Context).
 func (w *waker) Value(any) any { return nil }
+
+// AfterFunc arranges for f to run at the next kick, or at once in a
+// goroutine of its own when the waker is kicked already; stop cancels
+// that and reports whether it did (the context package uses it for
+// AfterFunc and WithCancel on the waker, in place of a goroutine that
+// would wait on Done).
+func (w *waker) AfterFunc(f func()) (stop func() bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.woken.Load() {
+		w.running.Add(1)
+		go func() {
+			defer w.running.Done()
+			f()
+		}()
+		return func() bool { return false }
+	}
+	w.next++
+	id := w.next
+	w.fns = append(w.fns, wakeFn{id: id, f: f})
+	return func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for i, fn := range w.fns {
+			if fn.id == id {
+				last := len(w.fns) - 1
+				copy(w.fns[i:], w.fns[i+1:])
+				w.fns[last] = wakeFn{}
+				w.fns = w.fns[:last]
+				return true
+			}
+		}
+		return false
+	}
+}

@@ -455,3 +455,59 @@ func TestSteadyStateAllocs(t *testing.T) {
 		t.Errorf("%.3f allocations per message", a)
 	}
 }
+
+// TestBatches: SendBatch packs small messages into shared packets and
+// ReceiveBatch takes several at once; every message arrives once, in
+// order, whole.
+func TestBatches(t *testing.T) {
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	group := randomGroup()
+	snd := join(t, ctx, group, mcast.Options{})
+	defer snd.Close()
+	rcv := join(t, ctx, group, mcast.Options{})
+	defer rcv.Close()
+	if err := snd.WaitReceivers(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	const n = 5000
+	batch := make([][]byte, 0, 100)
+	for i := range n {
+		batch = append(batch, payload(i, 8+i%200))
+		if len(batch) == cap(batch) || i == n-1 {
+			if k, err := snd.SendBatch(ctx, batch); err != nil || k != len(batch) {
+				t.Fatalf("SendBatch: %d, %v", k, err)
+			}
+			batch = batch[:0]
+		}
+	}
+	msgs := make([]mcast.Message, 64)
+	for i := range msgs {
+		msgs[i].Buf = make([]byte, 300)
+	}
+	got, calls := 0, 0
+	for got < n {
+		k, err := rcv.ReceiveBatch(ctx, msgs)
+		if err != nil {
+			t.Fatalf("ReceiveBatch after %d: %v", got, err)
+		}
+		calls++
+		for _, m := range msgs[:k] {
+			i, err := check(m.Buf[:m.N])
+			if err != nil || i != got || m.N != 8+i%200 || m.From == nil {
+				t.Fatalf("message %d: %d of %d bytes, %v", got, i, m.N, err)
+			}
+			got++
+		}
+	}
+	if st := snd.Stats().Protocol; st.DataSent >= n/4 {
+		t.Errorf("%d messages took %d packets: not packed", n, st.DataSent)
+	}
+	if calls >= n {
+		t.Errorf("%d calls for %d messages: no batch", calls, n)
+	}
+	t.Logf("%d messages in %d packets, %d ReceiveBatch calls", n, snd.Stats().Protocol.DataSent, calls)
+}

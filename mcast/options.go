@@ -27,7 +27,9 @@ type Options struct {
 	Unreliable bool
 	// Window is the number of packets a sender keeps for repair and may
 	// send beyond the slowest receiver's position, and the packets a
-	// receiver holds for each sender (default 1,024).
+	// receiver holds for each sender (default 1,024). A smaller window
+	// bounds the latency a fast sender's queue adds (see softrdma bench's
+	// reliable part, which uses 256).
 	Window int
 	// MaxMessageSize is the largest message, in bytes (default 1 MiB,
 	// at most 64 MiB). Reliable messages are fragmented over the path
@@ -37,11 +39,13 @@ type Options struct {
 	// gone: a sender for its receivers (Receive reports ErrPeerGone), a
 	// receiver for its senders (they stop waiting for it). Default 2 s.
 	PeerTimeout time.Duration
-	// MaxStall, when not 0, bounds how long a receiver that acks nothing
-	// may hold a blocked sender back: then the sender drops it from its
-	// window, and the receiver's Receive reports ErrEvicted and goes on
-	// at the sender's live edge. 0: the sender waits for every live
-	// receiver, however slow (the flow control of TCP).
+	// MaxStall, when not 0, bounds how much a receiver may hold the
+	// sender back: one that kept the sender blocked for more than half of
+	// a period of MaxStall (too slow, or stopped) is dropped from its
+	// window at the period's end; the receiver's Receive reports
+	// ErrEvicted and it goes on at the sender's live edge. 0: the sender
+	// waits for every live receiver, however slow (the flow control of
+	// TCP).
 	MaxStall time.Duration
 	// Linger is how long Close waits for the receivers to acknowledge
 	// everything sent (default 1 s).

@@ -36,7 +36,7 @@ func McastPeer(argv0, sub string) Peer {
 		Command: func(a PeerArgs) []string {
 			return append([]string{argv0, sub}, a.Args()...)
 		},
-		Tuning: fmt.Sprintf("mcast defaults (NACK after ≤300 µs, repair timeout 4 ms, heartbeat 1-100 ms), window %d packets, SendBatch of up to %d messages and 64 KiB, GOMAXPROCS=1, the device's MTU (1024 on the bench's veth)", McastPeerWindow, mcastSendBatch),
+		Tuning: fmt.Sprintf("mcast defaults (NACK after ≤300 µs, repair timeout 4 ms, heartbeat 1-100 ms), window %d packets, SendBatch of up to %d messages and 64 KiB, ReceiveBatch of as many, GOMAXPROCS=1, the device's MTU (1024 on the bench's veth)", McastPeerWindow, mcastSendBatch),
 	}
 }
 
@@ -81,7 +81,6 @@ func RunMcastPeer(args []string, stdin io.Reader, stdout io.Writer) error {
 	}
 	fmt.Fprintln(stdout, "READY")
 	st := NewRStats(a.Count, a.Size)
-	buf := make([]byte, a.Size+1)
 	// The receive ends after a.Idle without a delivery: a watchdog, not a
 	// context per Receive.
 	rctx, rcancel := context.WithCancel(ctx)
@@ -103,8 +102,12 @@ func RunMcastPeer(args []string, stdin io.Reader, stdout io.Writer) error {
 			}
 		}
 	}()
+	msgs := make([]mcast.Message, mcastSendBatch)
+	for i := range msgs {
+		msgs[i].Buf = make([]byte, a.Size+1)
+	}
 	for !st.Done() {
-		n, _, err := c.Receive(rctx, buf)
+		k, err := c.ReceiveBatch(rctx, msgs)
 		now := MonoNow()
 		var pe *mcast.PeerError
 		if errors.As(err, &pe) {
@@ -116,7 +119,9 @@ func RunMcastPeer(args []string, stdin io.Reader, stdout io.Writer) error {
 		if err != nil {
 			break // idle, or the deadline
 		}
-		st.Deliver(buf[:n], now)
+		for _, m := range msgs[:k] {
+			st.Deliver(m.Buf[:m.N], now)
+		}
 		last.Store(now)
 	}
 	rcancel()

@@ -1175,6 +1175,14 @@ func (m *Member) NextEvent() (Event, bool) {
 	return ev, true
 }
 
+// PeekEvent returns the oldest event not yet taken, and leaves it.
+func (m *Member) PeekEvent() (Event, bool) {
+	if len(m.evs) == 0 {
+		return Event{}, false
+	}
+	return m.evs[0], true
+}
+
 // Pending reports whether Read or NextEvent has something.
 func (m *Member) Pending() bool { return len(m.evs) > 0 || len(m.ready) > 0 }
 
