@@ -74,6 +74,21 @@ func check(b []byte) (int, error) {
 	return i, nil
 }
 
+// pair joins a sender and a receiver to a new group on lo; the sender
+// waits for the receiver; both close at the test's end.
+func pair(t *testing.T, ctx context.Context) (snd, rcv *mcast.Conn) {
+	t.Helper()
+	group := randomGroup()
+	snd = join(t, ctx, group, mcast.Options{})
+	t.Cleanup(func() { snd.Close() })
+	rcv = join(t, ctx, group, mcast.Options{})
+	t.Cleanup(func() { rcv.Close() })
+	if err := snd.WaitReceivers(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	return snd, rcv
+}
+
 func join(t *testing.T, ctx context.Context, group netip.Addr, o mcast.Options) *mcast.Conn {
 	t.Helper()
 	if !o.Local.IsValid() {
@@ -123,40 +138,18 @@ func TestReliableLoopback(t *testing.T) {
 		rcv[i] = join(t, ctx, group, mcast.Options{})
 		defer rcv[i].Close()
 	}
-	if err := snd.WaitReceivers(ctx, receivers); err != nil {
-		t.Fatal(err)
-	}
 	sizes := make([]int, messages)
 	for i := range sizes {
 		switch i % 10 {
 		case 0:
-			sizes[i] = rand.IntN(64 << 10) // several fragments
+			sizes[i] = rand.IntN(64 << 10) // several packets
 		case 1:
 			sizes[i] = 0
 		default:
 			sizes[i] = rand.IntN(snd.MTU())
 		}
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, receivers)
-	for i, r := range rcv {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = receiveAll(ctx, r, messages, sizes)
-		}()
-	}
-	for i, s := range sizes {
-		if err := snd.Send(ctx, payload(i, s)); err != nil {
-			t.Fatalf("send %d: %v", i, err)
-		}
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("receiver %d: %v", i, err)
-		}
-	}
+	streamTest(t, ctx, snd, rcv, sizes)
 	st := snd.Stats()
 	t.Logf("sender: %+v", st)
 	if err := snd.Close(); err != nil {
@@ -170,14 +163,7 @@ func TestShortBuffer(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	group := randomGroup()
-	snd := join(t, ctx, group, mcast.Options{})
-	defer snd.Close()
-	rcv := join(t, ctx, group, mcast.Options{})
-	defer rcv.Close()
-	if err := snd.WaitReceivers(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	snd, rcv := pair(t, ctx)
 	if err := snd.Send(ctx, payload(0, 10000)); err != nil {
 		t.Fatal(err)
 	}
@@ -270,9 +256,6 @@ func TestReliableUnderLoss(t *testing.T) {
 				rcv[i] = join(t, ctx, group, mcast.Options{})
 				defer rcv[i].Close()
 			}
-			if err := snd.WaitReceivers(ctx, receivers); err != nil {
-				t.Fatal(err)
-			}
 			sizes := make([]int, messages)
 			for i := range sizes {
 				if i%10 == 0 {
@@ -281,26 +264,7 @@ func TestReliableUnderLoss(t *testing.T) {
 					sizes[i] = rand.IntN(1024)
 				}
 			}
-			var wg sync.WaitGroup
-			errs := make([]error, receivers)
-			for i, r := range rcv {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					errs[i] = receiveAll(ctx, r, messages, sizes)
-				}()
-			}
-			for i, s := range sizes {
-				if err := snd.Send(ctx, payload(i, s)); err != nil {
-					t.Fatalf("send %d: %v", i, err)
-				}
-			}
-			wg.Wait()
-			for i, err := range errs {
-				if err != nil {
-					t.Errorf("receiver %d: %v", i, err)
-				}
-			}
+			streamTest(t, ctx, snd, rcv, sizes)
 			st := snd.Stats().Protocol
 			d := dropped()
 			t.Logf("dropped %d datagrams; sender: data %d, unicast repairs %d, multicast repairs %d, suppressed %d, NACKs %d",
@@ -314,15 +278,12 @@ func TestReliableUnderLoss(t *testing.T) {
 
 // streamTest sends messages from snd to every receiver and checks each
 // gets all of them in order.
-func streamTest(t *testing.T, ctx context.Context, snd *mcast.Conn, rcv []*mcast.Conn, messages, maxSize int) {
+func streamTest(t *testing.T, ctx context.Context, snd *mcast.Conn, rcv []*mcast.Conn, sizes []int) {
 	t.Helper()
 	if err := snd.WaitReceivers(ctx, len(rcv)); err != nil {
 		t.Fatal(err)
 	}
-	sizes := make([]int, messages)
-	for i := range sizes {
-		sizes[i] = rand.IntN(maxSize + 1)
-	}
+	messages := len(sizes)
 	var wg sync.WaitGroup
 	errs := make([]error, len(rcv))
 	for i, r := range rcv {
@@ -377,7 +338,11 @@ func TestReliableIB(t *testing.T) {
 	if n := conns[0].DeviceName(); !strings.HasPrefix(n, "softib") && !strings.Contains(n, "ib") {
 		t.Fatalf("device %q is not an IB port", n)
 	}
-	streamTest(t, ctx, conns[0], conns[1:], 1000, 3*conns[0].MTU())
+	sizes := make([]int, 1000)
+	for i := range sizes {
+		sizes[i] = rand.IntN(3*conns[0].MTU() + 1)
+	}
+	streamTest(t, ctx, conns[0], conns[1:], sizes)
 }
 
 // TestUnreliable: raw datagrams, one per message, no header of the
@@ -423,14 +388,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	group := randomGroup()
-	snd := join(t, ctx, group, mcast.Options{})
-	defer snd.Close()
-	rcv := join(t, ctx, group, mcast.Options{})
-	defer rcv.Close()
-	if err := snd.WaitReceivers(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	snd, rcv := pair(t, ctx)
 	msg := make([]byte, 1000)
 	buf := make([]byte, 2000)
 	bg := context.Background()
@@ -465,14 +423,7 @@ func TestBatches(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	group := randomGroup()
-	snd := join(t, ctx, group, mcast.Options{})
-	defer snd.Close()
-	rcv := join(t, ctx, group, mcast.Options{})
-	defer rcv.Close()
-	if err := snd.WaitReceivers(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	snd, rcv := pair(t, ctx)
 	const n = 5000
 	batch := make([][]byte, 0, 100)
 	for i := range n {
