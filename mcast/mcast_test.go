@@ -462,3 +462,35 @@ func TestBatches(t *testing.T) {
 	}
 	t.Logf("%d messages in %d packets, %d ReceiveBatch calls", n, snd.Stats().Protocol.DataSent, calls)
 }
+
+// TestJoinByRoute: with no Options.Local the route to the group picks the
+// device (as rdma_resolve_addr with no source); with no route, Join fails
+// and says why.
+func TestJoinByRoute(t *testing.T) {
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	group := randomGroup()
+	var oe *mcast.OpError
+	if c, err := mcast.Join(ctx, group, nil); err == nil {
+		c.Close()
+		t.Fatalf("joined %v with no route to it", group)
+	} else if !errors.As(err, &oe) || !errors.Is(err, syscall.ENETUNREACH) && !errors.Is(err, syscall.EADDRNOTAVAIL) && !errors.Is(err, syscall.ENODEV) {
+		t.Errorf("no route: %v, want an OpError with ENETUNREACH, EADDRNOTAVAIL or ENODEV", err)
+	} else {
+		t.Logf("no route: %v", err)
+	}
+	if out, err := exec.Command("ip", "route", "add", "224.0.0.0/4", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("ip route: %v: %s", err, out)
+	}
+	c, err := mcast.Join(ctx, group, nil)
+	if err != nil {
+		t.Fatalf("join by route: %v", err)
+	}
+	defer c.Close()
+	if c.DeviceName() != "rxe_lo" {
+		t.Errorf("device %q, want rxe_lo", c.DeviceName())
+	}
+}
