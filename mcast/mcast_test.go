@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -493,4 +494,61 @@ func TestJoinByRoute(t *testing.T) {
 	if c.DeviceName() != "rxe_lo" {
 		t.Errorf("device %q, want rxe_lo", c.DeviceName())
 	}
+}
+
+// TestCloseUnblocks: Close ends a Receive waiting for a message and a Send
+// waiting for window (its receiver reads nothing), each with
+// net.ErrClosed, and Close itself returns within its Linger.
+func TestCloseUnblocks(t *testing.T) {
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	group := randomGroup()
+	snd := join(t, ctx, group, mcast.Options{Window: 4, Linger: 200 * time.Millisecond})
+	rcv := join(t, ctx, group, mcast.Options{Window: 4})
+	idle := join(t, ctx, randomGroup(), mcast.Options{})
+	if err := snd.WaitReceivers(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	sendErr, recvErr := make(chan error, 1), make(chan error, 1)
+	go func() {
+		msg := make([]byte, snd.MTU())
+		for {
+			if err := snd.Send(ctx, msg); err != nil {
+				sendErr <- err
+				return
+			}
+		}
+	}()
+	go func() {
+		_, _, err := idle.Receive(ctx, make([]byte, 100))
+		recvErr <- err
+	}()
+	// The sender fills the receiver's window and blocks.
+	for snd.Stats().Protocol.Blocked == 0 {
+		select {
+		case err := <-sendErr:
+			t.Fatalf("send: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	start := time.Now()
+	snd.Close()
+	idle.Close()
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Close took %v", d)
+	}
+	for name, ch := range map[string]chan error{"Send": sendErr, "Receive": recvErr} {
+		select {
+		case err := <-ch:
+			if !errors.Is(err, net.ErrClosed) {
+				t.Errorf("%s: %v, want net.ErrClosed", name, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s still blocked after Close", name)
+		}
+	}
+	rcv.Close()
 }
