@@ -5,16 +5,17 @@ package main
 // (the capi command, built by internal/capibuild) in place of rdma-core's.
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -34,20 +35,28 @@ libraries uses softrdma's devices instead: its exit status and the signals
 that end it are PROGRAM's own (softrdma execs it).
 
 The libraries are taken from -libdir (or SOFTRDMA_LIBDIR), else from
-../lib/softrdma next to the softrdma binary, else built from the softrdma
-source (the module of the current directory, or SOFTRDMA_SRC) into the
-user's cache directory; building needs go, a C compiler and the
-librdmacm-dev and libibverbs-dev headers. -install DIR builds them into DIR
-(for a container image) and exits.`
+../lib/softrdma next to the softrdma binary, else built into the user's
+cache directory from the softrdma source: -src (or SOFTRDMA_SRC), else
+the one this binary was built from (never the module of the current
+directory); building needs go, a C compiler and the librdmacm-dev and
+libibverbs-dev headers. -install DIR builds them into DIR (for a
+container image) and exits.
+
+Only what no other user can change is built or loaded: the source (every
+file and directory in it and every directory above it) and the directory
+of the libraries (and every directory above it) must be owned by you or
+root and not be writable by their group or others (a directory above may
+be, if sticky, as /tmp is); else softrdma exec refuses, naming the path.`
 
 func execCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: softrdma exec [-libdir DIR] [--] PROGRAM [ARGS...]\n       softrdma exec -install DIR\n%s\n\n", execAbout)
+		fmt.Fprintf(stderr, "usage: softrdma exec [-libdir DIR] [-src DIR] [--] PROGRAM [ARGS...]\n       softrdma exec [-src DIR] -install DIR\n%s\n\n", execAbout)
 		fs.PrintDefaults()
 	}
 	libdir := fs.String("libdir", os.Getenv("SOFTRDMA_LIBDIR"), "`directory` of the libraries (built there if missing)")
+	src := fs.String("src", os.Getenv("SOFTRDMA_SRC"), "softrdma's source `directory` to build the libraries from (default: the one this softrdma was built from)")
 	install := fs.String("install", "", "build the libraries into `DIR` and exit")
 	verbose := fs.Bool("v", false, "say which libraries are used")
 	if err := fs.Parse(args); err != nil {
@@ -62,7 +71,7 @@ func execCmd(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "softrdma exec: -install takes no program\n")
 			return 2
 		}
-		if err := buildLibs(ctx, *install, stderr); err != nil {
+		if err := buildLibs(ctx, *install, *src, stderr); err != nil {
 			fmt.Fprintf(stderr, "softrdma exec: %v\n", err)
 			return 1
 		}
@@ -73,7 +82,7 @@ func execCmd(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	dir, err := findLibs(ctx, *libdir, stderr)
+	dir, err := findLibsFrom(ctx, *libdir, *src, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "softrdma exec: %v\n", err)
 		return 1
@@ -110,22 +119,36 @@ func withLibraryPath(env []string, dir string) []string {
 	return append(out, "LD_LIBRARY_PATH="+val)
 }
 
-// findLibs returns the directory of the libraries, building them when
-// the place they should be has none.
+// findLibs is findLibsFrom with the source SOFTRDMA_SRC names, if any.
 func findLibs(ctx context.Context, libdir string, log io.Writer) (string, error) {
+	return findLibsFrom(ctx, libdir, os.Getenv("SOFTRDMA_SRC"), log)
+}
+
+// findLibsFrom returns the directory of the libraries, building them from
+// src (see sourceDir) when the place they should be has none. The
+// directory is checked before it goes on LD_LIBRARY_PATH
+// (capibuild.CheckLibDir): no other user may be able to change it.
+func findLibsFrom(ctx context.Context, libdir, src string, log io.Writer) (string, error) {
 	if libdir != "" {
-		if capibuild.Complete(libdir) {
-			return libdir, nil
+		if _, err := os.Stat(libdir); err == nil {
+			if _, err := checkedLibDir(libdir); err != nil {
+				return "", err
+			}
 		}
-		return libdir, buildLibs(ctx, libdir, log)
+		if !capibuild.Complete(libdir) {
+			if err := buildLibs(ctx, libdir, src, log); err != nil {
+				return "", err
+			}
+		}
+		return checkedLibDir(libdir)
 	}
 	if exe, err := os.Executable(); err == nil {
 		d := filepath.Join(filepath.Dir(exe), "..", "lib", "softrdma")
 		if capibuild.Complete(d) {
-			return d, nil
+			return checkedLibDir(d)
 		}
 	}
-	src, err := moduleDir()
+	src, err := sourceDir(src)
 	if err != nil {
 		return "", err
 	}
@@ -135,13 +158,33 @@ func findLibs(ctx context.Context, libdir string, log io.Writer) (string, error)
 	}
 	sum := sha256.Sum256([]byte(src))
 	d := filepath.Join(cache, "softrdma", "capi", hex.EncodeToString(sum[:8]))
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		return "", err
+	}
+	if _, err := checkedLibDir(d); err != nil {
+		return "", err
+	}
 	// go build is incremental: an up-to-date source relinks only.
-	return d, buildLibs(ctx, d, log)
+	if err := buildLibs(ctx, d, src, log); err != nil {
+		return "", err
+	}
+	return checkedLibDir(d)
 }
 
-// buildLibs builds the libraries into dir from the softrdma source.
-func buildLibs(ctx context.Context, dir string, log io.Writer) error {
-	src, err := moduleDir()
+// checkedLibDir returns dir, absolute and without symbolic links, if no
+// other user can change the libraries in it.
+func checkedLibDir(dir string) (string, error) {
+	d, err := capibuild.CheckLibDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("refusing to load the libraries of %s: %w", dir, err)
+	}
+	return d, nil
+}
+
+// buildLibs builds the libraries into dir from the softrdma source src
+// (see sourceDir).
+func buildLibs(ctx context.Context, dir, src string, log io.Writer) error {
+	src, err := sourceDir(src)
 	if err != nil {
 		return err
 	}
@@ -151,35 +194,36 @@ func buildLibs(ctx context.Context, dir string, log io.Writer) error {
 	return nil
 }
 
-// moduleDir finds the softrdma source: SOFTRDMA_SRC, else the module of
-// the current directory if it is softrdma's.
-func moduleDir() (string, error) {
-	if d := os.Getenv("SOFTRDMA_SRC"); d != "" {
+// sourceDir returns the softrdma source to build the libraries from: the
+// one named (-src, SOFTRDMA_SRC), else the one this binary was built
+// from. Never the module of the current directory: a directory above it
+// may be another user's. Either must pass capibuild.CheckSource.
+func sourceDir(named string) (string, error) {
+	if named != "" {
+		d, err := capibuild.CheckSource(named)
+		if err != nil {
+			return "", fmt.Errorf("refusing the softrdma source %s: %w", named, err)
+		}
 		return d, nil
 	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	d, err := builtFrom()
 	if err != nil {
-		return "", fmt.Errorf("no libraries and no go command to build them (go env GOMOD: %v); give -libdir or SOFTRDMA_SRC", err)
+		return "", err
 	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull || !isSoftrdmaModule(gomod) {
-		return "", fmt.Errorf("no libraries, and the current directory is not in the softrdma source to build them; give -libdir DIR or SOFTRDMA_SRC")
+	s, err := capibuild.CheckSource(d)
+	if err != nil {
+		return "", fmt.Errorf("no libraries, and the source this softrdma was built from cannot be built from: %w; give -libdir DIR, or -src DIR (SOFTRDMA_SRC)", err)
 	}
-	return filepath.Dir(gomod), nil
+	return s, nil
 }
 
-// isSoftrdmaModule tells whether go.mod declares softrdma's module.
-func isSoftrdmaModule(gomod string) bool {
-	f, err := os.Open(gomod)
-	if err != nil {
-		return false
+// builtFrom returns the directory of the module this binary was built
+// from, as the compiler recorded this file's path (unless -trimpath).
+func builtFrom() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok || !filepath.IsAbs(file) {
+		return "", errors.New("no libraries, and this softrdma does not know the source it was built from (-trimpath); give -libdir DIR, or -src DIR (SOFTRDMA_SRC) to build them from")
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if m, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "module "); ok {
-			return strings.TrimSpace(m) == "github.com/softrdma/softrdma"
-		}
-	}
-	return false
+	// file is <module>/cmd/softrdma/exec.go.
+	return filepath.Dir(filepath.Dir(filepath.Dir(file))), nil
 }

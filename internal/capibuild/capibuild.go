@@ -83,14 +83,21 @@ func Complete(dir string) bool {
 
 // Options are the tools Build runs.
 type Options struct {
-	ModuleDir string    // the softrdma module's source (go.mod's directory)
+	ModuleDir string    // the softrdma module's source (go.mod's directory), which must pass CheckSource
 	Go        string    // the go command ("go" if empty)
 	CC        string    // the C compiler ($CC, else "cc")
 	Log       io.Writer // the tools' output (os.Stderr if nil)
 }
 
-// Build builds the three libraries into dir.
+// Build builds the three libraries into dir. It refuses a ModuleDir that
+// fails CheckSource, and builds it alone: without a go.work of the
+// directories above it, and without running the version control tool.
 func Build(ctx context.Context, dir string, o Options) error {
+	src, err := CheckSource(o.ModuleDir)
+	if err != nil {
+		return fmt.Errorf("refusing to build from %s: %w", o.ModuleDir, err)
+	}
+	o.ModuleDir = src
 	if o.Go == "" {
 		o.Go = "go"
 	}
@@ -103,7 +110,7 @@ func Build(ctx context.Context, dir string, o Options) error {
 	if o.Log == nil {
 		o.Log = os.Stderr
 	}
-	dir, err := filepath.Abs(dir)
+	dir, err = filepath.Abs(dir)
 	if err != nil {
 		return err
 	}
@@ -114,14 +121,14 @@ func Build(ctx context.Context, dir string, o Options) error {
 		cmd := exec.CommandContext(ctx, name, args...)
 		cmd.Dir = wd
 		cmd.Stdout, cmd.Stderr = o.Log, o.Log
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "GOWORK=off")
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
 		}
 		return nil
 	}
 	capi := filepath.Join(dir, CapiLib)
-	if err := run(o.ModuleDir, o.Go, "build", "-tags", "capi", "-buildmode=c-shared", "-trimpath",
+	if err := run(o.ModuleDir, o.Go, "build", "-tags", "capi", "-buildmode=c-shared", "-trimpath", "-buildvcs=false",
 		"-ldflags=-extldflags=-Wl,-soname,"+CapiLib, "-o", capi+".tmp", "./capi"); err != nil {
 		return err
 	}
