@@ -718,10 +718,10 @@ func listeningInodes(t *testing.T) []string {
 	scan("/proc/self/net/tcp6", 9, tcpListen)
 	// /proc/net/unix: Num RefCount Protocol Flags Type St Inode Path;
 	// Flags 00010000 is __SO_ACCEPTCON (listening). Not the RoCEv2
-	// devices' hand-over sockets (provider/rxe: in
-	// /tmp/softrdma-<uid>/net-<netns>/, which only this user may enter):
-	// they serve other devices of the user, not requests.
-	handover := fmt.Sprintf("/tmp/softrdma-%d/net-", os.Geteuid())
+	// devices' hand-over sockets and peer-socket lock (provider/rxe:
+	// abstract unix sockets @softrdma/<uid>/...): they serve other devices
+	// of the user, not requests.
+	handover := fmt.Sprintf("@softrdma/%d/", os.Geteuid())
 	scan("/proc/self/net/unix", 6, func(fs []string) bool {
 		return fs[3] == "00010000" && !(len(fs) > 7 && strings.HasPrefix(fs[7], handover))
 	})

@@ -2,6 +2,7 @@ package rxe
 
 import (
 	"encoding/binary"
+	"errors"
 	"net/netip"
 	"syscall"
 	"unsafe"
@@ -18,8 +19,8 @@ import (
 // send socket's port is exclusive on the host, so the QPN names its owner:
 // a device that reads a unicast datagram for a QPN whose port is not one of
 // its send sockets' hands it to the owner over the owner's hand-over
-// socket for that port (handover.go: a unix socket in a directory of this
-// user, never a UDP port), prefixed with a header carrying what the owner
+// socket for that port (handover.go: an abstract unix socket, of a process
+// of this user, never a UDP port), prefixed with a header carrying what the owner
 // needs to check and complete it (the IP-level fields a UDP socket reports
 // as control messages). The owner accepts hand-overs only from processes
 // of its user, never forwards them again, and runs the same checks (ICRC
@@ -130,7 +131,8 @@ func (f *forwarder) sendmsg(fd uintptr) bool {
 // forward hands datagram b, described by r.meta, to the device of this
 // user that owns port (handover.go). Every datagram is counted once:
 // forwarded, no_owner_drops (no device of this user holds the port) or
-// forward_drops (the owner's connection is full, or the hand-over is off).
+// forward_drops (the owner's connection is full, the hand-over is off, or
+// another user holds the port's hand-over socket: handover_errors too).
 func (r *receiver) forward(b []byte, port uint16, v6 bool) {
 	d := r.d
 	if len(b) > readBufLen {
@@ -153,6 +155,9 @@ func (r *receiver) forward(b []byte, port uint16, v6 bool) {
 			if noOwner(err) {
 				d.core.Count(softverbs.NoOwnerDrops, 1)
 			} else {
+				if errors.Is(err, errForeignOwner) {
+					d.handoverFailed("connect", err)
+				}
 				d.core.Count(softverbs.ForwardDrops, 1)
 			}
 			return

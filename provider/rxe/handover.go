@@ -5,93 +5,74 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/internal/sys/mmsg"
 	"github.com/softrdma/softrdma/internal/sys/rawudp"
+	"github.com/softrdma/softrdma/logging"
 	"github.com/softrdma/softrdma/provider/softverbs"
 )
 
 // The hand-over's transport. A unicast datagram that the kernel gave to a
 // device other than its QPN's owner goes to the owner over a unix
 // SOCK_SEQPACKET connection, never over UDP: each send block listens on
-// <dir>/<IPv4 send port>, where dir is a directory only this user may
-// enter (handoverDir), and accepts a connection only from a process of the
-// same user (SO_PEERCRED). A remote host's crafted QPN can therefore reach
-// only softrdma devices of the user whose sockets read it, never another
-// UDP service of the host (on 127.0.0.1 or elsewhere), and no other local
-// user can inject a forwarded datagram. SOCK_SEQPACKET keeps datagram
-// boundaries; unlike SOCK_DGRAM its queue is bounded by the sender's
-// buffer (recvBufSize), not by net.unix.max_dgram_qlen (10 on some hosts).
+// the abstract unix socket handoverName(<IPv4 send port>), and accepts a
+// connection only from a process of the same user (SO_PEERCRED); a
+// forwarder hands over only to a socket that a process of the same user
+// listens on (SO_PEERCRED of the connection: the listener's credentials).
+// A remote host's crafted QPN can therefore reach only softrdma devices of
+// the user whose sockets read it, never another UDP service of the host
+// (on 127.0.0.1 or elsewhere), no other local user can inject a forwarded
+// datagram, and no other local user can receive one. SOCK_SEQPACKET keeps
+// datagram boundaries; unlike SOCK_DGRAM its queue is bounded by the
+// sender's buffer (recvBufSize), not by net.unix.max_dgram_qlen (10 on
+// some hosts).
+//
+// Why the abstract namespace: it is per network namespace, as QPNs are
+// unique per network namespace, and every process of the user finds it
+// whatever its environment ($TMPDIR, $XDG_RUNTIME_DIR, sudo, cron); there
+// is no file another user can create in its place (a directory in the
+// sticky /tmp can be pre-created by anyone and then not be removed by its
+// victim), and a socket vanishes with its last descriptor, so a process
+// killed without closing leaves nothing stale. Anyone may bind any
+// abstract name: another user holding a name makes that one hand-over
+// fail (the listen, or the forwarder's check of the listener), which is
+// counted in handover_errors and logged once; the QP works, its unicast
+// datagrams read by other processes of the user are lost.
 
-// handoverBase is the parent of every user's hand-over directories. It is
-// fixed (not $TMPDIR or $XDG_RUNTIME_DIR) so that every process of a user
-// finds every other's sockets whatever its environment.
-const handoverBase = "/tmp"
+// handoverName returns the abstract unix socket name of the hand-over
+// socket of the send block whose IPv4 send port is port (a variable: tests
+// point it elsewhere).
+var handoverName = func(port uint16) string {
+	return "@softrdma/" + strconv.Itoa(os.Geteuid()) + "/handover/" + strconv.Itoa(int(port))
+}
+
+// peerLockName returns the abstract unix socket name whose holder may open
+// a peer socket (peers.go).
+var peerLockName = func() string {
+	return "@softrdma/" + strconv.Itoa(os.Geteuid()) + "/peer-lock"
+}
 
 // maxHandoverConns bounds a device's cache of connections to other
 // devices' send blocks; past it the cache starts again empty.
 const maxHandoverConns = 1024
 
-// handoverDir returns the directory of this user's hand-over sockets in the
-// network namespace of the calling thread (QPNs are unique per namespace):
-// /tmp/softrdma-<uid>/net-<namespace inode>, created mode 0700. The user's
-// directory must be a directory owned by this user that no one else may
-// enter; anything else (a symbolic link, another owner, a wider mode: left
-// there by another user of /tmp) is refused with EPERM and the reason.
-func handoverDir() (string, error) {
-	uid := os.Geteuid()
-	top := filepath.Join(handoverBase, "softrdma-"+strconv.Itoa(uid))
-	if err := privateDir(top, uid); err != nil {
-		return "", err
-	}
-	var st unix.Stat_t
-	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
-		return "", fmt.Errorf("network namespace: %w", err)
-	}
-	dir := filepath.Join(top, fmt.Sprintf("net-%d", st.Ino))
-	if err := privateDir(dir, uid); err != nil {
-		return "", err
-	}
-	return dir, nil
-}
+// errForeignOwner is the error of a hand-over socket another user holds.
+var errForeignOwner = fmt.Errorf("held by a socket of another user: %w", syscall.EPERM)
 
-// privateDir makes dir (mode 0700) unless it exists, and checks that it is
-// a directory of uid that only uid may enter.
-func privateDir(dir string, uid int) error {
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return err
-	}
-	var st unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil {
-		return err
-	}
-	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
-		return fmt.Errorf("%s is not a directory (left by another user?): %w", dir, syscall.EPERM)
-	case int(st.Uid) != uid:
-		return fmt.Errorf("%s belongs to uid %d, not to this user (uid %d): %w", dir, st.Uid, uid, syscall.EPERM)
-	case st.Mode&0o077 != 0:
-		return fmt.Errorf("%s has mode %#o: other users may enter it: %w", dir, st.Mode&0o777, syscall.EPERM)
-	}
-	return nil
-}
-
-// handover is a device's side of the hand-over: its directory and its
-// connections to other devices' send blocks.
+// handover is a device's side of the hand-over: its connections to other
+// devices' send blocks.
 type handover struct {
-	once sync.Once
-	dir  string
-	err  error // why the device cannot hand over (handoverDir's error)
-
 	mu     sync.Mutex
 	closed bool
 	conns  map[uint16]*handoverConn // by the owner's IPv4 send port
+
+	logged atomic.Bool // a hand-over error was logged
 }
 
 // handoverConn is a connection to a send block's hand-over socket, out
@@ -102,15 +83,9 @@ type handoverConn struct {
 	raw syscall.RawConn
 }
 
-// directory returns the device's hand-over directory, found on first use.
-func (h *handover) directory() (string, error) {
-	h.once.Do(func() { h.dir, h.err = handoverDir() })
-	return h.dir, h.err
-}
-
 // conn returns the connection to the owner of port, connecting if there
-// is none. The error is ENOENT or ECONNREFUSED when no device of this user
-// holds the port.
+// is none. The error is ECONNREFUSED (or ENOENT) when no device holds the
+// port, errForeignOwner when a socket of another user has its name.
 func (h *handover) conn(port uint16) (*handoverConn, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -120,11 +95,8 @@ func (h *handover) conn(port uint16) (*handoverConn, error) {
 	if hc := h.conns[port]; hc != nil {
 		return hc, nil
 	}
-	dir, err := h.directory()
-	if err != nil {
-		return nil, err
-	}
-	nc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Net: "unixpacket", Name: filepath.Join(dir, strconv.Itoa(int(port)))})
+	name := handoverName(port)
+	nc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Net: "unixpacket", Name: name})
 	if err != nil {
 		return nil, err
 	}
@@ -137,9 +109,13 @@ func (h *handover) conn(port uint16) (*handoverConn, error) {
 			{unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, recvBufSize, true},
 		})
 	})
-	fd, _, err := takeConn(nc)
+	fd, cred, err := takeConn(nc)
 	if err != nil {
 		return nil, err
+	}
+	if cred.Uid != uint32(os.Geteuid()) {
+		unix.Close(fd)
+		return nil, fmt.Errorf("hand-over socket %s: uid %d: %w", name, cred.Uid, errForeignOwner)
 	}
 	c, err := rawudp.NewConn(fd)
 	if err != nil {
@@ -197,21 +173,12 @@ type handoverListener struct {
 }
 
 // listenHandoverLocked opens blk's hand-over socket and starts its accept
-// goroutine; d.mu is held. A socket file left by a process that died is
-// replaced: the port is blk's (UDP ports are exclusive), so no live
-// device holds the name.
+// goroutine; d.mu is held. The name is free unless another user holds it:
+// the port is blk's (UDP ports are exclusive), so no live device holds it,
+// and an abstract socket goes with its process.
 func (d *Device) listenHandoverLocked(blk *sendBlock) error {
-	dir, err := d.ho.directory()
-	if err != nil {
-		return err
-	}
-	addr := &net.UnixAddr{Net: "unixpacket", Name: filepath.Join(dir, strconv.Itoa(int(blk.port4)))}
+	addr := &net.UnixAddr{Net: "unixpacket", Name: handoverName(blk.port4)}
 	ln, err := net.ListenUnix("unixpacket", addr)
-	if errors.Is(err, syscall.EADDRINUSE) {
-		if rerr := os.Remove(addr.Name); rerr == nil {
-			ln, err = net.ListenUnix("unixpacket", addr)
-		}
-	}
 	if err != nil {
 		return err
 	}
@@ -222,7 +189,20 @@ func (d *Device) listenHandoverLocked(blk *sendBlock) error {
 	return nil
 }
 
-// close closes the socket (which removes its file) and every accepted
+// handoverFailed counts a hand-over that could not be set up or was
+// refused, and logs the first of the device.
+func (d *Device) handoverFailed(what string, err error) {
+	d.core.Count(softverbs.HandoverErrors, 1)
+	if d.ho.logged.Swap(true) {
+		return
+	}
+	if l := logging.Logger(); l != nil {
+		l.Warn("rxe: no unicast hand-over between this user's processes; counted in handover_errors (logged once)",
+			"device", d.name, "what", what, "error", err.Error())
+	}
+}
+
+// close closes the socket (which frees its name) and every accepted
 // connection: their goroutines exit, and the forwarders find the
 // connection closed.
 func (l *handoverListener) close() {

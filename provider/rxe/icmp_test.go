@@ -310,9 +310,11 @@ func TestPeerSocketOneFourTuple(t *testing.T) {
 	// a's socket goes (as when its goroutine ends): b may have one now.
 	s := peerSockOf(a, peer)
 	a.unicastEnded(s)
-	if !b.openPeerSock(b.peers.Load(), k) || peerSockOf(b, peer) == nil {
-		t.Fatal("b: no peer socket once a's is gone")
-	}
+	// b's own peer goroutine asks too (the hand-over above asked for it),
+	// and may have the socket first.
+	eventually(t, "b's peer socket once a's is gone", func() bool {
+		return peerSockOf(b, peer) != nil || b.openPeerSock(b.peers.Load(), k) && peerSockOf(b, peer) != nil
+	})
 	fwd := b.Counters().Get(softverbs.RcvdForwarded)
 	send("straight to b")
 	if f := b.Counters().Get(softverbs.RcvdForwarded); f != fwd {

@@ -32,8 +32,7 @@ import (
 // gives every datagram to one of the two, which one depending on its
 // hash chains). So a device opens a peer socket only while no socket of
 // the network namespace has that four-tuple (/proc/net/udp), and the
-// devices of the user open them one at a time (a lock on their hand-over
-// directory, handover.go), so two cannot both find the four-tuple free.
+// devices of the user open them one at a time (a lock, lockPeerSocks), so two cannot both find the four-tuple free.
 // The other device's datagrams from that peer are handed over; it asks
 // again after peerRetry, and gets the socket once the holder's is gone.
 
@@ -136,8 +135,8 @@ func (d *Device) peerLoop(p *peerSocks) {
 // openPeerSock opens the socket of peer k and reports whether it did (best
 // effort: without it the peer's datagrams are handed over as before). It
 // does not while a socket of the network namespace has the four-tuple
-// (another device's), checked and connected under the lock of the user's
-// hand-over directory.
+// (another device's), checked and connected under the user's peer-socket
+// lock (lockPeerSocks).
 func (d *Device) openPeerSock(p *peerSocks, k peerKey) bool {
 	unlock := d.lockPeerSocks()
 	defer unlock()
@@ -177,25 +176,58 @@ func (d *Device) openPeerSock(p *peerSocks, k peerKey) bool {
 	return true
 }
 
+// peerLockWait bounds how long a device waits for the peer-socket lock
+// (held for a read of /proc/net/udp and a socket's opening); past it, or
+// when another user holds the lock's name, it goes on without.
+const peerLockWait = 500 * time.Millisecond
+
 // lockPeerSocks takes the lock under which the user's devices in the
-// network namespace open peer sockets (flock on their hand-over
-// directory), and returns its release. Without the directory, no lock.
+// network namespace open peer sockets, and returns its release. The lock
+// is the abstract unix socket peerLockName listening: one holder at a
+// time, freed when it closes (or its process dies). A name held by a
+// socket of another user, or held longer than peerLockWait, is no lock.
 func (d *Device) lockPeerSocks() (unlock func()) {
-	dir, err := d.ho.directory()
-	if err != nil {
-		return func() {}
-	}
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return func() {}
-	}
+	name := &unix.SockaddrUnix{Name: peerLockName()}
+	uid := uint32(os.Geteuid())
+	deadline := time.Now().Add(peerLockWait)
 	for {
-		err = unix.Flock(fd, unix.LOCK_EX)
-		if err != unix.EINTR {
-			break
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+		if err != nil {
+			return func() {}
 		}
+		if err = unix.Bind(fd, name); err == nil {
+			if unix.Listen(fd, 1) == nil {
+				return func() { unix.Close(fd) }
+			}
+			unix.Close(fd)
+			return func() {}
+		}
+		unix.Close(fd)
+		if err != unix.EADDRINUSE || time.Now().After(deadline) || lockHolder(name) != uid {
+			return func() {}
+		}
+		time.Sleep(time.Millisecond)
 	}
-	return func() { unix.Close(fd) } // closing the only descriptor releases the lock
+}
+
+// lockHolder returns the uid of the process listening on name, or this
+// process's uid when it cannot tell (a holder between its bind and its
+// listen, a full backlog): then the caller waits.
+func lockHolder(name *unix.SockaddrUnix) uint32 {
+	uid := uint32(os.Geteuid())
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return uid
+	}
+	defer unix.Close(fd)
+	if unix.Connect(fd, name) != nil {
+		return uid
+	}
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		return uid
+	}
+	return cred.Uid
 }
 
 // fourTupleTaken reports whether a UDP socket of the network namespace on

@@ -1,6 +1,7 @@
 package rxe
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync"
@@ -154,16 +155,11 @@ func (d *Device) openBlockLocked() (*sendBlock, error) {
 		}
 	}
 	// The unicast datagrams other devices of this user read for the
-	// block's QPNs come over its hand-over socket. Without it they would
-	// be lost without a word: the QP fails instead, with the reason (a
-	// hand-over directory another user left in /tmp, no /proc, a
-	// read-only /tmp).
+	// block's QPNs come over its hand-over socket. Without it (another
+	// user holds its name, a security module forbids it) those are lost,
+	// counted and logged; the block serves its QPs otherwise.
 	if err := d.listenHandoverLocked(b); err != nil {
-		b.close()
-		if len(d.blocks) == 0 {
-			d.closeUnicastLocked()
-		}
-		return nil, d.errf(verbs.ErrnoOf(err), "unicast hand-over socket: %v", err)
+		d.handoverFailed("listen", fmt.Errorf("hand-over socket for port %d: %w", b.port4, err))
 	}
 	d.blocks = append(d.blocks, b)
 	d.publishPortsLocked()
