@@ -523,9 +523,9 @@ func (c *Conn) send(ctx context.Context, msg []byte, dl *time.Time) error {
 // return, but after an error).
 func (c *Conn) sendLocked(ctx context.Context, msg []byte, dl *time.Time) error {
 	c.cork = true
-	defer func() { c.cork = false }()
 	if c.m == nil {
 		c.post(msg, c.mcAH, verbs.MulticastQPN)
+		c.cork = false
 		c.stats.MessagesSent++
 		return nil
 	}
@@ -537,6 +537,7 @@ func (c *Conn) sendLocked(ctx context.Context, msg []byte, dl *time.Time) error 
 			break
 		}
 		c.m.Flush(c.now())
+		c.cork = false
 		c.flush()
 		c.mu.Unlock()
 		c.kick()
@@ -548,7 +549,9 @@ func (c *Conn) sendLocked(ctx context.Context, msg []byte, dl *time.Time) error 
 			c.mu.Unlock()
 			return err
 		}
+		c.cork = true
 	}
+	c.cork = false
 	c.stats.MessagesSent++
 	return nil
 }

@@ -109,6 +109,12 @@ func (d *Device) xmit(n int, send func(from, to int) (int, error)) (sent int, er
 		c := d.link.Credits()
 		if c == 0 {
 			now := time.Now()
+			if deadline.IsZero() && !d.stalled {
+				// Counted before the request goes out: whoever sees the
+				// request sees the wait.
+				d.core.Count(softverbs.LinkWaits, 1)
+				deadline = now.Add(d.cfg.LinkStallTimeout)
+			}
 			if now.Sub(d.lastReq) >= fabric.FlowRefresh {
 				d.lastReq = now
 				d.sendFlow(d.link.Flow(fabric.FlowOpRequest))
@@ -116,10 +122,6 @@ func (d *Device) xmit(n int, send func(from, to int) (int, error)) (sent int, er
 			if d.stalled {
 				d.core.Count(softverbs.LinkStallDrops, uint64(n-sent))
 				return sent, err
-			}
-			if deadline.IsZero() {
-				d.core.Count(softverbs.LinkWaits, 1)
-				deadline = now.Add(d.cfg.LinkStallTimeout)
 			}
 			if !now.Before(deadline) {
 				d.stalled = true
