@@ -539,9 +539,9 @@ func listening(t *testing.T, pid int) []string {
 	}{
 		{"/net/tcp", 9, func(f []string) bool { return f[3] == "0A" }},
 		{"/net/tcp6", 9, func(f []string) bool { return f[3] == "0A" }},
-		// Not the RoCEv2 devices' hand-over sockets (provider/rxe: in
-		// /tmp/softrdma-<uid>/net-<netns>/, which only this user may
-		// enter): they serve other devices of the user, not requests.
+		// Not the RoCEv2 devices' hand-over sockets (provider/rxe:
+		// abstract @softrdma/<uid>/…, which take only this user's
+		// connections): they serve other devices of the user, not requests.
 		{"/net/unix", 6, func(f []string) bool { return f[3] == "00010000" && !handoverSocket(f) }},
 	} {
 		b, err := os.ReadFile(base + tab.file)
@@ -559,9 +559,10 @@ func listening(t *testing.T, pid int) []string {
 }
 
 // handoverSocket reports whether a line of /proc/net/unix (its fields) is
-// a RoCEv2 device's hand-over socket.
+// a RoCEv2 device's hand-over socket (or its peer-socket lock): abstract
+// sockets named @softrdma/<uid>/.
 func handoverSocket(f []string) bool {
-	return len(f) > 7 && strings.HasPrefix(f[7], fmt.Sprintf("/tmp/softrdma-%d/net-", os.Geteuid()))
+	return len(f) > 7 && strings.HasPrefix(f[7], fmt.Sprintf("@softrdma/%d/", os.Geteuid()))
 }
 
 // TestEndpointOffByDefault: an mckey started without SOFTRDMA_DEBUG_ADDR
