@@ -75,6 +75,21 @@ func check(b []byte) (int, error) {
 	return i, nil
 }
 
+// members joins a sender and n receivers to a new group on lo; all close
+// at the test's end.
+func members(t *testing.T, ctx context.Context, n int) (snd *mcast.Conn, rcv []*mcast.Conn) {
+	t.Helper()
+	group := randomGroup()
+	snd = join(t, ctx, group, mcast.Options{})
+	t.Cleanup(func() { snd.Close() })
+	for range n {
+		r := join(t, ctx, group, mcast.Options{})
+		t.Cleanup(func() { r.Close() })
+		rcv = append(rcv, r)
+	}
+	return snd, rcv
+}
+
 // pair joins a sender and a receiver to a new group on lo; the sender
 // waits for the receiver; both close at the test's end.
 func pair(t *testing.T, ctx context.Context) (snd, rcv *mcast.Conn) {
@@ -130,15 +145,8 @@ func TestReliableLoopback(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	group := randomGroup()
-	snd := join(t, ctx, group, mcast.Options{})
-	defer snd.Close()
-	const receivers, messages = 3, 3000
-	rcv := make([]*mcast.Conn, receivers)
-	for i := range rcv {
-		rcv[i] = join(t, ctx, group, mcast.Options{})
-		defer rcv[i].Close()
-	}
+	snd, rcv := members(t, ctx, 3)
+	const messages = 3000
 	sizes := make([]int, messages)
 	for i := range sizes {
 		switch i % 10 {
@@ -248,15 +256,8 @@ func TestReliableUnderLoss(t *testing.T) {
 			dropped := dropUDP(t, pm)
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
-			group := randomGroup()
-			snd := join(t, ctx, group, mcast.Options{})
-			defer snd.Close()
-			const receivers, messages = 3, 2000
-			rcv := make([]*mcast.Conn, receivers)
-			for i := range rcv {
-				rcv[i] = join(t, ctx, group, mcast.Options{})
-				defer rcv[i].Close()
-			}
+			snd, rcv := members(t, ctx, 3)
+			const messages = 2000
 			sizes := make([]int, messages)
 			for i := range sizes {
 				if i%10 == 0 {
