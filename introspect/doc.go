@@ -23,8 +23,8 @@
 // a loopback TCP address, never elsewhere. On the socket only this
 // user's processes and root are served; on TCP a request must name the
 // endpoint in Host and carry its token (SOFTRDMA_DEBUG_TOKEN). A Client
-// checks who listens on a socket and bounds every answer. See README's
-// Limits for the whole trust model. cmd/mckey calls FromEnv:
+// checks who listens on a socket and bounds every answer. See docs/security.md
+// for the whole trust model. cmd/mckey calls FromEnv:
 //
 //	SOFTRDMA_DEBUG_ADDR=unix mckey -m 239.1.2.3 -b 127.0.0.1 &
 //	softrdma devices -p $!

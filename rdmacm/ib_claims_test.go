@@ -1,6 +1,6 @@
 package rdmacm
 
-// README claims about the RDMA CM on InfiniBand: an SM restart resets every
+// docs/infiniband.md's claims about the RDMA CM on InfiniBand: an SM restart resets every
 // joined id, and the SA Delete of a leave carries only the join states no
 // other local id still needs.
 

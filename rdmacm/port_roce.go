@@ -54,8 +54,8 @@ func (p rocePort) join(id *ID, mc *mcJoin) error {
 		return fmt.Errorf("group address %v is unspecified: %w", group, syscall.EINVAL)
 	}
 	if group.IsLoopback() {
-		// Linux accepts it and yields MGID 0; softrdma refuses (README,
-		// "Differences").
+		// Linux accepts it and yields MGID 0; softrdma refuses
+		// (docs/interop.md, "differences from Linux").
 		return fmt.Errorf("group address %v is a loopback address, which softrdma refuses (Linux joins it with MGID 0): %w", group, syscall.EINVAL)
 	}
 	if pa, err := id.dev.ctx.QueryPort(1); err != nil {

@@ -1,6 +1,6 @@
 package main
 
-// README claims about mckey's flags that the other tests do not reach.
+// docs/mckey.md's claims about mckey's flags that the other tests do not reach.
 
 import (
 	"regexp"

@@ -162,14 +162,14 @@ func TestSocketFallbackTmp(t *testing.T) {
 	waitFor(t, path+" removed", 20*time.Second, func() bool { _, err := os.Stat(path); return os.IsNotExist(err) })
 }
 
-// TestReadmeStatWatch runs the README's `stat -w` example as written: a
+// TestReadmeStatWatch runs docs/operators.md's `stat -w` example as written: a
 // receiver with an endpoint, `softrdma stat -w` (the only process with an
 // endpoint, no -p), and a sender of 5 messages: the deltas add up to 5
 // delivered to the receiver's QP, and at least 5 received on rxe_lo.
 func TestReadmeStatWatch(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv(introspect.EnvDir, dir)
-	g := randomGroup() // the README's 239.1.2.3 could meet another test's traffic
+	g := randomGroup() // the docs' 239.1.2.3 could meet another test's traffic
 	rx := startMckey(t, "receiver", []string{"XDG_RUNTIME_DIR=" + dir, introspect.EnvAddr + "=unix"}, "-m", g, "-b", "127.0.0.1", "-C", "1000")
 	rx.waitLine("receiving data transfers")
 	var out, errOut lockedBuffer

@@ -1,6 +1,6 @@
 package main
 
-// Bad invocations of the softsm binary, and the README's flags that the
+// Bad invocations of the softsm binary, and the docs' flags that the
 // other tests do not reach (-state, -sa-delay, -sa-drop).
 
 import (

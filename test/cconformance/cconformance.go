@@ -11,7 +11,7 @@
 // with nothing in it that depends on the host (no address, port or
 // pointer), so that two runs print the same lines where the libraries
 // behave the same. Compare tells the lines apart; the differences it
-// accepts are Differences, each with its reason (README, "Differences").
+// accepts are Differences, each with its reason (docs/interop.md, "differences from Linux").
 // testdata/kernel.txt is the guest's output, recorded: TestOnSoftrdma
 // compares softrdma's run on the host with it, TestCConformance checks
 // that the guest still prints it.
@@ -64,15 +64,15 @@ type Difference struct {
 }
 
 // Differences are the lines in which softrdma's run differs from the
-// kernel's, each documented in README's table of conformance
+// kernel's, each documented in docs/kernel.md's table of conformance
 // differences (the Go suite's) or under "Run a C program on softrdma".
 var Differences = []Difference{
 	{"ipv6-group-on-ipv4-id join", "call=OK event=RDMA_CM_EVENT_MULTICAST_JOIN status=0", "call=ENOTSUPP(524)",
-		"IPv6 groups on an IPv4-bound RoCE id are softrdma's extension; the kernel's cma_iboe_join_multicast refuses them (README, Differences)"},
+		"IPv6 groups on an IPv4-bound RoCE id are softrdma's extension; the kernel's cma_iboe_join_multicast refuses them (docs/interop.md)"},
 	{"block-self-mcast-lb create-qp", "OK", "EOPNOTSUPP",
-		"softrdma supports IBV_QP_CREATE_BLOCK_SELF_MCAST_LB; rxe refuses it (README, Differences)"},
+		"softrdma supports IBV_QP_CREATE_BLOCK_SELF_MCAST_LB; rxe refuses it (docs/interop.md)"},
 	{"passive-ep leave-waits-for-parked-event", "false", "true",
-		"librdmacm's rdma_leave_multicast waits until every event of the join is acked, and a synchronous id's JOIN event stays parked in id->event, unacked, until the id's next call: a leave right after a synchronous join waits for good; softrdma acks the parked event in the leave (README, Differences)"},
+		"librdmacm's rdma_leave_multicast waits until every event of the join is acked, and a synchronous id's JOIN event stays parked in id->event, unacked, until the id's next call: a leave right after a synchronous join waits for good; softrdma acks the parked event in the leave (docs/interop.md)"},
 }
 
 // line is one output line split into its key and outcome.

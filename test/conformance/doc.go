@@ -7,7 +7,7 @@
 // Soft-RoCE in the QEMU guests of test/interop, through the
 // rdmacore build (test/interop's TestKernelConformance copies the test
 // binary into a guest). Each case asserts the behaviour documented for the
-// backend it runs on (README, "Differences"), so an undocumented
+// backend it runs on (docs/interop.md, "differences from Linux"), so an undocumented
 // difference fails. Every case prints one line:
 //
 //	CONFORMANCE <backend> <case> PASS|FAIL|SKIP <what was seen>

@@ -99,7 +99,7 @@ const (
 )
 
 // want is a case's expected outcome per target; kernel or ib "" means the
-// same as soft. A difference is listed in README's differences tables.
+// same as soft. A difference is listed in docs/kernel.md's differences table.
 type want struct{ soft, kernel, ib string }
 
 func (w want) of(tg target) string {

@@ -10,7 +10,7 @@ import (
 type diffKey struct{ name, field string }
 
 // documented lists where softsm answers otherwise than OpenSM 3.3.23, and
-// why (README, "InfiniBand: an emulated subnet", lists them too). A
+// why (docs/infiniband.md lists them too). A
 // difference not in this table fails the test, and so does an entry that
 // no longer differs.
 var documented = map[diffKey]string{

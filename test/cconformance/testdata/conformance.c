@@ -1111,7 +1111,7 @@ static void passive_ep(void)
 	// librdmacm's leave waits until every event of the join is acked, and
 	// a synchronous id's JOIN event stays parked in ep->event, unacked,
 	// until the id's next call: the leave waits for good unless the event
-	// is acked. softrdma acks it in the leave (README, "Differences").
+	// is acked. softrdma acks it in the leave (docs/interop.md, "differences from Linux").
 	// A leave that has not returned after 2 s waits for the ack.
 	struct waiter w = { .id = ep, .g = g };
 	pthread_create(&w.th, NULL, waiter_run, &w);
