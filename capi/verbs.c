@@ -163,6 +163,33 @@ static int sr_op_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_po
 	return 0;
 }
 
+// sr_op_query_device_ex is the context's query_device_ex, which the
+// inline ibv_query_device_ex calls: the attributes of ibv_query_device,
+// and of the extended ones what a provider's ibv_cmd_query_device_any
+// gives where the device has no such capability: phys_port_cnt_ex is
+// phys_port_cnt, device_cap_flags_ex device_cap_flags, the others zero. Only the first attr_size bytes are
+// written, as rdma-core does for a program built with an older verbs.h.
+static int sr_op_query_device_ex(struct ibv_context *context, const struct ibv_query_device_ex_input *input,
+				 struct ibv_device_attr_ex *attr, size_t attr_size)
+{
+	struct ibv_device_attr_ex full;
+	int e;
+	if (!context || !attr)
+		return EINVAL;
+	if (input && input->comp_mask)
+		return EINVAL;
+	if (attr_size < sizeof attr->orig_attr)
+		return EINVAL;
+	memset(&full, 0, sizeof full);
+	e = srQueryDevice(context, &full.orig_attr);
+	if (e)
+		return e;
+	full.device_cap_flags_ex = full.orig_attr.device_cap_flags;
+	full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
+	memcpy(attr, &full, attr_size < sizeof full ? attr_size : sizeof full);
+	return 0;
+}
+
 struct sr_context *sr_context_alloc(struct ibv_device *dev, int num_comp_vectors)
 {
 	struct sr_context *c = calloc(1, sizeof *c);
@@ -170,6 +197,7 @@ struct sr_context *sr_context_alloc(struct ibv_device *dev, int num_comp_vectors
 		return NULL;
 	c->vc.sz = sizeof c->vc;
 	c->vc.query_port = sr_op_query_port;
+	c->vc.query_device_ex = sr_op_query_device_ex;
 	c->vc.create_qp_ex = sr_create_qp_ex;
 	c->vc.context.device = dev;
 	c->vc.context.cmd_fd = -1;
