@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/envvars"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -128,8 +129,10 @@ var envOnce struct {
 // StartFromEnv is FromEnv once per process, for the packages that start
 // logging on their first use (rdmacm's first event channel); it returns
 // the first call's error every time. The logging it starts lasts as long
-// as the process (or until Enable replaces it).
+// as the process (or until Enable replaces it). The first call also names
+// on stderr any SOFTRDMA_ environment variable softrdma does not read.
 func StartFromEnv() error {
+	envvars.WarnOnce()
 	envOnce.Do(func() {
 		state.Lock()
 		on := state.stop != nil

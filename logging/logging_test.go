@@ -18,6 +18,7 @@ import (
 	"github.com/softrdma/softrdma/logging"
 	_ "github.com/softrdma/softrdma/provider/all"
 	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/verbs"
 	"go.uber.org/goleak"
 )
 
@@ -95,5 +96,33 @@ func TestBadSpecFailsChannels(t *testing.T) {
 	cmd.Env = testenv.CleanEnv(childEnv+"=1", logging.EnvLog+"=loud")
 	if out, err := cmd.CombinedOutput(); err != nil || !bytes.Contains(out, []byte("--- PASS")) {
 		t.Fatalf("child: %v\n%s", err, out)
+	}
+}
+
+// TestUnknownVariableNamed: a program whose environment has a misspelled
+// SOFTRDMA_ variable is told once on stderr, with the name it meant, when
+// it first opens an event channel or lists the devices (both here).
+func TestUnknownVariableNamed(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		ch, err := rdmacm.CreateEventChannel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch.Close()
+		verbs.DeviceList()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestUnknownVariableNamed$", "-test.count=1")
+	cmd.Env = testenv.CleanEnv(childEnv+"=1", "SOFTRDMA_LGO=info")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if out, err := cmd.Output(); err != nil {
+		t.Fatalf("child: %v\n%s\n%s", err, out, stderr.Bytes())
+	}
+	const want = "softrdma: ignoring unknown environment variable SOFTRDMA_LGO (did you mean SOFTRDMA_LOG?)\n"
+	if n := strings.Count(stderr.String(), want); n != 1 {
+		t.Errorf("the child's stderr has the warning %d times, want once:\n%s", n, stderr.Bytes())
 	}
 }

@@ -58,8 +58,12 @@ func (cm *cmState) deviceFor(vd *verbs.Device) (*cmDevice, error) {
 	return cd, nil
 }
 
-// errNoPort is the error for an address no port owns.
+// errNoPort is the error for an address no port owns; it names the
+// likely cause when the program registered no kind of device.
 func errNoPort(a netip.Addr) error {
+	if !verbs.AddrOwnersRegistered() {
+		return fmt.Errorf("no device owns %v: the program imports no kind of device (import _ \"github.com/softrdma/softrdma/provider/all\"): %w", a, syscall.EADDRNOTAVAIL)
+	}
 	return fmt.Errorf("no device owns %v: %w", a, syscall.EADDRNOTAVAIL)
 }
 

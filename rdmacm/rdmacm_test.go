@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -165,30 +166,35 @@ func TestJoinValidationOrder(t *testing.T) {
 		id    *ID
 		attr  *JoinMCAttrEx
 		errno syscall.Errno
+		says  string // in the error's text, when set: the cause in words
 	}{
-		{"nil attr", bound, nil, syscall.EINVAL},
-		{"reserved bit, everything else wrong", unbound, &JoinMCAttrEx{CompMask: 4, JoinFlags: 7}, syscall.EOPNOTSUPP},
-		{"mask 7", bound, &JoinMCAttrEx{CompMask: 7, Addr: g}, syscall.EOPNOTSUPP},
-		{"mask 0xfffffff8", bound, &JoinMCAttrEx{CompMask: 0xfffffff8, Addr: g}, syscall.EOPNOTSUPP},
-		{"no address bit", bound, &JoinMCAttrEx{CompMask: F, Addr: g}, syscall.EINVAL},
-		{"no join flags bit", bound, &JoinMCAttrEx{CompMask: A, Addr: g}, syscall.EINVAL},
-		{"flags 2", bound, &JoinMCAttrEx{CompMask: A | F, JoinFlags: 2, Addr: g}, syscall.EINVAL},
-		{"flags max", bound, &JoinMCAttrEx{CompMask: A | F, JoinFlags: 0xffffffff, Addr: g}, syscall.EINVAL},
-		{"nil address", bound, &JoinMCAttrEx{CompMask: A | F}, syscall.EINVAL},
-		{"typed nil address", bound, &JoinMCAttrEx{CompMask: A | F, Addr: (*net.UDPAddr)(nil)}, syscall.EINVAL},
-		{"unix address", bound, &JoinMCAttrEx{CompMask: A | F, Addr: &net.UnixAddr{Name: "x", Net: "unix"}}, syscall.EINVAL},
-		{"unbound id", unbound, &JoinMCAttrEx{CompMask: A | F, Addr: g}, syscall.EINVAL},
-		{"wildcard-bound id (no device)", wild, &JoinMCAttrEx{CompMask: A | F, Addr: g}, syscall.EINVAL},
-		{"PS_TCP id", tcp, &JoinMCAttrEx{CompMask: A | F, Addr: g}, syscall.EINVAL},
-		{"zero group", bound, &JoinMCAttrEx{CompMask: A | F, Addr: UDPAddr(netip.IPv4Unspecified())}, syscall.EINVAL},
-		{"zero IPv6 group", bound, &JoinMCAttrEx{CompMask: A | F, Addr: UDPAddr(netip.IPv6Unspecified())}, syscall.EINVAL},
-		{"loopback group", bound, &JoinMCAttrEx{CompMask: A | F, Addr: lo}, syscall.EINVAL},
-		{"AF_IB on RoCE", bound, &JoinMCAttrEx{CompMask: A | F, Addr: &IBAddr{PKey: 0xffff}}, ENOTSUPP},
+		{"nil attr", bound, nil, syscall.EINVAL, ""},
+		{"reserved bit, everything else wrong", unbound, &JoinMCAttrEx{CompMask: 4, JoinFlags: 7}, syscall.EOPNOTSUPP, ""},
+		{"mask 7", bound, &JoinMCAttrEx{CompMask: 7, Addr: g}, syscall.EOPNOTSUPP, ""},
+		{"mask 0xfffffff8", bound, &JoinMCAttrEx{CompMask: 0xfffffff8, Addr: g}, syscall.EOPNOTSUPP, ""},
+		{"no address bit", bound, &JoinMCAttrEx{CompMask: F, Addr: g}, syscall.EINVAL, "lacks JoinMCAttrAddress, so Addr"},
+		{"no address bit, no address", bound, &JoinMCAttrEx{CompMask: F}, syscall.EINVAL, "no address (comp_mask 0x2 lacks JoinMCAttrAddress)"},
+		{"no join flags bit", bound, &JoinMCAttrEx{CompMask: A, Addr: g}, syscall.EINVAL, "lacks JoinMCAttrJoinFlags"},
+		{"flags 2", bound, &JoinMCAttrEx{CompMask: A | F, JoinFlags: 2, Addr: g}, syscall.EINVAL, "join flags 2: want MCJoinFlagFullMember or MCJoinFlagSendOnlyFullMember"},
+		{"flags max", bound, &JoinMCAttrEx{CompMask: A | F, JoinFlags: 0xffffffff, Addr: g}, syscall.EINVAL, ""},
+		{"nil address", bound, &JoinMCAttrEx{CompMask: A | F}, syscall.EINVAL, ""},
+		{"typed nil address", bound, &JoinMCAttrEx{CompMask: A | F, Addr: (*net.UDPAddr)(nil)}, syscall.EINVAL, ""},
+		{"unix address", bound, &JoinMCAttrEx{CompMask: A | F, Addr: &net.UnixAddr{Name: "x", Net: "unix"}}, syscall.EINVAL, ""},
+		{"unbound id", unbound, &JoinMCAttrEx{CompMask: A | F, Addr: g}, syscall.EINVAL, ""},
+		{"wildcard-bound id (no device)", wild, &JoinMCAttrEx{CompMask: A | F, Addr: g}, syscall.EINVAL, ""},
+		{"PS_TCP id", tcp, &JoinMCAttrEx{CompMask: A | F, Addr: g}, syscall.EINVAL, ""},
+		{"zero group", bound, &JoinMCAttrEx{CompMask: A | F, Addr: UDPAddr(netip.IPv4Unspecified())}, syscall.EINVAL, ""},
+		{"zero IPv6 group", bound, &JoinMCAttrEx{CompMask: A | F, Addr: UDPAddr(netip.IPv6Unspecified())}, syscall.EINVAL, ""},
+		{"loopback group", bound, &JoinMCAttrEx{CompMask: A | F, Addr: lo}, syscall.EINVAL, ""},
+		{"AF_IB on RoCE", bound, &JoinMCAttrEx{CompMask: A | F, Addr: &IBAddr{PKey: 0xffff}}, ENOTSUPP, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			err := c.id.JoinMulticastEx(c.attr, nil)
 			wantErrno(t, err, c.errno)
+			if c.says != "" && (err == nil || !strings.Contains(err.Error(), c.says)) {
+				t.Errorf("error %q does not say %q", err, c.says)
+			}
 		})
 	}
 	wantErrno(t, bound.JoinMulticast(nil, nil), syscall.EINVAL)

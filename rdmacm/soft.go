@@ -199,10 +199,16 @@ func (softEngine) join(id *ID, ex bool, attr JoinMCAttrEx, ctx any) error {
 		return fmt.Errorf("comp_mask %#x: %w", attr.CompMask, syscall.EOPNOTSUPP)
 	}
 	if attr.CompMask&JoinMCAttrAddress == 0 {
-		return fmt.Errorf("no address: %w", syscall.EINVAL)
+		if attr.Addr != nil {
+			return fmt.Errorf("comp_mask %#x lacks JoinMCAttrAddress, so Addr %v is not read: %w", attr.CompMask, attr.Addr, syscall.EINVAL)
+		}
+		return fmt.Errorf("no address (comp_mask %#x lacks JoinMCAttrAddress): %w", attr.CompMask, syscall.EINVAL)
 	}
-	if attr.CompMask&JoinMCAttrJoinFlags == 0 || attr.JoinFlags >= MCJoinFlagReserved {
-		return fmt.Errorf("join flags: %w", syscall.EINVAL)
+	if attr.CompMask&JoinMCAttrJoinFlags == 0 {
+		return fmt.Errorf("comp_mask %#x lacks JoinMCAttrJoinFlags, so JoinFlags is not read: %w", attr.CompMask, syscall.EINVAL)
+	}
+	if attr.JoinFlags >= MCJoinFlagReserved {
+		return fmt.Errorf("join flags %d: want MCJoinFlagFullMember or MCJoinFlagSendOnlyFullMember: %w", attr.JoinFlags, syscall.EINVAL)
 	}
 	if _, err := toSockaddr(attr.Addr); err != nil {
 		return err

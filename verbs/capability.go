@@ -41,6 +41,15 @@ func RegisterAddrOwner(o AddrOwner) {
 	slices.SortStableFunc(addrOwners.list, func(a, b AddrOwner) int { return cmp.Compare(a.AddrOrder(), b.AddrOrder()) })
 }
 
+// AddrOwnersRegistered reports whether any kind of device has registered
+// an AddrOwner: a program that imports no provider has none, and no
+// address is any device's.
+func AddrOwnersRegistered() bool {
+	addrOwners.Lock()
+	defer addrOwners.Unlock()
+	return len(addrOwners.list) > 0
+}
+
 // DeviceForAddr returns the device local address a belongs to: the
 // answer of the first registered AddrOwner, in AddrOrder, that claims the
 // address or fails (an owner that cannot open the device it would claim

@@ -3,6 +3,8 @@ package verbs
 import (
 	"slices"
 	"sync"
+
+	"github.com/softrdma/softrdma/internal/envvars"
 )
 
 // Host is one program's RDMA world: its device list (what
@@ -91,8 +93,11 @@ func (h *Host) UnregisterDevice(dev *Device) {
 
 // DeviceList returns the host's devices (ibv_get_device_list): every
 // provider first registers the devices it finds (the RoCEv2 device of
-// every network interface, the InfiniBand ports opened).
+// every network interface, the InfiniBand ports opened). The first call
+// of the process names on stderr any SOFTRDMA_ environment variable
+// softrdma does not read (a misspelling would otherwise go unnoticed).
 func (h *Host) DeviceList() []*Device {
+	envvars.WarnOnce()
 	providers.Lock()
 	ps := slices.Clone(providers.list)
 	providers.Unlock()
