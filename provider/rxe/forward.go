@@ -130,13 +130,21 @@ func (f *forwarder) sendmsg(fd uintptr) bool {
 
 // forward hands datagram b, described by r.meta, to the device of this
 // user that owns port (handover.go). Every datagram is counted once:
-// forwarded, no_owner_drops (no device of this user holds the port) or
-// forward_drops (the owner's connection is full, the hand-over is off, or
-// another user holds the port's hand-over socket: handover_errors too).
+// forwarded, no_owner_drops (no device of this user holds the port, or
+// none did at an attempt a moment ago: noowner.go) or forward_drops (the
+// owner's connection is full, the hand-over is off, another user holds
+// the port's hand-over socket: handover_errors too, or the attempts to
+// connect to ports without an owner are used up for the moment).
 func (r *receiver) forward(b []byte, port uint16, v6 bool) {
 	d := r.d
 	if len(b) > readBufLen {
 		d.core.Count(softverbs.ForwardDrops, 1)
+		return
+	}
+	if d.ho.ownerless(port) {
+		// Found without an owner lately (noowner.go): dropped as
+		// cheaply as any other datagram.
+		d.core.Count(softverbs.NoOwnerDrops, 1)
 		return
 	}
 	r.burst.Release() // no lock held over the system calls

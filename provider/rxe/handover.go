@@ -66,11 +66,17 @@ const maxHandoverConns = 1024
 var errForeignOwner = fmt.Errorf("held by a socket of another user: %w", syscall.EPERM)
 
 // handover is a device's side of the hand-over: its connections to other
-// devices' send blocks.
+// devices' send blocks, and the ports found to have no owner.
 type handover struct {
 	mu     sync.Mutex
 	closed bool
 	conns  map[uint16]*handoverConn // by the owner's IPv4 send port
+
+	// none remembers the ports no device of this user held when a
+	// connection was last tried (noOwnerCache); dials counts the
+	// connection attempts.
+	none  noOwnerCache
+	dials atomic.Uint64
 
 	logged atomic.Bool // a hand-over error was logged
 }
@@ -85,7 +91,9 @@ type handoverConn struct {
 
 // conn returns the connection to the owner of port, connecting if there
 // is none. The error is ECONNREFUSED (or ENOENT) when no device holds the
-// port, errForeignOwner when a socket of another user has its name.
+// port (the port is then remembered in h.none), errForeignOwner when a
+// socket of another user has its name, errDialBudget when the period's
+// failed connection attempts are used up (maxNoOwnerDials).
 func (h *handover) conn(port uint16) (*handoverConn, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -95,9 +103,19 @@ func (h *handover) conn(port uint16) (*handoverConn, error) {
 	if hc := h.conns[port]; hc != nil {
 		return hc, nil
 	}
+	none := &h.none
+	none.syncLocked()
+	if none.failed >= maxNoOwnerDials {
+		return nil, errDialBudget
+	}
 	name := handoverName(port)
+	h.dials.Add(1)
 	nc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Net: "unixpacket", Name: name})
 	if err != nil {
+		if noOwner(err) {
+			none.failed++
+			none.markLocked(port)
+		}
 		return nil, err
 	}
 	// The connection's queue is the sender's buffer: as large as the

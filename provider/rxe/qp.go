@@ -161,6 +161,7 @@ func (d *Device) openBlockLocked() (*sendBlock, error) {
 	if err := d.listenHandoverLocked(b); err != nil {
 		d.handoverFailed("listen", fmt.Errorf("hand-over socket for port %d: %w", b.port4, err))
 	}
+	ownersGen.Add(1) // the port may be remembered without an owner (noowner.go)
 	d.blocks = append(d.blocks, b)
 	d.publishPortsLocked()
 	return b, nil
