@@ -84,6 +84,12 @@ func TestBadInvocations(t *testing.T) {
 		{"zero group", nil, []string{"-m", "0.0.0.0", "-b", "127.0.0.1", "--join-pause", "0s"}, 255, "group address 0.0.0.0 is unspecified"},
 		{"SOFTRDMA_SM not an address", []string{"SOFTRDMA_SM=nosm"}, []string{"-m", "230.1.2.3", "-b", "127.0.2.2"}, 255,
 			"mckey: SOFTRDMA_SM=nosm: "},
+		// rdma-core's mckey ends a failed attach (status -1) with status 0 too;
+		// one line says why.
+		{"unicast group", nil, []string{"-m", "10.1.2.3", "-b", "127.0.0.1", "--join-pause", "0s", "-C", "1", "--timeout", "2s"}, 0,
+			"mckey: RDMA_CM_EVENT_MULTICAST_ERROR: ibv_attach_mcast ::ffff:10.1.2.3: ::ffff:10.1.2.3 is not a multicast GID"},
+		{"misspelled variable", []string{"SOFTRDMA_SMM=127.0.0.1:4792"}, []string{"-m", "0.0.0.0", "-b", "127.0.0.1", "--join-pause", "0s"}, 255,
+			"softrdma: ignoring unknown environment variable SOFTRDMA_SMM (did you mean SOFTRDMA_SM?)"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -487,6 +487,9 @@ func (t *mckey) cmaHandler(ev *rdmacm.Event) int {
 		if ev.Event == rdmacm.EventAddrError {
 			t.addrErrorHint(ev.Status)
 		}
+		if ev.Err != nil { // the cause behind a status of -1, which says nothing
+			fmt.Fprintf(t.errOut, "mckey: %s: %v\n", ev.Event, ev.Err)
+		}
 		t.connectError()
 		return ev.Status
 	}

@@ -567,14 +567,19 @@ func (qp *qpObj) checkMcast(gid verbs.GID, lid uint16) (uint16, error) {
 	qp.mu.Lock()
 	dead := qp.dead
 	qp.mu.Unlock()
-	if dead || qp.typ != verbs.QPTypeUD || !gid.IsMulticast() {
-		return 0, syscall.EINVAL
+	switch {
+	case dead:
+		return 0, fmt.Errorf("the QP is destroyed: %w", syscall.EINVAL)
+	case qp.typ != verbs.QPTypeUD:
+		return 0, fmt.Errorf("only a UD QP joins multicast: %w", syscall.EINVAL)
+	case !gid.IsMulticast():
+		return 0, fmt.Errorf("%v is not a multicast GID (a unicast group address?): %w", gid, syscall.EINVAL)
 	}
 	if qp.linkLayer() != verbs.LinkLayerInfiniBand {
 		return 0, nil
 	}
 	if lid < verbs.MulticastLIDBase || lid == 0xffff {
-		return 0, syscall.EINVAL
+		return 0, fmt.Errorf("LID %#x is not a multicast LID: %w", lid, syscall.EINVAL)
 	}
 	return lid, nil
 }
