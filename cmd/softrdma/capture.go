@@ -25,7 +25,7 @@ func init() {
 }
 
 func captureCmd(args []string, stdout, stderr io.Writer) int {
-	var t target
+	t := target{stderr: stderr}
 	fs := newFlagSet("capture", "[-p PID | -addr ADDR] -w FILE [-i DEVICE] [-dir both|sent|received] [-c COUNT] [-d DURATION] [-s SNAPLEN]",
 		"Turns on packet capture in a running process and writes the frames it sends and\nreceives (Ethernet/IP/UDP/RoCEv2 with the real ICRC) to a pcap file, until COUNT\nframes, DURATION, Ctrl-C or the exit of the process (\"process N exited\", status 0). Read it with tshark or Wireshark: port 4791 decodes as RoCE.", stderr)
 	fs.IntVar(&t.pid, "p", 0, "`PID` of the process (its endpoint: SOFTRDMA_DEBUG_ADDR=unix)")

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"math/bits"
+	"os"
 	"strings"
 	"time"
 
@@ -28,9 +29,10 @@ func init() {
 
 // target is how a subcommand finds the process to read.
 type target struct {
-	pid  int
-	addr string
-	json bool
+	pid    int
+	addr   string
+	json   bool
+	stderr io.Writer // where the process picked without -p or -addr is named
 }
 
 func (t *target) flags(fs *flag.FlagSet) {
@@ -78,6 +80,9 @@ func (t *target) client() (*introspect.Client, error) {
 	case 0:
 		return nil, fmt.Errorf("no process with an endpoint found; start one with %s=unix, or give -addr", introspect.EnvAddr)
 	case 1:
+		if t.stderr != nil {
+			fmt.Fprintf(t.stderr, "softrdma: process %d%s, the only one with an endpoint (-p to choose)\n", eps[0].PID, commandOf(eps[0].PID))
+		}
 		return introspect.ForPID(eps[0].PID)
 	}
 	var pids []string
@@ -85,6 +90,16 @@ func (t *target) client() (*introspect.Client, error) {
 		pids = append(pids, fmt.Sprint(e.PID))
 	}
 	return nil, fmt.Errorf("several processes have an endpoint (%s): choose one with -p", strings.Join(pids, ", "))
+}
+
+// commandOf is " (NAME)" with process pid's command name, or "" when it
+// cannot be read.
+func commandOf(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	if err != nil {
+		return ""
+	}
+	return " (" + strings.TrimSpace(string(b)) + ")"
 }
 
 // snapshot reads the snapshot of the target process.
@@ -117,7 +132,7 @@ func mtuEnum(b int) int {
 }
 
 func devicesCmd(args []string, stdout, stderr io.Writer) int {
-	var t target
+	t := target{stderr: stderr}
 	fs := newFlagSet("devices", "[-p PID | -addr ADDR] [-d DEVICE] [-v] [--json]",
 		"Shows the software RoCEv2 devices of a running process like ibv_devinfo: attributes,\nport 1 (state, MTU, GID table), multicast limits and the QPs (state, Q_Key, groups).", stderr)
 	t.flags(fs)

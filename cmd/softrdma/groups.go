@@ -19,7 +19,7 @@ func init() {
 }
 
 func groupsCmd(args []string, stdout, stderr io.Writer) int {
-	var t target
+	t := target{stderr: stderr}
 	fs := newFlagSet("groups", "[-p PID | -addr ADDR] [-d DEVICE] [--json]",
 		"Shows, per device and group: the MGID and IP address, whether the device holds the\nIP membership (IGMP/MLD) and how many CM references it has, the attached QPs in\ndelivery order, and every RDMA CM join: id, join flags, state, QP, attached.", stderr)
 	t.flags(fs)

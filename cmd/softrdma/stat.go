@@ -61,7 +61,7 @@ type statSample struct {
 }
 
 func statCmd(args []string, stdout, stderr io.Writer) int {
-	var t target
+	t := target{stderr: stderr}
 	fs := newFlagSet("stat", "[-p PID | -addr ADDR] [-d DEVICE] [-qp=false] [-a] [-w INTERVAL [-n COUNT]] [--json]",
 		"Shows every counter of the devices and their QPs. With -w it prints, every interval,\nthe counters that changed: the increase, the rate per second and the total, until\nCOUNT intervals, Ctrl-C, or the process exits (\"process N exited\", status 0).", stderr)
 	t.flags(fs)

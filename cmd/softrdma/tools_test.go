@@ -202,4 +202,8 @@ func TestReadmeStatWatch(t *testing.T) {
 	if sum["device rcvd_pkts"] < 5 || sum["qp delivered"] != 5 {
 		t.Errorf("deltas %v, want 5 received on rxe_lo and 5 delivered to the QP:\n%s", sum, out.String())
 	}
+	// Without -p, stat says which process it picked.
+	if want := fmt.Sprintf("softrdma: process %d (mckey), the only one with an endpoint (-p to choose)\n", rx.cmd.Process.Pid); errOut.String() != want {
+		t.Errorf("stat's stderr %q, want %q", errOut.String(), want)
+	}
 }
