@@ -82,40 +82,46 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 
 // guard enforces the trust model in front of h.
 func (s *Server) guard(h http.Handler) http.Handler {
-	euid := os.Geteuid()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.network == "unix" {
-			p, ok := r.Context().Value(peerKey{}).(peerInfo)
-			switch {
-			case !ok:
-				httpError(w, http.StatusForbidden, "cannot tell who is connecting: the listener does not give Unix socket connections")
-				return
-			case p.err != nil:
-				httpError(w, http.StatusForbidden, "cannot tell who is connecting: "+p.err.Error())
-				return
-			case p.uid != euid && p.uid != 0:
-				httpError(w, http.StatusForbidden, fmt.Sprintf("uid %d (pid %d) may not read the endpoint of process %d (uid %d)", p.uid, p.pid, os.Getpid(), euid))
-				return
+		if code, msg := s.refusal(r); code != 0 {
+			if code == http.StatusUnauthorized {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="softrdma"`)
 			}
-			h.ServeHTTP(w, r)
-			return
-		}
-		if !s.hostAllowed(r.Host) {
-			httpError(w, http.StatusForbidden, fmt.Sprintf("Host %q is not this endpoint (%s); refused (DNS rebinding?)", r.Host, s.addr))
-			return
-		}
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="softrdma"`)
-			msg := "token required: set " + EnvToken + " to the token the process printed or was started with"
-			if ok {
-				msg = "wrong token (" + EnvToken + ")"
-			}
-			httpError(w, http.StatusUnauthorized, msg)
+			httpError(w, code, msg)
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// refusal returns the status and message the trust model refuses r with,
+// or 0 if it lets r through. On a Unix socket it reads the peer from r's
+// context (connContext, or the gate for a screened connection).
+func (s *Server) refusal(r *http.Request) (int, string) {
+	if s.network == "unix" {
+		euid := os.Geteuid()
+		p, ok := r.Context().Value(peerKey{}).(peerInfo)
+		switch {
+		case !ok:
+			return http.StatusForbidden, "cannot tell who is connecting: the listener does not give Unix socket connections"
+		case p.err != nil:
+			return http.StatusForbidden, "cannot tell who is connecting: " + p.err.Error()
+		case p.uid != euid && p.uid != 0:
+			return http.StatusForbidden, fmt.Sprintf("uid %d (pid %d) may not read the endpoint of process %d (uid %d)", p.uid, p.pid, os.Getpid(), euid)
+		}
+		return 0, ""
+	}
+	if !s.hostAllowed(r.Host) {
+		return http.StatusForbidden, fmt.Sprintf("Host %q is not this endpoint (%s); refused (DNS rebinding?)", r.Host, s.addr)
+	}
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) != 1 {
+		if ok {
+			return http.StatusUnauthorized, "wrong token (" + EnvToken + ")"
+		}
+		return http.StatusUnauthorized, "token required: set " + EnvToken + " to the token the process printed or was started with"
+	}
+	return 0, ""
 }
 
 // hostAllowed reports whether a request's Host names this TCP endpoint

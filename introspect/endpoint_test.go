@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -137,8 +138,9 @@ const helperEnv = "SOFTRDMA_INTROSPECT_HELPER"
 
 // TestHelperProcess is not a test: it is what a helper process (the test
 // binary run again) does: "wait" (until standard input closes), "get PATH"
-// (Dial and Snapshot; prints ok or the error) or "raw PATH" (one GET
-// without the client's checks; prints the status).
+// (Dial and Snapshot; prints ok or the error), "raw PATH" (one GET
+// without the client's checks; prints the status) or "flood NETWORK ADDR
+// N" (see flood).
 func TestHelperProcess(t *testing.T) {
 	args := strings.Fields(os.Getenv(helperEnv))
 	if len(args) == 0 {
@@ -163,6 +165,9 @@ func TestHelperProcess(t *testing.T) {
 		default:
 			fmt.Println("error:", err)
 		}
+	case "flood":
+		n, _ := strconv.Atoi(args[3])
+		flood(args[1], args[2], n)
 	case "raw":
 		conn, err := net.Dial("unix", args[1])
 		if err != nil {

@@ -7,16 +7,20 @@ import (
 	"time"
 )
 
-// What one process's endpoint spends at most. Nothing waits in a queue of
-// ours: a capture past MaxCaptures is refused at once, a connection past
-// MaxConns waits in the kernel's listen backlog (bounded by it), a frame
-// the writer cannot keep up with is dropped and counted by the capture.
+// What one process's endpoint spends at most. A capture past MaxCaptures
+// is refused at once; a frame the writer cannot keep up with is dropped
+// and counted by the capture. Connections are accepted as they come (see
+// gate.go): those without a whole, trusted request are pendingBudget at
+// most over the process, the oldest closed first; a trusted connection
+// past MaxConns waits for a slot, which connections holding one without a
+// request lose.
 
 // MaxCaptures is the number of captures the endpoints of one process
 // stream at once; one more is refused with 503 Service Unavailable.
 const MaxCaptures = 4
 
-// MaxConns is the number of connections one endpoint serves at once.
+// MaxConns is the number of trusted connections (see Serve) one endpoint
+// serves at once.
 const MaxConns = 16
 
 // captureSlots holds one token per running capture of the process.

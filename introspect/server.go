@@ -109,9 +109,14 @@ func Start(addr string) (*Server, error) {
 // Unix listener only peers of this process's effective uid or root are
 // served; on any other listener a request needs the token (taken from
 // SOFTRDMA_DEBUG_TOKEN, else made up: see Token) and a Host header naming
-// the listener. At most MaxConns connections are served at once; more
-// wait in the listen backlog, and while they wait the connections that
-// hold a slot without a request are closed. On an error ln stays open.
+// the listener. Connections are accepted as they come: one that is not
+// trusted from the start (TCP, or a Unix peer of another uid) is served
+// only once its request header has arrived whole and passed those checks
+// (any other request is answered with its error and the connection
+// closed); the oldest of these is closed when too many are open. At most
+// MaxConns trusted connections are served at once; more wait, and while
+// they wait the ones that hold a slot without a request are closed. On an
+// error ln stays open.
 func Serve(ln net.Listener) (*Server, error) {
 	s := &Server{network: ln.Addr().Network(), addr: ln.Addr().String(), served: make(chan struct{})}
 	if s.network != "unix" {
@@ -120,7 +125,7 @@ func Serve(ln net.Listener) (*Server, error) {
 			return nil, err
 		}
 	}
-	lim := newLimitListener(ln, MaxConns)
+	lim := newLimitListener(newGate(s, ln), MaxConns)
 	s.ln = lim
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.srv = &http.Server{

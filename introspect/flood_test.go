@@ -1,0 +1,319 @@
+package introspect
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// floodConns is the number of connections the flood tests' attacker
+// holds open.
+const floodConns = 4000
+
+// floodByteEvery is how often the attacker sends one more byte of its
+// request on each connection.
+const floodByteEvery = 50 * time.Millisecond
+
+// flood is the attacker of the flood tests (a helper process, run as
+// another user): it holds n connections to addr on network, sends one
+// more byte of a request header that never ends on each every
+// floodByteEvery, and connects again at once when one is closed. It
+// prints "connected" once every connection was opened, then, when
+// standard input closes, "reconnects N" and exits.
+func flood(network, addr string, n int) {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < rl.Max {
+		rl.Cur = rl.Max
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl)
+	}
+	host := addr
+	if network == "unix" {
+		host = "softrdma"
+	}
+	req := []byte("GET /v1/devices HTTP/1.1\r\nHost: " + host + "\r\nX-Slow: ")
+	type slot struct {
+		mu  sync.Mutex
+		c   net.Conn
+		off int
+	}
+	slots := make([]slot, n)
+	var connected, reconnects atomic.Int64
+	all := make(chan struct{})
+	for i := range slots {
+		s := &slots[i]
+		go func() {
+			for first := true; ; first = false {
+				c, err := net.Dial(network, addr)
+				if err != nil {
+					time.Sleep(10 * time.Millisecond) // the endpoint's backlog is full
+					continue
+				}
+				s.mu.Lock()
+				s.c, s.off = c, 0
+				s.mu.Unlock()
+				if !first {
+					reconnects.Add(1)
+				} else if connected.Add(1) == int64(n) {
+					close(all)
+				}
+				io.Copy(io.Discard, c) // until the endpoint closes it
+				c.Close()
+			}
+		}()
+	}
+	const writers = 4
+	for w := range writers {
+		go func() {
+			tick := time.NewTicker(floodByteEvery)
+			for range tick.C {
+				for i := w; i < n; i += writers {
+					s := &slots[i]
+					s.mu.Lock()
+					if s.c != nil {
+						b := byte('a')
+						if s.off < len(req) {
+							b = req[s.off]
+						}
+						s.off++
+						s.c.Write([]byte{b})
+					}
+					s.mu.Unlock()
+				}
+			}
+		}()
+	}
+	<-all
+	fmt.Println("connected")
+	io.Copy(io.Discard, os.Stdin)
+	fmt.Println("reconnects", reconnects.Load())
+	os.Exit(0)
+}
+
+// startFlood starts the attacker as nobody against addr and returns once
+// its connections are open; the attack ends with the test.
+func startFlood(t *testing.T, network, addr string) {
+	t.Helper()
+	// The attacker needs floodConns descriptors and more; it inherits the
+	// limit of this process (root may raise it).
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	if want := uint64(floodConns + 1000); rl.Max < want {
+		old := rl
+		rl.Max, rl.Cur = want, want
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+			t.Fatalf("raising RLIMIT_NOFILE to %d: %v", want, err)
+		}
+		t.Cleanup(func() { syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old) })
+	}
+	cmd := helper(t, 65534, fmt.Sprintf("flood %s %s %d", network, addr, floodConns))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		stdin.Close()
+		for sc.Scan() {
+			t.Logf("attacker: %s", sc.Text())
+		}
+		cmd.Wait()
+	}
+	t.Cleanup(stop)
+	if !sc.Scan() || sc.Text() != "connected" {
+		stop()
+		t.Fatalf("attacker: %q %v", sc.Text(), sc.Err())
+	}
+}
+
+// answerTime sends one GET on a new connection to network addr (with
+// the token, for TCP) and returns how long the answer took; it fails the
+// test if there is none within limit or it is not 200.
+func answerTime(t *testing.T, network, addr, host, token string, limit time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	conn, err := net.DialTimeout(network, addr, limit)
+	if err != nil {
+		t.Fatalf("connecting: %v after %v", err, time.Since(start))
+	}
+	defer conn.Close()
+	conn.SetDeadline(start.Add(limit))
+	auth := ""
+	if token != "" {
+		auth = "Authorization: Bearer " + token + "\r\n"
+	}
+	fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\n%s\r\n", host, auth)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer: %v after %v", err, time.Since(start))
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("answer: status %d, %v after %v", resp.StatusCode, err, time.Since(start))
+	}
+	return time.Since(start)
+}
+
+// floodWindow is how long the flood tests send GETs: longer than the
+// endpoint lets a connection take over its request header (3 s), so
+// that the GETs meet the attacker's reconnections too.
+const floodWindow = 4 * time.Second
+
+// measureUnderFlood sends GETs one after the other for floodWindow (at
+// least 7) and checks that each is answered within bound.
+func measureUnderFlood(t *testing.T, get func(limit time.Duration) time.Duration) {
+	t.Helper()
+	bound := time.Second
+	if raceEnabled {
+		bound = 3 * time.Second // the race detector slows the endpoint and the attacker alike
+	}
+	var times []time.Duration
+	for start := time.Now(); len(times) < 7 || time.Since(start) < floodWindow; {
+		times = append(times, get(10*time.Second))
+	}
+	slices.Sort(times)
+	t.Logf("%d GETs with %d hostile connections open: median %v, max %v (bound %v)", len(times), floodConns, times[len(times)/2], times[len(times)-1], bound)
+	for _, d := range times {
+		if d > bound {
+			t.Errorf("a GET took %v, more than %v", d, bound)
+		}
+	}
+}
+
+// TestTCPFloodDoesNotLockOut: another user holding floodConns
+// connections to a TCP endpoint, each sending its request a byte at a
+// time and connecting again when closed, does not keep a request with the
+// token from being answered within a second.
+func TestTCPFloodDoesNotLockOut(t *testing.T) {
+	needRoot(t)
+	srv := startTCPEndpoint(t)
+	startFlood(t, "tcp", srv.Addr())
+	measureUnderFlood(t, func(limit time.Duration) time.Duration {
+		return answerTime(t, "tcp", srv.Addr(), srv.Addr(), srv.Token(), limit)
+	})
+}
+
+// TestUnixFloodDoesNotLockOut: on a Unix socket another user may reach
+// (a caller's world-writable listener), that user holding floodConns
+// connections the same way does not keep this user's request from being
+// answered within a second.
+func TestUnixFloodDoesNotLockOut(t *testing.T) {
+	needRoot(t)
+	path := filepath.Join(worldDir(t), "open.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := Serve(ln)
+	if err != nil {
+		ln.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	startFlood(t, "unix", path)
+	measureUnderFlood(t, func(limit time.Duration) time.Duration {
+		return answerTime(t, "unix", path, "softrdma", "", limit)
+	})
+}
+
+// pendingOf returns the number of connections g screens now.
+func pendingOf(srv *Server) int {
+	g := srv.ln.(*limitListener).Listener.(*gate)
+	pending.mu.Lock()
+	defer pending.mu.Unlock()
+	n := 0
+	for e := pending.list.Front(); e != nil; e = e.Next() {
+		if e.Value.(*screened).g == g {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor waits up to 10 s for cond.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10 s for %s", what)
+		}
+	}
+}
+
+// closedByServer reports whether the server closed conn (a read ends
+// without data within 5 s).
+func closedByServer(conn net.Conn) bool {
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := conn.Read(make([]byte, 1))
+	return n == 0 && err != nil && !os.IsTimeout(err)
+}
+
+// TestPendingBudget: past the process's budget of connections without a
+// whole request, each new one closes the oldest, and a request with the
+// token is still answered; a connection that does not send its whole
+// request header within headerTimeout is closed.
+func TestPendingBudget(t *testing.T) {
+	oldBudget, oldTimeout := pendingBudget, headerTimeout
+	pendingBudget, headerTimeout = 8, time.Hour
+	t.Cleanup(func() { pendingBudget, headerTimeout = oldBudget, oldTimeout })
+	srv := startTCPEndpoint(t)
+	var conns []net.Conn
+	for i := range 20 {
+		conn := dialTCP(t, srv.Addr())
+		fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\n", srv.Addr())
+		conns = append(conns, conn)
+		waitFor(t, fmt.Sprintf("connection %d screened", i), func() bool { return pendingOf(srv) == min(i+1, 8) })
+	}
+	for i, conn := range conns[:12] {
+		if !closedByServer(conn) {
+			t.Errorf("connection %d of 20 (budget 8) still open", i)
+		}
+	}
+	goodRequestWithin(t, srv, time.Second, "8 connections without a whole request, at the budget")
+	// The good request took the place of the oldest of the eight.
+	if !closedByServer(conns[12]) {
+		t.Error("the oldest pending connection was not closed for the good request")
+	}
+	if n := pendingOf(srv); n != 7 {
+		t.Errorf("%d connections pending, want 7", n)
+	}
+
+	headerTimeout = 200 * time.Millisecond
+	srv = startTCPEndpoint(t)
+	slow := dialTCP(t, srv.Addr())
+	fmt.Fprintf(slow, "GET /v1/devices HTTP/1.1\r\n")
+	start := time.Now()
+	if !closedByServer(slow) {
+		t.Error("a connection without its whole request header was not closed")
+	} else if d := time.Since(start); d < headerTimeout/2 {
+		t.Errorf("closed after %v, before its %v", d, headerTimeout)
+	}
+}

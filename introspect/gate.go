@@ -1,0 +1,407 @@
+package introspect
+
+import (
+	"bufio"
+	"bytes"
+	"container/list"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The gate stands between an endpoint's listener and its HTTP server, so
+// that connections nobody vouches for cannot keep one that is vouched for
+// waiting:
+//   - it accepts every connection at once (the kernel's accept queue stays
+//     short: a new connection is never stuck behind thousands of others);
+//   - a connection that needs no request to be trusted — on a Unix socket,
+//     a peer of this process's effective uid or root (SO_PEERCRED, read
+//     at accept) — goes straight to the server;
+//   - any other (TCP, or a Unix peer of another uid) is screened: its
+//     request header is read, within headerTimeout, and only a request
+//     the trust model lets through (Host and token on TCP) goes on to the
+//     server with its bytes; any other is answered with its error (401,
+//     403, 400, 431) and closed. Screened connections are "pending" until
+//     then; there are at most pendingBudget of them in the process, and
+//     one more closes the oldest pending one — a request with the token,
+//     answered the moment its header has arrived, is never the oldest for
+//     long; a Unix peer uid with maxPendingPerUID pending has any more of
+//     its connections closed at once;
+//   - when the process runs out of file descriptors, accepting closes the
+//     oldest pending connection before anything else.
+
+// headerTimeout bounds the time a screened connection has to send its
+// whole request header. A variable for tests.
+var headerTimeout = 3 * time.Second
+
+// maxHeaderBytes bounds a screened request header (as the server's
+// MaxHeaderBytes, with net/http's slack).
+const maxHeaderBytes = 16<<10 + 4096
+
+// maxPendingPerUID bounds the pending connections of one peer uid on a
+// Unix socket (peers of other uids only ever get a 403).
+const maxPendingPerUID = 16
+
+// pendingBudget is the number of screened connections the process keeps
+// open at once, over all its endpoints: a quarter of its file descriptor
+// limit (RLIMIT_NOFILE), between 64 and 4096. A variable for tests.
+var pendingBudget = fdBudget()
+
+func fdBudget() int {
+	var rl syscall.Rlimit
+	n := 1024
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < 1<<20 {
+		n = int(rl.Cur) / 4
+	} else if err == nil {
+		n = 4096
+	}
+	return min(max(n, 64), 4096)
+}
+
+// pending holds every screened connection of the process, oldest first.
+var pending struct {
+	mu   sync.Mutex
+	list list.List // of *screened
+}
+
+// screened is a connection whose request header is being read.
+type screened struct {
+	c     net.Conn
+	g     *gate
+	uid   int // the Unix peer's uid (-1: unknown); 0 on TCP
+	since time.Time
+	elem  *list.Element // nil once it has left the pending list
+}
+
+// gate is the listener the HTTP server accepts from: connections trusted
+// from the start, and screened ones whose request passed.
+type gate struct {
+	net.Listener
+	s     *Server
+	ready chan net.Conn
+	done  chan struct{}
+	// headerTimeout, when the gate was made
+	headerTimeout time.Duration
+	wg            sync.WaitGroup // the accept loop and every connection's goroutine
+
+	closeOnce sync.Once // Close
+	doneOnce  sync.Once // closing done
+	errMu     sync.Mutex
+	err       error       // why the accept loop ended
+	perUID    map[int]int // pending connections per Unix peer uid (under pending.mu)
+}
+
+func newGate(s *Server, ln net.Listener) *gate {
+	g := &gate{Listener: ln, s: s, ready: make(chan net.Conn), done: make(chan struct{}), headerTimeout: headerTimeout, perUID: map[int]int{}}
+	g.wg.Add(1)
+	go g.loop()
+	return g
+}
+
+// Accept returns the next connection for the server.
+func (g *gate) Accept() (net.Conn, error) {
+	select {
+	case c := <-g.ready:
+		return c, nil
+	case <-g.done:
+		g.errMu.Lock()
+		err := g.err
+		g.errMu.Unlock()
+		if err == nil {
+			err = net.ErrClosed
+		}
+		return nil, err
+	}
+}
+
+// Close closes the listener and every connection not yet handed to the
+// server, and waits for the gate's goroutines.
+func (g *gate) Close() error {
+	var err error
+	g.closeOnce.Do(func() {
+		g.doneOnce.Do(func() { close(g.done) })
+		err = g.Listener.Close()
+		pending.mu.Lock()
+		for e := pending.list.Front(); e != nil; {
+			next := e.Next()
+			if p := e.Value.(*screened); p.g == g {
+				g.dropLocked(p)
+			}
+			e = next
+		}
+		pending.mu.Unlock()
+		g.wg.Wait()
+	})
+	return err
+}
+
+// loop accepts connections until the listener fails or closes.
+func (g *gate) loop() {
+	defer g.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := g.Listener.Accept()
+		if err != nil {
+			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				if evictOldest() {
+					continue
+				}
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || isTemporary(err) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				t := time.NewTimer(backoff)
+				select {
+				case <-t.C:
+					continue
+				case <-g.done:
+					t.Stop()
+					return
+				}
+			}
+			g.errMu.Lock()
+			g.err = err
+			g.errMu.Unlock()
+			g.doneOnce.Do(func() { close(g.done) })
+			return
+		}
+		backoff = 0
+		g.admit(c)
+	}
+}
+
+// isTemporary reports the accept errors net/http retries after a pause.
+func isTemporary(err error) bool {
+	var te interface{ Temporary() bool }
+	return errors.As(err, &te) && te.Temporary()
+}
+
+// admit hands c to the server if it is trusted without a request, else
+// screens it.
+func (g *gate) admit(c net.Conn) {
+	uid := 0
+	if g.s.network == "unix" {
+		uid = -1
+		if cred, err := peerCred(c); err == nil {
+			uid = int(cred.Uid)
+		}
+		if uid == 0 || uid == os.Geteuid() {
+			g.wg.Add(1)
+			go func() {
+				defer g.wg.Done()
+				g.handOver(c)
+			}()
+			return
+		}
+	}
+	p := &screened{c: c, g: g, uid: uid, since: time.Now()}
+	pending.mu.Lock()
+	select {
+	case <-g.done: // closed while accepting
+		pending.mu.Unlock()
+		c.Close()
+		return
+	default:
+	}
+	if g.s.network == "unix" && g.perUID[uid] >= maxPendingPerUID {
+		// That uid has its share: this one is closed at once (it would
+		// only be refused).
+		pending.mu.Unlock()
+		c.Close()
+		return
+	}
+	for pending.list.Len() >= pendingBudget && pending.list.Len() > 0 {
+		q := pending.list.Front().Value.(*screened)
+		q.g.dropLocked(q)
+	}
+	p.elem = pending.list.PushBack(p)
+	if g.s.network == "unix" {
+		g.perUID[uid]++
+	}
+	g.wg.Add(1)
+	pending.mu.Unlock()
+	go func() {
+		defer g.wg.Done()
+		g.screen(p)
+	}()
+}
+
+// evictOldest closes the oldest pending connection of the process; false
+// if there is none.
+func evictOldest() bool {
+	pending.mu.Lock()
+	defer pending.mu.Unlock()
+	e := pending.list.Front()
+	if e == nil {
+		return false
+	}
+	p := e.Value.(*screened)
+	p.g.dropLocked(p)
+	return true
+}
+
+// dropLocked closes a pending connection and takes it off the list.
+func (g *gate) dropLocked(p *screened) {
+	g.leaveLocked(p)
+	p.c.Close()
+}
+
+// leaveLocked takes p off the pending list; false if it was no longer
+// there (closed by an eviction or Close).
+func (g *gate) leaveLocked(p *screened) bool {
+	if p.elem == nil {
+		return false
+	}
+	pending.list.Remove(p.elem)
+	p.elem = nil
+	if g.s.network == "unix" {
+		if g.perUID[p.uid]--; g.perUID[p.uid] <= 0 {
+			delete(g.perUID, p.uid)
+		}
+	}
+	return true
+}
+
+// leave takes p off the pending list; false if it was evicted meanwhile.
+func (g *gate) leave(p *screened) bool {
+	pending.mu.Lock()
+	defer pending.mu.Unlock()
+	return g.leaveLocked(p)
+}
+
+// handOver gives c to the server, or closes it if the gate closes first.
+func (g *gate) handOver(c net.Conn) {
+	select {
+	case g.ready <- c:
+	case <-g.done:
+		c.Close()
+	}
+}
+
+// screen reads p's request header and hands the connection on if the
+// trust model lets the request through; it answers any other.
+func (g *gate) screen(p *screened) {
+	c := p.c
+	c.SetReadDeadline(p.since.Add(g.headerTimeout))
+	buf := make([]byte, 0, 1024)
+	end := -1
+	for end < 0 {
+		if len(buf) == cap(buf) {
+			if len(buf) >= maxHeaderBytes {
+				break
+			}
+			buf = append(buf, make([]byte, min(2*cap(buf), maxHeaderBytes)-len(buf))...)[:len(buf)]
+		}
+		n, err := c.Read(buf[len(buf):cap(buf)])
+		from := max(len(buf)-3, 0)
+		buf = buf[:len(buf)+n]
+		end = headerEnd(buf, from)
+		if end < 0 && err != nil {
+			if g.leave(p) {
+				c.Close()
+			}
+			return
+		}
+	}
+	if !g.leave(p) {
+		return // evicted
+	}
+	c.SetReadDeadline(time.Time{})
+	if end < 0 {
+		g.refuse(c, false, http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("request header larger than %d bytes", maxHeaderBytes))
+		return
+	}
+	r, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(buf[:end])))
+	if err != nil {
+		g.refuse(c, false, http.StatusBadRequest, "malformed request: "+err.Error())
+		return
+	}
+	if g.s.network == "unix" {
+		pi := peerInfo{uid: p.uid, err: errors.New("the listener does not give Unix socket connections")}
+		if _, ok := c.(*net.UnixConn); ok {
+			pi.err = nil
+			if cred, err := peerCred(c); err != nil {
+				pi.err = err
+			} else {
+				pi.uid, pi.pid = int(cred.Uid), int(cred.Pid)
+			}
+		}
+		r = r.WithContext(context.WithValue(r.Context(), peerKey{}, pi))
+	}
+	if code, msg := g.s.refusal(r); code != 0 {
+		g.refuse(c, r.Method == http.MethodHead, code, msg)
+		return
+	}
+	g.handOver(&replayConn{Conn: c, buf: buf})
+}
+
+// headerEnd returns the offset just past the blank line ending the header
+// in b (searching from from), or -1.
+func headerEnd(b []byte, from int) int {
+	for i := from; i < len(b); i++ {
+		if b[i] != '\n' {
+			continue
+		}
+		if i >= 1 && b[i-1] == '\n' {
+			return i + 1
+		}
+		if i >= 2 && b[i-1] == '\r' && b[i-2] == '\n' {
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// refuse answers a screened request with an error and closes the
+// connection.
+func (g *gate) refuse(c net.Conn, head bool, code int, msg string) {
+	defer c.Close()
+	body, _ := json.Marshal(errorBody{msg})
+	body = append(body, '\n')
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "HTTP/1.1 %d %s\r\n", code, http.StatusText(code))
+	b.WriteString("Content-Type: application/json\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n")
+	if code == http.StatusUnauthorized {
+		b.WriteString("WWW-Authenticate: Bearer realm=\"softrdma\"\r\n")
+	}
+	b.WriteString("Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n")
+	if !head {
+		b.Write(body)
+	}
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	c.Write(b.Bytes())
+}
+
+// replayConn is a screened connection handed to the server: its reads
+// return the bytes the gate read first.
+type replayConn struct {
+	net.Conn
+	buf []byte
+}
+
+// Read returns the bytes the gate read, then reads the connection.
+func (c *replayConn) Read(p []byte) (int, error) {
+	if len(c.buf) > 0 {
+		n := copy(p, c.buf)
+		c.buf = c.buf[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// CloseWrite shuts down the writing side, as net/http does before it
+// closes a connection after an error.
+func (c *replayConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
