@@ -489,6 +489,11 @@ func TestTimeoutNamesTheDrops(t *testing.T) {
 	if !slices.ContainsFunc(r.stderr, want.MatchString) || r.code != timeoutStatus {
 		t.Errorf("exit %d, stderr %q, want a line matching %v", r.code, r.stderr, want)
 	}
+	// The first drop was said at once, by the device (without SOFTRDMA_LOG).
+	said := regexp.MustCompile(`^softrdma: rxe_lo QP 0x[0-9a-f]+: dropped a datagram of 1000 bytes: its receive WR holds 140 bytes, and a UD receive takes 40 bytes of GRH area before the payload; such drops are counted in too_long_drops, and said once per QP$`)
+	if n := slices.IndexFunc(r.stderr, said.MatchString); n < 0 {
+		t.Errorf("stderr %q, want a line matching %v", r.stderr, said)
+	}
 	s.exit()
 }
 

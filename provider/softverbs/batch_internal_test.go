@@ -1,8 +1,11 @@
 package softverbs
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -11,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/logging"
 	"github.com/softrdma/softrdma/verbs"
 
 	"github.com/softrdma/softrdma/wire"
@@ -551,5 +555,36 @@ func TestLimitsSayWhich(t *testing.T) {
 	err = e.qp.PostRecv(&wr)
 	if !errors.Is(err, syscall.ENOMEM) || !strings.Contains(err.Error(), "receive queue full: 4 of max_recv_wr 4 posted") {
 		t.Errorf("post recv: %v", err)
+	}
+}
+
+// TestTooLongSaid: the first datagram a receive WR cannot hold with its
+// GRH area is said (here to the logger) with the sizes and the likely
+// cause; the next ones are only counted.
+func TestTooLongSaid(t *testing.T) {
+	var logs bytes.Buffer
+	logging.SetLogger(slog.New(slog.NewTextHandler(&logs, nil)))
+	defer logging.SetLogger(nil)
+	e := newFakeEnv(t, true, 16)
+	rbuf := make([]byte, 64) // room for the payload, not for the GRH area too
+	mr, err := e.pd.RegMR(rbuf, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.qp.PostRecv(&verbs.RecvWR{WRID: 1, SGList: []verbs.SGE{mr.SGE(0, 64)}}); err != nil {
+		t.Fatal(err)
+	}
+	core := CoreOf(e.dev)
+	var grh [verbs.GRHLen]byte
+	for range 3 {
+		core.DeliverUnicast(e.qp.Num(), &Datagram{GRH: &grh, PKey: 0xffff, QKey: 1, SrcQP: 7, Payload: make([]byte, 50)}, nil)
+	}
+	qc, _ := core.QPCounters(e.qp.Num())
+	if qc[TooLongDrops] != 3 {
+		t.Fatalf("too_long_drops %d, want 3", qc[TooLongDrops])
+	}
+	want := fmt.Sprintf("fake0 QP %#x: dropped a datagram of 50 bytes: its receive WR holds 64 bytes, and a UD receive takes 40 bytes of GRH area before the payload (a buffer without the GRH area?)", e.qp.Num())
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 || !strings.Contains(logs.String(), want) {
+		t.Errorf("%d warnings, want one saying %q:\n%s", n, want, logs.String())
 	}
 }

@@ -3,10 +3,12 @@ package softverbs
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
 
+	"github.com/softrdma/softrdma/logging"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -51,6 +53,9 @@ type qpObj struct {
 	rhead int
 	rn    int
 	rdead bool
+	// tooLongSaid: the QP's first datagram too long for its receive WR
+	// was reported (tooLongWarning); later ones are only counted.
+	tooLongSaid bool
 }
 
 type recvWQE struct {
@@ -650,6 +655,10 @@ func (qp *qpObj) receive(dg *Datagram, burst *Burst) Counter {
 	w := &qp.rq[qp.rhead]
 	need := verbs.GRHLen + len(dg.Payload)
 	if w.total < need {
+		if !qp.tooLongSaid {
+			qp.tooLongSaid = true
+			tooLongWarning(qp.dev.drv.Name(), qp.qpn, len(dg.Payload), w.total)
+		}
 		return TooLongDrops
 	}
 	scatter(w.segs, dg.GRH[:], dg.Payload)
@@ -692,6 +701,24 @@ func (qp *qpObj) receive(dg *Datagram, burst *Burst) Counter {
 	}
 	qp.rn--
 	return Delivered
+}
+
+// tooLongWarning says, once per QP, that a datagram was dropped because
+// the next receive WR could not hold it: a buffer without room for the
+// 40-byte GRH area that precedes every UD payload otherwise drops every
+// datagram with nothing said but a counter. It goes to softrdma's logger
+// when logging is on, else one line on stderr.
+func tooLongWarning(dev string, qpn uint32, payload, room int) {
+	hint := ""
+	if room >= payload {
+		hint = " (a buffer without the GRH area?)"
+	}
+	msg := fmt.Sprintf("%s QP %#x: dropped a datagram of %d bytes: its receive WR holds %d bytes, and a UD receive takes 40 bytes of GRH area before the payload%s; such drops are counted in too_long_drops, and said once per QP", dev, qpn, payload, room, hint)
+	if l := logging.Logger(); l != nil {
+		l.Warn(msg)
+		return
+	}
+	fmt.Fprintln(os.Stderr, "softrdma: "+msg)
 }
 
 // maxInlineSGE is how many SGEs a receive WR resolves without allocating.
