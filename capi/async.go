@@ -15,7 +15,7 @@ import (
 	"github.com/softrdma/softrdma/verbs"
 )
 
-// asyncPump passes a context's asynchronous events to C (issue 23). It
+// asyncPump passes a context's asynchronous events to C. It
 // starts when the C context is made (ibv_open_device, or the first use of
 // a context rdma_cm made), as libibverbs queues events from
 // ibv_open_device, so a program may poll async_fd before its first

@@ -25,7 +25,7 @@ import (
 	"github.com/softrdma/softrdma/capture"
 )
 
-// This file tests the endpoint's trust model and limits (issue 11 item 7).
+// This file tests the endpoint's trust model and limits.
 
 // inotifyEvent is one event of an inotify watch.
 type inotifyEvent struct {

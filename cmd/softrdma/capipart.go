@@ -59,7 +59,7 @@ type capiResult struct {
 	GRuns     []float64 `json:"go_runs"`
 }
 
-// capiRatioMax is issue 23's target: the C path's cost per message at
+// capiRatioMax is the target: the C path's cost per message at
 // most 1.2 times the Go path's.
 const capiRatioMax = 1.2
 

@@ -12,7 +12,7 @@ import (
 
 // TestExecAsyncEvents compiles testdata/async.c and runs it through
 // softrdma exec on the RoCEv2 device of a veth interface of the test's
-// network namespace (issue 23): once the program opened the device, the
+// network namespace: once the program opened the device, the
 // test adds an address to the interface, and the program gets
 // IBV_EVENT_GID_CHANGE of port 1 from ibv_get_async_event after polling
 // async_fd, acks it and closes the device.

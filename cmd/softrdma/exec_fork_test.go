@@ -13,8 +13,7 @@ import (
 	"github.com/softrdma/softrdma/internal/harness/testenv"
 )
 
-// TestExecFork runs testdata/fork.c through softrdma exec on rxe_lo
-// (issue 23, item 5): a child of fork() that calls on the objects it
+// TestExecFork runs testdata/fork.c through softrdma exec on rxe_lo: a child of fork() that calls on the objects it
 // inherited gets EINVAL (ENOSYS for ibv_get_device_list and
 // rdma_create_event_channel), never a hang, and one line on stderr; a
 // child that execs uses softrdma afresh and sends to its parent; the

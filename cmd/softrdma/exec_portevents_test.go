@@ -12,7 +12,7 @@ import (
 
 // TestExecPortEvents compiles testdata/portevents.c and runs it through
 // softrdma exec on the RoCEv2 device of a veth interface of the test's
-// network namespace (issue 23): the test sets the interface down and up
+// network namespace: the test sets the interface down and up
 // (the first round) and then its peer (the carrier, the second round),
 // and the program gets IBV_EVENT_PORT_ERR and IBV_EVENT_PORT_ACTIVE of
 // port 1 from ibv_get_async_event, with ibv_query_port's state matching

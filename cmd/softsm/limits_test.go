@@ -10,7 +10,7 @@ import (
 	"github.com/softrdma/softrdma/wire"
 )
 
-// TestQuotaFlags (issue 24, items 3 and 4): -max-groups-per-port caps the
+// TestQuotaFlags: -max-groups-per-port caps the
 // groups a port creates (one more is answered 0x0100, logged with -v)
 // while another port still creates one; -max-ports-per-source caps the
 // ports of one source address (one more is refused, source_limit).

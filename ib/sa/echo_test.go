@@ -10,7 +10,7 @@ import (
 // TestRecordEcho: the records of a group that a query answers carry the
 // creating request's reserved bits of ProxyJoin's byte, its reserved
 // bytes and its padding, as OpenSM answers its copy of that request
-// (test/saoracle found it: issue 26, item 2); ProxyJoin itself (bit 7) is
+// (test/saoracle found it); ProxyJoin itself (bit 7) is
 // the member's.
 func TestRecordEcho(t *testing.T) {
 	s := newSA(Config{SendOnlySupport: true})

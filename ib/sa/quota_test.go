@@ -14,7 +14,7 @@ func quotaMGID(i int) wire.GID {
 	return wire.GID{0xff, 0x12, 0x40, 0x01, 0xff, 0xff, 14: byte(i >> 8), 15: byte(i)}
 }
 
-// TestGroupQuota (issue 24, item 4): a port that created
+// TestGroupQuota: a port that created
 // MaxGroupsPerPort groups gets 0x0100 for one more (counted, logged);
 // another port still creates groups; a group that goes gives the quota
 // back; joining an existing group is no create.

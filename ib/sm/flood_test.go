@@ -20,7 +20,7 @@ import (
 	"github.com/softrdma/softrdma/ib/mad"
 )
 
-// The attach flood (issue 24, item 3): processes open many UDP sockets and
+// The attach flood: processes open many UDP sockets and
 // attach a fake port from each as fast as they can, while a legitimate
 // port joins and leaves a group over the fabric. The SM must keep
 // answering it.

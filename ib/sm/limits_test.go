@@ -58,7 +58,7 @@ func newFakePortAt(t *testing.T, sm netip.AddrPort, ip netip.Addr, guid uint64) 
 	return p
 }
 
-// TestGroupQuotaOverFabric (issue 24, item 4): a port that created
+// TestGroupQuotaOverFabric: a port that created
 // MaxGroupsPerPort groups gets 0x0100 for the next create, counted in
 // Stats and logged; another port still creates groups.
 func TestGroupQuotaOverFabric(t *testing.T) {
@@ -105,7 +105,7 @@ func TestMembershipQuotaOverFabric(t *testing.T) {
 	}
 }
 
-// TestSourceLimit (issue 24, item 3): a source IP address may attach
+// TestSourceLimit: a source IP address may attach
 // MaxPortsPerSource ports; one more is refused (source_limit), counted and
 // logged, while the attached ports' keepalives go on and another address
 // attaches; once a port detaches, the address may attach one again.

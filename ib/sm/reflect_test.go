@@ -16,7 +16,7 @@ import (
 	"github.com/softrdma/softrdma/internal/harness/testenv"
 )
 
-// Forged source addresses (issue 24, item 8): an attach whose UDP source
+// Forged source addresses: an attach whose UDP source
 // address is forged must not make the SM send the owner of that address
 // anything larger than the attach, nor allocate anything for it.
 

@@ -12,7 +12,7 @@ import (
 	"github.com/softrdma/softrdma/provider/softverbs"
 )
 
-// TestRetryAnswered (issue 24, item 8): an SM that asks the port to prove
+// TestRetryAnswered: an SM that asks the port to prove
 // its address (a retry with a cookie) gets the attach again at once with
 // the cookie, and Open succeeds; once active, the port's keepalives carry
 // no cookie. A retry for another GUID, with no cookie, or from another

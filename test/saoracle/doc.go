@@ -6,7 +6,7 @@
 // port, over the fabric from a port of softsm's subnet). Every header
 // field, every ClassPortInfo and MCMemberRecord field and the RMPP framing
 // of the answers must match, or be listed with its reason in the
-// test's table of documented differences (issue 26, item 2).
+// test's table of documented differences.
 //
 // The test runs with SOFTRDMA_TEST_OPENSM=1 (a step of .ci/run); it
 // needs opensm, ibsim, libumad2sim.so, libibumad's headers and a C

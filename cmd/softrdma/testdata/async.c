@@ -1,4 +1,4 @@
-// async.c: asynchronous events through softrdma's libibverbs (issue 23).
+// async.c: asynchronous events through softrdma's libibverbs.
 //
 // async DEVICE: opens DEVICE, checks that ibv_get_async_event fails with
 // EAGAIN on a quiet device once async_fd is O_NONBLOCK, prints "opened",

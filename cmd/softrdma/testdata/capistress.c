@@ -1,5 +1,5 @@
 // capistress.c: the data path of softrdma's libibverbs under threads, and
-// its error cases (issue 23).
+// its error cases.
 //
 // capistress DEVICE: on DEVICE, two UD QPs A and B of one context. First,
 // in one thread, the errors of a chain: ibv_post_send of a chain whose

@@ -1,4 +1,4 @@
-// fork.c: fork() in a program on softrdma's libraries (issue 23, item 5).
+// fork.c: fork() in a program on softrdma's libraries.
 //
 // fork: on rxe_lo, two UD QPs (A sends to B) with their CQ, MR and AH;
 // one message A→B before anything else. Then:

@@ -1,5 +1,5 @@
 // portevents.c: a RoCEv2 port's link going down and up through
-// softrdma's libibverbs (issue 23).
+// softrdma's libibverbs.
 //
 // portevents DEVICE: opens DEVICE and prints "opened"; then, twice, waits
 // (30 s at most each, blocking in ibv_get_async_event) for

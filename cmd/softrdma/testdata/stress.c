@@ -1,5 +1,5 @@
 // stress.c: a C program calling softrdma's libraries from several threads
-// at once (issue 23, item 5).
+// at once.
 //
 // stress SECONDS: on rxe_lo, NQP UD QPs, each with a CQ of its own, all
 // CQs on one completion channel. For SECONDS:

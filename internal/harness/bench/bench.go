@@ -485,7 +485,7 @@ func targets(rep *Report) []Target {
 	return ts
 }
 
-// The fan-out targets of RoCEv2 against plain UDP multicast (issue 13).
+// The fan-out targets of RoCEv2 against plain UDP multicast.
 const (
 	minFanoutGeomean = 0.95 // delivered msg/s, geometric mean of the cases
 	minFanoutCase    = 0.85 // delivered msg/s, every case

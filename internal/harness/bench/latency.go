@@ -279,7 +279,7 @@ func runLatency(cfg *Config, w *writer, rep *Report) error {
 	return nil
 }
 
-// The latency targets (issue 21).
+// The latency targets.
 const (
 	maxLatBlockP50 = 1.25 // RoCEv2, blocking, p50 vs plain UDP blocking
 	maxLatBlockP99 = 1.5  // RoCEv2, blocking, p99
