@@ -72,6 +72,7 @@ void sr_unsupported(int *once, const char *call);
 #define SR_UNSUPPORTED(call) do { static int sr_once_; sr_unsupported(&sr_once_, call); } while (0)
 int sr_eventfd_signal(int fd);
 int sr_eventfd_clear(int fd);
+int sr_channel_fd(int evfd);
 
 // Socket address helpers for Go (unions are opaque to cgo).
 struct sockaddr *sr_id_src(struct rdma_cm_id *id);

@@ -407,13 +407,19 @@ func srCreateQP(id *C.struct_rdma_cm_id, in *C.struct_sr_qp_init) C.int {
 		pd = cPD(gpd)
 	}
 	ci.sync()
+	// The CQs the id made have a completion channel each and the id as
+	// their context, as librdmacm's ucma_create_cqs makes them: the
+	// inlines rdma_get_send_comp and rdma_get_recv_comp wait in
+	// ibv_get_cq_event on id->send_cq_channel and id->recv_cq_channel.
 	scq, rcq := in.send_cq, in.recv_cq
 	if scq == nil {
-		scq = cCQ(gq.SendCQ(), nil, nil)
+		id.send_cq_channel = ci.cChannelOf(ci.id.SendCQChannel(), id.verbs)
+		scq = cCQ(gq.SendCQ(), id.send_cq_channel, unsafe.Pointer(id))
 		id.send_cq = scq
 	}
 	if rcq == nil {
-		rcq = cCQ(gq.RecvCQ(), nil, nil)
+		id.recv_cq_channel = ci.cChannelOf(ci.id.RecvCQChannel(), id.verbs)
+		rcq = cCQ(gq.RecvCQ(), id.recv_cq_channel, unsafe.Pointer(id))
 		id.recv_cq = rcq
 	}
 	q := newCQP(gq, pd, in.qp_context, scq, rcq, ci, attr.SQSigAll)
@@ -423,12 +429,33 @@ func srCreateQP(id *C.struct_rdma_cm_id, in *C.struct_sr_qp_init) C.int {
 	return 0
 }
 
-// forgetQP frees the C structs of the id's QP and of the CQs the id made.
+// cChannelOf returns the C struct of a completion channel the id made
+// (nil for nil, or when it cannot be made: the CQ then has no channel,
+// and rdma_get_recv_comp fails with EINVAL instead of waiting).
+func (ci *cmID) cChannelOf(ch *verbs.CompChannel, c *C.struct_ibv_context) *C.struct_ibv_comp_channel {
+	if ch == nil {
+		return nil
+	}
+	cch, err := newCCompChannel(ch, c)
+	if err != nil {
+		return nil
+	}
+	return cch
+}
+
+// forgetQP frees the C structs of the id's QP and of the CQs the id made,
+// with their completion channels.
 func (ci *cmID) forgetQP() {
 	if ci.qp == nil {
 		return
 	}
 	c := &ci.c.id
+	for _, ch := range []**C.struct_ibv_comp_channel{&c.send_cq_channel, &c.recv_cq_channel} {
+		if *ch != nil {
+			freeCCompChannel(*ch)
+			*ch = nil
+		}
+	}
 	if c.send_cq != nil {
 		if g, ok := goCQ(c.send_cq); ok {
 			forgetCQ(g)

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <endian.h>
 #include "capi.h"
@@ -42,6 +43,28 @@ int sr_eventfd_signal(int fd)
 {
 	uint64_t one = 1;
 	return write(fd, &one, sizeof one) == sizeof one ? 0 : errno;
+}
+
+// sr_channel_fd returns the fd a completion channel gives the program
+// (channel->fd): an epoll fd that watches the channel's eventfd, so that
+// it is readable exactly while the eventfd is (an event is pending), for
+// the program's poll, select or epoll, and so that its file status flags
+// are the program's own: the eventfd is non-blocking for the library's
+// sake, while the program asks for a non-blocking ibv_get_cq_event by
+// setting O_NONBLOCK on channel->fd (fcntl), which reaches only this
+// file. -errno on failure.
+int sr_channel_fd(int evfd)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	int fd = epoll_create1(EPOLL_CLOEXEC), e;
+	if (fd < 0)
+		return -errno;
+	if (epoll_ctl(fd, EPOLL_CTL_ADD, evfd, &ev)) {
+		e = errno;
+		close(fd);
+		return -e;
+	}
+	return fd;
 }
 
 int sr_eventfd_clear(int fd)

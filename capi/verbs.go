@@ -479,9 +479,38 @@ func srDestroyAH(ah *C.struct_ibv_ah) C.int {
 }
 
 // compChannel is a completion channel of C: the C program's cq_context
-// pointers stay C memory, keyed by the Go CQ.
+// pointers stay C memory, keyed by the Go CQ. fd is channel->fd, an epoll
+// fd watching the Go channel's eventfd (sr_channel_fd): its O_NONBLOCK is
+// the program's to set, and tells ibv_get_cq_event whether to wait.
 type compChannel struct {
 	ch *verbs.CompChannel
+	fd C.int
+}
+
+// newCCompChannel makes the C struct of a Go completion channel of the
+// C context c.
+func newCCompChannel(ch *verbs.CompChannel, c *C.struct_ibv_context) (*C.struct_ibv_comp_channel, error) {
+	fd := C.sr_channel_fd(C.int(ch.Fd()))
+	if fd < 0 {
+		return nil, syscall.Errno(-fd)
+	}
+	cc := (*C.struct_sr_comp_channel)(C.calloc(1, C.sizeof_struct_sr_comp_channel))
+	cc.ch.context = c
+	cc.ch.fd = fd
+	cc.h = reg.put(&compChannel{ch: ch, fd: fd})
+	return &cc.ch, nil
+}
+
+// freeCCompChannel frees the C struct of a completion channel (the Go
+// channel is destroyed, or is the Go rdmacm's to destroy) and closes its
+// fd.
+func freeCCompChannel(ch *C.struct_ibv_comp_channel) {
+	cc := (*C.struct_sr_comp_channel)(unsafe.Pointer(ch))
+	if gch, ok := get[*compChannel](cc.h); ok {
+		syscall.Close(int(gch.fd))
+	}
+	reg.del(cc.h)
+	C.free(unsafe.Pointer(cc))
 }
 
 //export srCreateCompChannel
@@ -494,11 +523,12 @@ func srCreateCompChannel(c *C.struct_ibv_context, out **C.struct_ibv_comp_channe
 	if err != nil {
 		return errno(err)
 	}
-	cc := (*C.struct_sr_comp_channel)(C.calloc(1, C.sizeof_struct_sr_comp_channel))
-	cc.ch.context = c
-	cc.ch.fd = C.int(ch.Fd())
-	cc.h = reg.put(&compChannel{ch: ch})
-	*out = &cc.ch
+	cch, err := newCCompChannel(ch, c)
+	if err != nil {
+		ch.Destroy()
+		return errno(err)
+	}
+	*out = cch
 	return 0
 }
 
@@ -512,11 +542,15 @@ func srDestroyCompChannel(ch *C.struct_ibv_comp_channel) C.int {
 	if err := gch.ch.Destroy(); err != nil {
 		return errno(err)
 	}
-	reg.del(cc.h)
-	C.free(unsafe.Pointer(cc))
+	freeCCompChannel(ch)
 	return 0
 }
 
+// srGetCQEvent is ibv_get_cq_event: it waits for an event unless the
+// program set O_NONBLOCK on channel->fd (then EAGAIN when none is
+// pending), as the read of rdma-core's channel fd does. The flag is read
+// at each call: the program may change it at any time.
+//
 //export srGetCQEvent
 func srGetCQEvent(ch *C.struct_ibv_comp_channel, cq **C.struct_ibv_cq, cqctx *unsafe.Pointer) C.int {
 	cc := (*C.struct_sr_comp_channel)(unsafe.Pointer(ch))
@@ -524,7 +558,7 @@ func srGetCQEvent(ch *C.struct_ibv_comp_channel, cq **C.struct_ibv_cq, cqctx *un
 	if !ok {
 		return C.EINVAL
 	}
-	gch.ch.SetNonblocking(nonblocking(int(ch.fd)))
+	gch.ch.SetNonblocking(nonblocking(int(gch.fd)))
 	gcq, _, err := gch.ch.GetCQEvent(context.Background())
 	if err != nil {
 		return errno(err)
