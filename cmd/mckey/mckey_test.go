@@ -59,7 +59,7 @@ func repeat(s string, n int) []string { return slices.Repeat([]string{s}, n) }
 func concat(parts ...[]string) []string { return slices.Concat(parts...) }
 
 // TestOutputWithoutPeer checks mckey's output and exit status in the
-// situations that need no other process (userspace.md §11.3).
+// situations that need no other process, as rdma-core's mckey prints them.
 func TestOutputWithoutPeer(t *testing.T) {
 	t.Parallel()
 	g := randomGroup()

@@ -14,7 +14,7 @@ var (
 )
 
 // goldenSetMAD is a Set(MCMemberRecord) written byte by byte from the
-// layouts of reference/userspace.md §6.1-6.3.
+// layouts of IBA 1.3 §15.2 (SA MAD header, MCMemberRecord, component mask).
 func goldenSetMAD() []byte {
 	b := make([]byte, Len)
 	copy(b, []byte{
@@ -208,7 +208,7 @@ func TestPropMADHeaderRoundTrip(t *testing.T) {
 	})
 }
 
-// goldenCPI is a ClassPortInfo as OpenSM 3.3.23 answered (reference §6.9):
+// goldenCPI is a ClassPortInfo as OpenSM 3.3.23 answered:
 // CapabilityMask 0x2602, CapabilityMask2 0xB5E8, RespTimeValue 0x10.
 func TestGoldenClassPortInfo(t *testing.T) {
 	b := make([]byte, ClassPortInfoLen)

@@ -104,7 +104,7 @@ var (
 // succeed, then a request and the expected status and response method.
 type ruleCase struct {
 	name   string
-	ref    string // reference/userspace.md §10 item, or the rule
+	ref    string // the rule (OpenSM's osm_sa_mcmember_record.c), or the case it re-expresses
 	cfg    Config
 	setup  []mad.MAD
 	req    mad.MAD
@@ -163,49 +163,49 @@ func TestRuleTable(t *testing.T) {
 		{name: "join with JoinState 0", ref: "24", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req:   req(mad.MethodSet, full, udpJoin(mgidUDP, guidB, 0)), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "join with another TClass", ref: "§6.6", cfg: on,
+		{name: "join with another TClass", ref: "OpenSM: joining a group", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidB, 1)
 				f.TClass = 3
 				return req(mad.MethodSet, full, f)
 			}(), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "join with another SL", ref: "§6.6", cfg: on,
+		{name: "join with another SL", ref: "OpenSM: joining a group", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidB, 1)
 				f.SL = 1
 				return req(mad.MethodSet, full, f)
 			}(), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "join with another FlowLabel", ref: "§6.6", cfg: on,
+		{name: "join with another FlowLabel", ref: "OpenSM: joining a group", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidB, 1)
 				f.FlowLabel = 5
 				return req(mad.MethodSet, full, f)
 			}(), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "join with another HopLimit", ref: "§6.6", cfg: on,
+		{name: "join with another HopLimit", ref: "OpenSM: joining a group", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidB, 1)
 				f.HopLimit = 5
 				return req(mad.MethodSet, full|mad.CompHopLimit, f)
 			}(), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "join with another P_Key base", ref: "§6.6", cfg: on,
+		{name: "join with another P_Key base", ref: "OpenSM: joining a group", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidB, 1)
 				f.PKey = 0x8001
 				return req(mad.MethodSet, full, f)
 			}(), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "join with the limited P_Key of the group", ref: "§6.6", cfg: on,
+		{name: "join with the limited P_Key of the group", ref: "OpenSM: joining a group", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidB, 1)
 				f.PKey = 0x7FFF
 				return req(mad.MethodSet, full, f)
 			}(), status: 0, method: mad.MethodGetResp},
-		{name: "HopLimit not comp-masked is ignored", ref: "§6.6", cfg: on,
+		{name: "HopLimit not comp-masked is ignored", ref: "OpenSM: joining a group", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidB, 1)
@@ -216,9 +216,9 @@ func TestRuleTable(t *testing.T) {
 			req: req(mad.MethodSet, full, udpJoin(gid("fe12:4001:ffff::601:203"), guidA, 1)), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
 		{name: "SA signature with link-local scope requested", ref: "25", cfg: on,
 			req: req(mad.MethodSet, full, udpJoin(gid("ff12:a01b:fe80::1"), guidA, 1)), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "SA signature with site scope requested", ref: "§6.5", cfg: on,
+		{name: "SA signature with site scope requested", ref: "OpenSM: creating a group", cfg: on,
 			req: req(mad.MethodSet, full, udpJoin(gid("ff15:a01b:fe80::1"), guidA, 1)), status: 0, method: mad.MethodGetResp},
-		{name: "reserved MGID flag bits", ref: "§6.5", cfg: on,
+		{name: "reserved MGID flag bits", ref: "OpenSM: creating a group", cfg: on,
 			req: req(mad.MethodSet, full, udpJoin(gid("ff32:4001:ffff::1"), guidA, 1)), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
 		{name: "IPoIB MGID without its P_Key's broadcast group", ref: "25", cfg: on,
 			req: func() mad.MAD {
@@ -234,7 +234,7 @@ func TestRuleTable(t *testing.T) {
 			}(), status: 0, method: mad.MethodGetResp},
 		{name: "IPoIB MGID with another Q_Key", ref: "25", cfg: on,
 			req: req(mad.MethodSet, full, udpJoin(mgidIPoIB, guidA, 1)), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "IPoIB IPv6 MGID with the broadcast Q_Key", ref: "§6.5", cfg: on,
+		{name: "IPoIB IPv6 MGID with the broadcast Q_Key", ref: "OpenSM: creating a group", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(gid("ff12:601b:ffff::1:ff00:1"), guidA, 1)
 				f.QKey = BroadcastQKey
@@ -261,7 +261,7 @@ func TestRuleTable(t *testing.T) {
 					t.Fatal("group still there")
 				}
 			}},
-		{name: "send-only join without SA support", ref: "29 / §5.3", cfg: Config{},
+		{name: "send-only join without SA support", ref: "send-only needs SM support (ClassPortInfo CapabilityMask2 bit 12)", cfg: Config{},
 			req: req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 8)), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
 		{name: "leave of an unknown MGID", ref: "27", cfg: on,
 			req: req(mad.MethodDelete, mad.CompJoinRequired, udpJoin(mgidUDP, guidA, 1)), status: mad.StatusReqInvalid, method: mad.MethodDeleteResp},
@@ -277,21 +277,21 @@ func TestRuleTable(t *testing.T) {
 		{name: "second leave after the group died", ref: "27", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1)), req(mad.MethodDelete, mad.CompJoinRequired, udpJoin(mgidUDP, guidA, 1))},
 			req:   req(mad.MethodDelete, mad.CompJoinRequired, udpJoin(mgidUDP, guidA, 1)), status: mad.StatusReqInvalid, method: mad.MethodDeleteResp},
-		{name: "unknown port", ref: "§6.5", cfg: on,
+		{name: "unknown port", ref: "OpenSM: creating a group", cfg: on,
 			req: req(mad.MethodSet, full, udpJoin(mgidUDP, 0x999, 1)), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "PortGID with a foreign prefix", ref: "§6.5", cfg: on,
+		{name: "PortGID with a foreign prefix", ref: "OpenSM: creating a group", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.PortGID[0], f.PortGID[1] = 0xfe, 0xc0
 				return req(mad.MethodSet, full, f)
 			}(), status: mad.StatusInvalidGID, method: mad.MethodGetResp},
-		{name: "Delete with a foreign prefix", ref: "§6.5", cfg: on,
+		{name: "Delete with a foreign prefix", ref: "OpenSM: creating a group", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.PortGID[7] = 1
 				return req(mad.MethodDelete, mad.CompJoinRequired, f)
 			}(), status: mad.StatusInvalidGID, method: mad.MethodDeleteResp},
-		{name: "fe80:: stands for the SM's prefix", ref: "§6.5",
+		{name: "fe80:: stands for the SM's prefix", ref: "OpenSM: creating a group",
 			cfg: Config{SendOnlySupport: true, SubnetPrefix: 0xfec0000000000001},
 			req: req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1)), status: 0, method: mad.MethodGetResp,
 			check: func(t *testing.T, s *SA, r mad.MAD) {
@@ -302,20 +302,20 @@ func TestRuleTable(t *testing.T) {
 					t.Fatalf("stored PortGID %v", m.PortGID)
 				}
 			}},
-		{name: "the SM's own prefix", ref: "§6.5",
+		{name: "the SM's own prefix", ref: "OpenSM: creating a group",
 			cfg: Config{SendOnlySupport: true, SubnetPrefix: 0xfec0000000000001},
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.PortGID = gid("fec0:0:0:1::10:1")
 				return req(mad.MethodSet, full, f)
 			}(), status: 0, method: mad.MethodGetResp},
-		{name: "P_Key with base 0", ref: "§6.5", cfg: on,
+		{name: "P_Key with base 0", ref: "OpenSM: creating a group", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.PKey = 0x8000
 				return req(mad.MethodSet, full, f)
 			}(), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "group in a partition the port is not in", ref: "§6.6", cfg: on,
+		{name: "group in a partition the port is not in", ref: "OpenSM: joining a group", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.PKey = 0x8001
@@ -326,31 +326,31 @@ func TestRuleTable(t *testing.T) {
 					t.Fatal("failed create left a group")
 				}
 			}},
-		{name: "invalid MTU enum", ref: "§6.5 step 1", cfg: on,
+		{name: "invalid MTU enum", ref: "OpenSM: creating a group, step 1", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.MTUSelector, f.MTU = 2, 7
 				return req(mad.MethodSet, full|mad.CompMTU|mad.CompMTUSelector, f)
 			}(), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "invalid rate enum", ref: "§6.5 step 1", cfg: on,
+		{name: "invalid rate enum", ref: "OpenSM: creating a group, step 1", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.RateSelector, f.Rate = 2, 1
 				return req(mad.MethodSet, full|mad.CompRate|mad.CompRateSelector, f)
 			}(), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "MTU greater than the port's", ref: "§6.5 step 6", cfg: on,
+		{name: "MTU greater than the port's", ref: "OpenSM: creating a group, step 6", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.MTUSelector, f.MTU = mad.SelGreaterThan, mad.MTU2048
 				return req(mad.MethodSet, full|mad.CompMTU|mad.CompMTUSelector, f)
 			}(), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "MTU exactly 4096 on a 2048 port", ref: "§6.5 step 6", cfg: on,
+		{name: "MTU exactly 4096 on a 2048 port", ref: "OpenSM: creating a group, step 6", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.MTUSelector, f.MTU = mad.SelExactly, mad.MTU4096
 				return req(mad.MethodSet, full|mad.CompMTU|mad.CompMTUSelector, f)
 			}(), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "MTU less than 2048", ref: "§6.5 step 6", cfg: on,
+		{name: "MTU less than 2048", ref: "OpenSM: creating a group, step 6", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.MTUSelector, f.MTU = mad.SelLessThan, mad.MTU2048
@@ -361,23 +361,23 @@ func TestRuleTable(t *testing.T) {
 					t.Fatal("MTU")
 				}
 			}},
-		{name: "rate exactly 40 Gb/s on a 10 Gb/s port", ref: "§6.6", cfg: on,
+		{name: "rate exactly 40 Gb/s on a 10 Gb/s port", ref: "OpenSM: joining a group", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.RateSelector, f.Rate = mad.SelExactly, mad.Rate40Gbps
 				return req(mad.MethodSet, full|mad.CompRate|mad.CompRateSelector, f)
 			}(), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "join selector not met by the group", ref: "§6.6", cfg: on,
+		{name: "join selector not met by the group", ref: "OpenSM: joining a group", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidB, 1)
 				f.MTUSelector, f.MTU = mad.SelExactly, mad.MTU1024
 				return req(mad.MethodSet, full|mad.CompMTU|mad.CompMTUSelector, f)
 			}(), status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "MLID pool exhausted", ref: "§6.8", cfg: Config{SendOnlySupport: true, MaxMLID: 0xC001},
+		{name: "MLID pool exhausted", ref: "OpenSM: MGID and MLID", cfg: Config{SendOnlySupport: true, MaxMLID: 0xC001},
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req:   req(mad.MethodSet, full, udpJoin(mgidUDP2, guidA, 1)), status: mad.StatusNoResources, method: mad.MethodGetResp},
-		{name: "requested MLID honoured", ref: "§6.8", cfg: on,
+		{name: "requested MLID honoured", ref: "OpenSM: MGID and MLID", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.MLID = 0xC123
@@ -388,7 +388,7 @@ func TestRuleTable(t *testing.T) {
 					t.Fatal("MLID")
 				}
 			}},
-		{name: "requested MLID in use", ref: "§6.8", cfg: on,
+		{name: "requested MLID in use", ref: "OpenSM: MGID and MLID", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.MLID = 0xC000
@@ -399,15 +399,15 @@ func TestRuleTable(t *testing.T) {
 					t.Fatal("MLID")
 				}
 			}},
-		{name: "modify another port's membership", ref: "§6.6 proxy", cfg: on,
+		{name: "modify another port's membership", ref: "OpenSM: joining by proxy", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req:   req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 2)), from: From{GUID: guidB},
 			status: mad.StatusReqInvalid, method: mad.MethodGetResp},
-		{name: "delete another port's membership", ref: "§6.7 proxy", cfg: on,
+		{name: "delete another port's membership", ref: "OpenSM: leaving by proxy", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req:   req(mad.MethodDelete, mad.CompJoinRequired, udpJoin(mgidUDP, guidA, 1)), from: From{GUID: guidB},
 			status: mad.StatusReqInvalid, method: mad.MethodDeleteResp},
-		{name: "proxy join (shared P_Key)", ref: "§6.5 proxy", cfg: on,
+		{name: "proxy join (shared P_Key)", ref: "OpenSM: creating by proxy", cfg: on,
 			req: req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1)), from: From{GUID: guidB},
 			status: 0, method: mad.MethodGetResp,
 			check: func(t *testing.T, s *SA, r mad.MAD) {
@@ -465,13 +465,13 @@ func TestRuleTable(t *testing.T) {
 					t.Fatalf("header version %d, ClassPortInfo % x", r.ClassVersion(), []byte(c))
 				}
 			}},
-		{name: "ClassPortInfo class version 3", ref: "§6.10", cfg: on,
+		{name: "ClassPortInfo class version 3", ref: "SA MAD status", cfg: on,
 			req: func() mad.MAD {
 				m := mad.NewSARequest(mad.MethodGet, mad.AttrClassPortInfo, 7, 0)
 				m.SetClassVersion(3)
 				return m
 			}(), status: mad.StatusBadVersion, method: mad.MethodGetResp},
-		{name: "MCMemberRecord class version 1", ref: "§6.10", cfg: on,
+		{name: "MCMemberRecord class version 1", ref: "SA MAD status", cfg: on,
 			req: func() mad.MAD {
 				m := req(mad.MethodGet, mad.CompMGID, udpJoin(mgidUDP, guidA, 0))
 				m.SetClassVersion(1)
@@ -485,12 +485,12 @@ func TestRuleTable(t *testing.T) {
 				m.SetRMPPFlags(mad.RMPPFlagActive)
 				return m
 			}(), drop: true},
-		{name: "Get of no record", ref: "§6.10", cfg: on,
+		{name: "Get of no record", ref: "SA MAD status", cfg: on,
 			req: req(mad.MethodGet, mad.CompMGID, udpJoin(mgidUDP, guidA, 0)), status: mad.StatusNoRecords, method: mad.MethodGetResp},
-		{name: "Get of several records", ref: "§6.10", cfg: on,
+		{name: "Get of several records", ref: "SA MAD status", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req:   req(mad.MethodGet, 0, mad.MCMemberFields{}), status: mad.StatusTooManyRecords, method: mad.MethodGetResp},
-		{name: "Get of one group", ref: "§6.10", cfg: on,
+		{name: "Get of one group", ref: "SA MAD status", cfg: on,
 			setup: []mad.MAD{req(mad.MethodSet, full, udpJoin(mgidUDP, guidA, 1))},
 			req:   req(mad.MethodGet, mad.CompMGID, udpJoin(mgidUDP, guidB, 0)), status: 0, method: mad.MethodGetResp,
 			check: func(t *testing.T, s *SA, r mad.MAD) {
@@ -499,7 +499,7 @@ func TestRuleTable(t *testing.T) {
 					t.Fatalf("%+v", f)
 				}
 			}},
-		{name: "GetTable error", ref: "§6.10", cfg: on,
+		{name: "GetTable error", ref: "SA MAD status", cfg: on,
 			req: func() mad.MAD {
 				f := udpJoin(mgidUDP, guidA, 1)
 				f.MTUSelector, f.MTU = 2, 0

@@ -138,8 +138,9 @@ func (r *receiver) countReceived(n int, bytes uint64) {
 }
 
 // handle runs rxe's receive checks on one datagram read from a UDP 4791
-// socket (handleBatch counts it received) (kernel.md §10.4) and delivers it, or forwards it to the device
-// of the host that owns its QPN. Every drop is counted; nothing here may
+// socket (handleBatch counts it received), in the order of the kernel's
+// rxe_udp_encap_recv and rxe_rcv, and delivers it, or forwards it to the
+// device of the host that owns its QPN. Every drop is counted; nothing here may
 // panic on bad input.
 func (r *receiver) handle(b, name, oob []byte, trunc bool) {
 	d := r.d
