@@ -12,6 +12,7 @@
 //	       [-sa-delay D | -sa-timeout D] [-sa-drop] [-subnet-prefix P]
 //	       [-port-timeout D] [-hoq-life D] [-vl-stall-count N]
 //	       [-max-ports-per-source N] [-max-groups-per-port N]
+//	       [-max-groups-per-source N]
 //	       [-max-memberships-per-port N] [-max-table-records N] [-v]
 //
 // When its sockets are bound it prints one line to stdout,
@@ -44,10 +45,14 @@
 // beyond, and when the queue of attaches from new addresses is full,
 // control messages are dropped. At the SA a port may have created
 // -max-groups-per-port groups that still exist (default 4096) and be a
-// member of -max-memberships-per-port groups (default 8192); a join
-// beyond is answered with MAD status 0x0100 (insufficient resources), as
-// OpenSM answers when it runs out of MLIDs, so one port cannot take every
-// MLID. 0 means the default, a negative value no cap.
+// member of -max-memberships-per-port groups (default 8192), and the
+// ports of one source address (the raw SA port's peers: each peer's
+// address) may have created -max-groups-per-source groups together
+// (default 4096, a quarter of the MLIDs); a join beyond is answered with
+// MAD status 0x0100 (insufficient resources), as OpenSM answers when it
+// runs out of MLIDs, so neither one port nor the ports one address may
+// attach can take every MLID. 0 means the default, a negative value no
+// cap.
 //
 // SA queries: one answer carries at most -max-table-records records
 // (default 16384, every group the MLIDs allow); a Get or GetTable of
@@ -151,6 +156,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.VLStallCount, "vl-stall-count", sm.DefaultVLStallCount, "packets in a row discarded for a port before all its packets are discarded for 8 × -hoq-life")
 	fs.IntVar(&cfg.MaxPortsPerSource, "max-ports-per-source", sm.DefaultMaxPortsPerSource, "most ports attached from one source IP address (`n`; negative: no cap); one more attach is refused (source_limit)")
 	fs.IntVar(&cfg.MaxGroupsPerPort, "max-groups-per-port", sm.DefaultMaxGroupsPerPort, "most groups one port may have created that still exist (`n`; negative: no cap); one more create is answered 0x0100")
+	fs.IntVar(&cfg.MaxGroupsPerSource, "max-groups-per-source", sm.DefaultMaxGroupsPerSource(0), "most groups the ports of one source address may have created together that still exist (`n`; negative: no cap); one more create is answered 0x0100")
 	fs.IntVar(&cfg.MaxMembershipsPerPort, "max-memberships-per-port", sm.DefaultMaxMembershipsPerPort, "most groups one port may be a member of (`n`; negative: no cap); one more join is answered 0x0100")
 	fs.IntVar(&cfg.MaxTableRecords, "max-table-records", sm.DefaultMaxTableRecords, "most records of one SA answer (`n`; negative: no cap); a query that would answer more, or examine 4 × as many candidates, is answered 0x0100")
 	fs.BoolVar(&verbose, "v", false, "log attaches, detaches, SA requests and drops to stderr")
@@ -250,8 +256,8 @@ func limits(cfg sm.Config) string {
 		}
 		return fmt.Sprint(v)
 	}
-	return fmt.Sprintf("%s ports per source address, %s groups created and %s memberships per port, %s records per SA answer",
-		f(cfg.MaxPortsPerSource), f(cfg.MaxGroupsPerPort), f(cfg.MaxMembershipsPerPort), f(cfg.MaxTableRecords))
+	return fmt.Sprintf("%s ports per source address, %s groups created and %s memberships per port, %s records per SA answer, %s groups created per source address",
+		f(cfg.MaxPortsPerSource), f(cfg.MaxGroupsPerPort), f(cfg.MaxMembershipsPerPort), f(cfg.MaxTableRecords), f(cfg.MaxGroupsPerSource))
 }
 
 // checkDurations validates the duration flags: a port timeout must outlast

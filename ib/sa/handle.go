@@ -266,7 +266,7 @@ func (s *SA) join(comp uint64, rec mad.MCMemberFields, echo [len(group{}.echo)]b
 		if comp&mad.CompCreateRequired != mad.CompCreateRequired {
 			return rec, mad.StatusInsufComps, false
 		}
-		if s.overQuota(guid, false) || s.overQuota(reqPort.GUID, true) {
+		if s.overQuota(guid, false) || s.overQuota(reqPort.GUID, true) || s.overSourceQuota(from.Source) {
 			return rec, mad.StatusNoResources, false
 		}
 		var st status
@@ -277,6 +277,10 @@ func (s *SA) join(comp uint64, rec mad.MCMemberFields, echo [len(group{}.echo)]b
 		g.creator = reqPort.GUID
 		g.echo = echo
 		s.created[reqPort.GUID]++
+		if from.Source.IsValid() {
+			g.source = from.Source
+			s.bySource[from.Source]++
+		}
 		isNew = true
 	} else if g.members[guid] == nil && s.overQuota(guid, false) {
 		return rec, mad.StatusNoResources, false

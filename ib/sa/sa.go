@@ -37,8 +37,10 @@
 //	            of Config.MaxMembershipsPerPort groups, or it would create
 //	            a group and the requester (the sending port; from the raw
 //	            SA port, the record's port) created
-//	            Config.MaxGroupsPerPort groups that still exist → 0x0100
-//	            (counted: QuotaRefusals; logged through Config.Logf)
+//	            Config.MaxGroupsPerPort groups that still exist, or the
+//	            requests of its source address (From.Source) created
+//	            Config.MaxGroupsPerSource → 0x0100 (counted:
+//	            QuotaRefusals; logged through Config.Logf)
 //	group       mask lacks 0x130C7 → 0x0600
 //	            zero MGID: assign ff1S:a01b:<prefix>… (1000 tries) else 0x0100
 //	            else MGID byte 0 ≠ 0xFF → 0x0200; IPoIB signature 0x401B/
@@ -83,6 +85,7 @@
 package sa
 
 import (
+	"net/netip"
 	"slices"
 	"time"
 
@@ -138,6 +141,12 @@ type Config struct {
 	// answered 0x0100 (insufficient resources, as OpenSM answers when it
 	// runs out of MLIDs): one port cannot take every MLID.
 	MaxGroupsPerPort int
+	// MaxGroupsPerSource caps the groups the ports of one source address
+	// (From.Source) may have created together that still exist (0: no
+	// cap): a Set that would create one more is answered 0x0100, so
+	// that a few ports of one host, each within MaxGroupsPerPort, cannot
+	// take every MLID either.
+	MaxGroupsPerSource int
 	// MaxMembershipsPerPort caps the groups one port may be a member of
 	// (0: no cap); a Set that would add one more membership is answered
 	// 0x0100.
@@ -151,11 +160,13 @@ type Config struct {
 	Logf func(format string, args ...any)
 }
 
-// QuotaRefusals counts the Sets refused with 0x0100 for a per-port quota
-// (Config.MaxGroupsPerPort, Config.MaxMembershipsPerPort).
+// QuotaRefusals counts the Sets refused with 0x0100 for a quota
+// (Config.MaxGroupsPerPort, Config.MaxGroupsPerSource,
+// Config.MaxMembershipsPerPort).
 type QuotaRefusals struct {
-	// Groups counts creates refused for MaxGroupsPerPort, Memberships
-	// joins refused for MaxMembershipsPerPort.
+	// Groups counts creates refused for MaxGroupsPerPort or
+	// MaxGroupsPerSource, Memberships joins refused for
+	// MaxMembershipsPerPort.
 	Groups, Memberships uint64
 }
 
@@ -181,6 +192,11 @@ type From struct {
 	// the port whose GUID is the record's PortGID (or from an anonymous
 	// requester in every partition when there is no such port).
 	Raw bool
+	// Source is the address the request came from (the SM's: the
+	// sending port's attach address, the raw SA peer's address); a group
+	// it creates counts against Config.MaxGroupsPerSource for it. Zero:
+	// no source, no such count.
+	Source netip.Addr
 }
 
 // Member is one member port of a group.
@@ -206,8 +222,9 @@ type group struct {
 	rec       mad.MCMemberFields
 	wellKnown bool
 	members   map[uint64]*Member
-	full      int    // members holding a full-type bit
-	creator   uint64 // the port charged for the group (MaxGroupsPerPort); 0: none
+	full      int        // members holding a full-type bit
+	creator   uint64     // the port charged for the group (MaxGroupsPerPort); 0: none
+	source    netip.Addr // the source charged for it (MaxGroupsPerSource); zero: none
 	// echo holds the creating request's bytes from ProxyJoin's byte to
 	// the end of the record's 56 bytes, ProxyJoin itself cleared: OpenSM
 	// keeps a copy of that request as the group's record, so every
@@ -233,7 +250,12 @@ type SA struct {
 	memberOf map[uint64]map[*group]struct{}
 	created  map[uint64]int    // groups each port created that still exist
 	refused  map[uint64]uint64 // quota refusals of each port (for Logf)
-	quota    QuotaRefusals
+	// bySource counts the groups created from each source address that
+	// still exist; srcRefused its refusals (for Logf), kept while it has
+	// groups.
+	bySource   map[netip.Addr]int
+	srcRefused map[netip.Addr]uint64
+	quota      QuotaRefusals
 }
 
 // New returns an SA holding only the IPoIB broadcast group
@@ -265,6 +287,9 @@ func New(cfg Config) *SA {
 		memberOf: make(map[uint64]map[*group]struct{}),
 		created:  make(map[uint64]int),
 		refused:  make(map[uint64]uint64),
+
+		bySource:   make(map[netip.Addr]int),
+		srcRefused: make(map[netip.Addr]uint64),
 	}
 	s.mlids.take(BroadcastMLID)
 	s.groups[BroadcastMGID] = &group{
@@ -364,7 +389,12 @@ func (s *SA) Memberships(guid uint64) int { return len(s.memberOf[guid]) }
 // under MaxGroupsPerPort) that still exist.
 func (s *SA) GroupsCreated(guid uint64) int { return s.created[guid] }
 
-// QuotaRefusals returns the counts of Sets refused for a per-port quota.
+// GroupsCreatedFrom returns how many groups requests from the source
+// address created (charged to it under MaxGroupsPerSource) that still
+// exist.
+func (s *SA) GroupsCreatedFrom(source netip.Addr) int { return s.bySource[source] }
+
+// QuotaRefusals returns the counts of Sets refused for a quota.
 func (s *SA) QuotaRefusals() QuotaRefusals { return s.quota }
 
 // addMember makes guid a member of g (no JoinState yet).
@@ -389,6 +419,22 @@ func (s *SA) dropMember(g *group, guid uint64) {
 			delete(s.memberOf, guid)
 		}
 	}
+}
+
+// overSourceQuota reports (and counts and logs) a create refused for
+// the source's MaxGroupsPerSource.
+func (s *SA) overSourceQuota(src netip.Addr) bool {
+	max := s.cfg.MaxGroupsPerSource
+	if max <= 0 || !src.IsValid() || s.bySource[src] < max {
+		return false
+	}
+	s.quota.Groups++
+	n := s.srcRefused[src] + 1
+	s.srcRefused[src] = n
+	if s.cfg.Logf != nil && n&(n-1) == 0 {
+		s.cfg.Logf("SA: source %v is at its group quota (%d groups its ports created): Set refused with status 0x0100 (%d refusals for the source so far)", src, max, n)
+	}
+	return true
 }
 
 // overQuota reports (and counts and logs) a Set refused for a quota.
@@ -554,6 +600,13 @@ func (s *SA) cleanup(g *group) {
 				delete(s.created, g.creator)
 			}
 			g.creator = 0
+		}
+		if g.source.IsValid() {
+			if s.bySource[g.source]--; s.bySource[g.source] <= 0 {
+				delete(s.bySource, g.source)
+				delete(s.srcRefused, g.source)
+			}
+			g.source = netip.Addr{}
 		}
 	}
 }

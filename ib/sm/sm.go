@@ -71,9 +71,13 @@
 // most once a second with their counts.
 //
 // SA quotas: a port may have created Config.MaxGroupsPerPort groups that
-// still exist and be a member of Config.MaxMembershipsPerPort groups; a
-// join beyond is answered 0x0100 (insufficient resources), counted
-// (GroupQuotaRefusals, MembershipQuotaRefusals) and logged (see sa.Config).
+// still exist and be a member of Config.MaxMembershipsPerPort groups, and
+// the ports of one source IP address (the raw SA port's peers: each
+// peer's address) may have created Config.MaxGroupsPerSource groups
+// together, a quarter of the MLIDs by default, so that the ports one
+// address may attach cannot take every MLID; a join beyond is answered
+// 0x0100 (insufficient resources), counted (GroupQuotaRefusals,
+// MembershipQuotaRefusals) and logged (see sa.Config).
 //
 // SA requests and tables: no SA request costs work that grows with the
 // subnet in the reader or under the SM's lock beyond a copy. The reader
@@ -291,6 +295,11 @@ type Config struct {
 	// MaxGroupsPerPort caps the groups one port may have created that
 	// still exist (0 → DefaultMaxGroupsPerPort; negative → no cap).
 	MaxGroupsPerPort int
+	// MaxGroupsPerSource caps the groups the ports of one source IP
+	// address may have created together that still exist (0 →
+	// DefaultMaxGroupsPerSource(MaxMLID): 4096 with the default MaxMLID;
+	// negative → no cap).
+	MaxGroupsPerSource int
 	// MaxMembershipsPerPort caps the groups one port may be a member of
 	// (0 → DefaultMaxMembershipsPerPort; negative → no cap).
 	MaxMembershipsPerPort int
@@ -374,7 +383,8 @@ type Stats struct {
 	// they were longer than MaxControlLen.
 	ThrottledControls, ControlDrops uint64
 	// GroupQuotaRefusals counts SA joins refused (0x0100) because the
-	// requester had created Config.MaxGroupsPerPort groups;
+	// requester had created Config.MaxGroupsPerPort groups, or the ports
+	// of its source address Config.MaxGroupsPerSource;
 	// MembershipQuotaRefusals joins refused because the port was a member
 	// of Config.MaxMembershipsPerPort groups.
 	GroupQuotaRefusals, MembershipQuotaRefusals uint64
@@ -712,6 +722,7 @@ func newState(cfg Config) (*SM, error) {
 	}
 	s.cfg.MaxPortsPerSource = orDefault(cfg.MaxPortsPerSource, DefaultMaxPortsPerSource)
 	s.cfg.MaxGroupsPerPort = orDefault(cfg.MaxGroupsPerPort, DefaultMaxGroupsPerPort)
+	s.cfg.MaxGroupsPerSource = orDefault(cfg.MaxGroupsPerSource, DefaultMaxGroupsPerSource(cfg.MaxMLID))
 	s.cfg.MaxMembershipsPerPort = orDefault(cfg.MaxMembershipsPerPort, DefaultMaxMembershipsPerPort)
 	s.cfg.MaxTableRecords = orDefault(cfg.MaxTableRecords, DefaultMaxTableRecords)
 	s.sa = sa.New(sa.Config{
@@ -720,6 +731,7 @@ func newState(cfg Config) (*SM, error) {
 		MaxMLID:               cfg.MaxMLID,
 		RespTimeValue:         sa.RespTimeValueFor(cfg.SADelay),
 		MaxGroupsPerPort:      s.cfg.MaxGroupsPerPort,
+		MaxGroupsPerSource:    s.cfg.MaxGroupsPerSource,
 		MaxMembershipsPerPort: s.cfg.MaxMembershipsPerPort,
 		MaxRecords:            s.cfg.MaxTableRecords,
 		Logf:                  s.logf,
@@ -748,6 +760,20 @@ func newState(cfg Config) (*SM, error) {
 	}
 	s.rebuildMFT()
 	return s, nil
+}
+
+// DefaultMaxGroupsPerSource is Config.MaxGroupsPerSource's default for
+// the MLIDs up to maxMLID (0 → 0xFFFE): a quarter of them, rounded up
+// (4096 for 0xC000–0xFFFE, as DefaultMaxGroupsPerPort), so that the
+// ports of one address leave three quarters to the others.
+func DefaultMaxGroupsPerSource(maxMLID uint16) int {
+	if maxMLID == 0 || maxMLID > wire.MulticastLIDMax {
+		maxMLID = wire.MulticastLIDMax
+	}
+	if maxMLID < wire.MulticastLIDBase {
+		return 1
+	}
+	return (int(maxMLID) - wire.MulticastLIDBase + 1 + 3) / 4
 }
 
 // orDefault is v, def when v is 0, and 0 (no cap) when v is negative.
@@ -1407,10 +1433,11 @@ func (s *SM) saFromFabric(b []byte, p *port) {
 		s.rmppReceive(key, req, send)
 		return
 	}
-	src := s.saSources[p.addr.Addr().Unmap()]
+	srcAddr := p.addr.Addr().Unmap()
+	src := s.saSources[srcAddr]
 	if src == nil {
 		src = &saSource{}
-		s.saSources[p.addr.Addr().Unmap()] = src
+		s.saSources[srcAddr] = src
 	}
 	query := s.sa.Broad(req)
 	if !s.saAllow(&p.saBudget, &p.tableBudget, src, query, func() string { return fmt.Sprintf("port %#x (%v)", guid, p.addr) }) {
@@ -1418,12 +1445,12 @@ func (s *SM) saFromFabric(b []byte, p *port) {
 	}
 	if query {
 		s.saLater(func() {
-			s.queueTable(tableJob{req: req, from: sa.From{GUID: guid}, key: key, send: send, src: src, who: fmt.Sprintf("%#x", guid)})
+			s.queueTable(tableJob{req: req, from: sa.From{GUID: guid, Source: srcAddr}, key: key, send: send, src: src, who: fmt.Sprintf("%#x", guid)})
 		})
 		return
 	}
 	s.saLater(func() {
-		resps := s.sa.Handle(req, sa.From{GUID: guid})
+		resps := s.sa.Handle(req, sa.From{GUID: guid, Source: srcAddr})
 		if s.cfg.Logf != nil {
 			s.logf("SA %s from %#x → %s", describe(req), guid, describeResp(resps))
 		}
@@ -1731,13 +1758,13 @@ func (s *SM) rawSALoop() error {
 		}
 		if query {
 			s.saLater(func() {
-				s.queueTable(tableJob{req: req, from: sa.From{Raw: true}, key: key, send: send, src: src, who: fmt.Sprintf("raw %v", from)})
+				s.queueTable(tableJob{req: req, from: sa.From{Raw: true, Source: from.Addr().Unmap()}, key: key, send: send, src: src, who: fmt.Sprintf("raw %v", from)})
 			})
 			s.mu.Unlock()
 			continue
 		}
 		s.saLater(func() {
-			resps := s.sa.Handle(req, sa.From{Raw: true})
+			resps := s.sa.Handle(req, sa.From{Raw: true, Source: from.Addr().Unmap()})
 			if s.cfg.Logf != nil {
 				s.logf("SA %s from raw %v → %s", describe(req), from, describeResp(resps))
 			}
