@@ -5,12 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/verbs"
 )
 
 // TestDataPathAllocs checks that a multicast datagram sent and received
 // through verbs and the rxe device on lo allocates nothing in steady state
-// (post receive, post send, completions on both sides).
+// (post receive, post send, completions on both sides, the consumer
+// reading the socket itself).
 func TestDataPathAllocs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("steady-state measurement")
@@ -68,7 +70,15 @@ func TestDataPathAllocs(t *testing.T) {
 		round()
 	}
 	t.Logf("%v per round", time.Since(start)/100)
-	if a := testing.AllocsPerRun(200, round); a > 0 {
+	// Only this goroutine's calls are counted: testing.AllocsPerRun also
+	// counts what other goroutines of the process allocate meanwhile (and
+	// rounds the average down). The receive goroutine's path has its own
+	// allocation tests in provider/rxe.
+	a := testenv.AllocsInCalls(200, round)
+	if testenv.RaceEnabled {
+		t.Skipf("%.2f allocations per datagram under -race, where sync.Pool drops buffers at random; .ci/run runs this test without -race", a)
+	}
+	if a > 0 {
 		t.Errorf("%.2f allocations per datagram", a)
 	}
 }

@@ -3,6 +3,7 @@ package testenv
 import (
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -80,5 +81,38 @@ func TestIsolated(t *testing.T) {
 				t.Errorf("an IPv6 default route via %s in the tests' namespace", fs[len(fs)-1])
 			}
 		}
+	}
+}
+
+var sink, otherSink [][]byte
+
+// TestAllocsInCalls: the allocations of f are counted, those of another
+// goroutine allocating meanwhile are not.
+func TestAllocsInCalls(t *testing.T) {
+	if n := AllocsInCalls(100, func() { sink = append(sink[:0], make([]byte, 64)) }); n != 1 {
+		t.Errorf("one allocation per call: counted %v", n)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				otherSink = append(otherSink[:0], make([]byte, 128))
+				runtime.Gosched()
+			}
+		}
+	}()
+	x := 0
+	n := AllocsInCalls(100, func() { x++; runtime.Gosched() })
+	all := testing.AllocsPerRun(100, func() { x++; runtime.Gosched() })
+	close(stop)
+	t.Logf("testing.AllocsPerRun, which counts the other goroutine's too: %v", all)
+	<-done
+	if n != 0 {
+		t.Errorf("no allocation in the calls, another goroutine allocating: counted %v", n)
 	}
 }
