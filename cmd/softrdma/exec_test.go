@@ -41,25 +41,45 @@ func requireRDMACore(t *testing.T, progs ...string) {
 	}
 }
 
-// execDir builds the softrdma binary and the libraries once, outside the
-// network namespace (InNetns gives its re-run two minutes).
+// execBuild is the softrdma binary and libraries the tests share: built
+// once per test process, removed by TestMain.
+var execBuild struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// execDir builds the softrdma binary and the libraries once for every
+// test, outside the network namespaces (InNetns gives a re-run two
+// minutes), and hands their directory to the re-runs in execDirVar.
 func execDir(t *testing.T) string {
 	t.Helper()
 	if d := os.Getenv(execDirVar); d != "" {
 		return d
 	}
-	d := t.TempDir()
-	if out, err := exec.Command("go", "build", "-o", filepath.Join(d, "softrdma"), ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	execBuild.once.Do(func() {
+		d, err := os.MkdirTemp("", "softrdma-exec-test-")
+		if err != nil {
+			execBuild.err = err
+			return
+		}
+		execBuild.dir = d
+		if out, err := exec.Command("go", "build", "-o", filepath.Join(d, "softrdma"), ".").CombinedOutput(); err != nil {
+			execBuild.err = fmt.Errorf("build: %v\n%s", err, out)
+			return
+		}
+		start := time.Now()
+		if out, err := exec.Command(filepath.Join(d, "softrdma"), "exec", "-install", filepath.Join(d, "lib")).CombinedOutput(); err != nil {
+			execBuild.err = fmt.Errorf("softrdma exec -install: %v\n%s", err, out)
+			return
+		}
+		t.Logf("libraries built in %v", time.Since(start).Round(time.Millisecond))
+		execBuild.err = os.Setenv(execDirVar, d) // for the re-runs in namespaces
+	})
+	if execBuild.err != nil {
+		t.Fatal(execBuild.err)
 	}
-	start := time.Now()
-	out, err := exec.Command(filepath.Join(d, "softrdma"), "exec", "-install", filepath.Join(d, "lib")).CombinedOutput()
-	if err != nil {
-		t.Fatalf("softrdma exec -install: %v\n%s", err, out)
-	}
-	t.Logf("libraries built in %v", time.Since(start).Round(time.Millisecond))
-	t.Setenv(execDirVar, d)
-	return d
+	return execBuild.dir
 }
 
 // lineWaiter collects a process's output and tells when a line appears.

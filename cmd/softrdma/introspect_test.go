@@ -42,6 +42,10 @@ import (
 // mckeyBin is the mckey binary TestMain builds.
 var mckeyBin string
 
+// mckeyBinVar carries the Go mckey TestMain built into the re-runs of
+// tests in network namespaces.
+const mckeyBinVar = "SOFTRDMA_TEST_MCKEY_BIN"
+
 func TestMain(m *testing.M) {
 	os.Exit(testMain(m))
 }
@@ -54,22 +58,32 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer unscope()
-	dir, err := os.MkdirTemp("", "softrdma-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	defer func() {
+		if execBuild.dir != "" {
+			os.RemoveAll(execBuild.dir)
+		}
+	}()
+	// The Go mckey is built once: a test's re-run in a network namespace
+	// (testenv.InNetns) finds it in mckeyBinVar.
+	if mckeyBin = os.Getenv(mckeyBinVar); mckeyBin == "" {
+		dir, err := os.MkdirTemp("", "softrdma-test-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		args := []string{"build", "-o", dir}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		args = append(args, "../mckey")
+		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "go %s: %v\n%s", strings.Join(args, " "), err, out)
+			return 1
+		}
+		mckeyBin = filepath.Join(dir, "mckey")
+		os.Setenv(mckeyBinVar, mckeyBin)
 	}
-	defer os.RemoveAll(dir)
-	args := []string{"build", "-o", dir}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	args = append(args, "../mckey")
-	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go %s: %v\n%s", strings.Join(args, " "), err, out)
-		return 1
-	}
-	mckeyBin = filepath.Join(dir, "mckey")
 	code := m.Run()
 	rxe.CloseAll()
 	if code == 0 {
