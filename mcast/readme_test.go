@@ -23,22 +23,10 @@ func TestREADMEQuickStart(t *testing.T) {
 	if !testenv.InNetns(t) {
 		return
 	}
-	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	src, err := testenv.CodeBlock(filepath.Join("..", "README.md"), "## Quick start: a reliable group in Go (`mcast`)", "go")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := string(readme)
-	i := strings.Index(s, "## Quick start: a reliable group in Go")
-	if i < 0 {
-		t.Fatal("README has no Go quick start section")
-	}
-	s = s[i:]
-	a := strings.Index(s, "```go\n")
-	b := strings.Index(s[a+6:], "```")
-	if a < 0 || b < 0 {
-		t.Fatal("no Go block in the quick start")
-	}
-	src := s[a+6 : a+6+b]
 	// A directory of this module that ./... patterns skip (a leading _).
 	dir, err := os.MkdirTemp(".", "_quickstart")
 	if err != nil {
