@@ -32,6 +32,15 @@ type CounterDesc struct {
 	Reason string
 }
 
+// The counters every backend has with the same meaning: a software
+// device counts them itself, the kernel backend maps its device's own
+// counters onto them, so the tools and metrics show one name for each.
+var (
+	CounterRcvdPkts   = CounterDesc{Name: "rcvd_pkts", Help: "Packets the device received, before any check.", Scope: ScopeDevice, Metric: "received_packets_total"}
+	CounterSentPkts   = CounterDesc{Name: "sent_pkts", Help: "Packets sent.", Scope: ScopeQP, Metric: "sent_packets_total"}
+	CounterSendErrors = CounterDesc{Name: "send_errors", Help: "Sends that failed (the completion has an error status).", Scope: ScopeQP, Metric: "send_errors_total"}
+)
+
 // CounterSource is an optional interface of a DeviceOps: the device's
 // counter schema and values. Values come in schema order.
 type CounterSource interface {

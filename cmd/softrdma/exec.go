@@ -39,8 +39,11 @@ The libraries are taken from -libdir (or SOFTRDMA_LIBDIR), else from
 cache directory from the softrdma source: -src (or SOFTRDMA_SRC), else
 the one this binary was built from (never the module of the current
 directory); building needs go, a C compiler and the librdmacm-dev and
-libibverbs-dev headers. -install DIR builds them into DIR (for a
-container image) and exits.
+libibverbs-dev headers. They are built again only when the source, the
+toolchain or the headers changed (a stamp next to them records the
+files' sizes and modification times; checking it runs no command, so a
+start with up-to-date libraries takes milliseconds). -install DIR
+builds them into DIR (for a container image) and exits.
 
 Only what no other user can change is built or loaded: the source (every
 file and directory in it and every directory above it) and the directory
@@ -82,7 +85,11 @@ func execCmd(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	dir, err := findLibsFrom(ctx, *libdir, *src, stderr)
+	note := io.Discard
+	if *verbose {
+		note = stderr
+	}
+	dir, err := findLibsFrom(ctx, *libdir, *src, stderr, note)
 	if err != nil {
 		fmt.Fprintf(stderr, "softrdma exec: %v\n", err)
 		return 1
@@ -121,14 +128,18 @@ func withLibraryPath(env []string, dir string) []string {
 
 // findLibs is findLibsFrom with the source SOFTRDMA_SRC names, if any.
 func findLibs(ctx context.Context, libdir string, log io.Writer) (string, error) {
-	return findLibsFrom(ctx, libdir, os.Getenv("SOFTRDMA_SRC"), log)
+	return findLibsFrom(ctx, libdir, os.Getenv("SOFTRDMA_SRC"), log, io.Discard)
 }
 
 // findLibsFrom returns the directory of the libraries, building them from
-// src (see sourceDir) when the place they should be has none. The
-// directory is checked before it goes on LD_LIBRARY_PATH
-// (capibuild.CheckLibDir): no other user may be able to change it.
-func findLibsFrom(ctx context.Context, libdir, src string, log io.Writer) (string, error) {
+// src (see sourceDir) when the place they should be has none, or, in the
+// user's cache directory, when they are out of date: the source, or the
+// toolchain, is not what their stamp records (capibuild.UpToDate, which
+// runs no command: a start with up-to-date libraries takes milliseconds,
+// not the seconds of a go build). The directory is checked before it
+// goes on LD_LIBRARY_PATH (capibuild.CheckLibDir): no other user may be
+// able to change it. What it decides is said on note.
+func findLibsFrom(ctx context.Context, libdir, src string, log, note io.Writer) (string, error) {
 	if libdir != "" {
 		if _, err := os.Stat(libdir); err == nil {
 			if _, err := checkedLibDir(libdir); err != nil {
@@ -136,6 +147,7 @@ func findLibsFrom(ctx context.Context, libdir, src string, log io.Writer) (strin
 			}
 		}
 		if !capibuild.Complete(libdir) {
+			fmt.Fprintf(note, "softrdma exec: building the libraries into %s\n", libdir)
 			if err := buildLibs(ctx, libdir, src, log); err != nil {
 				return "", err
 			}
@@ -148,7 +160,7 @@ func findLibsFrom(ctx context.Context, libdir, src string, log io.Writer) (strin
 			return checkedLibDir(d)
 		}
 	}
-	src, err := sourceDir(src)
+	src, stamp, err := checkedSource(src, true)
 	if err != nil {
 		return "", err
 	}
@@ -164,11 +176,47 @@ func findLibsFrom(ctx context.Context, libdir, src string, log io.Writer) (strin
 	if _, err := checkedLibDir(d); err != nil {
 		return "", err
 	}
-	// go build is incremental: an up-to-date source relinks only.
+	upToDate := func() bool { return capibuild.UpToDate(d, stamp) }
+	if upToDate() {
+		fmt.Fprintf(note, "softrdma exec: the libraries in %s are up to date with %s\n", d, src)
+		return checkedLibDir(d)
+	}
+	// One build at a time: programs started together (a receiver and
+	// its sender) wait for the first one's.
+	unlock, err := lockDir(d)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if upToDate() {
+		fmt.Fprintf(note, "softrdma exec: the libraries in %s are up to date with %s\n", d, src)
+		return checkedLibDir(d)
+	}
+	fmt.Fprintf(note, "softrdma exec: building the libraries from %s into %s\n", src, d)
 	if err := buildLibs(ctx, d, src, log); err != nil {
 		return "", err
 	}
 	return checkedLibDir(d)
+}
+
+// lockDir takes an exclusive lock of the directory d (flock of d/.lock),
+// waiting for another softrdma exec that holds it.
+func lockDir(d string) (unlock func(), err error) {
+	f, err := os.OpenFile(filepath.Join(d, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", d, err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // checkedLibDir returns dir, absolute and without symbolic links, if no
@@ -199,22 +247,37 @@ func buildLibs(ctx context.Context, dir, src string, log io.Writer) error {
 // from. Never the module of the current directory: a directory above it
 // may be another user's. Either must pass capibuild.CheckSource.
 func sourceDir(named string) (string, error) {
-	if named != "" {
-		d, err := capibuild.CheckSource(named)
-		if err != nil {
-			return "", fmt.Errorf("refusing the softrdma source %s: %w", named, err)
+	src, _, err := checkedSource(named, false)
+	return src, err
+}
+
+// checkedSource is sourceDir, and also returns the source's stamp if
+// stamp is set (capibuild.CheckSourceStamp: the check and the stamp in
+// one walk of the tree).
+func checkedSource(named string, stamp bool) (string, capibuild.Stamp, error) {
+	check := func(d string) (string, capibuild.Stamp, error) {
+		if stamp {
+			return capibuild.CheckSourceStamp(d, capibuild.Options{})
 		}
-		return d, nil
+		s, err := capibuild.CheckSource(d)
+		return s, capibuild.Stamp{}, err
+	}
+	if named != "" {
+		d, st, err := check(named)
+		if err != nil {
+			return "", st, fmt.Errorf("refusing the softrdma source %s: %w", named, err)
+		}
+		return d, st, nil
 	}
 	d, err := builtFrom()
 	if err != nil {
-		return "", err
+		return "", capibuild.Stamp{}, err
 	}
-	s, err := capibuild.CheckSource(d)
+	s, st, err := check(d)
 	if err != nil {
-		return "", fmt.Errorf("no libraries, and the source this softrdma was built from cannot be built from: %w; give -libdir DIR, or -src DIR (SOFTRDMA_SRC)", err)
+		return "", st, fmt.Errorf("no libraries, and the source this softrdma was built from cannot be built from: %w; give -libdir DIR, or -src DIR (SOFTRDMA_SRC)", err)
 	}
-	return s, nil
+	return s, st, nil
 }
 
 // builtFrom returns the directory of the module this binary was built

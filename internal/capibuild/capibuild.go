@@ -89,15 +89,8 @@ type Options struct {
 	Log       io.Writer // the tools' output (os.Stderr if nil)
 }
 
-// Build builds the three libraries into dir. It refuses a ModuleDir that
-// fails CheckSource, and builds it alone: without a go.work of the
-// directories above it, and without running the version control tool.
-func Build(ctx context.Context, dir string, o Options) error {
-	src, err := CheckSource(o.ModuleDir)
-	if err != nil {
-		return fmt.Errorf("refusing to build from %s: %w", o.ModuleDir, err)
-	}
-	o.ModuleDir = src
+// withDefaults fills in the tools Options leaves empty.
+func (o Options) withDefaults() Options {
 	if o.Go == "" {
 		o.Go = "go"
 	}
@@ -110,11 +103,36 @@ func Build(ctx context.Context, dir string, o Options) error {
 	if o.Log == nil {
 		o.Log = os.Stderr
 	}
+	return o
+}
+
+// Build builds the three libraries into dir, with a StampFile that
+// records what they were built from (NewStamp, taken before the build:
+// a file changed during the build makes them out of date). It refuses a
+// ModuleDir that fails CheckSource, and builds it alone: without a
+// go.work of the directories above it, and without running the version
+// control tool.
+func Build(ctx context.Context, dir string, o Options) error {
+	src, err := CheckSource(o.ModuleDir)
+	if err != nil {
+		return fmt.Errorf("refusing to build from %s: %w", o.ModuleDir, err)
+	}
+	o.ModuleDir = src
+	o = o.withDefaults()
 	dir, err = filepath.Abs(dir)
 	if err != nil {
 		return err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	stamp, err := NewStamp(o)
+	if err != nil {
+		return err
+	}
+	// No stamp while the libraries are being replaced: a build that
+	// fails half-way leaves them out of date.
+	if err := os.Remove(filepath.Join(dir, StampFile)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	run := func(wd, name string, args ...string) error {
@@ -164,7 +182,7 @@ func Build(ctx context.Context, dir string, o Options) error {
 			return err
 		}
 	}
-	return nil
+	return writeStamp(dir, stamp)
 }
 
 // forkSafe are the calls that never reach Go (capi/fork.c): they work in

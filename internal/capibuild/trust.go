@@ -91,6 +91,26 @@ func checkPath(path string) (string, error) {
 // symbolic links; an error of the ownership or mode of a path is an
 // *UntrustedError that names it.
 func CheckSource(dir string) (string, error) {
+	return checkSource(dir, nil)
+}
+
+// CheckSourceStamp is CheckSource and NewStamp (with the tools of o; its
+// ModuleDir is dir) in one walk of the tree.
+func CheckSourceStamp(dir string, o Options) (string, Stamp, error) {
+	st := newStamper()
+	real, err := checkSource(dir, st.file)
+	if err != nil {
+		return "", Stamp{}, err
+	}
+	o.ModuleDir = real
+	s, err := st.finish(o)
+	return real, s, err
+}
+
+// checkSource is CheckSource; it gives visit (if not nil) every path
+// below dir that it checked, relative to dir, with what the build reads
+// of it (a symbolic link's target).
+func checkSource(dir string, visit func(rel string, fi fs.FileInfo)) (string, error) {
 	real, err := checkPath(dir)
 	if err != nil {
 		return "", err
@@ -117,7 +137,14 @@ func CheckSource(dir string) (string, error) {
 		if err != nil {
 			return err
 		}
-		return checkInfo(p, fi, false)
+		if err := checkInfo(p, fi, false); err != nil {
+			return err
+		}
+		if visit != nil {
+			rel, _ := filepath.Rel(real, p)
+			visit(rel, fi)
+		}
+		return nil
 	})
 	if err != nil {
 		return "", err

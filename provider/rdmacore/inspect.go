@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -32,12 +31,12 @@ import (
 // sysfsRoot is where the kernel lists its RDMA devices.
 const sysfsRoot = "/sys/class/infiniband"
 
-// sameMeaning maps a kernel counter's name to the name of the softrdma
-// counter that counts the same thing.
-var sameMeaning = map[string]string{
-	"sent_pkts": "sent_pkts",
-	"rcvd_pkts": "rcvd_pkts",
-	"send_err":  "send_errors",
+// sameMeaning maps a kernel counter's name to the counter every backend
+// has that counts the same thing.
+var sameMeaning = map[string]verbs.CounterDesc{
+	"sent_pkts": verbs.CounterSentPkts,
+	"rcvd_pkts": verbs.CounterRcvdPkts,
+	"send_err":  verbs.CounterSendErrors,
 }
 
 // counters is a kernel device's counter schema and the sysfs files of its
@@ -51,10 +50,6 @@ type counters struct {
 // load lists the device's counter files.
 func (c *counters) load(dev string) {
 	c.once.Do(func() {
-		soft := map[string]verbs.CounterDesc{}
-		for _, d := range softverbs.Schema() {
-			soft[d.Name] = d
-		}
 		ports, _ := filepath.Glob(filepath.Join(sysfsRoot, dev, "ports", "*"))
 		slices.SortFunc(ports, func(a, b string) int { return atoi(filepath.Base(a)) - atoi(filepath.Base(b)) })
 		for _, p := range ports {
@@ -75,7 +70,7 @@ func (c *counters) load(dev string) {
 						Help:   "The kernel's counter " + strings.TrimPrefix(f, sysfsRoot+"/") + ".",
 						Metric: "kernel_" + name,
 					}
-					if s, ok := soft[sameMeaning[name]]; ok {
+					if s, ok := sameMeaning[name]; ok {
 						d.Name, d.Metric, d.Reason = s.Name, s.Metric, s.Reason
 					}
 					if port != "1" {
