@@ -62,6 +62,7 @@ func execCmd(args []string, stdout, stderr io.Writer) int {
 	src := fs.String("src", os.Getenv("SOFTRDMA_SRC"), "softrdma's source `directory` to build the libraries from (default: the one this softrdma was built from)")
 	install := fs.String("install", "", "build the libraries into `DIR` and exit")
 	verbose := fs.Bool("v", false, "say which libraries are used")
+	noView := noSysfsFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -102,12 +103,12 @@ func execCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "softrdma exec: %v\n", err)
 		return 127
 	}
+	if w := goShadowWarning(fs.Arg(0), prog); w != "" {
+		fmt.Fprintln(stderr, w) // e.g. cmd/mckey installed as mckey, before rdma-core's
+	}
 	env := withLibraryPath(os.Environ(), dir)
-	// exec: PROGRAM takes over this process, so its exit status and the
-	// signals sent to it (or that kill it) are seen by the caller as is.
-	err = syscall.Exec(prog, fs.Args(), env)
-	fmt.Fprintf(stderr, "softrdma exec: %s: %v\n", prog, err)
-	return 126
+	// PROGRAM takes over this process (sysfsview.go).
+	return execProgram(prog, fs.Args(), env, *noView, stderr)
 }
 
 // withLibraryPath puts dir first on LD_LIBRARY_PATH.
