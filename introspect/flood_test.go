@@ -127,6 +127,7 @@ func startFlood(t *testing.T, network, addr string) {
 		t.Fatal(err)
 	}
 	cmd.Stderr = os.Stderr
+	started := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +142,9 @@ func startFlood(t *testing.T, network, addr string) {
 		for sc.Scan() {
 			t.Logf("attacker: %s", sc.Text())
 		}
-		cmd.Wait()
+		if cmd.Wait() == nil {
+			t.Logf("attacker: %v of CPU in %v", cmd.ProcessState.UserTime()+cmd.ProcessState.SystemTime(), time.Since(started).Round(time.Millisecond))
+		}
 	}
 	t.Cleanup(stop)
 	if !sc.Scan() || sc.Text() != "connected" {
@@ -179,25 +182,51 @@ func answerTime(t *testing.T, network, addr, host, token string, limit time.Dura
 	return time.Since(start)
 }
 
-// floodWindow is how long the flood tests send GETs: longer than the
-// endpoint lets a connection take over its request header (3 s), so
-// that the GETs meet the attacker's reconnections too.
-const floodWindow = 4 * time.Second
+// floodBounds returns the bound of the flood tests on a GET's answer
+// time: the goal, one second; past the budget of pending connections
+// (the attacker's closed connections come back as fast as they go, and a
+// GET may arrive behind up to 3,000 of them in the accept queue) three.
+// With the race detector the attacker costs twice the CPU and the
+// endpoint five to ten times, on a machine the other packages' tests
+// load: three and six seconds there still tell a slow answer from none
+// (before the gate, a GET waited 78 s).
+func floodBounds(overBudget bool) time.Duration {
+	switch {
+	case raceEnabled && overBudget:
+		return 6 * time.Second
+	case raceEnabled:
+		return 3 * time.Second
+	case overBudget:
+		return 3 * time.Second
+	}
+	return time.Second
+}
+
+// floodWindow is how long the flood tests send GETs. Below the budget
+// of pending connections the attacker's connections are closed only
+// after 10 to 20 s (headerTimeout), so they stay open through the
+// window; above it (budget 1024) they are closed and come back all the
+// time.
+const floodWindow = 5 * time.Second
 
 // measureUnderFlood sends GETs one after the other for floodWindow (at
-// least 7) and checks that each is answered within bound.
-func measureUnderFlood(t *testing.T, get func(limit time.Duration) time.Duration) {
+// least 7) and checks that each is answered within bound; it logs the
+// median and the longest.
+func measureUnderFlood(t *testing.T, bound time.Duration, get func(limit time.Duration) time.Duration) {
 	t.Helper()
-	bound := time.Second
-	if raceEnabled {
-		bound = 3 * time.Second // the race detector slows the endpoint and the attacker alike
-	}
 	var times []time.Duration
-	for start := time.Now(); len(times) < 7 || time.Since(start) < floodWindow; {
-		times = append(times, get(10*time.Second))
+	var ru0, ru1 syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	start := time.Now()
+	for len(times) < 7 || time.Since(start) < floodWindow {
+		times = append(times, get(bound+10*time.Second))
 	}
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
+	first := slices.Clone(times[:3])
 	slices.Sort(times)
-	t.Logf("%d GETs with %d hostile connections open: median %v, max %v (bound %v)", len(times), floodConns, times[len(times)/2], times[len(times)-1], bound)
+	t.Logf("%d GETs with %d hostile connections open: median %v, max %v (bound %v; the first three %v); the endpoint's process used %.0f%% of a core",
+		len(times), floodConns, times[len(times)/2], times[len(times)-1], bound, first, 100*cpu.Seconds()/time.Since(start).Seconds())
 	for _, d := range times {
 		if d > bound {
 			t.Errorf("a GET took %v, more than %v", d, bound)
@@ -208,14 +237,24 @@ func measureUnderFlood(t *testing.T, get func(limit time.Duration) time.Duration
 // TestTCPFloodDoesNotLockOut: another user holding floodConns
 // connections to a TCP endpoint, each sending its request a byte at a
 // time and connecting again when closed, does not keep a request with the
-// token from being answered within a second.
+// token from being answered within a second — with the budget of pending
+// connections this machine's RLIMIT_NOFILE gives, and, looser (see
+// floodBounds), with a budget of 1024, below the attacker's count (as
+// under a limit of 4096 descriptors).
 func TestTCPFloodDoesNotLockOut(t *testing.T) {
 	needRoot(t)
-	srv := startTCPEndpoint(t)
-	startFlood(t, "tcp", srv.Addr())
-	measureUnderFlood(t, func(limit time.Duration) time.Duration {
-		return answerTime(t, "tcp", srv.Addr(), srv.Addr(), srv.Token(), limit)
-	})
+	for _, budget := range []int{pendingBudget, 1024} {
+		t.Run(fmt.Sprintf("budget %d", budget), func(t *testing.T) {
+			old := pendingBudget
+			pendingBudget = budget
+			t.Cleanup(func() { pendingBudget = old })
+			srv := startTCPEndpoint(t)
+			startFlood(t, "tcp", srv.Addr())
+			measureUnderFlood(t, floodBounds(budget < floodConns), func(limit time.Duration) time.Duration {
+				return answerTime(t, "tcp", srv.Addr(), srv.Addr(), srv.Token(), limit)
+			})
+		})
+	}
 }
 
 // TestUnixFloodDoesNotLockOut: on a Unix socket another user may reach
@@ -239,7 +278,7 @@ func TestUnixFloodDoesNotLockOut(t *testing.T) {
 	}
 	t.Cleanup(func() { srv.Close() })
 	startFlood(t, "unix", path)
-	measureUnderFlood(t, func(limit time.Duration) time.Duration {
+	measureUnderFlood(t, floodBounds(false), func(limit time.Duration) time.Duration {
 		return answerTime(t, "unix", path, "softrdma", "", limit)
 	})
 }

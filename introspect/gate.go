@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -20,35 +21,41 @@ import (
 // The gate stands between an endpoint's listener and its HTTP server, so
 // that connections nobody vouches for cannot keep one that is vouched for
 // waiting:
-//   - it accepts every connection at once (the kernel's accept queue stays
-//     short: a new connection is never stuck behind thousands of others);
-//   - a connection that needs no request to be trusted — on a Unix socket,
-//     a peer of this process's effective uid or root (SO_PEERCRED, read
-//     at accept) — goes straight to the server;
-//   - any other (TCP, or a Unix peer of another uid) is screened: its
-//     request header is read, within headerTimeout, and only a request
-//     the trust model lets through (Host and token on TCP) goes on to the
-//     server with its bytes; any other is answered with its error (401,
-//     403, 400, 431) and closed. Screened connections are "pending" until
-//     then; there are at most pendingBudget of them in the process, and
-//     one more closes the oldest pending one — a request with the token,
-//     answered the moment its header has arrived, is never the oldest for
-//     long; a Unix peer uid with maxPendingPerUID pending has any more of
-//     its connections closed at once;
+//   - it accepts every connection at once: the kernel's accept queue stays
+//     short, so a new connection is not stuck behind thousands of others;
+//   - a connection trusted without a request — on a Unix socket, a peer
+//     of this process's effective uid or root (SO_PEERCRED, read at
+//     accept) — goes straight to the server, never waiting for others;
+//   - any other (TCP, or a Unix peer of another uid, who only ever gets a
+//     403) is screened: its request header is read, within headerTimeout
+//     to twice that, and only a request the trust model lets through
+//     (Host and token on TCP) goes on to the server with its bytes; any
+//     other is answered with its error (401, 403, 400, 431) and closed;
+//   - screened connections are pending until then: at most pendingBudget
+//     in the process, and one more closes the oldest pending one. A
+//     request with the token, passed on the moment its header has
+//     arrived, is never the oldest for long. Below the budget nothing is
+//     closed early, which matters: a closed connection comes back at once
+//     and a new one waits behind it in the accept queue;
 //   - when the process runs out of file descriptors, accepting closes the
 //     oldest pending connection before anything else.
 
-// headerTimeout bounds the time a screened connection has to send its
-// whole request header. A variable for tests.
-var headerTimeout = 3 * time.Second
+// headerTimeout is the time a screened connection has at least to send
+// its whole request header; each has up to twice that, drawn at random,
+// so that connections made together (a flood) are not closed together
+// and do not all come back at once. A variable for tests.
+var headerTimeout = 10 * time.Second
 
 // maxHeaderBytes bounds a screened request header (as the server's
 // MaxHeaderBytes, with net/http's slack).
 const maxHeaderBytes = 16<<10 + 4096
 
-// maxPendingPerUID bounds the pending connections of one peer uid on a
-// Unix socket (peers of other uids only ever get a 403).
-const maxPendingPerUID = 16
+// firstPause and maxPause bound the pauses between reads of a request
+// header that comes in pieces (see screen).
+const (
+	firstPause = 200 * time.Millisecond
+	maxPause   = 4 * time.Second
+)
 
 // pendingBudget is the number of screened connections the process keeps
 // open at once, over all its endpoints: a quarter of its file descriptor
@@ -79,6 +86,7 @@ type screened struct {
 	uid   int // the Unix peer's uid (-1: unknown); 0 on TCP
 	since time.Time
 	elem  *list.Element // nil once it has left the pending list
+	gone  chan struct{} // closed when it leaves the list
 }
 
 // gate is the listener the HTTP server accepts from: connections trusted
@@ -95,12 +103,11 @@ type gate struct {
 	closeOnce sync.Once // Close
 	doneOnce  sync.Once // closing done
 	errMu     sync.Mutex
-	err       error       // why the accept loop ended
-	perUID    map[int]int // pending connections per Unix peer uid (under pending.mu)
+	err       error // why the accept loop ended
 }
 
 func newGate(s *Server, ln net.Listener) *gate {
-	g := &gate{Listener: ln, s: s, ready: make(chan net.Conn), done: make(chan struct{}), headerTimeout: headerTimeout, perUID: map[int]int{}}
+	g := &gate{Listener: ln, s: s, ready: make(chan net.Conn), done: make(chan struct{}), headerTimeout: headerTimeout}
 	g.wg.Add(1)
 	go g.loop()
 	return g
@@ -202,7 +209,7 @@ func (g *gate) admit(c net.Conn) {
 			return
 		}
 	}
-	p := &screened{c: c, g: g, uid: uid, since: time.Now()}
+	p := &screened{c: c, g: g, uid: uid, since: time.Now(), gone: make(chan struct{})}
 	pending.mu.Lock()
 	select {
 	case <-g.done: // closed while accepting
@@ -211,21 +218,11 @@ func (g *gate) admit(c net.Conn) {
 		return
 	default:
 	}
-	if g.s.network == "unix" && g.perUID[uid] >= maxPendingPerUID {
-		// That uid has its share: this one is closed at once (it would
-		// only be refused).
-		pending.mu.Unlock()
-		c.Close()
-		return
-	}
 	for pending.list.Len() >= pendingBudget && pending.list.Len() > 0 {
 		q := pending.list.Front().Value.(*screened)
 		q.g.dropLocked(q)
 	}
 	p.elem = pending.list.PushBack(p)
-	if g.s.network == "unix" {
-		g.perUID[uid]++
-	}
 	g.wg.Add(1)
 	pending.mu.Unlock()
 	go func() {
@@ -262,11 +259,7 @@ func (g *gate) leaveLocked(p *screened) bool {
 	}
 	pending.list.Remove(p.elem)
 	p.elem = nil
-	if g.s.network == "unix" {
-		if g.perUID[p.uid]--; g.perUID[p.uid] <= 0 {
-			delete(g.perUID, p.uid)
-		}
-	}
+	close(p.gone)
 	return true
 }
 
@@ -290,10 +283,33 @@ func (g *gate) handOver(c net.Conn) {
 // trust model lets the request through; it answers any other.
 func (g *gate) screen(p *screened) {
 	c := p.c
-	c.SetReadDeadline(p.since.Add(g.headerTimeout))
+	c.SetReadDeadline(p.since.Add(g.headerTimeout + rand.N(g.headerTimeout)))
 	buf := make([]byte, 0, 1024)
 	end := -1
+	// A header that does not come whole is read again after a pause, from
+	// firstPause doubling up to maxPause: a connection that sends it a
+	// byte at a time costs a wakeup per pause, not per byte.
+	var pause time.Duration
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for end < 0 {
+		if pause > 0 {
+			if timer == nil {
+				timer = time.NewTimer(pause)
+			} else {
+				timer.Reset(pause)
+			}
+			select {
+			case <-timer.C:
+			case <-p.gone: // evicted, or the gate closed
+				return
+			}
+		}
+		pause = min(max(2*pause, firstPause), maxPause)
 		if len(buf) == cap(buf) {
 			if len(buf) >= maxHeaderBytes {
 				break
