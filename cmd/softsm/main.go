@@ -13,7 +13,8 @@
 //	       [-port-timeout D] [-hoq-life D] [-vl-stall-count N]
 //	       [-max-ports-per-source N] [-max-groups-per-port N]
 //	       [-max-groups-per-source N]
-//	       [-max-memberships-per-port N] [-max-table-records N] [-v]
+//	       [-max-memberships-per-port N] [-max-table-records N]
+//	       [-key-file FILE] [-v]
 //
 // When its sockets are bound it prints one line to stdout,
 //
@@ -84,6 +85,21 @@
 // -max-ports-per-source. A port of the earlier protocol version is
 // refused with reason "version". Retries and bad cookies are counted and
 // logged with -v like the drops.
+//
+// The SM's address: ports send everything to it, so softsm never shares
+// it (no SO_REUSEADDR, no SO_REUSEPORT) and refuses to start while
+// someone else holds it, saying who (exit 1):
+//
+//	softsm: 127.0.0.1:4792 is held by uid 1001 (pid 4242 fakesm); refusing to start: address already in use
+//
+// With -key-file (or SOFTRDMA_SM_KEY_FILE) softsm proves to the ports
+// that it holds the subnet's key: its port_info and refused answers carry
+// a MAC over the nonce of the attach they answer. The file must be mode
+// 600 (no access for group or others) and owned by softsm's user or root;
+// give the ports the same file (SOFTRDMA_SM_KEY_FILE). Without a key, a
+// port on the SM's host trusts the SM when the kernel says root or the
+// port's own user owns the socket at the SM's address. See
+// docs/security-sm.md.
 package main
 
 import (
@@ -160,6 +176,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxMembershipsPerPort, "max-memberships-per-port", sm.DefaultMaxMembershipsPerPort, "most groups one port may be a member of (`n`; negative: no cap); one more join is answered 0x0100")
 	fs.IntVar(&cfg.MaxTableRecords, "max-table-records", sm.DefaultMaxTableRecords, "most records of one SA answer (`n`; negative: no cap); a query that would answer more, or examine 4 × as many candidates, is answered 0x0100")
 	fs.BoolVar(&verbose, "v", false, "log attaches, detaches, SA requests and drops to stderr")
+	keyFile := fs.String("key-file", os.Getenv(fabric.EnvKeyFile), "authenticate the SM to the ports with the key in `file` (mode 600, owned by this user or root; default $"+fabric.EnvKeyFile+")")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -182,6 +199,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if timeout > 0 {
 		cfg.SADelay = timeout
+	}
+	if *keyFile != "" {
+		if cfg.Key, err = fabric.ReadKeyFile(*keyFile); err != nil {
+			fmt.Fprintf(stderr, "softsm: %v\n", err)
+			return 2
+		}
 	}
 	cfg.SubnetPrefix = p
 	cfg.Ports = ports

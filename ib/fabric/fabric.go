@@ -11,9 +11,9 @@
 // starts with 'S' (0x53): LRH byte 0 is VL<<4 | LVer and LVer is 0.
 // Types:
 //
-//	attach     port → SM: GUID, NodeDesc; at start and every
-//	           KeepaliveInterval as keepalive; Cookie, the one of the
-//	           SM's last retry, until a port_info comes. EncodeControl pads
+//	attach     port → SM: GUID, NodeDesc, Nonce (new in each); at start
+//	           and every KeepaliveInterval as keepalive; Cookie, the one
+//	           of the SM's last retry, until a port_info comes. EncodeControl pads
 //	           an attach with trailing spaces (which JSON ignores) to
 //	           AttachLen bytes, so that no answer of the SM is larger
 //	           than the attach it answers
@@ -22,16 +22,18 @@
 //	           Cookie, which the port sends back in an attach at once
 //	port_info  SM → port, the answer to every attach it accepts: LID, SMLID,
 //	           SubnetPrefix, PKeys [0xffff], Epoch (random per SM start),
-//	           MTU 4 (2048), Rate 3 (10 Gb/s), State "active", and
+//	           MTU 4 (2048), Rate 3 (10 Gb/s), State "active",
 //	           ClientReregister when the SM registered the port anew
-//	           (first attach, or after it forgot the port)
+//	           (first attach, or after it forgot the port), Session and
+//	           SMGUID, and MAC when the SM has a key (auth.go)
 //	refused    SM → port, the answer to an attach the SM refuses: GUID
 //	           (the attach's) and Reason: ReasonGUIDInUse when the GUID
 //	           is registered at another live address, ReasonNoLID when
 //	           no LID is free, ReasonSourceLimit when the source IP
 //	           address has as many ports attached as the SM allows one,
 //	           ReasonVersion (in the attach's own version) when the attach
-//	           speaks another protocol version
+//	           speaks another protocol version; MAC when the SM has a
+//	           key
 //	detach     port → SM when the port closes
 //
 // Address validation (issue 24, item 8). A UDP source address can be
@@ -105,7 +107,7 @@ const magicPrefix = "SRSM"
 const (
 	// AttachLen is the length EncodeControl pads an attach to: no answer
 	// of the SM (retry, port_info, refused) is longer.
-	AttachLen = 256
+	AttachLen = 384
 	// CookieLen is the length of the SM's cookies; MaxCookieLen the
 	// longest cookie a port takes.
 	CookieLen    = 16
@@ -195,6 +197,21 @@ type Control struct {
 	// Cookie (retry, and attach after a retry) proves that the port
 	// receives at its address (see the package comment).
 	Cookie []byte `json:"cookie,omitempty"`
+	// Nonce (attach) is the port's challenge, NonceLen random bytes new
+	// in every attach: a keyed SM's answer carries a MAC over it (see
+	// auth.go).
+	Nonce []byte `json:"nonce,omitempty"`
+	// Session (port_info) is the SM's token for the port: SessionLen
+	// bytes that one SM instance gives one port registration and that
+	// nobody else sees. A port that authenticated its SM once takes the
+	// SM's later port_infos by it; another token means another SM (see
+	// auth.go).
+	Session []byte `json:"session,omitempty"`
+	// SMGUID (port_info) is the SM port's GUID.
+	SMGUID uint64 `json:"sm_guid,omitempty"`
+	// MAC (port_info and refused of a keyed SM) authenticates the
+	// message: ControlMAC over the nonce of the attach it answers.
+	MAC []byte `json:"mac,omitempty"`
 }
 
 // ErrNotControl reports a datagram without the Magic prefix.

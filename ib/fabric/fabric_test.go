@@ -97,8 +97,9 @@ func TestAnswersFitAttach(t *testing.T) {
 	answers := []*Control{
 		{Type: TypeRetry, GUID: maxU64, Cookie: make([]byte, CookieLen)},
 		{Type: TypePortInfo, GUID: maxU64, LID: 0xBFFF, SMLID: 0xBFFF, SubnetPrefix: maxU64, PKeys: []uint16{0xffff},
-			Epoch: maxU64, MTU: 5, Rate: 255, State: StateActive, ClientReregister: true, Credits: MaxWindow},
-		{Type: TypeRefused, GUID: maxU64, Reason: ReasonSourceLimit},
+			Epoch: maxU64, MTU: 5, Rate: 255, State: StateActive, ClientReregister: true, Credits: MaxWindow,
+			Session: make([]byte, SessionLen), SMGUID: maxU64, MAC: make([]byte, MACLen)},
+		{Type: TypeRefused, GUID: maxU64, Reason: ReasonSourceLimit, MAC: make([]byte, MACLen)},
 		{Type: TypeRefused, GUID: maxU64, Reason: ReasonGUIDInUse},
 	}
 	for _, a := range answers {
@@ -109,8 +110,8 @@ func TestAnswersFitAttach(t *testing.T) {
 	if n := len(EncodeControl(&Control{Type: TypeAttach, GUID: 1})); n != AttachLen {
 		t.Errorf("short attach: %d bytes, want %d", n, AttachLen)
 	}
-	long := &Control{Type: TypeAttach, GUID: 1, NodeDesc: strings.Repeat("x", 300)}
-	if b := EncodeControl(long); len(b) <= 300 || b[len(b)-1] != '}' {
+	long := &Control{Type: TypeAttach, GUID: 1, NodeDesc: strings.Repeat("x", AttachLen)}
+	if b := EncodeControl(long); len(b) <= AttachLen || b[len(b)-1] != '}' {
 		t.Errorf("long attach: %d bytes, ends %q", len(b), b[len(b)-1])
 	}
 }

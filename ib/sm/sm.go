@@ -70,6 +70,17 @@
 // the forged address. Retries, bad cookies and the rest are logged at
 // most once a second with their counts.
 //
+// The SM's address and identity: ports send everything to the fabric
+// address, so New binds it without SO_REUSEADDR or SO_REUSEPORT (no
+// other socket may share it) and, when someone else holds it, fails
+// saying who (EADDRINUSE; owner uid, and the process where /proc shows
+// it). Every port_info carries Session, a token of this SM instance for
+// that port (an HMAC of the port's address and GUID under the SM's random
+// secret) and SMGUID; with Config.Key, every port_info and refused also
+// carries a MAC under the key over the nonce of the attach it answers.
+// Ports authenticate the SM by them (see provider/ib and ib/fabric's
+// auth.go).
+//
 // SA quotas: a port may have created Config.MaxGroupsPerPort groups that
 // still exist and be a member of Config.MaxMembershipsPerPort groups, and
 // the ports of one source IP address (the raw SA port's peers: each
@@ -137,6 +148,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -145,6 +157,7 @@ import (
 	"github.com/softrdma/softrdma/ib/sa"
 	"github.com/softrdma/softrdma/internal/sys/mmsg"
 	"github.com/softrdma/softrdma/internal/sys/rawudp"
+	"github.com/softrdma/softrdma/internal/sys/udpowner"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -311,6 +324,11 @@ type Config struct {
 	// Logf, if set, receives one line per event (attach, detach, SA
 	// request, drop reason).
 	Logf func(format string, args ...any)
+	// Key, if set, is the subnet's key (fabric.ReadKeyFile): every
+	// port_info and refused carries a MAC under it over the nonce of the
+	// attach it answers (fabric.ControlMAC), so that a port configured
+	// with the key takes answers from this SM only.
+	Key []byte
 }
 
 // PortStats are the counters and state of one port.
@@ -631,8 +649,11 @@ func New(cfg Config) (*SM, error) {
 	if err != nil {
 		return nil, err
 	}
+	// No SO_REUSEADDR nor SO_REUSEPORT: no other socket, of this user or
+	// another, may share the address (with SO_REUSEADDR on both, UDP
+	// shares a port across users).
 	if s.fabric, err = rawudp.ListenUDP("udp", s.cfg.Listen, nil); err != nil {
-		return nil, err
+		return nil, heldError(s.cfg.Listen, err)
 	}
 	s.rcvbuf = socketBuffer(s.fabric)
 	s.markAddr = markerAddr(s.FabricAddr())
@@ -642,7 +663,7 @@ func New(cfg Config) (*SM, error) {
 	if s.cfg.SAListen != "" {
 		if s.rawSA, err = listenUDP(s.cfg.SAListen); err != nil {
 			s.fabric.Close()
-			return nil, err
+			return nil, heldError(s.cfg.SAListen, err)
 		}
 	}
 	return s, nil
@@ -1091,15 +1112,16 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 		}
 		lid, rereg, win, err := s.attach(c.GUID, c.NodeDesc, from, c.Credits)
 		if err != nil {
-			s.refuse(c.GUID, from, err)
+			s.refuse(c.GUID, c.Nonce, from, err)
 			return
 		}
-		reply := fabric.EncodeControl(&fabric.Control{
+		reply := fabric.EncodeControl(s.sign(&fabric.Control{
 			Type: fabric.TypePortInfo, GUID: c.GUID, LID: lid, SMLID: fabric.SMLID,
 			SubnetPrefix: s.prefix, PKeys: []uint16{fabric.DefaultPKey}, Epoch: s.epoch,
 			MTU: fabric.PortMTU, Rate: fabric.PortRate, State: fabric.StateActive,
 			ClientReregister: rereg, Credits: win,
-		})
+			Session: s.session(from, c.GUID), SMGUID: s.cfg.SMGUID,
+		}, c.Nonce))
 		if _, err := s.fabric.WriteToUDPAddrPort(reply, from); err != nil {
 			s.logf("port_info to %v: %v", from, err)
 		}
@@ -1174,6 +1196,50 @@ func (s *SM) cookie(from netip.AddrPort, guid uint64, w int64) []byte {
 	return m.Sum(nil)[:fabric.CookieLen]
 }
 
+// sign sets c's MAC for the attach of nonce when the SM has a key (an
+// attach without a nonce gets no MAC: its port cannot check one).
+func (s *SM) sign(c *fabric.Control, nonce []byte) *fabric.Control {
+	if len(s.cfg.Key) > 0 && len(nonce) > 0 && len(nonce) <= 2*fabric.NonceLen {
+		c.MAC = fabric.ControlMAC(s.cfg.Key, nonce, c)
+	}
+	return c
+}
+
+// session is the Session token of the port of guid at from: an HMAC of
+// them under the SM's secret (random per SM start), so that it is the
+// same in every port_info of this SM to that port and nobody but the SM
+// and the port knows it.
+func (s *SM) session(from netip.AddrPort, guid uint64) []byte {
+	var b [7 + 16 + 2 + 8]byte
+	copy(b[:7], "session")
+	a := from.Addr().Unmap().As16()
+	copy(b[7:23], a[:])
+	binary.BigEndian.PutUint16(b[23:], from.Port())
+	binary.BigEndian.PutUint64(b[25:], guid)
+	m := hmac.New(sha256.New, s.secret[:])
+	m.Write(b[:])
+	return m.Sum(nil)[:fabric.SessionLen]
+}
+
+// heldError explains a failed bind of the fabric address: when another
+// socket holds it (EADDRINUSE), who holds it (owner uid, and the process
+// where /proc shows it), so that the SM refuses to start saying who took
+// its address.
+func heldError(listen string, err error) error {
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return err
+	}
+	ap, perr := netip.ParseAddrPort(listen)
+	if perr != nil {
+		return err
+	}
+	who := udpowner.Describe(ap)
+	if who == "" {
+		who = "a socket /proc does not show"
+	}
+	return fmt.Errorf("%v is held by %s; refusing to start: %w", ap, who, syscall.EADDRINUSE)
+}
+
 // otherVersion answers an attach of another protocol version with a
 // refused (fabric.ReasonVersion) in that version, when the refusal is no
 // longer than the attach; anything else of another version is dropped.
@@ -1207,7 +1273,7 @@ var ErrSourceLimit = errors.New("sm: the source address has the most ports it ma
 
 // refuse answers a refused attach with a "refused" control message, so
 // that the port fails at once instead of waiting for a port_info.
-func (s *SM) refuse(guid uint64, to netip.AddrPort, err error) {
+func (s *SM) refuse(guid uint64, nonce []byte, to netip.AddrPort, err error) {
 	reason := fabric.ReasonGUIDInUse
 	switch {
 	case errors.Is(err, ErrNoLID):
@@ -1215,7 +1281,7 @@ func (s *SM) refuse(guid uint64, to netip.AddrPort, err error) {
 	case errors.Is(err, ErrSourceLimit):
 		reason = fabric.ReasonSourceLimit
 	}
-	b := fabric.EncodeControl(&fabric.Control{Type: fabric.TypeRefused, GUID: guid, Reason: reason})
+	b := fabric.EncodeControl(s.sign(&fabric.Control{Type: fabric.TypeRefused, GUID: guid, Reason: reason}, nonce))
 	if _, err := s.fabric.WriteToUDPAddrPort(b, to); err != nil {
 		s.logf("refused to %v: %v", to, err)
 	}

@@ -58,6 +58,16 @@ type Config struct {
 	// switch (default fabric.DefaultLinkStall); then the packet is dropped,
 	// and so is every packet until credit comes (LinkStallDrops).
 	LinkStallTimeout time.Duration
+	// SMKey, if set, is the subnet's key (fabric.ReadKeyFile): the port
+	// takes the SM's answers only with its MAC over the port's nonce (see
+	// smauth.go). SMKeyFile, when SMKey is not set, names the file Open
+	// reads it from (OpenFromEnv: SOFTRDMA_SM_KEY_FILE).
+	SMKey     []byte
+	SMKeyFile string
+	// TrustSMUIDs are uids the port trusts, besides root and its own
+	// effective uid, as the owner of the socket at the SM's address when
+	// it has no key (OpenFromEnv: SOFTRDMA_SM_UID).
+	TrustSMUIDs []int
 }
 
 // PortEventKind is an asynchronous port event (enum ib_event_type subset).
@@ -152,6 +162,12 @@ type Device struct {
 	lastReq time.Time
 	rxWin   int // the port's receive window, in packets
 
+	// auth is what the port knows of its SM's identity (smauth.go; under
+	// mu); smTrusted is set while the SM at smAddr is authenticated: IB
+	// and flow control packets are taken only then.
+	auth      smAuth
+	smTrusted atomic.Bool
+
 	agents atomic.Pointer[[]madAgent] // QP1's MAD agents (RegisterMADAgent)
 	events chan PortEvent
 	done   chan struct{}
@@ -204,6 +220,13 @@ func Open(cfg Config) (*Device, error) {
 		smIP = netip.AddrFrom16(smIP.As16()) // an IPv6 socket sends to IPv4 as mapped
 	}
 	d.smDst = netip.AddrPortFrom(smIP, d.smAddr.Port())
+	if err = d.setupAuth(); err == nil {
+		err = d.preCheck()
+	}
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("ib: open: %w", err)
+	}
 	if raw, err := conn.SyscallConn(); err == nil {
 		d.gso = mmsg.GSOSupported(raw)
 	}
@@ -266,7 +289,9 @@ func (r *Registry) ForAddr(a netip.Addr) *Device {
 
 // OpenFromEnv returns the host's port for local address a on the subnet
 // named by the SOFTRDMA_SM environment variable (opening it on first use),
-// or nil when the variable is unset.
+// or nil when the variable is unset. SOFTRDMA_SM_KEY_FILE names the
+// subnet's key file and SOFTRDMA_SM_UID the uids trusted to run the SM
+// besides root and this user (Config.SMKeyFile, Config.TrustSMUIDs).
 func (r *Registry) OpenFromEnv(a netip.Addr) (*Device, error) {
 	sm := os.Getenv("SOFTRDMA_SM")
 	if sm == "" {
@@ -277,7 +302,12 @@ func (r *Registry) OpenFromEnv(a netip.Addr) (*Device, error) {
 	if d := r.ForAddr(a); d != nil {
 		return d, nil
 	}
-	return Open(Config{SM: sm, Local: a.Unmap().WithZone(""), Host: r.host})
+	uids, err := ParseUIDs(os.Getenv(fabric.EnvTrustUID))
+	if err != nil {
+		return nil, fmt.Errorf("ib: open: %w", err)
+	}
+	return Open(Config{SM: sm, Local: a.Unmap().WithZone(""), Host: r.host,
+		SMKeyFile: os.Getenv(fabric.EnvKeyFile), TrustSMUIDs: uids})
 }
 
 // addrOwner finds the port of an IPoIB address for the RDMA CM
@@ -437,6 +467,7 @@ func (d *Device) keepalive() {
 			return
 		case <-t.C:
 		}
+		d.silentCheck()
 		d.mu.Lock()
 		lost := d.active && time.Since(d.lastSeen) > 5*time.Second
 		if lost {
@@ -454,16 +485,18 @@ func (d *Device) keepalive() {
 }
 
 // sendAttach sends an attach (a keepalive when keepalive is set), with
-// the cookie of the SM's last retry until a port_info comes.
+// the cookie of the SM's last retry until a port_info comes, and a new
+// nonce (smauth.go).
 func (d *Device) sendAttach(keepalive bool) {
 	d.mu.Lock()
 	cookie := d.cookie
 	if keepalive {
 		d.retryOK = true
 	}
+	nonce := d.newNonceLocked()
 	d.mu.Unlock()
 	d.sendControl(&fabric.Control{Type: fabric.TypeAttach, GUID: d.guid, NodeDesc: "softrdma " + d.cfg.Local.String(),
-		Credits: d.rxWin, Cookie: cookie})
+		Credits: d.rxWin, Cookie: cookie, Nonce: nonce})
 }
 
 func (d *Device) sendControl(c *fabric.Control) {

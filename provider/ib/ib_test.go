@@ -22,6 +22,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(fakeSMEnv) != "" {
+		os.Exit(fakeSMChild(os.Args[1:]))
+	}
 	testenv.ClearSoftRDMA()
 	code := m.Run()
 	ib.CloseAll()

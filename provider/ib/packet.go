@@ -225,8 +225,14 @@ func (d *Device) handleBatch(r *mmsg.Reader, n int, rx *receiveScratch) {
 			d.core.Count(softverbs.UntrustedDrops, 1)
 			continue
 		}
+		isControl := fabric.IsControl(b)
+		if !isControl && !d.smTrusted.Load() {
+			// The SM at the address is not authenticated (smauth.go).
+			d.core.Count(softverbs.UntrustedDrops, 1)
+			continue
+		}
 		switch {
-		case fabric.IsControl(b):
+		case isControl:
 			if trunc {
 				d.core.Count(softverbs.ControlDrops, 1)
 				continue

@@ -1,7 +1,9 @@
 package ib
 
 import (
+	"fmt"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/softrdma/softrdma/ib/fabric"
@@ -21,6 +23,9 @@ type madAgent struct {
 // SendSA sends a MAD to the SA as a UD packet to the SM LID, QP1
 // (verbs.MADPort).
 func (d *Device) SendSA(m []byte) error {
+	if !d.smTrusted.Load() {
+		return fmt.Errorf("ib: send SA MAD: the subnet manager at %v is not authenticated: %w", d.smAddr, syscall.ENETDOWN)
+	}
 	d.mu.Lock()
 	lid, smLID := d.lid, d.smLID
 	d.mu.Unlock()
@@ -35,16 +40,30 @@ func (d *Device) SendSA(m []byte) error {
 
 // control handles a control message from the SM (receiveLoop checked the
 // source): a valid port_info, or a refused for this port before its first
-// port_info. Anything else is dropped and counted.
+// port_info, each from an SM the port authenticates (smauth.go: else
+// counted in UntrustedDrops). Anything else is dropped and counted.
 func (d *Device) control(b []byte) {
 	c, err := fabric.DecodeControl(b)
 	switch {
 	case err != nil:
 	case c.Type == fabric.TypePortInfo && d.validPortInfo(c) == nil:
+		if err := d.authenticate(c); err != nil {
+			d.core.Count(softverbs.UntrustedDrops, 1)
+			d.untrusted(err)
+			return
+		}
+		d.smTrusted.Store(true)
 		d.portInfo(c)
 		return
-	case c.Type == fabric.TypeRefused && d.refused(c):
-		return
+	case c.Type == fabric.TypeRefused && c.GUID == d.guid && d.waiting():
+		if err := d.authenticate(c); err != nil {
+			d.core.Count(softverbs.UntrustedDrops, 1)
+			d.untrusted(err)
+			return
+		}
+		if d.refused(c) {
+			return
+		}
 	case c.Type == fabric.TypeRetry && d.retry(c):
 		return
 	}

@@ -81,6 +81,14 @@ func (d *Device) retry(c *fabric.Control) bool {
 	return true
 }
 
+// waiting reports whether Open waits for the first port_info (a refused
+// is taken only then).
+func (d *Device) waiting() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.epoch == 0 && d.refusal == nil
+}
+
 // refused takes the SM's refusal of the port's attach: it must name the
 // port's GUID and come before the port's first port_info. Open then fails
 // with the refusal's error. It reports whether the message was taken.

@@ -35,7 +35,7 @@ func Require(t testing.TB, format string, args ...any) {
 
 // Vars are the environment variables softrdma itself reads (a new one must
 // be added here): an inherited one changes what the tests exercise.
-var Vars = []string{"SOFTRDMA_SM", "SOFTRDMA_DEBUG_ADDR", "SOFTRDMA_LOG", "SOFTRDMA_BACKEND", "SOFTRDMA_DEBUG_DIR", "SOFTRDMA_DEBUG_TOKEN", "SOFTRDMA_LIBDIR", "SOFTRDMA_SRC"}
+var Vars = []string{"SOFTRDMA_SM", "SOFTRDMA_SM_KEY_FILE", "SOFTRDMA_SM_UID", "SOFTRDMA_DEBUG_ADDR", "SOFTRDMA_LOG", "SOFTRDMA_BACKEND", "SOFTRDMA_DEBUG_DIR", "SOFTRDMA_DEBUG_TOKEN", "SOFTRDMA_LIBDIR", "SOFTRDMA_SRC"}
 
 // EndpointDirVar is introspect's EnvDir: the only directory the
 // per-process endpoint sockets go to and are looked for in.
