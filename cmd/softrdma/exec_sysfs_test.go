@@ -109,8 +109,9 @@ func noViewLeft(t *testing.T) {
 // the GID, its netdev and type, the port state, the netdev under
 // device/net (lo's real sysfs directory) and the node GUID that
 // ibv_devinfo prints through softrdma exec. The program keeps root's
-// capabilities (no user namespace for root), and the view is not mounted
-// in the caller's namespace.
+// capabilities (no user namespace for root), infiniband-diags' ibstatus
+// and ibstat show the device from it, and the view is not mounted in the
+// caller's namespace.
 func TestExecSysfsView(t *testing.T) {
 	requireRDMACore(t, "ibv_devinfo")
 	dir := execDir(t)
@@ -134,6 +135,33 @@ func TestExecSysfsView(t *testing.T) {
 	capEff := regexp.MustCompile(`CapEff:\s+(\S+)`).FindStringSubmatch(string(own))[1]
 	if got := sysfsValues(out.String())["capeff"]; got != "CapEff:"+capEff {
 		t.Errorf("the program's capabilities: %s, the test's: %s", got, capEff)
+	}
+	// infiniband-diags' ibstatus (a script over sysfs) and ibstat
+	// (libibumad's umad_get_ca) read the view too, when installed.
+	for _, c := range []struct {
+		prog string
+		want []string
+	}{
+		{"ibstatus", []string{"Infiniband device 'rxe_lo' port 1 status:", "state:\t\t 4: ACTIVE", "link_layer:\t Ethernet",
+			"default gid:\t 0000:0000:0000:0000:0000:ffff:7f00:0001"}},
+		{"ibstat", []string{"CA 'rxe_lo'", "Node GUID: 0x" + strings.ReplaceAll(guid, ":", ""), "State: Active", "Link layer: Ethernet"}},
+	} {
+		if _, err := exec.LookPath(c.prog); err != nil {
+			t.Logf("no %s (infiniband-diags): not checked", c.prog)
+			continue
+		}
+		cmd, out := startExec(t, ctx, dir, c.prog)
+		err := cmd.Wait()
+		out.wait("\x00")
+		if err != nil {
+			t.Errorf("%s: %v\n%s", c.prog, err, out)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%s lacks %q:\n%s", c.prog, w, out)
+			}
+		}
 	}
 	noViewLeft(t)
 }

@@ -178,10 +178,6 @@ func populate(v *view, orig int, classes []os.DirEntry) error {
 // runInUserNS runs softrdma again as the view child in a new user and
 // mount namespace, waits for it and ends as it ended.
 func runInUserNS(prog string, argv, env []string, stderr io.Writer) int {
-	exe, err := os.Executable()
-	if err != nil {
-		return execWithoutView(prog, argv, env, err, stderr)
-	}
 	uid, gid := os.Getuid(), os.Getgid()
 	attr := &syscall.ProcAttr{
 		Env:   env,
@@ -201,7 +197,8 @@ func runInUserNS(prog string, argv, env []string, stderr io.Writer) int {
 	forwarded := []os.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM,
 		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGALRM, syscall.SIGWINCH, syscall.SIGCONT}
 	signal.Notify(sigs, forwarded...)
-	pid, err := syscall.ForkExec(exe, append([]string{viewChildArg0, prog}, argv...), attr)
+	// /proc/self/exe: this very binary, whatever its path names now.
+	pid, err := syscall.ForkExec("/proc/self/exe", append([]string{viewChildArg0, prog}, argv...), attr)
 	if err != nil {
 		signal.Stop(sigs)
 		return execWithoutView(prog, argv, env, fmt.Errorf("a user namespace: %w", err), stderr)
@@ -231,14 +228,14 @@ func runInUserNS(prog string, argv, env []string, stderr io.Writer) int {
 // inheritedFds returns the descriptors this process was given (those
 // without close-on-exec), each at its own number, for the child.
 func inheritedFds() []uintptr {
-	fds := []uintptr{0, 1, 2}
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
-		return fds
+		return []uintptr{0, 1, 2}
 	}
+	var fds []uintptr
 	for _, e := range ents {
 		n, err := strconv.Atoi(e.Name())
-		if err != nil || n < 3 {
+		if err != nil {
 			continue
 		}
 		fl, err := unix.FcntlInt(uintptr(n), unix.F_GETFD, 0)
