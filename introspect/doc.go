@@ -24,7 +24,14 @@
 // user's processes and root are served; on TCP a request must name the
 // endpoint in Host and carry its token (SOFTRDMA_DEBUG_TOKEN). A Client
 // checks who listens on a socket and bounds every answer. See docs/security.md
-// for the whole trust model. cmd/mckey calls FromEnv:
+// for the whole trust model. Connections that do not carry a whole,
+// trusted request cannot keep one that does waiting: the endpoint accepts
+// every connection at once, serves this user's socket peers at once, and
+// reads the request header of any other (TCP, other users) within 10 to
+// 20 s before it serves it or answers its error, keeping at most a
+// quarter of RLIMIT_NOFILE (64 to 4096) of those open in the process and
+// closing the oldest first (docs/security-endpoint.md). cmd/mckey calls
+// FromEnv:
 //
 //	SOFTRDMA_DEBUG_ADDR=unix mckey -m 239.1.2.3 -b 127.0.0.1 &
 //	softrdma devices -p $!

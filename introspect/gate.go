@@ -287,8 +287,10 @@ func (g *gate) screen(p *screened) {
 	buf := make([]byte, 0, 1024)
 	end := -1
 	// A header that does not come whole is read again after a pause, from
-	// firstPause doubling up to maxPause: a connection that sends it a
-	// byte at a time costs a wakeup per pause, not per byte.
+	// firstPause (to twice that, at random, so that connections made
+	// together are not read together) doubling up to maxPause: a
+	// connection that sends it a byte at a time costs a wakeup per pause,
+	// not per byte.
 	var pause time.Duration
 	var timer *time.Timer
 	defer func() {
@@ -309,7 +311,7 @@ func (g *gate) screen(p *screened) {
 				return
 			}
 		}
-		pause = min(max(2*pause, firstPause), maxPause)
+		pause = min(max(2*pause, firstPause+rand.N(firstPause)), maxPause)
 		if len(buf) == cap(buf) {
 			if len(buf) >= maxHeaderBytes {
 				break

@@ -1,0 +1,83 @@
+package introspect
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+// pendingOf returns the number of connections g screens now.
+func pendingOf(srv *Server) int {
+	g := srv.ln.(*limitListener).Listener.(*gate)
+	pending.mu.Lock()
+	defer pending.mu.Unlock()
+	n := 0
+	for e := pending.list.Front(); e != nil; e = e.Next() {
+		if e.Value.(*screened).g == g {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor waits up to 10 s for cond.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10 s for %s", what)
+		}
+	}
+}
+
+// closedByServer reports whether the server closed conn (a read ends
+// without data within 5 s).
+func closedByServer(conn net.Conn) bool {
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := conn.Read(make([]byte, 1))
+	return n == 0 && err != nil && !os.IsTimeout(err)
+}
+
+// TestPendingBudget: past the process's budget of connections without a
+// whole request, each new one closes the oldest, and a request with the
+// token is still answered; a connection that does not send its whole
+// request header within headerTimeout is closed.
+func TestPendingBudget(t *testing.T) {
+	oldBudget, oldTimeout := pendingBudget, headerTimeout
+	pendingBudget, headerTimeout = 8, time.Hour
+	t.Cleanup(func() { pendingBudget, headerTimeout = oldBudget, oldTimeout })
+	srv := startTCPEndpoint(t)
+	var conns []net.Conn
+	for i := range 20 {
+		conn := dialTCP(t, srv.Addr())
+		fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\n", srv.Addr())
+		conns = append(conns, conn)
+		waitFor(t, fmt.Sprintf("connection %d screened", i), func() bool { return pendingOf(srv) == min(i+1, 8) })
+	}
+	for i, conn := range conns[:12] {
+		if !closedByServer(conn) {
+			t.Errorf("connection %d of 20 (budget 8) still open", i)
+		}
+	}
+	goodRequestWithin(t, srv, time.Second, "8 connections without a whole request, at the budget")
+	// The good request took the place of the oldest of the eight.
+	if !closedByServer(conns[12]) {
+		t.Error("the oldest pending connection was not closed for the good request")
+	}
+	if n := pendingOf(srv); n != 7 {
+		t.Errorf("%d connections pending, want 7", n)
+	}
+
+	headerTimeout = 200 * time.Millisecond
+	srv = startTCPEndpoint(t)
+	slow := dialTCP(t, srv.Addr())
+	fmt.Fprintf(slow, "GET /v1/devices HTTP/1.1\r\n")
+	start := time.Now()
+	if !closedByServer(slow) {
+		t.Error("a connection without its whole request header was not closed")
+	} else if d := time.Since(start); d < headerTimeout/2 {
+		t.Errorf("closed after %v, before its %v", d, headerTimeout)
+	}
+}
