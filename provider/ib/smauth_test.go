@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/logging"
@@ -40,10 +41,15 @@ const fakeSMEnv = "SOFTRDMA_TEST_IB_FAKE_SM"
 // nobody is the uid and gid of the other user.
 const nobody = 65534
 
+// reportMarker is the datagram that asks fakeSMChild for its report: it
+// arrives after every datagram sent to the child before it.
+const reportMarker = "fake SM: report"
+
 // fakeSMChild is the impostor, as small as the one of the report: "ADDR"
 // binds UDP ADDR, prints "bound ADDR", answers every attach with a
-// port_info, and when stdin closes prints what it got: "attaches N data
-// M" (data: IB packets, SA MADs and payloads alike).
+// port_info, and when reportMarker comes prints what it got: "attaches N
+// data M" (data: IB packets, SA MADs and payloads alike). It exits when
+// stdin closes.
 func fakeSMChild(args []string) int {
 	if len(args) != 1 {
 		return 2
@@ -64,6 +70,8 @@ func fakeSMChild(args []string) int {
 			}
 			b := buf[:n]
 			switch {
+			case string(b) == reportMarker:
+				fmt.Printf("attaches %d data %d\n", attaches.Load(), data.Load())
 			case fabric.IsControl(b):
 				a, err := fabric.DecodeControl(b)
 				if err != nil || a.Type != fabric.TypeAttach {
@@ -82,7 +90,6 @@ func fakeSMChild(args []string) int {
 		}
 	}()
 	io.Copy(io.Discard, os.Stdin) // until the test is done with it
-	fmt.Printf("attaches %d data %d\n", attaches.Load(), data.Load())
 	return 0
 }
 
@@ -152,12 +159,24 @@ func startChildSM(t *testing.T, uid int, addr string) *childSM {
 	return f
 }
 
-// stop ends the fake SM and returns the attaches and data packets it got.
+// stop ends the fake SM and returns the attaches and data packets it got
+// until then: it asks for the report with a datagram, which the fake SM
+// reads after every datagram sent to it before.
 func (f *childSM) stop(t *testing.T) (attaches, data int) {
 	f.once.Do(func() {
-		f.stdin.Close()
+		defer f.cmd.Wait()
+		defer f.stdin.Close()
+		c, err := net.Dial("udp", f.addr)
+		if err != nil {
+			t.Errorf("fake SM's report: %v", err)
+			return
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte(reportMarker)); err != nil {
+			t.Errorf("fake SM's report: %v", err)
+			return
+		}
 		line, _ := f.out.ReadString('\n')
-		f.cmd.Wait()
 		if _, err := fmt.Sscanf(line, "attaches %d data %d", &f.att, &f.data); err != nil {
 			t.Errorf("fake SM's report %q: %v", line, err)
 		}
@@ -302,13 +321,17 @@ func TestSMAddressHeldByOtherUser(t *testing.T) {
 func TestSMTakenOverWhileDown(t *testing.T) {
 	requireRoot(t)
 	logs := recordLogs(t)
-	s, stop := stoppableSM(t, sm.Config{})
+	s, stop := stoppableSM(t, sm.Config{SendOnlySupport: true})
 	addr := s.FabricAddr().String()
-	d, err := ib.Open(ib.Config{SM: addr, Local: netip.MustParseAddr("127.0.7.2"), SATimeout: 50 * time.Millisecond})
+	p := openPort(t, s, "127.0.7.2")
+	d := p.dev
+	mgid, _ := verbs.ParseGID("ff12:4001:ffff::7:2")
+	_, rec := p.join(t, mgid, mad.JoinFullMember)
+	ah, err := p.pd.CreateAH(&verbs.AHAttr{IsGlobal: true, PortNum: 1, DLID: rec.MLID, GRH: verbs.GlobalRoute{DGID: mgid, HopLimit: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
+	defer ah.Destroy()
 	evs := watchKinds(d)
 	stop()
 	f := startChildSM(t, nobody, addr)
@@ -325,6 +348,19 @@ func TestSMTakenOverWhileDown(t *testing.T) {
 	for deadline := time.Now().Add(15 * time.Second); d.Counters().Get(softverbs.UntrustedDrops) == 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("untrusted_drops 0: the fake port_infos were not counted")
+		}
+	}
+	// A multicast payload: refused or lost, never sent to the fake SM.
+	wr := verbs.SendWR{Opcode: verbs.WRSend, SGList: []verbs.SGE{p.mr.SGE(0, 32)}, Flags: verbs.SendSignaled,
+		UD: verbs.UDWR{AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: 0x01234567}}
+	if err := p.qp.PostSend(&wr); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var wc [8]verbs.WC
+		for n := 0; n == 0; n, _ = p.cq.Poll(wc[:]) {
+			if err := p.cq.Wait(ctx); err != nil {
+				t.Fatalf("no completion of the send: %v", err)
+			}
 		}
 	}
 	if _, data := f.stop(t); data != 0 {
