@@ -152,23 +152,47 @@ func populate(v *view, orig int, classes []os.DirEntry) error {
 			return fmt.Errorf("binding %s/%s: %w", sysfsClass, c.Name(), err)
 		}
 	}
+	if err := populateFiles(v); err != nil {
+		return err
+	}
+	return remountRO()
+}
+
+// populateFiles writes v's files and links under sysfsClass. A file whose
+// content an earlier one has is a hard link to it: the GID tables are
+// mostly empty entries (1024 per port), and a start with tens of
+// interfaces stays fast.
+func populateFiles(v *view) error {
+	dirs := map[string]bool{}
+	first := map[string]string{} // content -> the file that has it
 	for _, f := range v.files {
 		p := filepath.Join(sysfsClass, f.path)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
+		if d := filepath.Dir(p); !dirs[d] {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return err
+			}
+			dirs[d] = true
 		}
 		var err error
-		if f.link != "" {
+		switch same, ok := first[f.data]; {
+		case f.link != "":
 			err = os.Symlink(f.link, p)
-		} else {
+		case ok:
+			err = os.Link(same, p)
+		default:
 			err = os.WriteFile(p, []byte(f.data), 0o444)
+			first[f.data] = p
 		}
 		if err != nil {
 			return err
 		}
 	}
-	// Read-only, as sysfs is to a user (the tmpfs only: the binds keep
-	// their own flags).
+	return nil
+}
+
+// remountRO makes the tmpfs on sysfsClass read-only, as sysfs is to a
+// user (the tmpfs only: the binds keep their own flags).
+func remountRO() error {
 	if err := unix.Mount("none", sysfsClass, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("remounting %s read-only: %w", sysfsClass, err)
 	}
