@@ -28,15 +28,26 @@ var Known = map[string]string{
 	"SOFTRDMA_DEBUG_TOKEN": "the TCP endpoint's token",
 	"SOFTRDMA_LIBDIR":      "softrdma exec: the libraries' directory",
 	"SOFTRDMA_SRC":         "softrdma exec: the source to build the libraries from",
-	"SOFTRDMA_ARTIFACTS":   "where tests and benchmarks leave captures and logs",
+	"SOFTRDMA_NO_SYSFS":    "softrdma exec: 1 runs the program without the sysfs view",
 }
 
 // internal are the prefixes of variables that softrdma's own tests,
-// benchmarks and helper processes pass among themselves.
+// benchmarks and helper processes pass among themselves (and
+// SOFTRDMA_ARTIFACTS, where they leave captures and logs).
 var internal = []string{
 	"SOFTRDMA_TEST_", "SOFTRDMA_BENCH_", "SOFTRDMA_LAT_", "SOFTRDMA_INTEROP_",
 	"SOFTRDMA_CONFORMANCE_", "SOFTRDMA_RDMACORE_", "SOFTRDMA_INTROSPECT_",
-	"SOFTRDMA_CAPI_",
+	"SOFTRDMA_CAPI_", "SOFTRDMA_ARTIFACTS",
+}
+
+// Names returns the variables of Known, sorted.
+func Names() []string {
+	out := make([]string, 0, len(Known))
+	for k := range Known {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // IsKnown reports whether name is a variable softrdma reads.

@@ -13,6 +13,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/softrdma/softrdma/internal/envvars"
 )
 
 // Prefix starts the name of every environment variable softrdma reads.
@@ -33,9 +35,10 @@ func Require(t testing.TB, format string, args ...any) {
 	t.Skip(msg)
 }
 
-// Vars are the environment variables softrdma itself reads (a new one must
-// be added here): an inherited one changes what the tests exercise.
-var Vars = []string{"SOFTRDMA_SM", "SOFTRDMA_SM_KEY_FILE", "SOFTRDMA_SM_UID", "SOFTRDMA_DEBUG_ADDR", "SOFTRDMA_LOG", "SOFTRDMA_BACKEND", "SOFTRDMA_DEBUG_DIR", "SOFTRDMA_DEBUG_TOKEN", "SOFTRDMA_LIBDIR", "SOFTRDMA_SRC"}
+// Vars are the environment variables softrdma itself reads (envvars.Known,
+// where a new one is added): an inherited one changes what the tests
+// exercise.
+var Vars = envvars.Names()
 
 // EndpointDirVar is introspect's EnvDir: the only directory the
 // per-process endpoint sockets go to and are looked for in.
