@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/softrdma/softrdma/internal/harness/testenv"
 )
 
 // pendingOf returns the number of connections g screens now.
@@ -79,5 +82,61 @@ func TestPendingBudget(t *testing.T) {
 		t.Error("a connection without its whole request header was not closed")
 	} else if d := time.Since(start); d < headerTimeout/2 {
 		t.Errorf("closed after %v, before its %v", d, headerTimeout)
+	}
+}
+
+// openFDs returns the number of descriptors this process has open.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		testenv.Require(t, "no /proc/self/fd: %v", err)
+	}
+	return len(ents) - 1 // the directory being read
+}
+
+// TestOutOfDescriptors: when the process has no descriptor left for the
+// next connection (EMFILE), the endpoint closes its oldest connection
+// without a whole request and accepts it: a request with the token is
+// answered.
+func TestOutOfDescriptors(t *testing.T) {
+	oldTimeout := headerTimeout
+	headerTimeout = time.Hour
+	t.Cleanup(func() { headerTimeout = oldTimeout })
+	srv := startTCPEndpoint(t)
+	const k = 5
+	var conns []net.Conn
+	for i := range k {
+		conn := dialTCP(t, srv.Addr())
+		fmt.Fprintf(conn, "GET /v1/devices HTTP/1.1\r\nHost: %s\r\n", srv.Addr())
+		conns = append(conns, conn)
+		waitFor(t, fmt.Sprintf("connection %d screened", i), func() bool { return pendingOf(srv) == i+1 })
+	}
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	// One descriptor left: the good request's own socket takes it, and
+	// the endpoint finds none for accepting it.
+	lim := old
+	lim.Cur = uint64(openFDs(t) + 1)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old)
+		}
+	}
+	t.Cleanup(restore)
+	goodRequestWithin(t, srv, 5*time.Second, "no descriptor left")
+	restore()
+	if !closedByServer(conns[0]) {
+		t.Error("the oldest connection without a whole request was not closed for the good request")
+	}
+	if n := pendingOf(srv); n != k-1 {
+		t.Errorf("%d connections pending, want the %d newest", n, k-1)
 	}
 }
