@@ -311,12 +311,11 @@ func (g *gate) screen(p *screened) {
 				return
 			}
 		}
-		pause = min(max(2*pause, firstPause+rand.N(firstPause)), maxPause)
 		if len(buf) == cap(buf) {
 			if len(buf) >= maxHeaderBytes {
 				break
 			}
-			buf = append(buf, make([]byte, min(2*cap(buf), maxHeaderBytes)-len(buf))...)[:len(buf)]
+			buf = append(make([]byte, 0, min(2*cap(buf), maxHeaderBytes)), buf...)
 		}
 		n, err := c.Read(buf[len(buf):cap(buf)])
 		from := max(len(buf)-3, 0)
@@ -327,6 +326,11 @@ func (g *gate) screen(p *screened) {
 				c.Close()
 			}
 			return
+		}
+		if len(buf) < cap(buf) { // all there was: wait for more
+			pause = min(max(2*pause, firstPause+rand.N(firstPause)), maxPause)
+		} else {
+			pause = 0 // maybe more: read again at once
 		}
 	}
 	if !g.leave(p) {

@@ -1,9 +1,14 @@
 package introspect
 
 import (
+	"bufio"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -138,5 +143,54 @@ func TestOutOfDescriptors(t *testing.T) {
 	}
 	if n := pendingOf(srv); n != k-1 {
 		t.Errorf("%d connections pending, want the %d newest", n, k-1)
+	}
+}
+
+// TestScreenedRefusals: the endpoint answers a TCP request it does not
+// pass on — malformed, a header past the limit, no token (HEAD too) —
+// itself, with a JSON error (none for HEAD), Connection: close, and then
+// closes the connection; with the token the same connection would have
+// been served.
+func TestScreenedRefusals(t *testing.T) {
+	srv := startTCPEndpoint(t)
+	addr := srv.Addr()
+	for _, tc := range []struct {
+		name, raw string
+		code      int
+	}{
+		{"malformed", "GARBAGE\r\n\r\n", http.StatusBadRequest},
+		{"header too large", "GET /v1/devices HTTP/1.1\r\nHost: " + addr + "\r\nX-Big: " + strings.Repeat("a", maxHeaderBytes) + "\r\n\r\n", http.StatusRequestHeaderFieldsTooLarge},
+		{"no token", "GET /v1/devices HTTP/1.1\r\nHost: " + addr + "\r\n\r\n", http.StatusUnauthorized},
+		{"HEAD without token", "HEAD /v1/devices HTTP/1.1\r\nHost: " + addr + "\r\n\r\n", http.StatusUnauthorized},
+		{"another Host", "GET /v1/devices HTTP/1.1\r\nHost: evil.example\r\nAuthorization: Bearer " + srv.Token() + "\r\n\r\n", http.StatusForbidden},
+	} {
+		conn := dialTCP(t, addr)
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(conn, tc.raw)
+		br := bufio.NewReader(conn)
+		req := &http.Request{Method: strings.Fields(tc.raw)[0]}
+		resp, err := http.ReadResponse(br, req)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var e errorBody
+		switch {
+		case resp.StatusCode != tc.code:
+			t.Errorf("%s: status %d, want %d", tc.name, resp.StatusCode, tc.code)
+		case !resp.Close:
+			t.Errorf("%s: no Connection: close", tc.name)
+		case req.Method == http.MethodHead && len(body) != 0:
+			t.Errorf("%s: a body %q", tc.name, body)
+		case req.Method != http.MethodHead && (json.Unmarshal(body, &e) != nil || e.Error == ""):
+			t.Errorf("%s: body %q, want a JSON error", tc.name, body)
+		case tc.code == http.StatusUnauthorized && resp.Header.Get("WWW-Authenticate") == "":
+			t.Errorf("%s: no WWW-Authenticate", tc.name)
+		}
+		if n, err := br.Read(make([]byte, 1)); n != 0 || err == nil || os.IsTimeout(err) {
+			t.Errorf("%s: connection not closed after the answer: %d %v", tc.name, n, err)
+		}
 	}
 }
