@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/internal/harness/testenv"
 )
@@ -31,6 +34,7 @@ echo "netdevs=$(ls $d/device/net/)"
 echo "netdev_addr=$(cat $d/device/net/lo/address)"
 echo "ibdev=$(cat /sys/class/infiniband_verbs/uverbs0/ibdev)"
 echo "capeff=$(grep CapEff /proc/self/status | tr -d '\t')"
+echo "pid=$$"
 `
 
 // sysfsValues parses sysfsScript's output.
@@ -108,8 +112,8 @@ func noViewLeft(t *testing.T) {
 // reads /sys/class/infiniband/rxe_lo and /sys/class/infiniband_verbs:
 // the GID, its netdev and type, the port state, the netdev under
 // device/net (lo's real sysfs directory) and the node GUID that
-// ibv_devinfo prints through softrdma exec. The program keeps root's
-// capabilities (no user namespace for root), infiniband-diags' ibstatus
+// ibv_devinfo prints through softrdma exec. The program takes softrdma
+// exec's place (same PID) and keeps root's capabilities (no user namespace for root), infiniband-diags' ibstatus
 // and ibstat show the device from it, and the view is not mounted in the
 // caller's namespace.
 func TestExecSysfsView(t *testing.T) {
@@ -128,6 +132,9 @@ func TestExecSysfsView(t *testing.T) {
 		t.Fatalf("sh: %v\n%s", err, out)
 	}
 	checkSysfsView(t, out.String(), guid)
+	if got := sysfsValues(out.String())["pid"]; got != fmt.Sprint(cmd.Process.Pid) {
+		t.Errorf("the program's PID is %s, softrdma exec's %d: not exec'd in its place", got, cmd.Process.Pid)
+	}
 	own, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		t.Fatal(err)
@@ -330,5 +337,82 @@ func TestExecSysfsFallback(t *testing.T) {
 				t.Errorf("more than the program's output:\n%s", out)
 			}
 		})
+	}
+}
+
+// openPty returns a new pseudo-terminal's master and slave.
+func openPty(t *testing.T) (master, slave *os.File) {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		testenv.Require(t, "no pseudo-terminal: %v", err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetUint32(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, s
+}
+
+// TestExecSysfsViewTerminal: softrdma exec waiting for a program of
+// another user's (TestExecSysfsViewUnprivileged) in the foreground of a
+// terminal does not pass on the ^C the program gets from the terminal
+// itself: the program (testdata/sigcount.c) counts one SIGINT. SIGUSR1
+// sent to softrdma exec afterwards is passed on after any SIGINT it
+// passed on before, and ends the program with the count.
+func TestExecSysfsViewTerminal(t *testing.T) {
+	requireRDMACore(t)
+	if os.Geteuid() != 0 {
+		testenv.Require(t, "needs root to run a program as uid 65534")
+	}
+	dir := execDirForNobody(t)
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	master, slave := openPty(t)
+	prog := buildCTest(t, dir, "sigcount")
+	argv := []string{filepath.Join(dir, "softrdma"), "exec", "-libdir", filepath.Join(dir, "lib"), "--", prog}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = testenv.CleanEnv("HOME=/nonexistent")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0,
+		Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	out := newLineWaiter(master)
+	if !out.wait("ready") {
+		cmd.Wait()
+		t.Fatalf("the program did not start:\n%s", out)
+	}
+	if _, err := master.Write([]byte{3}); err != nil { // ^C
+		t.Fatal(err)
+	}
+	if !out.wait("int") {
+		cmd.Wait()
+		t.Fatalf("^C did not reach the program:\n%s", out)
+	}
+	if err := cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	if !out.wait("total=") {
+		t.Fatalf("SIGUSR1 did not reach the program:\n%s", out)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("softrdma exec: %v\n%s", err, out)
+	}
+	if !strings.Contains(out.String(), "total=1") {
+		t.Errorf("the program got SIGINT more than once for the terminal's ^C:\n%s", out)
 	}
 }

@@ -241,12 +241,33 @@ func runInUserNS(prog string, argv, env []string, stderr io.Writer) int {
 	for {
 		select {
 		case s := <-sigs:
+			if fromTerminal(s) {
+				continue // the program, in the same group, has it too
+			}
 			syscall.Kill(pid, s.(syscall.Signal))
 		case ws := <-done:
 			signal.Stop(sigs)
 			return mirrorExit(ws)
 		}
 	}
+}
+
+// fromTerminal reports whether s is a signal the terminal sends its
+// foreground process group (^C, ^\, a resize) and this process is in that
+// group: the program, in the same group, got it from the terminal too,
+// and is not sent it twice. (A kill of softrdma exec alone with one of
+// these, while it is in the foreground, is then not passed on.)
+func fromTerminal(s os.Signal) bool {
+	if s != syscall.SIGINT && s != syscall.SIGQUIT && s != syscall.SIGWINCH {
+		return false
+	}
+	tty, err := unix.Open("/dev/tty", unix.O_RDONLY|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false // no controlling terminal
+	}
+	defer unix.Close(tty)
+	fg, err := unix.IoctlGetInt(tty, unix.TIOCGPGRP)
+	return err == nil && fg == unix.Getpgrp()
 }
 
 // inheritedFds returns the descriptors this process was given (those
