@@ -52,7 +52,9 @@ func SetLogger(l *slog.Logger) { current.Store(l) }
 
 // isDrop reports whether a counter's increase is reported: the drops
 // (counters with a reason) and the refused sends.
-func isDrop(c verbs.CounterDesc) bool { return c.Reason != "" || c.Name == verbs.CounterSendErrors.Name }
+func isDrop(c verbs.CounterDesc) bool {
+	return c.Reason != "" || c.Name == verbs.CounterSendErrors.Name
+}
 
 var state struct {
 	sync.Mutex

@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/logging"
 	_ "github.com/softrdma/softrdma/provider/all"
 	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/test/testenv"
 	"github.com/softrdma/softrdma/verbs"
 	"go.uber.org/goleak"
 )

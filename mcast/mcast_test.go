@@ -22,11 +22,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/softrdma/softrdma/ib/sm"
-	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/mcast"
 	_ "github.com/softrdma/softrdma/provider/all"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/provider/rxe"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 func TestMain(m *testing.M) {

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/nettest"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // TestREADMEQuickStart runs README's Go quick start as written: the first

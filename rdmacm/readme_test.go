@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // TestREADMEQuickStart: README's librdmacm quick start is Example's body,

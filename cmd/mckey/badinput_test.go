@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // closedUDPPort returns a loopback UDP address nothing listens on.

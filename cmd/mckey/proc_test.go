@@ -23,7 +23,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // Paths of the binaries TestMain builds.
@@ -61,7 +61,7 @@ func testMain(m *testing.M) int {
 	if raceEnabled {
 		args = append(args, "-race") // a race in a child then fails its test (exit status 66)
 	}
-	args = append(args, ".", "../../internal/harness/testcmd/mcpeer")
+	args = append(args, ".", "../../test/testcmd/mcpeer")
 	out, err := exec.Command("go", args...).CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "mckey test: go %s: %v\n%s", strings.Join(args, " "), err, out)

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/bench"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/bench"
 )
 
 // rxCommand is the hidden subcommand of a fan-out receiver process: bench

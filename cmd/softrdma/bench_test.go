@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // TestBenchQuick builds the binary and runs `softrdma bench -quick -json`

@@ -5,7 +5,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/softrdma/softrdma/internal/harness/bench"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/bench"
 )
 
 // rmCommand is the hidden subcommand of the reliable part's "softrdma"

@@ -20,7 +20,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/bench"
+	"github.com/softrdma/softrdma/cmd/softrdma/internal/bench"
 )
 
 //go:embed testdata/capibench.c

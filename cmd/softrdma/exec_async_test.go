@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // TestExecAsyncEvents compiles testdata/async.c and runs it through

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // TestExecBlocking runs testdata/blocking.c through softrdma exec: on

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // TestExecFork runs testdata/fork.c through softrdma exec on rxe_lo: a child of fork() that calls on the objects it

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/ib/sm"
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // startSM runs softsm's subnet manager, SA and switch in the test's

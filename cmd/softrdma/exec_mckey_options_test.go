@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // mckeyPair is one run of Debian's mckey as receiver and sender through

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // requirePerftest skips (fails under CI) without Debian's perftest.

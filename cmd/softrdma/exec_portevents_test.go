@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // TestExecPortEvents compiles testdata/portevents.c and runs it through

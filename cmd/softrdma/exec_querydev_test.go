@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // TestExecQueryDeviceEx runs testdata/querydevex.c through softrdma exec

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // TestExecWarnsGoShadow: the Go mckey (cmd/mckey, as go install puts it

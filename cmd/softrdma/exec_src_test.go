@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/softrdma/softrdma/internal/capibuild"
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // otherUID owns the trees "another user" wrote (nobody).

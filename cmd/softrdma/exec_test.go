@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/internal/capibuild"
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // execDirVar carries the directory of the softrdma binary and libraries

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // runStress runs testdata/stress (prog) through softrdma exec with the

@@ -33,9 +33,9 @@ import (
 	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/introspect"
 	"github.com/softrdma/softrdma/provider/rxe"
+	"github.com/softrdma/softrdma/test/testenv"
 	"github.com/softrdma/softrdma/wire"
 )
 

@@ -15,7 +15,8 @@ package main
 // that maps the user's own uid and gid (PROGRAM still runs as the user,
 // with no capability) and a new mount namespace; that child mounts and
 // execs PROGRAM, and softrdma exec waits for it, forwards the signals it
-// gets and ends as PROGRAM ended (its status, or its signal). When
+// gets (not those its terminal sent PROGRAM too) and ends as PROGRAM
+// ended (its status, or its signal). When
 // neither works, PROGRAM runs without the view and one line on stderr
 // says so. docs/c-programs.md, "The sysfs view", argues the design.
 
@@ -48,8 +49,8 @@ const envNoSysfs = "SOFTRDMA_NO_SYSFS"
 // namespace to mount the view and exec PROGRAM (see init below).
 const viewChildArg0 = "softrdma-sysfs-view"
 
-// sysfsClass is where the view is mounted; a variable for tests.
-var sysfsClass = "/sys/class"
+// sysfsClass is where the view is mounted.
+const sysfsClass = "/sys/class"
 
 // noSysfsFlag defines -no-sysfs on the exec command's flags.
 func noSysfsFlag(fs *flag.FlagSet) *bool {
@@ -304,8 +305,10 @@ func mirrorExit(ws syscall.WaitStatus) int {
 	}
 	sig := ws.Signal()
 	unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{})
-	// Past the Go runtime's handler: the signal's default action.
-	var dfl struct{ handler, flags, restorer, mask uint64 }
+	// Past the Go runtime's handler: the signal's default action (an
+	// all-zero struct sigaction is SIG_DFL with no flags, on every
+	// architecture's layout).
+	var dfl [32]uint64
 	unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), uintptr(unsafe.Pointer(&dfl)), 0, 8, 0, 0)
 	var set unix.Sigset_t
 	set.Val[0] = 1 << (uint(sig) - 1)

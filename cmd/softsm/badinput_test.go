@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/ib/mad"
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // TestBadInvocationsProcess runs the softsm binary with each mistake: it

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/ib/fabric"
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // nobody is the other user's uid and gid.

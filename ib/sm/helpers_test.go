@@ -12,7 +12,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 	"github.com/softrdma/softrdma/wire"
 	"go.uber.org/goleak"
 )

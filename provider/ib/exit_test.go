@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 const exitChildEnv = "IBTEST_EXIT_CHILD" // not SOFTRDMA_: TestMains clear those

@@ -13,8 +13,8 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 	"golang.org/x/sys/unix"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/provider/softverbs"
+	"github.com/softrdma/softrdma/test/testenv"
 	"github.com/softrdma/softrdma/wire"
 )
 

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
 	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/test/nettest"
 	"github.com/softrdma/softrdma/verbs"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/test/nettest"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )

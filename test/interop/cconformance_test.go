@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
 	"github.com/softrdma/softrdma/test/cconformance"
+	"github.com/softrdma/softrdma/test/nettest"
 )
 
 // C programs on both sides: on the host through `softrdma exec` and

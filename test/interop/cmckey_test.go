@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/test/nettest"
 )
 
 // cmckey starts Debian's mckey (rdmacm-utils, the same build as the

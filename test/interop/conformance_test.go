@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/test/nettest"
 )
 
 // TestKernelConformance runs the conformance suite (test/conformance) in

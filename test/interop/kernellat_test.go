@@ -7,11 +7,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/test/nettest"
 )
 
 // TestKernelLatency runs the latency part's multicast ping-pong
-// (internal/harness/bench's TestLatencyPeer, built without the race detector)
+// (cmd/softrdma/internal/bench's TestLatencyPeer, built without the race detector)
 // through the rdma-core backend on the kernel's rxe — ping in g1, pong in
 // g2 — against the C path between the same guests: the same ping-pong in C
 // on librdmacm (mcpingpong/mcpingpong.c), and rdma-core's ib_send_lat -c
@@ -28,7 +28,7 @@ func TestKernelLatency(t *testing.T) {
 	note := report(t)
 	g1, g2 := l.guests[0], l.guests[1]
 	const n = 2000
-	bin := buildGoTestRace(t, "./internal/harness/bench", false)
+	bin := buildGoTestRace(t, "./cmd/softrdma/internal/bench", false)
 	ping, pong := g1.install(t, bin), g2.install(t, bin)
 	peer := func(role, wait, bind, in, out string, extra ...string) string {
 		env := []string{"SOFTRDMA_LAT_PEER=" + role, "SOFTRDMA_LAT_WAIT=" + wait, "SOFTRDMA_LAT_BIND=" + bind,

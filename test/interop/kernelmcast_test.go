@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/test/nettest"
 )
 
 // Package mcast (reliable multicast) on the kernel's rxe: the mcastpeer

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/test/nettest"
 )
 
 // Our mckey built with the rdmacore tag runs in a guest on the kernel's

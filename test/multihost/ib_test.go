@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/ib/fabric"
-	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/test/nettest"
 	"github.com/softrdma/softrdma/wire"
 )
 

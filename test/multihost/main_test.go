@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/nettest"
+	"github.com/softrdma/softrdma/test/testenv"
 	"go.uber.org/goleak"
 )
 

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/test/nettest"
 )
 
 // procMaxRun is how long a process of a test may run at the most.

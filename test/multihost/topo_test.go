@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/net/ipv4"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/test/nettest"
 )
 
 // Subnet of the three hosts; it exists only inside the test's namespaces.

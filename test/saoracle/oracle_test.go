@@ -14,7 +14,7 @@ import (
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/sm"
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 	"github.com/softrdma/softrdma/wire"
 )
 

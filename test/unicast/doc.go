@@ -3,7 +3,7 @@
 // so a unicast reply reaches whichever process the kernel picks, and
 // provider/rxe forwards it to the process that owns the destination QPN.
 //
-// Every process is internal/harness/testcmd/mcreply, an RDMA CM full member that
+// Every process is test/testcmd/mcreply, an RDMA CM full member that
 // multicasts requests and answers each request it receives with a unicast
 // UD send whose address handle comes from the receive completion. The
 // processes run in network namespaces the tests create (root is needed;

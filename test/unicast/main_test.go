@@ -10,8 +10,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/nettest"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // nsTag starts the name of every namespace of this package: sru-<pid>-….
@@ -52,7 +52,7 @@ func testMain(m *testing.M) int {
 		}
 		defer os.RemoveAll(dir)
 		mcreplyBin = filepath.Join(dir, "mcreply")
-		cmd := exec.Command(nettest.GoTool(), "build", "-o", mcreplyBin, "github.com/softrdma/softrdma/internal/harness/testcmd/mcreply")
+		cmd := exec.Command(nettest.GoTool(), "build", "-o", mcreplyBin, "github.com/softrdma/softrdma/test/testcmd/mcreply")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "unicast: building mcreply: %v\n%s", err, out)
 			return 1

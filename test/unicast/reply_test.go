@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/nettest"
+	"github.com/softrdma/softrdma/test/nettest"
 	"github.com/softrdma/softrdma/wire"
 )
 

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
 	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/test/testenv"
 	"golang.org/x/sys/unix"
 )
 

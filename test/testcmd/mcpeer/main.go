@@ -59,7 +59,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testcmd/peerutil"
+	"github.com/softrdma/softrdma/test/testcmd/peerutil"
 
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"

@@ -2,7 +2,7 @@
  * rmsg.h: the message format, command line and output shared by the
  * reliable-multicast bench's peers (udp.c, pgm.c, and norm.cpp, C++
  * because libnorm's normApi.h is). The Go side of
- * the same format is internal/harness/bench/rmsg.go; keep the two in step.
+ * the same format is cmd/softrdma/internal/bench/rmsg.go; keep the two in step.
  *
  * A message of -size bytes (at least 16) starts with its sequence number
  * (uint64 little-endian, 0..count-1) and the time the sender handed it to

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // TestReliableQuick runs a tiny reliable part — 1 receiver, 1 KiB, loss 0

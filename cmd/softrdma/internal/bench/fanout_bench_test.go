@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testenv"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // BenchmarkFanout runs fan-out cases of softrdma bench as Go benchmarks, so
@@ -19,7 +19,7 @@ import (
 // delivered rate summed over the receivers and loss-% the datagrams sent
 // and not delivered.
 //
-//	go test -run '^$' -bench Fanout -benchtime 1x -count 6 ./internal/harness/bench
+//	go test -run '^$' -bench Fanout -benchtime 1x -count 6 ./cmd/softrdma/internal/bench
 func BenchmarkFanout(b *testing.B) {
 	testenv.RequireBench(b)
 	cfg := DefaultConfig()

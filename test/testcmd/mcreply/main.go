@@ -55,7 +55,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/harness/testcmd/peerutil"
+	"github.com/softrdma/softrdma/test/testcmd/peerutil"
 
 	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/provider/softverbs"
