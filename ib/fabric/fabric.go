@@ -36,7 +36,7 @@
 //	           key
 //	detach     port → SM when the port closes
 //
-// Address validation (issue 24, item 8). A UDP source address can be
+// Address validation. A UDP source address can be
 // forged, so the SM never answers an attach from an unproven address with
 // anything but a retry no larger than the attach, and allocates nothing
 // (no LID, no port record) for it. An address is proven for a GUID when

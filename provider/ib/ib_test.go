@@ -241,7 +241,7 @@ func TestGUIDInUseRefused(t *testing.T) {
 	}
 }
 
-// TestOpenProvesAddress (issue 24, item 8): a port proves its address to
+// TestOpenProvesAddress: a port proves its address to
 // the SM (attach, retry, attach with the cookie) within Open, in one more
 // round trip: no bad cookie, nothing dropped, the port registered at its
 // socket.
