@@ -439,7 +439,7 @@ type SM struct {
 	rmppXfers, rmppRetrans, rmppTimeouts      atomic.Uint64
 	rmppAborts                                atomic.Uint64
 	saThrottled, tableTooLarge, tableBusy     atomic.Uint64
-	saDrop                                    atomic.Bool // Config.SADrop
+	saDrop                                    atomic.Bool // Config.SADrop, changeable with SetSADrop
 	sendErrors                                atomic.Uint64
 	sockDropsSeen                             atomic.Uint32 // the fabric socket's kernel drops at the last look (logSocketDrops)
 	rcvbuf                                    int           // the fabric socket's receive buffer
@@ -626,6 +626,11 @@ func listenUDP(addr string) (*net.UDPConn, error) {
 	}
 	return net.ListenUDP("udp", ua)
 }
+
+// SetSADrop makes the SA stop (true) or resume (false) answering SA MADs
+// while the SM runs: Config.SADrop (softsm -sa-drop) at run time, for
+// trying how a program copes when its SA falls silent mid-run.
+func (s *SM) SetSADrop(drop bool) { s.saDrop.Store(drop) }
 
 // FabricAddr returns the bound fabric address.
 func (s *SM) FabricAddr() netip.AddrPort { return s.fabric.LocalAddr().(*net.UDPAddr).AddrPort() }
