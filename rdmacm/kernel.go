@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -69,11 +70,24 @@ func ParseBackend(s string) (Backend, error) {
 	return 0, fmt.Errorf("backend %q: want auto, soft or kernel: %w", s, syscall.EINVAL)
 }
 
+// stackOverride, when set, stands for the registered kernel stack: the
+// package's tests put a fake stack there (engine.Register takes one stack
+// per process, for good).
+var stackOverride atomic.Pointer[engine.Stack]
+
+// kernelStack returns the kernel CM stack ids of the kernel use.
+func kernelStack() engine.Stack {
+	if p := stackOverride.Load(); p != nil {
+		return *p
+	}
+	return engine.Kernel()
+}
+
 // KernelAvailable reports whether this program has the kernel's RDMA
 // stack: an engine registered with rdmacm/engine (provider/rdmacore/cm,
 // which needs the rdmacore build tag and cgo). Whether the machine has a
 // kernel RDMA device is another matter: see verbs.DeviceList.
-func KernelAvailable() bool { return engine.Kernel() != nil }
+func KernelAvailable() bool { return kernelStack() != nil }
 
 // envBackend is the backend BackendEnv sets.
 func envBackend() (Backend, error) {
@@ -110,7 +124,7 @@ func (ch *EventChannel) kernelChannelLocked() (engine.Channel, error) {
 	if ch.kc != nil {
 		return ch.kc, nil
 	}
-	kernel := engine.Kernel()
+	kernel := kernelStack()
 	if kernel == nil {
 		return nil, fmt.Errorf("no kernel RDMA stack in this program (import provider/rdmacore/cm, build tag rdmacore): %w", syscall.ENODEV)
 	}
@@ -205,7 +219,7 @@ func (id *ID) toKernelLocked(a *sockaddr) (idEngine, error) {
 	case BackendSoft:
 		return id.eng, nil
 	case BackendAuto:
-		if engine.Kernel() == nil || id.state != stateIdle || a == nil || !a.isIP() || a.ip.IsUnspecified() {
+		if kernelStack() == nil || id.state != stateIdle || a == nil || !a.isIP() || a.ip.IsUnspecified() {
 			return id.eng, nil
 		}
 		kc, err := ch.kernelChannelLocked()

@@ -110,12 +110,16 @@ func (k *fakeKID) Route() []engine.PathRecord { return nil }
 func (k *fakeKID) PortNum() uint8             { return 1 }
 func (k *fakeKID) Destroy() error             { k.c.f.destroys.Add(1); return nil }
 
+// withKernelStack makes s the kernel stack for the test.
+func withKernelStack(t *testing.T, s engine.Stack) {
+	stackOverride.Store(&s)
+	t.Cleanup(func() { stackOverride.Store(nil) })
+}
+
 // withFakeKernel makes f the kernel stack for the test.
 func withFakeKernel(t *testing.T) *fakeKernel {
 	f := &fakeKernel{}
-	saved := engine.Kernel()
-	engine.Register(f)
-	t.Cleanup(func() { engine.Register(saved) })
+	withKernelStack(t, f)
 	return f
 }
 
@@ -279,9 +283,7 @@ func (noDevChan) CreateID(uint64, uint16) (engine.ID, error) { return nil, sysca
 // librdmacm finds no device fails CreateID with librdmacm's ENODEV and a
 // reason that says so.
 func TestKernelWithoutDevicesSaysSo(t *testing.T) {
-	saved := engine.Kernel()
-	engine.Register(&noDevKernel{})
-	t.Cleanup(func() { engine.Register(saved) })
+	withKernelStack(t, &noDevKernel{})
 	h := verbs.NewHost()
 	defer h.Close()
 	ch, err := CreateEventChannelOn(h)

@@ -4,8 +4,9 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
-	"sync"
 	"time"
+
+	"github.com/softrdma/softrdma/internal/registry"
 )
 
 // This file is the seam between the RDMA CM and the kinds of device: what
@@ -27,27 +28,18 @@ type AddrOwner interface {
 	AddrOrder() int
 }
 
-var addrOwners struct {
-	sync.Mutex
-	list []AddrOwner
-}
+var addrOwners = registry.New[AddrOwner]("address owner")
 
 // RegisterAddrOwner adds a kind of device to every host's address lookup
-// (Host.DeviceForAddr).
-func RegisterAddrOwner(o AddrOwner) {
-	addrOwners.Lock()
-	defer addrOwners.Unlock()
-	addrOwners.list = append(addrOwners.list, o)
-	slices.SortStableFunc(addrOwners.list, func(a, b AddrOwner) int { return cmp.Compare(a.AddrOrder(), b.AddrOrder()) })
-}
+// (Host.DeviceForAddr) under name. It panics when name is empty or taken,
+// or o is nil.
+func RegisterAddrOwner(name string, o AddrOwner) { addrOwners.Register(name, o) }
 
 // AddrOwnersRegistered reports whether any kind of device has registered
 // an AddrOwner: a program that imports no provider has none, and no
 // address is any device's.
 func AddrOwnersRegistered() bool {
-	addrOwners.Lock()
-	defer addrOwners.Unlock()
-	return len(addrOwners.list) > 0
+	return addrOwners.Len() > 0
 }
 
 // DeviceForAddr returns the device local address a belongs to: the
@@ -55,9 +47,8 @@ func AddrOwnersRegistered() bool {
 // address or fails (an owner that cannot open the device it would claim
 // the address for stops the search). (nil, nil) when no owner claims it.
 func (h *Host) DeviceForAddr(a netip.Addr) (*Device, error) {
-	addrOwners.Lock()
-	os := slices.Clone(addrOwners.list)
-	addrOwners.Unlock()
+	os := addrOwners.All()
+	slices.SortStableFunc(os, func(a, b AddrOwner) int { return cmp.Compare(a.AddrOrder(), b.AddrOrder()) })
 	for _, o := range os {
 		if d, err := o.DeviceForAddr(h, a); d != nil || err != nil {
 			return d, err

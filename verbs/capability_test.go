@@ -64,8 +64,8 @@ func TestAddrOwnersAndCapability(t *testing.T) {
 	ownerDevs, asked = map[int]*verbs.Device{1: early, 2: late}, nil
 	registerOwners.Do(func() {
 		// Registered late first: order, not registration, decides.
-		verbs.RegisterAddrOwner(owner{order: 2, addrs: map[netip.Addr]bool{a1: true, a2: true, a3: true}})
-		verbs.RegisterAddrOwner(owner{order: 1, addrs: map[netip.Addr]bool{a1: true}, fail: a2})
+		verbs.RegisterAddrOwner("test-owner-2", owner{order: 2, addrs: map[netip.Addr]bool{a1: true, a2: true, a3: true}})
+		verbs.RegisterAddrOwner("test-owner-1", owner{order: 1, addrs: map[netip.Addr]bool{a1: true}, fail: a2})
 	})
 	// Orders 1 and 2 come before every provider's (the providers this
 	// test binary imports are asked after them).

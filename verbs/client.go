@@ -1,9 +1,6 @@
 package verbs
 
-import (
-	"slices"
-	"sync"
-)
+import "github.com/softrdma/softrdma/internal/registry"
 
 // Client is a part of the host's RDMA core that keeps state per device,
 // as the kernel's struct ib_client: the SA client, its multicast join
@@ -28,24 +25,14 @@ type ClientInspector interface {
 	InspectDevice(dev *Device, r *DeviceReport)
 }
 
-var clients struct {
-	sync.Mutex
-	list []Client
-}
+var clients = registry.New[Client]("client")
 
-// RegisterClient adds a client to every host: devices registered from now
-// on are added to it. Call it from init, before any device exists.
-func RegisterClient(c Client) {
-	clients.Lock()
-	defer clients.Unlock()
-	clients.list = append(clients.list, c)
-}
+// RegisterClient adds a client to every host under name: devices
+// registered from now on are added to it. Call it from init, before any
+// device exists. It panics when name is empty or taken, or c is nil.
+func RegisterClient(name string, c Client) { clients.Register(name, c) }
 
-func registeredClients() []Client {
-	clients.Lock()
-	defer clients.Unlock()
-	return slices.Clone(clients.list)
-}
+func registeredClients() []Client { return clients.All() }
 
 // ClientData returns what a client stored for the device under key (nil
 // when nothing): the kernel's ib_get_client_data.

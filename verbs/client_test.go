@@ -78,7 +78,7 @@ func (o inspectOps) Inspect() verbs.DeviceReport {
 // rec is registered before any device exists, as RegisterClient asks.
 var rec = &recClient{}
 
-func init() { verbs.RegisterClient(rec) }
+func init() { verbs.RegisterClient("test-recorder", rec) }
 
 // TestClients: a registered client hears of every device a host
 // registers (before RegisterDevice returns) and of its removal (once,

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/softrdma/softrdma/internal/envvars"
+	"github.com/softrdma/softrdma/internal/registry"
 )
 
 // Host is one program's RDMA world: its device list (what
@@ -40,18 +41,12 @@ type Provider interface {
 	Discover(h *Host)
 }
 
-var providers struct {
-	sync.Mutex
-	list []Provider
-}
+var providers = registry.New[Provider]("provider")
 
-// RegisterProvider adds a provider to every host's device discovery (a
-// provider package calls it from init, like verbs_register_driver).
-func RegisterProvider(p Provider) {
-	providers.Lock()
-	providers.list = append(providers.list, p)
-	providers.Unlock()
-}
+// RegisterProvider adds a provider to every host's device discovery under
+// name (a provider package calls it from init, like rdma-core's
+// PROVIDER_DRIVER). It panics when name is empty or taken, or p is nil.
+func RegisterProvider(name string, p Provider) { providers.Register(name, p) }
 
 // RegisterDevice adds a backend's device to the host's device list and
 // returns it.
@@ -98,10 +93,7 @@ func (h *Host) UnregisterDevice(dev *Device) {
 // softrdma does not read (a misspelling would otherwise go unnoticed).
 func (h *Host) DeviceList() []*Device {
 	envvars.WarnOnce()
-	providers.Lock()
-	ps := slices.Clone(providers.list)
-	providers.Unlock()
-	for _, p := range ps {
+	for _, p := range providers.All() {
 		p.Discover(h)
 	}
 	return h.Devices()

@@ -335,7 +335,7 @@ func (addrOwner) AddrOrder() int { return 10 }
 // A port carries the host's SA client's MADs.
 var _ verbs.MADPort = (*Device)(nil)
 
-func init() { verbs.RegisterAddrOwner(addrOwner{}) }
+func init() { verbs.RegisterAddrOwner("ib", addrOwner{}) }
 
 // CloseAll closes every port of the host.
 func (r *Registry) CloseAll() {

@@ -51,4 +51,4 @@ func (discoverer) Discover(h *verbs.Host) {
 	}
 }
 
-func init() { verbs.RegisterProvider(discoverer{}) }
+func init() { verbs.RegisterProvider("ib", discoverer{}) }

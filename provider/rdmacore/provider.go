@@ -151,7 +151,7 @@ type provider struct{}
 // yet (verbs.Provider).
 func (provider) Discover(h *verbs.Host) { registryOf(h).discover() }
 
-func init() { verbs.RegisterProvider(provider{}) }
+func init() { verbs.RegisterProvider("rdmacore", provider{}) }
 
 // On makes sure that every kernel RDMA device (every device of
 // ibv_get_device_list) is registered in h, once per device name, as

@@ -65,8 +65,8 @@ func (provider) AddrOrder() int { return 100 }
 var _ verbs.NetdevPort = (*Device)(nil)
 
 func init() {
-	verbs.RegisterProvider(provider{})
-	verbs.RegisterAddrOwner(provider{})
+	verbs.RegisterProvider("rxe", provider{})
+	verbs.RegisterAddrOwner("rxe", provider{})
 }
 
 // ForInterface returns the device of interface ifindex, creating (and

@@ -8,10 +8,11 @@
 package engine
 
 import (
+	"fmt"
 	"net/netip"
-	"sync"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/registry"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -93,24 +94,24 @@ type Sockaddr struct {
 // AFIB is AF_IB, the InfiniBand address family.
 const AFIB = 27
 
-var registered struct {
-	sync.Mutex
-	s Stack
-}
+var registered = registry.New[Stack]("kernel CM stack")
 
-// Register makes s the kernel stack of every new event channel. A second
-// registration replaces the first.
-func Register(s Stack) {
-	registered.Lock()
-	registered.s = s
-	registered.Unlock()
+// Register makes s, under name, the kernel stack of every new event
+// channel. There is one: a second registration panics, as do an empty
+// name and a nil s.
+func Register(name string, s Stack) {
+	if registered.Len() > 0 {
+		panic(fmt.Sprintf("softrdma: Register kernel CM stack %q: %q is registered already", name, registered.Names()[0]))
+	}
+	registered.Register(name, s)
 }
 
 // Kernel returns the registered stack, nil when none is.
 func Kernel() Stack {
-	registered.Lock()
-	defer registered.Unlock()
-	return registered.s
+	if all := registered.All(); len(all) > 0 {
+		return all[0]
+	}
+	return nil
 }
 
 // PathRecord is one path of an id's route (librdmacm's struct

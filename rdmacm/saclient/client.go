@@ -25,7 +25,7 @@ type portState struct {
 	unsubscribe func()
 }
 
-func init() { verbs.RegisterClient(client{}) }
+func init() { verbs.RegisterClient("saclient", client{}) }
 
 // For returns the SA client and multicast join engine of dev's
 // InfiniBand port; false when dev is not a port with an SA (it offers no

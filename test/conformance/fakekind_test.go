@@ -211,7 +211,7 @@ func TestConformanceFakeKind(t *testing.T) {
 	if c.backend != rdmacm.BackendSoft {
 		t.Skip("the fake kind of device lives in this test process: the kernel run has no such target")
 	}
-	registerFakeKind.Do(func() { verbs.RegisterAddrOwner(fakeKind{}) })
+	registerFakeKind.Do(func() { verbs.RegisterAddrOwner("fakekind", fakeKind{}) })
 	c.target, c.addr = targetFake, fakeAddr
 	c.unreach, c.unreachSrc, c.inNet, c.noUnreach = netip.Addr{}, fakeAddr, nil, "unreachable destinations are the host's routes, tested on the soft target"
 	s := &suite{config: c}

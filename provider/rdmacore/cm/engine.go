@@ -14,7 +14,7 @@ import (
 // The kernel's CM as an rdmacm engine: the channel and id types of this
 // package behind engine's interfaces, registered at init.
 
-func init() { engine.Register(stack{}) }
+func init() { engine.Register("rdmacore", stack{}) }
 
 type stack struct{}
 
