@@ -284,6 +284,8 @@ const (
 	maxLatBlockP50 = 1.25 // RoCEv2, blocking, p50 vs plain UDP blocking
 	maxLatBlockP99 = 1.5  // RoCEv2, blocking, p99
 	maxLatPollP50  = 1.1  // RoCEv2, busy-poll, p50 vs plain UDP busy-poll
+	maxLatPollP99  = 1.5  // RoCEv2, busy-poll, p99
+	maxLatP999     = 2.0  // RoCEv2, either wait, p99.9: the tail the p99 targets leave out
 	maxLatIBP50    = 2.0  // IB p50 vs RoCEv2's
 )
 
@@ -311,6 +313,8 @@ func latencyTargets(rs []LatencyResult) []Target {
 	check("latency RoCEv2 blocking p50 vs UDP", maxLatBlockP50, roce(WaitBlock), p50)
 	check("latency RoCEv2 blocking p99 vs UDP", maxLatBlockP99, roce(WaitBlock), func(r LatencyResult) float64 { return r.RatioP99 })
 	check("latency RoCEv2 busy-poll p50 vs UDP", maxLatPollP50, roce(WaitPoll), p50)
+	check("latency RoCEv2 busy-poll p99 vs UDP", maxLatPollP99, roce(WaitPoll), func(r LatencyResult) float64 { return r.RatioP99 })
+	check("latency RoCEv2 p99.9 vs UDP (either wait)", maxLatP999, func(r LatencyResult) bool { return r.Mode == "rdma" }, func(r LatencyResult) float64 { return r.RatioP999 })
 	check("latency IB p50 vs RoCEv2", maxLatIBP50, func(r LatencyResult) bool { return r.Mode == "ib" }, p50)
 	return ts
 }

@@ -84,3 +84,47 @@ func TestGroupTargetsUnmeasured(t *testing.T) {
 		t.Errorf("a run that held fewer groups than it asked: unmeasured %q met %v, want NOT MET", u, m)
 	}
 }
+
+// TestLatencyTargets: every latency target of runs within the bounds is met, and
+// each ratio past its bound (busy-poll p99, p99.9 in either wait) fails
+// its own target.
+func TestLatencyTargets(t *testing.T) {
+	good := []LatencyResult{
+		{Mode: "rdma", Link: "lo", Wait: WaitBlock, Size: 64, RatioP50: 1.2, RatioP99: 1.4, RatioP999: 1.9},
+		{Mode: "rdma", Link: "lo", Wait: WaitPoll, Size: 64, RatioP50: 1.05, RatioP99: 1.4, RatioP999: 1.5},
+		{Mode: "ib", Link: "lo", Wait: WaitBlock, Size: 64, RatioP50: 1.9},
+	}
+	met := func(rs []LatencyResult) map[string]bool {
+		m := map[string]bool{}
+		for _, tg := range latencyTargets(rs) {
+			m[tg.Name] = tg.Met
+		}
+		return m
+	}
+	m := met(good)
+	if len(m) != 6 {
+		t.Fatalf("targets %v, want 6", m)
+	}
+	for name, ok := range m {
+		if !ok {
+			t.Errorf("%s: NOT MET within every bound", name)
+		}
+	}
+	for _, c := range []struct {
+		i      int
+		edit   func(*LatencyResult)
+		target string
+	}{
+		{1, func(r *LatencyResult) { r.RatioP99 = 1.6 }, "latency RoCEv2 busy-poll p99 vs UDP"},
+		{0, func(r *LatencyResult) { r.RatioP999 = 2.1 }, "latency RoCEv2 p99.9 vs UDP (either wait)"},
+		{1, func(r *LatencyResult) { r.RatioP999 = 2.1 }, "latency RoCEv2 p99.9 vs UDP (either wait)"},
+	} {
+		rs := append([]LatencyResult(nil), good...)
+		c.edit(&rs[c.i])
+		for name, ok := range met(rs) {
+			if ok == (name == c.target) {
+				t.Errorf("case %d edited: %s met=%v", c.i, name, ok)
+			}
+		}
+	}
+}
