@@ -8,7 +8,7 @@ import (
 
 // idEngine does the CM work of an id: softEngine on softrdma's devices
 // (soft.go), kernelEngine on the kernel's stack through the registered
-// rdmacm/engine (kernel.go). The front (id.go, mcast.go, ep.go,
+// rdmacm/kernelcm (kernel.go). The front (id.go, mcast.go, ep.go,
 // options.go, event.go) keeps what librdmacm itself does — ids, channels,
 // events and acks, the QP and its attach on a JOIN event, the waits — and
 // hands the rest to the id's engine without asking which one it is. An

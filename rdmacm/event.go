@@ -7,7 +7,7 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/logging"
-	"github.com/softrdma/softrdma/rdmacm/engine"
+	"github.com/softrdma/softrdma/rdmacm/kernelcm"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -115,7 +115,7 @@ type EventChannel struct {
 
 	// The librdmacm channel of the kernel ids (kernel.go), made on first
 	// use, its reader's exit, and the tokens of its ids and joins.
-	kc     engine.Channel
+	kc     kernelcm.Channel
 	kdone  chan struct{}
 	kids   map[uint64]*ID
 	kmcs   map[uint64]*mcJoin
@@ -163,7 +163,7 @@ func (ch *EventChannel) Close() (err error) {
 	close(ch.ready)
 	// The librdmacm channel stays open while kernel ids MigrateID moved
 	// away live on it: the last one's Destroy closes it.
-	var kc engine.Channel
+	var kc kernelcm.Channel
 	var done chan struct{}
 	if ch.kusers == 0 {
 		kc, done, ch.kc = ch.kc, ch.kdone, nil

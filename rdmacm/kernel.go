@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/softrdma/softrdma/rdmacm/engine"
+	"github.com/softrdma/softrdma/rdmacm/kernelcm"
 	"github.com/softrdma/softrdma/rdmacm/internal/addr"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -22,7 +22,7 @@ import (
 // checks and errnos); what librdmacm itself does on top (the attach of the
 // QP when a JOIN event is retrieved, the detach on leave, the waits for
 // acks) stays in this package and is shared with softrdma's ids. The
-// stack is the engine registered with rdmacm/engine (provider/rdmacore/cm,
+// stack is the one registered with rdmacm/kernelcm (provider/rdmacore/cm,
 // in builds with the rdmacore tag); without one every id is a softrdma
 // id.
 
@@ -71,20 +71,20 @@ func ParseBackend(s string) (Backend, error) {
 }
 
 // stackOverride, when set, stands for the registered kernel stack: the
-// package's tests put a fake stack there (engine.Register takes one stack
+// package's tests put a fake stack there (kernelcm.Register takes one stack
 // per process, for good).
-var stackOverride atomic.Pointer[engine.Stack]
+var stackOverride atomic.Pointer[kernelcm.Stack]
 
 // kernelStack returns the kernel CM stack ids of the kernel use.
-func kernelStack() engine.Stack {
+func kernelStack() kernelcm.Stack {
 	if p := stackOverride.Load(); p != nil {
 		return *p
 	}
-	return engine.Kernel()
+	return kernelcm.Kernel()
 }
 
 // KernelAvailable reports whether this program has the kernel's RDMA
-// stack: an engine registered with rdmacm/engine (provider/rdmacore/cm,
+// stack: a kernel CM registered with rdmacm/kernelcm (provider/rdmacore/cm,
 // which needs the rdmacore build tag and cgo). Whether the machine has a
 // kernel RDMA device is another matter: see verbs.DeviceList.
 func KernelAvailable() bool { return kernelStack() != nil }
@@ -120,7 +120,7 @@ func (ch *EventChannel) Backend() Backend {
 
 // kernelChannelLocked returns the channel's librdmacm channel, creating it
 // and its reader on first use (ch.mu is held).
-func (ch *EventChannel) kernelChannelLocked() (engine.Channel, error) {
+func (ch *EventChannel) kernelChannelLocked() (kernelcm.Channel, error) {
 	if ch.kc != nil {
 		return ch.kc, nil
 	}
@@ -145,7 +145,7 @@ func (ch *EventChannel) kernelChannelLocked() (engine.Channel, error) {
 // The channel is the home of its kernel ids (the librdmacm channel their
 // librdmacm ids live on): an id MigrateID moved keeps its librdmacm id
 // here, and its events go to the queue of the id's channel of the moment.
-func (ch *EventChannel) kernelReader(kc engine.Channel, done chan struct{}) {
+func (ch *EventChannel) kernelReader(kc kernelcm.Channel, done chan struct{}) {
 	defer close(done)
 	for {
 		kev, err := kc.Next()
@@ -182,7 +182,7 @@ func (ch *EventChannel) kernelReader(kc engine.Channel, done chan struct{}) {
 
 // closeKernel ends the reader and destroys the librdmacm channel (every
 // id is destroyed, so no event is left to ack).
-func (ch *EventChannel) closeKernel(kc engine.Channel, done chan struct{}) {
+func (ch *EventChannel) closeKernel(kc kernelcm.Channel, done chan struct{}) {
 	if kc == nil {
 		return
 	}
@@ -197,7 +197,7 @@ func (ch *EventChannel) closeKernel(kc engine.Channel, done chan struct{}) {
 // errnos; librdmacm's own part (the attach of the QP when a JOIN event is
 // retrieved, the detach on leave, the waits for acks) stays in the front.
 type kernelEngine struct {
-	k    engine.ID
+	k    kernelcm.ID
 	tok  uint64
 	port uint8         // id.mu
 	home *EventChannel // the channel whose librdmacm channel has k
@@ -503,7 +503,7 @@ func (e *kernelEngine) destroy(id *ID) error {
 	// The last kernel id of a channel closed while ids it had moved
 	// lived on closes its librdmacm channel.
 	home.kusers--
-	var kc engine.Channel
+	var kc kernelcm.Channel
 	var done chan struct{}
 	if home.kusers == 0 && home.closed {
 		kc, done, home.kc = home.kc, home.kdone, nil
@@ -515,17 +515,17 @@ func (e *kernelEngine) destroy(id *ID) error {
 
 // toEngine converts a socket address for an engine; nil for none. An
 // IPv6 zone becomes the scope id.
-func toEngine(sa *sockaddr) *engine.Sockaddr {
+func toEngine(sa *sockaddr) *kernelcm.Sockaddr {
 	if sa == nil {
 		return nil
 	}
 	if sa.family == afIB {
-		return &engine.Sockaddr{
-			Family: engine.AFIB, PKey: sa.ib.PKey, FlowInfo: sa.ib.FlowInfo, GID: sa.ib.GID,
+		return &kernelcm.Sockaddr{
+			Family: kernelcm.AFIB, PKey: sa.ib.PKey, FlowInfo: sa.ib.FlowInfo, GID: sa.ib.GID,
 			SID: sa.ib.SID, SIDMask: sa.ib.SIDMask, IBScope: sa.ib.ScopeID,
 		}
 	}
-	s := &engine.Sockaddr{Family: sa.family, IP: sa.ip.WithZone(""), Port: sa.port}
+	s := &kernelcm.Sockaddr{Family: sa.family, IP: sa.ip.WithZone(""), Port: sa.port}
 	if z := sa.ip.Zone(); z != "" && sa.family == syscall.AF_INET6 {
 		if ifi, err := interfaceIndex(z); err == nil {
 			s.Scope = uint32(ifi)
@@ -536,11 +536,11 @@ func toEngine(sa *sockaddr) *engine.Sockaddr {
 
 // fromEngine converts an engine's socket address; a scope id becomes the
 // IPv6 zone.
-func fromEngine(s engine.Sockaddr) sockaddr {
+func fromEngine(s kernelcm.Sockaddr) sockaddr {
 	switch s.Family {
 	case 0:
 		return sockaddr{}
-	case engine.AFIB:
+	case kernelcm.AFIB:
 		return sockaddr{family: afIB, ib: IBAddr{PKey: s.PKey, FlowInfo: s.FlowInfo, GID: s.GID, SID: s.SID, SIDMask: s.SIDMask, ScopeID: s.IBScope}}
 	}
 	ip := s.IP

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/rdmacm/engine"
+	"github.com/softrdma/softrdma/rdmacm/kernelcm"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -28,8 +28,8 @@ type fakeKernel struct {
 	destroys atomic.Int64
 }
 
-func (f *fakeKernel) NewChannel() (engine.Channel, error) {
-	c := &fakeKChan{f: f, evs: make(chan *engine.Event, 64), stop: make(chan struct{})}
+func (f *fakeKernel) NewChannel() (kernelcm.Channel, error) {
+	c := &fakeKChan{f: f, evs: make(chan *kernelcm.Event, 64), stop: make(chan struct{})}
 	f.mu.Lock()
 	f.chans = append(f.chans, c)
 	f.mu.Unlock()
@@ -38,16 +38,16 @@ func (f *fakeKernel) NewChannel() (engine.Channel, error) {
 
 type fakeKChan struct {
 	f      *fakeKernel
-	evs    chan *engine.Event
+	evs    chan *kernelcm.Event
 	stop   chan struct{}
 	closed atomic.Bool
 }
 
-func (c *fakeKChan) CreateID(tok uint64, ps uint16) (engine.ID, error) {
+func (c *fakeKChan) CreateID(tok uint64, ps uint16) (kernelcm.ID, error) {
 	return &fakeKID{c: c, tok: tok}, nil
 }
 func (c *fakeKChan) OwnerOf(netip.Addr) string { return "" }
-func (c *fakeKChan) Next() (*engine.Event, error) {
+func (c *fakeKChan) Next() (*kernelcm.Event, error) {
 	select {
 	case ev := <-c.evs:
 		return ev, nil
@@ -62,7 +62,7 @@ func (c *fakeKChan) Close() error {
 	return nil
 }
 
-func (c *fakeKChan) push(ev *engine.Event) {
+func (c *fakeKChan) push(ev *kernelcm.Event) {
 	c.f.events.Add(1)
 	ev.Ack = func() error { c.f.acks.Add(1); return nil }
 	c.evs <- ev
@@ -71,20 +71,20 @@ func (c *fakeKChan) push(ev *engine.Event) {
 type fakeKID struct {
 	c   *fakeKChan
 	tok uint64
-	src engine.Sockaddr
+	src kernelcm.Sockaddr
 }
 
-func (k *fakeKID) Bind(sa *engine.Sockaddr) error { k.src = *sa; return nil }
-func (k *fakeKID) ResolveAddr(src, dst *engine.Sockaddr, _ time.Duration) error {
-	k.c.push(&engine.Event{Type: int(EventAddrResolved), IDToken: k.tok})
+func (k *fakeKID) Bind(sa *kernelcm.Sockaddr) error { k.src = *sa; return nil }
+func (k *fakeKID) ResolveAddr(src, dst *kernelcm.Sockaddr, _ time.Duration) error {
+	k.c.push(&kernelcm.Event{Type: int(EventAddrResolved), IDToken: k.tok})
 	return nil
 }
-func (k *fakeKID) Join(sa *engine.Sockaddr, tok uint64) error {
-	k.c.push(&engine.Event{Type: int(EventMulticastJoin), IDToken: k.tok, MCToken: tok, QPNum: MulticastQPN, QKey: UDPQKey})
+func (k *fakeKID) Join(sa *kernelcm.Sockaddr, tok uint64) error {
+	k.c.push(&kernelcm.Event{Type: int(EventMulticastJoin), IDToken: k.tok, MCToken: tok, QPNum: MulticastQPN, QKey: UDPQKey})
 	return nil
 }
-func (k *fakeKID) JoinEx(_, _ uint32, sa *engine.Sockaddr, tok uint64) error { return k.Join(sa, tok) }
-func (k *fakeKID) Leave(*engine.Sockaddr) error                              { return nil }
+func (k *fakeKID) JoinEx(_, _ uint32, sa *kernelcm.Sockaddr, tok uint64) error { return k.Join(sa, tok) }
+func (k *fakeKID) Leave(*kernelcm.Sockaddr) error                              { return nil }
 func (k *fakeKID) SetOption(level, name int, val []byte) error {
 	if level != OptionID || name > OptionIDAckTimeout {
 		return syscall.ENOSYS
@@ -95,7 +95,7 @@ func (k *fakeKID) SetOption(level, name int, val []byte) error {
 	return nil
 }
 func (k *fakeKID) ResolveRoute(time.Duration) error {
-	k.c.push(&engine.Event{Type: int(EventRouteResolved), IDToken: k.tok})
+	k.c.push(&kernelcm.Event{Type: int(EventRouteResolved), IDToken: k.tok})
 	return nil
 }
 func (k *fakeKID) SrcPort() uint16 { return 4242 }
@@ -103,15 +103,15 @@ func (k *fakeKID) DstPort() uint16 { return 4791 }
 func (k *fakeKID) InitQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error) {
 	return verbs.QPAttr{}, 0, syscall.ENOSYS
 }
-func (k *fakeKID) Local() engine.Sockaddr     { return k.src }
-func (k *fakeKID) Peer() engine.Sockaddr      { return engine.Sockaddr{} }
+func (k *fakeKID) Local() kernelcm.Sockaddr     { return k.src }
+func (k *fakeKID) Peer() kernelcm.Sockaddr      { return kernelcm.Sockaddr{} }
 func (k *fakeKID) DeviceName() string         { return "" }
-func (k *fakeKID) Route() []engine.PathRecord { return nil }
+func (k *fakeKID) Route() []kernelcm.PathRecord { return nil }
 func (k *fakeKID) PortNum() uint8             { return 1 }
 func (k *fakeKID) Destroy() error             { k.c.f.destroys.Add(1); return nil }
 
 // withKernelStack makes s the kernel stack for the test.
-func withKernelStack(t *testing.T, s engine.Stack) {
+func withKernelStack(t *testing.T, s kernelcm.Stack) {
 	stackOverride.Store(&s)
 	t.Cleanup(func() { stackOverride.Store(nil) })
 }
@@ -270,14 +270,14 @@ func TestKernelIDOptionsReplayed(t *testing.T) {
 // channel opens, its ids fail with ENODEV.
 type noDevKernel struct{ fakeKernel }
 
-func (f *noDevKernel) NewChannel() (engine.Channel, error) {
+func (f *noDevKernel) NewChannel() (kernelcm.Channel, error) {
 	c, _ := f.fakeKernel.NewChannel()
 	return noDevChan{c.(*fakeKChan)}, nil
 }
 
 type noDevChan struct{ *fakeKChan }
 
-func (noDevChan) CreateID(uint64, uint16) (engine.ID, error) { return nil, syscall.ENODEV }
+func (noDevChan) CreateID(uint64, uint16) (kernelcm.ID, error) { return nil, syscall.ENODEV }
 
 // TestKernelWithoutDevicesSaysSo: SOFTRDMA_BACKEND=kernel on a host whose
 // librdmacm finds no device fails CreateID with librdmacm's ENODEV and a

@@ -17,7 +17,7 @@ import (
 // address stands for the port's IPoIB address.
 type ibPort struct {
 	name string
-	sa   *saclient.Engine
+	sa   *saclient.Agent
 }
 
 // gidIndex: an IB port's IPoIB address stands for its port GID, index 0.

@@ -5,7 +5,7 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/ib/mad"
-	"github.com/softrdma/softrdma/rdmacm/engine"
+	"github.com/softrdma/softrdma/rdmacm/kernelcm"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
 )
@@ -13,8 +13,8 @@ import (
 // PathRecord is one path of an id's route (librdmacm's struct
 // ibv_sa_path_rec, id->route.path_rec): on InfiniBand the SA's PathRecord,
 // on RoCE the path the kernel's cma_resolve_iboe_route builds from the
-// addresses. It is engine.PathRecord, which both engines fill.
-type PathRecord = engine.PathRecord
+// addresses. It is kernelcm.PathRecord, which both engines fill.
+type PathRecord = kernelcm.PathRecord
 
 // pathFromWire converts an SA PathRecord.
 func pathFromWire(r mad.PathRecord) PathRecord {
@@ -97,7 +97,7 @@ func (p ibPort) route(id *ID) ([]PathRecord, func() ([]PathRecord, int)) {
 	}
 	sgid := p.sa.PortGID()
 	tclass := id.tos
-	engine := p.sa
+	agent := p.sa
 	return nil, func() ([]PathRecord, int) {
 		q := mad.PathRecord(make([]byte, mad.PathRecordLen))
 		q.SetDGID(dgid)
@@ -106,7 +106,7 @@ func (p ibPort) route(id *ID) ([]PathRecord, func() ([]PathRecord, int)) {
 		q.SetPKey(0xFFFF)
 		q.SetNumbPath(1)
 		q.SetReversible(true)
-		rec, err := engine.QueryPath(q, mad.PathCompDGID|mad.PathCompSGID|mad.PathCompTClass|mad.PathCompPKey|mad.PathCompNumbPath|mad.PathCompReversible)
+		rec, err := agent.QueryPath(q, mad.PathCompDGID|mad.PathCompSGID|mad.PathCompTClass|mad.PathCompPKey|mad.PathCompNumbPath|mad.PathCompReversible)
 		if err != nil {
 			return nil, -int(verbs.ErrnoOf(err))
 		}

@@ -1,7 +1,7 @@
 // Package registry is the one shape of softrdma's registrations: the
 // kinds of device (verbs.RegisterProvider, verbs.RegisterAddrOwner), the
 // per-device clients (verbs.RegisterClient) and the kernel's CM stack
-// (engine.Register). Each registration is named; an empty name, a nil
+// (kernelcm.Register). Each registration is named; an empty name, a nil
 // value or a name registered twice panics, as database/sql's Register
 // does, since two packages claiming one name is a program's bug.
 package registry

@@ -54,7 +54,7 @@ func TestGetTableManyGroups(t *testing.T) {
 		}
 	}
 
-	recs, err := saEngine(t, p.dev).GetTable(saclient.GroupRecord{}, 0)
+	recs, err := saAgent(t, p.dev).GetTable(saclient.GroupRecord{}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestGetTableManyGroups(t *testing.T) {
 		delete(want, r.MGID)
 	}
 	// A GetTable of one group (an RMPP transfer of one segment).
-	one, err := saEngine(t, p.dev).GetTable(saclient.GroupRecord{MGID: saclient.IPoIBBroadcastMGID}, mad.CompMGID)
+	one, err := saAgent(t, p.dev).GetTable(saclient.GroupRecord{MGID: saclient.IPoIBBroadcastMGID}, mad.CompMGID)
 	if err != nil || len(one) != 1 || one[0].MLID != 0xC000 {
 		t.Fatalf("broadcast group: %v %+v", err, one)
 	}

@@ -104,7 +104,7 @@ func openPort(t *testing.T, s *sm.SM, local string) *port {
 // join joins the port to mgid with a JoinState and waits for the answer.
 func (p *port) join(t *testing.T, mgid verbs.GID, state uint8) (*saclient.Member, *saclient.GroupRecord) {
 	t.Helper()
-	bc, ok := saEngine(t, p.dev).BroadcastGroup()
+	bc, ok := saAgent(t, p.dev).BroadcastGroup()
 	if !ok {
 		t.Fatal("no broadcast group")
 	}
@@ -115,7 +115,7 @@ func (p *port) join(t *testing.T, mgid verbs.GID, state uint8) (*saclient.Member
 		rec    *saclient.GroupRecord
 	}
 	ch := make(chan res, 1)
-	m, err := saEngine(t, p.dev).Join(req, mad.CompCreateRequired, func(status int, rec *saclient.GroupRecord) {
+	m, err := saAgent(t, p.dev).Join(req, mad.CompCreateRequired, func(status int, rec *saclient.GroupRecord) {
 		select {
 		case ch <- res{status, rec}:
 		default:
@@ -150,7 +150,7 @@ func TestJoinStatesAndForwarding(t *testing.T) {
 		t.Fatalf("MLID %#x", rec.MLID)
 	}
 	var ms []saclient.Membership
-	for _, m := range saEngine(t, non.dev).Memberships() {
+	for _, m := range saAgent(t, non.dev).Memberships() {
 		if m.MGID == mgid {
 			ms = append(ms, m)
 		}
@@ -261,9 +261,9 @@ func TestOpenProvesAddress(t *testing.T) {
 	t.Logf("Open took %v", took)
 }
 
-// saEngine returns the host's SA client of a port (rdmacm/saclient, which
+// saAgent returns the host's SA client of a port (rdmacm/saclient, which
 // this test imports as rdmacm does).
-func saEngine(t *testing.T, d *ib.Device) *saclient.Engine {
+func saAgent(t *testing.T, d *ib.Device) *saclient.Agent {
 	t.Helper()
 	e, ok := saclient.For(d.Verbs())
 	if !ok {

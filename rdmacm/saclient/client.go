@@ -9,7 +9,7 @@ import (
 // The host's SA client serves every InfiniBand port of the host (the
 // kernel's sa_query.c and multicast.c register an ib_client, and IPoIB
 // joins each port's broadcast group): a port offers verbs.MADPort, the
-// client keeps the port's Engine and, as IPoIB would, its IPoIB broadcast
+// client keeps the port's Agent and, as IPoIB would, its IPoIB broadcast
 // membership. Providers know nothing of it.
 
 // client is the SA client of every host (verbs.Client).
@@ -20,17 +20,17 @@ type dataKey struct{}
 
 // portState is what the client keeps for one port.
 type portState struct {
-	e           *Engine
+	e           *Agent
 	unregister  func()
 	unsubscribe func()
 }
 
 func init() { verbs.RegisterClient("saclient", client{}) }
 
-// For returns the SA client and multicast join engine of dev's
+// For returns the SA client and multicast join agent of dev's
 // InfiniBand port; false when dev is not a port with an SA (it offers no
 // verbs.MADPort) or has left its host.
-func For(dev *verbs.Device) (*Engine, bool) {
+func For(dev *verbs.Device) (*Agent, bool) {
 	st, ok := dev.ClientData(dataKey{}).(*portState)
 	if !ok {
 		return nil, false
@@ -38,8 +38,8 @@ func For(dev *verbs.Device) (*Engine, bool) {
 	return st.e, true
 }
 
-// engineEvent is the engine's reaction to a port's asynchronous event.
-var engineEvent = map[verbs.AsyncEventType]EventKind{
+// agentEvent is the agent's reaction to a port's asynchronous event.
+var agentEvent = map[verbs.AsyncEventType]EventKind{
 	verbs.EventClientReregister: ClientReregister,
 	verbs.EventLIDChange:        LIDChange,
 	verbs.EventPortErr:          PortError,
@@ -49,7 +49,7 @@ var engineEvent = map[verbs.AsyncEventType]EventKind{
 // Add starts the SA client of a port with an SA: it takes the port's QP1
 // MADs and events, reads the SA's ClassPortInfo and joins the IPoIB
 // broadcast group before the device is announced (as the port's
-// activation did). The engine sees a port event before the device's
+// activation did). The agent sees a port event before the device's
 // other subscribers, which subscribe later.
 func (client) Add(dev *verbs.Device) {
 	mp, ok := verbs.Capability[verbs.MADPort](dev)
@@ -61,7 +61,7 @@ func (client) Add(dev *verbs.Device) {
 	st := &portState{e: e, unregister: mp.RegisterMADAgent(e.Receive)}
 	if src, ok := verbs.Capability[verbs.AsyncEventSource](dev); ok {
 		st.unsubscribe = src.SubscribeAsync(func(ev verbs.AsyncEvent) {
-			if k, ok := engineEvent[ev.Type]; ok {
+			if k, ok := agentEvent[ev.Type]; ok {
 				e.Event(k)
 			}
 		})

@@ -11,9 +11,9 @@ import (
 // mask (the kernel's ib_sa_path_rec_get, as cma_query_ib_route asks it)
 // and returns a copy of the SA's record. It waits as GetTable does: a
 // non-zero SA status (no path) gives an error wrapping EINVAL, as the
-// kernel's SA client reports one; a silent SA ETIMEDOUT; a closed engine
+// kernel's SA client reports one; a silent SA ETIMEDOUT; a closed agent
 // ENODEV.
-func (e *Engine) QueryPath(req mad.PathRecord, mask uint64) (mad.PathRecord, error) {
+func (e *Agent) QueryPath(req mad.PathRecord, mask uint64) (mad.PathRecord, error) {
 	c := e.sa
 	tid := c.newTID()
 	m := mad.NewSARequest(mad.MethodGet, mad.AttrPathRecord, tid, mask)

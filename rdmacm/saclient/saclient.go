@@ -83,7 +83,7 @@ func responseMethod(method uint8) uint8 {
 
 // transact sends one MCMemberRecord request and waits for its answer; the
 // status is 0, -EINVAL for any non-zero MAD status or a malformed answer,
-// -ETIMEDOUT, or -ENODEV once the engine is closed.
+// -ETIMEDOUT, or -ENODEV once the agent is closed.
 func (c *saClient) transact(method uint8, req *GroupRecord, mask uint64) (*GroupRecord, int) {
 	tid := c.newTID()
 	resp, err := c.roundTrip(tid, mad.AttrMCMemberRecord, encodeMCMemberMAD(method, tid, req, mask))

@@ -54,14 +54,14 @@ static int sr_route(struct rdma_cm_id *id, struct sr_path *out, int max) {
 */
 import "C"
 
-import "github.com/softrdma/softrdma/rdmacm/engine"
+import "github.com/softrdma/softrdma/rdmacm/kernelcm"
 
 // maxPaths bounds the paths Route copies (librdmacm gives one or two).
 const maxPaths = 8
 
 // Route returns the paths of the id's route (id->route.path_rec, converted
 // to host order); none once destroyed or before the route is resolved.
-func (id *CMID) Route() []engine.PathRecord {
+func (id *CMID) Route() []kernelcm.PathRecord {
 	c := id.use()
 	defer id.life.RUnlock()
 	if c == nil {
@@ -69,7 +69,7 @@ func (id *CMID) Route() []engine.PathRecord {
 	}
 	var buf [maxPaths]C.struct_sr_path
 	n := min(int(C.sr_route(c, &buf[0], maxPaths)), maxPaths)
-	out := make([]engine.PathRecord, n)
+	out := make([]kernelcm.PathRecord, n)
 	for i := range n {
 		p := &buf[i]
 		o := &out[i]

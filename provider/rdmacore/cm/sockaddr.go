@@ -13,7 +13,7 @@ import (
 	"net/netip"
 	"syscall"
 
-	"github.com/softrdma/softrdma/rdmacm/engine"
+	"github.com/softrdma/softrdma/rdmacm/kernelcm"
 )
 
 // The C structs' sizes, from the distribution's headers.
@@ -25,7 +25,7 @@ const (
 
 // marshal returns the C bytes of a socket address (struct sockaddr_in,
 // sockaddr_in6 or sockaddr_ib); nil for none or an unknown family.
-func marshal(s *engine.Sockaddr) []byte {
+func marshal(s *kernelcm.Sockaddr) []byte {
 	if s == nil {
 		return nil
 	}
@@ -45,9 +45,9 @@ func marshal(s *engine.Sockaddr) []byte {
 		copy(b[8:24], a[:])
 		binary.NativeEndian.PutUint32(b[24:], s.Scope)
 		return b
-	case engine.AFIB:
+	case kernelcm.AFIB:
 		b := make([]byte, sizeofSockaddrIB)
-		binary.NativeEndian.PutUint16(b[0:], engine.AFIB)
+		binary.NativeEndian.PutUint16(b[0:], kernelcm.AFIB)
 		binary.BigEndian.PutUint16(b[2:], s.PKey)
 		binary.BigEndian.PutUint32(b[4:], s.FlowInfo)
 		copy(b[8:24], s.GID[:])
@@ -61,7 +61,7 @@ func marshal(s *engine.Sockaddr) []byte {
 
 // parse decodes the C bytes of a socket address; the zero Sockaddr for
 // an unknown family or short bytes.
-func parse(b []byte) (s engine.Sockaddr) {
+func parse(b []byte) (s kernelcm.Sockaddr) {
 	if len(b) < 2 {
 		return s
 	}
@@ -74,7 +74,7 @@ func parse(b []byte) (s engine.Sockaddr) {
 		s.Port = binary.BigEndian.Uint16(b[2:])
 		s.IP = netip.AddrFrom16([16]byte(b[8:24]))
 		s.Scope = binary.NativeEndian.Uint32(b[24:])
-	case s.Family == engine.AFIB && len(b) >= sizeofSockaddrIB:
+	case s.Family == kernelcm.AFIB && len(b) >= sizeofSockaddrIB:
 		s.PKey = binary.BigEndian.Uint16(b[2:])
 		s.FlowInfo = binary.BigEndian.Uint32(b[4:])
 		copy(s.GID[:], b[8:24])
@@ -82,7 +82,7 @@ func parse(b []byte) (s engine.Sockaddr) {
 		s.SIDMask = binary.BigEndian.Uint64(b[32:])
 		s.IBScope = binary.NativeEndian.Uint64(b[40:])
 	default:
-		return engine.Sockaddr{}
+		return kernelcm.Sockaddr{}
 	}
 	return s
 }

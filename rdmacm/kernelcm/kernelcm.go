@@ -1,11 +1,11 @@
-// Package engine is the seam between the rdmacm front and an RDMA CM that
-// does an id's work elsewhere: the kernel's CM through rdma-core's
-// librdmacm (provider/rdmacore/cm). The front keeps librdmacm's own part
-// (event queues and acks, the QP attach on a JOIN event, the detach on
-// leave); an engine does bind, resolve, join and leave with its checks
-// and errnos. An engine package registers itself from init with Register,
-// as a database/sql driver does; a build without one has no kernel stack.
-package engine
+// Package kernelcm is the seam between the rdmacm front and the kernel's
+// RDMA CM, reached through rdma-core's librdmacm (provider/rdmacore/cm).
+// The front keeps librdmacm's own part (event queues and acks, the QP
+// attach on a JOIN event, the detach on leave); the kernel's CM does bind,
+// resolve, join and leave with its checks and errnos. The package that
+// implements it registers itself from init with Register, as a
+// database/sql driver does; a build without one has no kernel stack.
+package kernelcm
 
 import (
 	"fmt"
@@ -16,17 +16,17 @@ import (
 	"github.com/softrdma/softrdma/verbs"
 )
 
-// Stack is an RDMA CM engine.
+// Stack is the kernel's RDMA CM.
 type Stack interface {
 	// NewChannel creates an event channel (rdma_create_event_channel).
 	NewChannel() (Channel, error)
 }
 
-// Channel is an engine's event channel.
+// Channel is an event channel of the kernel's CM.
 type Channel interface {
 	// CreateID creates an id of port space ps whose events carry tok.
 	CreateID(tok uint64, ps uint16) (ID, error)
-	// OwnerOf returns the name of the engine's device that owns a local
+	// OwnerOf returns the name of the kernel device that owns a local
 	// address, or "".
 	OwnerOf(a netip.Addr) string
 	// Next waits for the next event; an error once the channel is closed.
@@ -35,8 +35,8 @@ type Channel interface {
 	Close() error
 }
 
-// ID is an engine's CM id. Addresses are passed as given (nil: none), so
-// that the engine makes the checks.
+// ID is a CM id of the kernel's CM. Addresses are passed as given (nil: none), so
+// that the kernel makes the checks.
 type ID interface {
 	Bind(sa *Sockaddr) error
 	ResolveAddr(src, dst *Sockaddr, timeout time.Duration) error
@@ -63,7 +63,7 @@ type ID interface {
 	Destroy() error
 }
 
-// Event is an event of an engine's channel.
+// Event is an event of a kernel CM channel.
 type Event struct {
 	Type           int // enum rdma_cm_event_type
 	Status         int

@@ -33,7 +33,7 @@ const testGUID = 0x0002c90000000042
 // 1, QP1; silent makes it drop every request.
 type fakePort struct {
 	t      *testing.T
-	e      *Engine
+	e      *Agent
 	silent atomic.Bool
 
 	mu   sync.Mutex

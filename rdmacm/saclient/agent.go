@@ -1,12 +1,12 @@
 // Package saclient is the host's InfiniBand SA client and multicast join
-// engine: what Linux's ib_core does in sa_query.c and multicast.c, and the
+// agent: what Linux's ib_core does in sa_query.c and multicast.c, and the
 // IPoIB broadcast membership IPoIB keeps, for every IB port of a host that
 // can send a MAD to its SA and hand back the MADs it receives
 // (verbs.MADPort). It registers itself as a verbs.Client: a program that
-// imports rdmacm has it, and For gives a device's engine. Providers do not
+// imports rdmacm has it, and For gives a device's agent. Providers do not
 // import it: an IB port offers only the MAD transport.
 //
-// The engine keeps one SA membership per MGID, shared by every local
+// The agent keeps one SA membership per MGID, shared by every local
 // member: local members are counted per JoinState bit, a Set goes out only
 // for bits the port does not hold yet, a Delete only for bits no local
 // member needs any more, and every member gets -ENETRESET when the port is
@@ -27,7 +27,7 @@ import (
 	"github.com/softrdma/softrdma/verbs"
 )
 
-// Port is what the engine needs from an IB port (a subset of
+// Port is what the agent needs from an IB port (a subset of
 // verbs.MADPort).
 type Port interface {
 	// SendSA sends one 256-byte SA MAD to the SA (the SM's LID, QP1).
@@ -35,7 +35,7 @@ type Port interface {
 	// PortGID returns the port's GID 0 (subnet prefix and port GUID).
 	PortGID() verbs.GID
 	// SMLID returns the LID of the subnet manager, the only source of SA
-	// answers the engine takes.
+	// answers the agent takes.
 	SMLID() uint16
 }
 
@@ -48,7 +48,7 @@ type Config struct {
 	Retries int
 }
 
-// EventKind is a port event the engine reacts to.
+// EventKind is a port event the agent reacts to.
 type EventKind int
 
 // Port events (enum ib_event_type subset).
@@ -63,8 +63,8 @@ const (
 	PortError
 )
 
-// Engine is a port's SA client and multicast join engine.
-type Engine struct {
+// Agent is a port's SA client and multicast join agent.
+type Agent struct {
 	port Port
 	sa   *saClient
 
@@ -92,7 +92,7 @@ type group struct {
 	members   map[*Member]struct{}
 	queue     []op // requests waiting for the worker, in order
 	busy      bool // a worker runs
-	dead      bool // removed from Engine.groups
+	dead      bool // removed from Agent.groups
 }
 
 // op is one queued request of a group: a member's join, or a leave that
@@ -120,40 +120,40 @@ type Membership struct {
 	Members   [4]int // local members per JoinState bit (Full, Non, SendOnlyNon, SendOnlyFull)
 }
 
-// Stats counts the SA answers the engine took and the MADs it dropped
+// Stats counts the SA answers the agent took and the MADs it dropped
 // because they matched no pending request (wrong TID, method, attribute
 // or source).
 type Stats struct{ Answers, Stray uint64 }
 
-// New returns the engine of a port. Its owner (the host's client, Add)
+// New returns the agent of a port. Its owner (the host's client, Add)
 // hands it the MADs the port receives on QP1 (Receive) and the port's
 // events (Event), and calls Refresh when the port becomes active.
-func New(p Port, cfg Config) *Engine {
+func New(p Port, cfg Config) *Agent {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 3 * time.Second
 	}
 	if cfg.Retries <= 0 {
 		cfg.Retries = 1
 	}
-	return &Engine{port: p, sa: newSAClient(p, cfg.Timeout, cfg.Retries), groups: map[verbs.GID]*group{}}
+	return &Agent{port: p, sa: newSAClient(p, cfg.Timeout, cfg.Retries), groups: map[verbs.GID]*group{}}
 }
 
 // Receive offers a MAD that arrived on the port's QP1 from source LID slid
 // and source QP srcQP. It reports whether the MAD was the answer to a
 // pending SA request; anything else is dropped and counted in Stats.Stray.
 // It never blocks.
-func (e *Engine) Receive(slid uint16, srcQP uint32, b []byte) bool {
+func (e *Agent) Receive(slid uint16, srcQP uint32, b []byte) bool {
 	return e.sa.receive(slid, srcQP, b)
 }
 
-// Stats returns the engine's counters.
-func (e *Engine) Stats() Stats {
+// Stats returns the agent's counters.
+func (e *Agent) Stats() Stats {
 	return Stats{Answers: e.sa.answers.Load(), Stray: e.sa.stray.Load()}
 }
 
 // SendOnlyFullMemberSupported reports whether the SA's ClassPortInfo, as
 // cached at port activation, has CapabilityMask2 bit 12.
-func (e *Engine) SendOnlyFullMemberSupported() bool {
+func (e *Agent) SendOnlyFullMemberSupported() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.cpiValid && e.sendOnly
@@ -161,7 +161,7 @@ func (e *Engine) SendOnlyFullMemberSupported() bool {
 
 // BroadcastGroup returns the cached record of the IPoIB broadcast group the
 // port joined at activation; false when the port has none (IPoIB down).
-func (e *Engine) BroadcastGroup() (GroupRecord, bool) {
+func (e *Agent) BroadcastGroup() (GroupRecord, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.bcast == nil {
@@ -176,15 +176,15 @@ func (e *Engine) BroadcastGroup() (GroupRecord, bool) {
 // acknowledges to the SA as the kernel's RMPP receiver does. It waits for
 // the SA: Config.Timeout per try, Config.Retries resends. A non-zero SA
 // status other than ERR_NO_RECORDS gives an error wrapping EINVAL; a
-// silent SA ETIMEDOUT; a closed engine ENODEV.
-func (e *Engine) GetTable(req GroupRecord, mask uint64) ([]GroupRecord, error) {
+// silent SA ETIMEDOUT; a closed agent ENODEV.
+func (e *Agent) GetTable(req GroupRecord, mask uint64) ([]GroupRecord, error) {
 	return e.sa.getTable(&req, mask)
 }
 
 // Refresh reads the SA's ClassPortInfo and joins the IPoIB broadcast
 // group, as the port's activation (and a client reregister) does. It
 // waits for the SA.
-func (e *Engine) Refresh() {
+func (e *Agent) Refresh() {
 	cpi, err := e.sa.classPortInfo()
 	e.mu.Lock()
 	e.cpiValid = err == nil
@@ -206,8 +206,8 @@ func (e *Engine) Refresh() {
 // errno (-EINVAL for an SA rejection or a record mismatch, -ETIMEDOUT when
 // the SA does not answer); later it may run again with -ENETRESET when
 // the port loses the group. cb runs with the group's lock held: it must
-// not call back into the engine.
-func (e *Engine) Join(req GroupRecord, mask uint64, cb func(status int, rec *GroupRecord)) (*Member, error) {
+// not call back into the agent.
+func (e *Agent) Join(req GroupRecord, mask uint64, cb func(status int, rec *GroupRecord)) (*Member, error) {
 	for {
 		e.mu.Lock()
 		if e.closed {
@@ -242,7 +242,7 @@ func (e *Engine) Join(req GroupRecord, mask uint64, cb func(status int, rec *Gro
 
 // Leave ends a join (ib_sa_free_multicast) and waits until the SA Delete
 // for the bits no local member still needs was answered; see StartLeave.
-func (e *Engine) Leave(m *Member) error { return e.StartLeave(m).Wait() }
+func (e *Agent) Leave(m *Member) error { return e.StartLeave(m).Wait() }
 
 // Leaving is a leave in progress.
 type Leaving struct {
@@ -254,7 +254,7 @@ type Leaving struct {
 // after which the member's callback never runs again, drops the member's
 // counts, and queues the SA Delete for the bits no local member still
 // needs behind the group's earlier requests. Wait waits for that Delete.
-func (e *Engine) StartLeave(m *Member) *Leaving {
+func (e *Agent) StartLeave(m *Member) *Leaving {
 	g := m.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -306,8 +306,8 @@ func unneeded(g *group) uint8 {
 }
 
 // kick starts the group's worker unless it runs (g.mu held). On a closed
-// engine the queue is dropped: leaves fail with ENODEV.
-func (e *Engine) kick(g *group) {
+// agent the queue is dropped: leaves fail with ENODEV.
+func (e *Agent) kick(g *group) {
 	if g.busy {
 		return
 	}
@@ -331,7 +331,7 @@ func (e *Engine) kick(g *group) {
 }
 
 // run is a group's worker: it takes the queued requests in order.
-func (e *Engine) run(g *group) {
+func (e *Agent) run(g *group) {
 	defer e.wg.Done()
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -348,7 +348,7 @@ func (e *Engine) run(g *group) {
 	e.forgetIfUnused(g)
 }
 
-func (e *Engine) generation() uint64 {
+func (e *Agent) generation() uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.gen
@@ -356,7 +356,7 @@ func (e *Engine) generation() uint64 {
 
 // doJoin runs one member's join (g.mu held; released while the SA is
 // asked).
-func (e *Engine) doJoin(g *group, m *Member) {
+func (e *Agent) doJoin(g *group, m *Member) {
 	var rec GroupRecord
 	for {
 		if m.gone {
@@ -408,7 +408,7 @@ func (e *Engine) doJoin(g *group, m *Member) {
 }
 
 // rekey files a group whose MGID the SA assigned under that MGID (g.mu held).
-func (e *Engine) rekey(g *group, mgid verbs.GID) {
+func (e *Agent) rekey(g *group, mgid verbs.GID) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.groups[g.key] == g {
@@ -422,7 +422,7 @@ func (e *Engine) rekey(g *group, mgid verbs.GID) {
 
 // doLeave sends the Delete for the bits no active member needs (g.mu
 // held; released while the SA is asked).
-func (e *Engine) doLeave(g *group) error {
+func (e *Agent) doLeave(g *group) error {
 	bits := unneeded(g)
 	if bits == 0 {
 		return nil
@@ -441,7 +441,7 @@ func (e *Engine) doLeave(g *group) error {
 
 // forgetIfUnused drops a group without members, memberships or queued
 // requests (g.mu held).
-func (e *Engine) forgetIfUnused(g *group) {
+func (e *Agent) forgetIfUnused(g *group) {
 	if len(g.members) != 0 || g.joinState != 0 || len(g.queue) != 0 || g.busy {
 		return
 	}
@@ -458,7 +458,7 @@ func (e *Engine) forgetIfUnused(g *group) {
 // memberships are forgotten (mcast_event_handler); a reregister or LID
 // change also refreshes the cached SA data in the background. Joins in
 // flight are sent again. Event never waits for the SA.
-func (e *Engine) Event(kind EventKind) {
+func (e *Agent) Event(kind EventKind) {
 	if kind == PortActive {
 		return
 	}
@@ -500,7 +500,7 @@ func (e *Engine) Event(kind EventKind) {
 }
 
 // Memberships returns the port's SA memberships, by MLID.
-func (e *Engine) Memberships() []Membership {
+func (e *Agent) Memberships() []Membership {
 	e.mu.Lock()
 	groups := make([]*group, 0, len(e.groups))
 	for _, g := range e.groups {
@@ -519,13 +519,13 @@ func (e *Engine) Memberships() []Membership {
 	return out
 }
 
-// PortGID returns the GID of the engine's port (index 0 of its GID
+// PortGID returns the GID of the agent's port (index 0 of its GID
 // table).
-func (e *Engine) PortGID() verbs.GID { return e.port.PortGID() }
+func (e *Agent) PortGID() verbs.GID { return e.port.PortGID() }
 
 // Close fails every pending SA request with ENODEV and waits for the
-// engine's goroutines; later joins fail with ENODEV.
-func (e *Engine) Close() {
+// agent's goroutines; later joins fail with ENODEV.
+func (e *Agent) Close() {
 	e.mu.Lock()
 	e.closed = true
 	e.mu.Unlock()
