@@ -38,6 +38,9 @@
 #include "capi.h"
 #include "_cgo_export.h"
 
+void sr_fork_listen(void);
+void sr_forkchild_reset(void (*fail_ctx)(struct ibv_context *));
+
 // softrdma_forked is set in the child of a fork() (the trampolines read it).
 int softrdma_forked;
 
@@ -180,12 +183,26 @@ static void sr_fork_prepare(void)
 {
 	// A child forking again has no Go to ask: it keeps the lists it
 	// inherited, whose ops its child handler set already.
-	if (!softrdma_forked)
+	if (!softrdma_forked) {
 		srForkPrepare();
+		sr_fork_listen();
+	}
+}
+
+static void sr_fork_fail_ctx(struct ibv_context *ctx)
+{
+	ctx->ops.poll_cq = sr_fork_poll_cq;
+	ctx->ops.req_notify_cq = sr_fork_req_notify_cq;
+	ctx->ops.post_send = sr_fork_post_send;
+	ctx->ops.post_recv = sr_fork_post_recv;
+	verbs_get_ctx(ctx)->query_port = sr_fork_query_port;
 }
 
 static void sr_fork_child(void)
 {
+	// A grandchild: the objects its parent (a child) made are not its own.
+	if (softrdma_forked)
+		sr_forkchild_reset(sr_fork_fail_ctx);
 	softrdma_forked = 1;
 	for (int i = 0; i < sr_fork_nctx; i++) {
 		struct sr_context *c = sr_fork_ctxs[i];

@@ -204,6 +204,23 @@ var forkENOSYS = map[string]bool{
 	"rdma_get_devices": true,
 }
 
+// forkServed are the calls a child of fork() makes through its parent
+// (capi/forkchild.c): in the child their trampoline jumps to
+// softrdma_child_<name>, with the program's arguments as they are.
+var forkServed = map[string]bool{
+	"ibv_ack_cq_events": true, "ibv_alloc_pd": true, "ibv_close_device": true, "ibv_create_ah": true,
+	"ibv_create_comp_channel": true, "ibv_create_cq": true, "ibv_create_qp": true, "ibv_dealloc_pd": true,
+	"ibv_dereg_mr": true, "ibv_destroy_ah": true, "ibv_destroy_comp_channel": true, "ibv_destroy_cq": true,
+	"ibv_destroy_qp": true, "ibv_get_cq_event": true, "ibv_get_device_list": true, "ibv_modify_qp": true,
+	"ibv_open_device": true, "ibv_query_device": true, "ibv_query_gid": true, "ibv_query_port": true,
+	"ibv_reg_mr": true, "ibv_reg_mr_iova": true, "ibv_reg_mr_iova2": true,
+	"rdma_ack_cm_event": true, "rdma_bind_addr": true, "rdma_create_event_channel": true,
+	"rdma_create_id": true, "rdma_create_qp": true, "rdma_destroy_event_channel": true,
+	"rdma_destroy_id": true, "rdma_destroy_qp": true, "rdma_get_cm_event": true, "rdma_getaddrinfo": true,
+	"rdma_join_multicast": true, "rdma_leave_multicast": true, "rdma_resolve_addr": true,
+	"rdma_resolve_route": true,
+}
+
 // Trampolines returns the assembly and the version script of a thin
 // library: every symbol of lib is a jump to its Target. On amd64 a symbol
 // that reaches Go first tests softrdma_forked (capi/fork.c): in the child
@@ -248,7 +265,11 @@ func Trampolines(lib, goarch string) (asm, script []byte, err error) {
 			fmt.Fprintf(&a, "\t.section .rodata\n%s_name:\n\t.asciz \"%s\"\n", label, s.Name)
 			fmt.Fprintf(&a, "\t.text\n\t.globl %s\n\t.type %s, %%function\n%s:\n", label, label, label)
 			fmt.Fprintf(&a, "\tmovq softrdma_forked@GOTPCREL(%%rip), %%r11\n\tcmpl $0, (%%r11)\n\tjne 1f\n\t"+jmp+"\n", s.Target())
-			fmt.Fprintf(&a, "1:\tleaq %s_name(%%rip), %%rdi\n\tmovl $%d, %%esi\n\tjmp softrdma_forked_%s@PLT\n", label, e, s.Kind)
+			if s.Default && forkServed[s.Name] {
+				fmt.Fprintf(&a, "1:\tjmp softrdma_child_%s@PLT\n", s.Name)
+			} else {
+				fmt.Fprintf(&a, "1:\tleaq %s_name(%%rip), %%rdi\n\tmovl $%d, %%esi\n\tjmp softrdma_forked_%s@PLT\n", label, e, s.Kind)
+			}
 		} else {
 			fmt.Fprintf(&a, "\t.text\n\t.globl %s\n\t.type %s, %%function\n%s:\n\t"+jmp+"\n", label, label, label, s.Target())
 		}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softrdma/softrdma/test/testenv"
+)
+
+// TestExecForkWorkers runs testdata/forkworkers.c through softrdma exec:
+// after the parent opened a device it forks two workers, and each makes
+// its own event channel, id, context objects and UD QP through the parent
+// (docs/c-programs.md, "fork()"), joins one multicast group on lo, and
+// one sends 50 messages the other receives in order, through a
+// completion channel; the parent's context used in a worker gives
+// EINVAL; both workers exit 0 and the parent uses its context after.
+func TestExecForkWorkers(t *testing.T) {
+	requireRDMACore(t)
+	dir := execDir(t)
+	prog := buildCTest(t, dir, "forkworkers", "-lrdmacm")
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd, out := startExec(t, ctx, dir, prog, "50")
+	err := cmd.Wait()
+	out.wait("\x00")
+	t.Logf("forkworkers:\n%s", out)
+	if err != nil {
+		t.Fatalf("forkworkers: %v", err)
+	}
+	for _, want := range []string{"sender: sent 50", "receiver: received 50 in order", "ok"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+}
+
+// TestExecForkLatency runs forkworkers lat: the time per call of
+// ibv_query_port and of an empty ibv_poll_cq in the parent and in a child
+// of fork() (a round trip to the parent each); it logs them and checks
+// that the child's calls work.
+func TestExecForkLatency(t *testing.T) {
+	requireRDMACore(t)
+	dir := execDir(t)
+	prog := buildCTest(t, dir, "forkworkers", "-lrdmacm")
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd, out := startExec(t, ctx, dir, prog, "lat", "2000")
+	err := cmd.Wait()
+	out.wait("\x00")
+	t.Logf("forkworkers lat:\n%s", out)
+	if err != nil {
+		t.Fatalf("forkworkers lat: %v", err)
+	}
+	for _, want := range []string{"child: ibv_query_port", "child: empty ibv_poll_cq", "ok"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+}

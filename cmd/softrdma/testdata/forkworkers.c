@@ -1,0 +1,264 @@
+// forkworkers.c: workers forked after their parent opened a device, each
+// with channels, ids, contexts and QPs of its own (see docs/c-programs.md,
+// "fork()").
+//
+// forkworkers [N]: the parent opens the first device, then forks two
+// workers. Each creates its own event channel and UDP id, resolves
+// 127.0.0.1 to a multicast group, makes its PD, CQ and UD QP on the id's
+// context (rdma_create_qp), registers its memory and joins the group
+// (the join's event brings back the context it was given, the AH
+// attributes, QPN and Q_Key). The receiver posts N receives before it
+// joins, tells the sender (a pipe) once it joined, and waits for N
+// messages through a completion channel (ibv_req_notify_cq,
+// ibv_get_cq_event); the sender sends N messages, each after the one
+// before completed. Every message is checked ("msg <i>" in order). Each
+// worker also checks that the parent's context, used in the child, gives
+// EINVAL. The parent waits for both, checks they exited 0, uses its own
+// context again, and prints "ok".
+//
+// forkworkers lat [N]: the time per call of ibv_query_port and of an
+// ibv_poll_cq that finds nothing, N calls each, in the parent and in a
+// child of fork().
+//
+// An alarm kills a hung run after 60 s.
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#define GRH 40
+#define LEN 64
+#define GROUP "239.23.3.1"
+
+#define CHECK(cond, ...)                                                                                             \
+	do {                                                                                                         \
+		if (!(cond)) {                                                                                       \
+			fprintf(stderr, "%s: ", role);                                                               \
+			fprintf(stderr, __VA_ARGS__);                                                                \
+			fprintf(stderr, "\n");                                                                       \
+			exit(1);                                                                                     \
+		}                                                                                                    \
+	} while (0)
+
+static const char *role = "parent";
+static struct ibv_context *pctx; // the parent's
+static int nmsg = 50;
+
+static struct rdma_cm_event *wait_event(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
+{
+	struct rdma_cm_event *ev;
+	CHECK(rdma_get_cm_event(ch, &ev) == 0, "rdma_get_cm_event: %s", strerror(errno));
+	CHECK(ev->event == want, "event %s (status %d), want %s", rdma_event_str(ev->event), ev->status,
+	      rdma_event_str(want));
+	return ev;
+}
+
+static void worker(int sender, int ready[2])
+{
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id;
+	struct rdma_cm_event *ev;
+	struct sockaddr_in src = { .sin_family = AF_INET }, dst = { .sin_family = AF_INET };
+	struct ibv_comp_channel *cc = NULL;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_mr *mr;
+	struct ibv_ah *ah;
+	struct ibv_qp_init_attr qa;
+	struct ibv_wc wc;
+	uint32_t rqpn, rqkey;
+	size_t slot = GRH + LEN;
+	char *buf;
+	int joinctx, got = 0;
+
+	role = sender ? "sender" : "receiver";
+	close(ready[sender ? 1 : 0]);
+	CHECK(!ibv_alloc_pd(pctx) && errno == EINVAL, "ibv_alloc_pd on the parent's context: errno %d, want EINVAL",
+	      errno);
+	CHECK(ch = rdma_create_event_channel(), "rdma_create_event_channel: %s", strerror(errno));
+	CHECK(rdma_create_id(ch, &id, &joinctx, RDMA_PS_UDP) == 0, "rdma_create_id: %s", strerror(errno));
+	inet_pton(AF_INET, "127.0.0.1", &src.sin_addr);
+	inet_pton(AF_INET, GROUP, &dst.sin_addr);
+	CHECK(rdma_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst, 2000) == 0,
+	      "rdma_resolve_addr: %s", strerror(errno));
+	ev = wait_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+	CHECK(ev->id == id, "the event's id is not the worker's");
+	rdma_ack_cm_event(ev);
+	CHECK(id->verbs, "no context on the resolved id");
+	CHECK(pd = ibv_alloc_pd(id->verbs), "ibv_alloc_pd: %s", strerror(errno));
+	if (!sender)
+		CHECK(cc = ibv_create_comp_channel(id->verbs), "ibv_create_comp_channel: %s", strerror(errno));
+	CHECK(cq = ibv_create_cq(id->verbs, 2 * nmsg, &joinctx, cc, 0), "ibv_create_cq: %s", strerror(errno));
+	memset(&qa, 0, sizeof qa);
+	qa.qp_type = IBV_QPT_UD;
+	qa.send_cq = qa.recv_cq = cq;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = nmsg;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	CHECK(rdma_create_qp(id, pd, &qa) == 0, "rdma_create_qp: %s", strerror(errno));
+	CHECK(id->qp && id->qp->qp_num, "no QP on the id");
+	CHECK(buf = calloc(nmsg, slot), "calloc");
+	CHECK(mr = ibv_reg_mr(pd, buf, nmsg * slot, IBV_ACCESS_LOCAL_WRITE), "ibv_reg_mr: %s", strerror(errno));
+	if (!sender)
+		for (int i = 0; i < nmsg; i++) {
+			struct ibv_sge sge = { (uintptr_t)(buf + i * slot), slot, mr->lkey };
+			struct ibv_recv_wr wr = { .wr_id = i, .sg_list = &sge, .num_sge = 1 }, *bad;
+			CHECK(ibv_post_recv(id->qp, &wr, &bad) == 0, "ibv_post_recv: %s", strerror(errno));
+		}
+	CHECK(rdma_join_multicast(id, (struct sockaddr *)&dst, &joinctx) == 0, "rdma_join_multicast: %s",
+	      strerror(errno));
+	ev = wait_event(ch, RDMA_CM_EVENT_MULTICAST_JOIN);
+	CHECK(ev->param.ud.private_data == &joinctx, "the join's event lacks the join's context");
+	CHECK(ah = ibv_create_ah(pd, &ev->param.ud.ah_attr), "ibv_create_ah: %s", strerror(errno));
+	rqpn = ev->param.ud.qp_num;
+	rqkey = ev->param.ud.qkey;
+	rdma_ack_cm_event(ev);
+
+	if (sender) {
+		char c;
+		CHECK(read(ready[0], &c, 1) == 1, "the receiver did not get ready");
+		for (int i = 0; i < nmsg; i++) {
+			char *m = buf + i * slot;
+			struct ibv_sge sge = { (uintptr_t)m, LEN, mr->lkey };
+			struct ibv_send_wr wr = { .wr_id = 1000 + i, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+						  .send_flags = IBV_SEND_SIGNALED }, *bad;
+			int n;
+			snprintf(m, LEN, "msg %d", i);
+			wr.wr.ud.ah = ah;
+			wr.wr.ud.remote_qpn = rqpn;
+			wr.wr.ud.remote_qkey = rqkey;
+			CHECK(ibv_post_send(id->qp, &wr, &bad) == 0, "ibv_post_send: %s", strerror(errno));
+			while ((n = ibv_poll_cq(cq, 1, &wc)) == 0)
+				;
+			CHECK(n == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)(1000 + i),
+			      "send %d: poll %d status %s wr_id %llu", i, n, ibv_wc_status_str(wc.status),
+			      (unsigned long long)wc.wr_id);
+		}
+		printf("sender: sent %d\n", nmsg);
+	} else {
+		CHECK(write(ready[1], "r", 1) == 1, "write");
+		while (got < nmsg) {
+			struct ibv_cq *ecq;
+			void *ectx;
+			int n;
+			CHECK(ibv_req_notify_cq(cq, 0) == 0, "ibv_req_notify_cq");
+			while ((n = ibv_poll_cq(cq, 1, &wc)) == 1) {
+				char want[LEN];
+				CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV, "receive: %s",
+				      ibv_wc_status_str(wc.status));
+				CHECK(wc.wr_id == (uint64_t)got, "receive %d has wr_id %llu", got, (unsigned long long)wc.wr_id);
+				CHECK(wc.byte_len == GRH + LEN, "receive %d: %u bytes", got, wc.byte_len);
+				snprintf(want, sizeof want, "msg %d", got);
+				CHECK(!strcmp(buf + got * slot + GRH, want), "receive %d: %.20s, want %s", got,
+				      buf + got * slot + GRH, want);
+				got++;
+			}
+			CHECK(n == 0, "ibv_poll_cq: %d", n);
+			if (got == nmsg)
+				break;
+			CHECK(ibv_get_cq_event(cc, &ecq, &ectx) == 0 && ecq == cq && ectx == &joinctx,
+			      "ibv_get_cq_event: %s", strerror(errno));
+			ibv_ack_cq_events(cq, 1);
+		}
+		printf("receiver: received %d in order\n", got);
+	}
+	fflush(stdout);
+	CHECK(rdma_leave_multicast(id, (struct sockaddr *)&dst) == 0, "rdma_leave_multicast: %s", strerror(errno));
+	CHECK(ibv_destroy_ah(ah) == 0, "ibv_destroy_ah");
+	rdma_destroy_qp(id);
+	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+	CHECK(ibv_destroy_cq(cq) == 0, "ibv_destroy_cq");
+	if (cc)
+		CHECK(ibv_destroy_comp_channel(cc) == 0, "ibv_destroy_comp_channel");
+	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd: %s", strerror(errno));
+	CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id: %s", strerror(errno));
+	rdma_destroy_event_channel(ch);
+	exit(0);
+}
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+// measure prints the time per call of ibv_query_port and of an empty
+// ibv_poll_cq on ctx, n each.
+static void measure(struct ibv_context *ctx, int n)
+{
+	struct ibv_port_attr pa;
+	struct ibv_wc wc;
+	struct ibv_cq *cq;
+	double t;
+	CHECK(cq = ibv_create_cq(ctx, 16, NULL, NULL, 0), "ibv_create_cq: %s", strerror(errno));
+	t = now();
+	for (int i = 0; i < n; i++)
+		CHECK(ibv_query_port(ctx, 1, &pa) == 0, "ibv_query_port: %s", strerror(errno));
+	printf("%s: ibv_query_port %.1f us/call\n", role, (now() - t) / n * 1e6);
+	t = now();
+	for (int i = 0; i < n; i++)
+		CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "ibv_poll_cq");
+	printf("%s: empty ibv_poll_cq %.2f us/call\n", role, (now() - t) / n * 1e6);
+	fflush(stdout);
+	ibv_destroy_cq(cq);
+}
+
+int main(int argc, char **argv)
+{
+	struct ibv_device **list;
+	struct ibv_device_attr da;
+	int n, ready[2], st, lat = argc > 1 && !strcmp(argv[1], "lat");
+	pid_t pids[2];
+
+	alarm(60);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc > 1 + lat)
+		nmsg = atoi(argv[1 + lat]);
+	CHECK(list = ibv_get_device_list(&n), "ibv_get_device_list: %s", strerror(errno));
+	CHECK(n > 0, "no devices");
+	CHECK(pctx = ibv_open_device(list[0]), "ibv_open_device: %s", strerror(errno));
+	if (lat) {
+		pid_t pid;
+		measure(pctx, nmsg);
+		pid = fork();
+		CHECK(pid >= 0, "fork: %s", strerror(errno));
+		if (pid == 0) {
+			struct ibv_context *c;
+			role = "child";
+			CHECK(c = ibv_open_device(list[0]), "child: ibv_open_device: %s", strerror(errno));
+			measure(c, nmsg);
+			ibv_close_device(c);
+			exit(0);
+		}
+		CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child failed: %#x", st);
+		ibv_close_device(pctx);
+		printf("ok\n");
+		return 0;
+	}
+	CHECK(pipe(ready) == 0, "pipe");
+	for (int i = 0; i < 2; i++) {
+		pids[i] = fork();
+		CHECK(pids[i] >= 0, "fork: %s", strerror(errno));
+		if (pids[i] == 0)
+			worker(i == 1, ready);
+	}
+	close(ready[0]);
+	close(ready[1]);
+	for (int i = 0; i < 2; i++) {
+		CHECK(waitpid(pids[i], &st, 0) == pids[i], "waitpid: %s", strerror(errno));
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the %s exited with status %#x", i ? "sender" : "receiver",
+		      st);
+	}
+	CHECK(ibv_query_device(pctx, &da) == 0, "ibv_query_device after the workers: %s", strerror(errno));
+	CHECK(ibv_close_device(pctx) == 0, "ibv_close_device");
+	ibv_free_device_list(list);
+	printf("ok\n");
+	return 0;
+}
