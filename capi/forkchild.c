@@ -113,6 +113,8 @@ static void fkc_del(const void *p)
 	free(o);
 }
 
+static struct ibv_pd *fkc_pd_get(uint64_t rh, struct ibv_context *ctx);
+
 // ---- the connection ----
 
 static __thread int fkc_fd = -1;
@@ -257,7 +259,7 @@ static int fkc_op_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 
 static int fkc_op_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
-	static __thread char buf[FK_MAX];
+	char buf[FK_MAX / 4];
 	struct fk_hdr h = { .op = FK_POST_SEND, .a = { fkc_rh(FKC_QP, qp) } };
 	if (!h.a[0]) {
 		if (bad_wr)
@@ -309,7 +311,7 @@ static int fkc_op_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ib
 
 static int fkc_op_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 {
-	static __thread char buf[FK_MAX];
+	char buf[FK_MAX / 4];
 	struct fk_hdr h = { .op = FK_POST_RECV, .a = { fkc_rh(FKC_QP, qp) } };
 	if (!h.a[0]) {
 		if (bad_wr)
@@ -744,7 +746,7 @@ static struct ibv_qp *fkc_qp_of(struct fk_qpinfo *qi, struct ibv_context *ctx, v
 		return NULL;
 	qp->context = ctx;
 	qp->qp_context = qp_context;
-	qp->pd = fkc_local(FKC_PD, qi->pd);
+	qp->pd = fkc_pd_get(qi->pd, ctx);
 	qp->send_cq = fkc_local(FKC_CQ, qi->send_cq);
 	qp->recv_cq = fkc_local(FKC_CQ, qi->recv_cq);
 	if (!qp->send_cq && qi->send_cq)
@@ -836,13 +838,47 @@ void softrdma_child_rdma_destroy_event_channel(struct rdma_event_channel *channe
 	}
 }
 
+// fkc_pd_get is the child's PD of the parent's rh, made for the child when
+// it has none (the PD rdma_create_qp made for an id).
+static struct ibv_pd *fkc_pd_get(uint64_t rh, struct ibv_context *ctx)
+{
+	struct ibv_pd *pd = fkc_local(FKC_PD, rh);
+	if (pd || !rh || !ctx || !(pd = calloc(1, sizeof *pd)))
+		return pd;
+	pd->context = ctx;
+	fkc_add(FKC_PD, rh, pd);
+	return pd;
+}
+
+// fkc_chan_get is the child's completion channel of the parent's rh,
+// made for the child when it has none (one rdma_create_qp made).
+static struct ibv_comp_channel *fkc_chan_get(uint64_t rh, struct ibv_context *ctx)
+{
+	struct ibv_comp_channel *ch = fkc_local(FKC_CHAN, rh);
+	struct fk_hdr h = { .op = FK_CHAN_INFO, .a = { rh } };
+	int fd = -1;
+	if (ch || !rh)
+		return ch;
+	if (fkc_call(&h, NULL, 0, NULL, 0, &fd))
+		return NULL;
+	if (!(ch = calloc(1, sizeof *ch))) {
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	ch->context = ctx;
+	ch->fd = fd;
+	fkc_add(FKC_CHAN, rh, ch);
+	return ch;
+}
+
 // fkc_id_update mirrors the parent's id into the child's.
 static void fkc_id_update(struct rdma_cm_id *id, struct fk_idinfo *ii)
 {
 	if (ii->verbs)
 		id->verbs = fkc_ctx_get(ii->verbs);
 	if (ii->pd)
-		id->pd = fkc_local(FKC_PD, ii->pd);
+		id->pd = fkc_pd_get(ii->pd, id->verbs);
 	id->ps = ii->ps;
 	id->qp_type = ii->qp_type;
 	id->port_num = ii->port_num;
@@ -852,6 +888,21 @@ static void fkc_id_update(struct rdma_cm_id *id, struct fk_idinfo *ii)
 		if (id->qp) {
 			id->send_cq = id->qp->send_cq;
 			id->recv_cq = id->qp->recv_cq;
+			// The CQs rdma_create_qp made: their channels, and the id
+			// as their context (as librdmacm's).
+			if (ii->scq_ch && !id->send_cq_channel)
+				id->send_cq_channel = fkc_chan_get(ii->scq_ch, id->verbs);
+			if (ii->rcq_ch && !id->recv_cq_channel)
+				id->recv_cq_channel = ii->rcq_ch == ii->scq_ch ? id->send_cq_channel
+									       : fkc_chan_get(ii->rcq_ch, id->verbs);
+			if (id->send_cq && ii->scq_ch && !id->send_cq->channel) {
+				id->send_cq->channel = id->send_cq_channel;
+				id->send_cq->cq_context = id;
+			}
+			if (id->recv_cq && ii->rcq_ch && !id->recv_cq->channel) {
+				id->recv_cq->channel = id->recv_cq_channel;
+				id->recv_cq->cq_context = id;
+			}
 		}
 	} else if (!ii->qp.qp) {
 		id->qp = NULL;
@@ -902,12 +953,28 @@ static size_t fkc_salen(const struct sockaddr *sa)
 	return sizeof(struct sockaddr);
 }
 
+static int fkc_id_call5(int op, struct rdma_cm_id *id, const struct sockaddr *s0, const struct sockaddr *s1,
+			uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4);
+
 // fkc_id_call runs op on id with the addresses s0 and s1 (each in a
 // struct sockaddr_storage of the request) and mirrors the id after.
 static int fkc_id_call(int op, struct rdma_cm_id *id, const struct sockaddr *s0, const struct sockaddr *s1,
 		       uint64_t a1, uint64_t a2)
 {
-	struct fk_hdr h = { .op = op, .a = { fkc_rh(FKC_ID, id), a1, a2 } };
+	return fkc_id_call5(op, id, s0, s1, a1, a2, 0, 0);
+}
+
+int softrdma_child_rdma_join_multicast_ex(struct rdma_cm_id *id, struct rdma_cm_join_mc_attr_ex *attr, void *context)
+{
+	if (!attr || !attr->addr)
+		RET_NEG(EINVAL);
+	return fkc_id_call5(FK_JOIN, id, attr->addr, NULL, (uintptr_t)context, attr->comp_mask, attr->join_flags, 1);
+}
+
+static int fkc_id_call5(int op, struct rdma_cm_id *id, const struct sockaddr *s0, const struct sockaddr *s1,
+			uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4)
+{
+	struct fk_hdr h = { .op = op, .a = { fkc_rh(FKC_ID, id), a1, a2, a3, a4 } };
 	struct sockaddr_storage s[2];
 	struct fk_idinfo ii;
 	int e;
@@ -1038,7 +1105,7 @@ int softrdma_child_rdma_ack_cm_event(struct rdma_cm_event *event)
 int softrdma_child_rdma_getaddrinfo(const char *node, const char *service, const struct rdma_addrinfo *hints,
 				    struct rdma_addrinfo **res)
 {
-	static __thread char in[FK_MAX], out[FK_MAX];
+	char in[4096], out[8192];
 	struct fk_hdr h = { .op = FK_GETADDRINFO, .a = { node != NULL, service != NULL, hints != NULL } };
 	struct rdma_addrinfo *head = NULL, **tail = &head;
 	size_t off = 0;
@@ -1053,8 +1120,16 @@ int softrdma_child_rdma_getaddrinfo(const char *node, const char *service, const
 	if (service)
 		off += strlen(strcpy(in + off, service)) + 1;
 	if (hints) {
-		memcpy(in + off, hints, sizeof *hints);
-		off += sizeof *hints;
+		// The hints' addresses follow them (their lengths in them).
+		struct rdma_addrinfo hc = *hints;
+		if (!hc.ai_src_addr || hc.ai_src_len > sizeof(struct sockaddr_storage))
+			hc.ai_src_len = 0;
+		if (!hc.ai_dst_addr || hc.ai_dst_len > sizeof(struct sockaddr_storage))
+			hc.ai_dst_len = 0;
+		memcpy(in + off, &hc, sizeof hc);
+		off += sizeof hc;
+		memcpy(in + off, hints->ai_src_addr, hc.ai_src_len), off += hc.ai_src_len;
+		memcpy(in + off, hints->ai_dst_addr, hc.ai_dst_len), off += hc.ai_dst_len;
 	}
 	if ((e = fkc_rpc(&h, in, off, out, sizeof out, NULL)))
 		RET_NEG(e);

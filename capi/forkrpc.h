@@ -31,7 +31,7 @@ enum {
 	FK_CREATE_EVENT_CHANNEL, FK_DESTROY_EVENT_CHANNEL, FK_CREATE_ID, FK_DESTROY_ID,
 	FK_BIND_ADDR, FK_RESOLVE_ADDR, FK_RESOLVE_ROUTE, FK_CM_CREATE_QP, FK_CM_DESTROY_QP,
 	FK_GET_CM_EVENT, FK_ACK_CM_EVENT, FK_JOIN, FK_LEAVE, FK_GETADDRINFO, FK_ID_INFO,
-	FK_NOP,
+	FK_CHAN_INFO, FK_NOP,
 };
 
 // fk_qpinfo is what the child's struct ibv_qp mirrors of the parent's.
@@ -45,6 +45,7 @@ struct fk_qpinfo {
 struct fk_idinfo {
 	uint64_t id, verbs, pd;
 	struct fk_qpinfo qp; // qp.qp == 0: no QP
+	uint64_t scq_ch, rcq_ch; // the channels of the CQs rdma_create_qp made
 	uint32_t ps, qp_type, port_num, pad;
 	struct rdma_addr addr;
 };

@@ -69,6 +69,7 @@ SR_DECL(rdma_destroy_qp);
 SR_DECL(rdma_get_cm_event);
 SR_DECL(rdma_ack_cm_event);
 SR_DECL(rdma_join_multicast);
+SR_DECL(rdma_join_multicast_ex);
 SR_DECL(rdma_leave_multicast);
 SR_DECL(rdma_getaddrinfo);
 SR_DECL(rdma_freeaddrinfo);
@@ -313,6 +314,8 @@ static void fk_idinfo_of(struct fk_idinfo *ii, struct rdma_cm_id *id)
 	ii->verbs = (uintptr_t)id->verbs;
 	ii->pd = (uintptr_t)id->pd;
 	fk_qpinfo_of(&ii->qp, id->qp, NULL);
+	ii->scq_ch = (uintptr_t)id->send_cq_channel;
+	ii->rcq_ch = (uintptr_t)id->recv_cq_channel;
 	ii->ps = id->ps;
 	ii->qp_type = id->qp_type;
 	ii->port_num = id->port_num;
@@ -402,6 +405,9 @@ static void fk_call(struct fk_conn *c)
 		c->outfd = ctx->async_fd;
 		break;
 	}
+	case FK_CHAN_INFO:
+		c->outfd = ((struct ibv_comp_channel *)fk_p(a[0]))->fd;
+		break;
 	case FK_CLOSE_DEVICE: {
 		struct fk_own *o = fk_own_take(c->g, fk_p(a[0]));
 		if (!o)
@@ -785,7 +791,15 @@ static void fk_call(struct fk_conn *c)
 			r = softrdma_rdma_resolve_addr(id, a[2] ? (struct sockaddr *)&s[0] : NULL, (struct sockaddr *)&s[1], a[1]);
 			break;
 		case FK_RESOLVE_ROUTE: r = softrdma_rdma_resolve_route(id, a[1]); break;
-		case FK_JOIN: r = softrdma_rdma_join_multicast(id, (struct sockaddr *)&s[0], fk_p(a[1])); break;
+		case FK_JOIN:
+			if (a[4]) {
+				struct rdma_cm_join_mc_attr_ex ja = { .comp_mask = a[2], .join_flags = a[3],
+								      .addr = (struct sockaddr *)&s[0] };
+				r = softrdma_rdma_join_multicast_ex(id, &ja, fk_p(a[1]));
+			} else {
+				r = softrdma_rdma_join_multicast(id, (struct sockaddr *)&s[0], fk_p(a[1]));
+			}
+			break;
 		case FK_LEAVE: r = softrdma_rdma_leave_multicast(id, (struct sockaddr *)&s[0]); break;
 		}
 		if (r)
@@ -833,10 +847,23 @@ static void fk_call(struct fk_conn *c)
 			service = p;
 			p += strlen(p) + 1;
 		}
+		struct sockaddr_storage hs, hd;
 		if (a[2]) {
 			memcpy(&hints, p, sizeof hints);
+			p += sizeof hints;
 			hints.ai_src_addr = hints.ai_dst_addr = NULL;
-			hints.ai_src_len = hints.ai_dst_len = 0;
+			if (hints.ai_src_len > sizeof hs || hints.ai_dst_len > sizeof hd ||
+			    p + hints.ai_src_len + hints.ai_dst_len > c->in + len)
+				FAIL(EINVAL);
+			if (hints.ai_src_len) {
+				memcpy(&hs, p, hints.ai_src_len);
+				p += hints.ai_src_len;
+				hints.ai_src_addr = (struct sockaddr *)&hs;
+			}
+			if (hints.ai_dst_len) {
+				memcpy(&hd, p, hints.ai_dst_len);
+				hints.ai_dst_addr = (struct sockaddr *)&hd;
+			}
 			hints.ai_src_canonname = hints.ai_dst_canonname = NULL;
 			hints.ai_route = hints.ai_connect = NULL;
 			hints.ai_route_len = hints.ai_connect_len = 0;

@@ -217,7 +217,7 @@ var forkServed = map[string]bool{
 	"rdma_ack_cm_event": true, "rdma_bind_addr": true, "rdma_create_event_channel": true,
 	"rdma_create_id": true, "rdma_create_qp": true, "rdma_destroy_event_channel": true,
 	"rdma_destroy_id": true, "rdma_destroy_qp": true, "rdma_get_cm_event": true, "rdma_getaddrinfo": true,
-	"rdma_join_multicast": true, "rdma_leave_multicast": true, "rdma_resolve_addr": true,
+	"rdma_join_multicast": true, "rdma_join_multicast_ex": true, "rdma_leave_multicast": true, "rdma_resolve_addr": true,
 	"rdma_resolve_route": true,
 }
 
