@@ -19,8 +19,9 @@ export LC_ALL=C DEBIAN_FRONTEND=noninteractive
 here=$(cd "$(dirname "$0")" && pwd)
 cache_root=${SOFTRDMA_INTEROP_CACHE:-/var/cache/softrdma-interop}
 suite=bookworm
-# Packages of the guest's root filesystem.
-guest_pkgs=(rdma-core ibverbs-providers rdmacm-utils ibverbs-utils perftest iproute2 kmod)
+# Packages of the guest's root filesystem (python3-pyverbs: test/interop's
+# TestPyverbs runs rdma-core's own Python tests on the kernel's rxe).
+guest_pkgs=(rdma-core ibverbs-providers rdmacm-utils ibverbs-utils perftest iproute2 kmod python3-pyverbs)
 # Modules the guest loads (their dependencies are resolved with modprobe).
 # crc32_generic: rxe allocates the "crc32" shash at device creation (a
 # runtime request, not a module dependency). veth: provider/rdmacore's
