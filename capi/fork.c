@@ -7,18 +7,22 @@
 // devices, are not there, and any lock one of them held stays held. A
 // call into Go in the child could hang or crash. So no call of the child
 // reaches Go: a pthread_atfork child handler sets softrdma_forked, which
-// the thin libraries' trampolines test before they jump (internal/capibuild):
-// when it is set, a call that would reach Go goes to softrdma_forked_<kind>
+// the thin libraries' trampolines test before they jump (internal/capibuild).
+// When it is set, the calls a child makes its own objects with and uses
+// them by go to softrdma_child_<name> (forkchild.c), which sends them to
+// the parent (forkserve.c: the prepare handler starts that service, once,
+// with sr_fork_listen); the others go to softrdma_forked_<kind>
 // instead, which prints one line on stderr (once per process), sets errno
 // and returns the call's failure (NULL, -1, the errno, or nothing): EINVAL
-// for a call on an object (every object the child has is its parent's),
-// ENOSYS for the calls that make objects from nothing
-// (ibv_get_device_list, rdma_create_event_channel, rdma_getaddrinfo,
-// rdma_get_devices). The inline functions of verbs.h do not go through the
+// for a call on an object (one of the parent's), ENOSYS for the other
+// calls that make objects from nothing. The child's own objects are
+// known to forkchild.c; one of the parent's, given to a softrdma_child_
+// call, gets EINVAL too. The inline functions of verbs.h do not go through the
 // trampolines but through the context's ops (ibv_post_send, ibv_poll_cq,
 // …) and the extended QP's wr_complete: the prepare handler (in the parent,
 // where Go runs) notes every context and QP, and the child handler points
-// their ops at functions that fail the same way. Calls that never reach Go
+// their ops at functions that fail the same way; the child's own contexts
+// have ops of forkchild.c. Calls that never reach Go
 // (the *_str texts, ibv_get_device_name, ibv_free_device_list,
 // ibv_fork_init, ibv_is_fork_initialized …) work in the child. A child
 // that execs a program starts afresh: the new program loads the libraries
@@ -46,12 +50,12 @@ int softrdma_forked;
 
 static int sr_fork_said;
 
-static void sr_fork_say(const char *call)
+void sr_fork_say(const char *call)
 {
 	if (__atomic_exchange_n(&sr_fork_said, 1, __ATOMIC_RELAXED))
 		return;
-	fprintf(stderr, "softrdma: %s in a child of fork(): softrdma's devices and objects stay in the parent "
-			"process (exec a program to use RDMA in the child)\n", call);
+	fprintf(stderr, "softrdma: %s in a child of fork(): the parent's objects stay the parent's, and a child "
+			"makes its own through the parent with the calls docs/c-programs.md lists (\"fork()\")\n", call);
 }
 
 void *softrdma_forked_ptr(const char *call, int err)

@@ -28,6 +28,7 @@
 #undef ibv_query_port
 #undef ibv_reg_mr
 
+void sr_fork_say(const char *call);
 extern char fk_addr[64];
 extern int fk_addr_len;
 
@@ -80,6 +81,8 @@ static uint64_t fkc_rh(int kind, const void *p)
 			break;
 		}
 	pthread_mutex_unlock(&fkc_mu);
+	if (!rh)
+		sr_fork_say("a call on an object of the parent");
 	return rh;
 }
 
