@@ -231,6 +231,7 @@ static void fk_group_put(struct fk_group *g, int owner)
 	pthread_mutex_unlock(&fk_mu);
 }
 
+// fk_mr_by_lkey finds the child's MR of lkey; g->mu is held.
 static struct fk_own *fk_mr_by_lkey(struct fk_group *g, uint32_t lkey)
 {
 	for (struct fk_own *o = g->own; o; o = o->next)
@@ -331,11 +332,21 @@ static int fk_sges(struct fk_conn *c, struct fk_wr_sge *in, int n, struct ibv_sg
 		   char **tmp)
 {
 	for (int i = 0; i < n; i++) {
-		struct fk_own *m = fk_mr_by_lkey(c->g, in[i].lkey);
+		struct fk_own *m;
+		uint64_t caddr = 0;
+		size_t mlen = 0;
+		char *shadow = NULL;
+		pthread_mutex_lock(&c->g->mu);
+		if ((m = fk_mr_by_lkey(c->g, in[i].lkey))) {
+			caddr = m->caddr;
+			mlen = m->len;
+			shadow = m->shadow;
+		}
+		pthread_mutex_unlock(&c->g->mu);
 		out[i].length = in[i].length;
 		out[i].lkey = in[i].lkey;
-		if (m && in[i].addr >= m->caddr && in[i].addr + in[i].length <= m->caddr + m->len) {
-			char *s = (char *)m->shadow + (in[i].addr - m->caddr);
+		if (shadow && in[i].addr >= caddr && in[i].addr + in[i].length <= caddr + mlen) {
+			char *s = shadow + (in[i].addr - caddr);
 			out[i].addr = (uintptr_t)s;
 			if (send && fk_read_child(c, s, in[i].addr, in[i].length))
 				return EFAULT;
