@@ -37,7 +37,7 @@ var Known = map[string]string{
 var internal = []string{
 	"SOFTRDMA_TEST_", "SOFTRDMA_BENCH_", "SOFTRDMA_LAT_", "SOFTRDMA_INTEROP_",
 	"SOFTRDMA_CONFORMANCE_", "SOFTRDMA_RDMACORE_", "SOFTRDMA_INTROSPECT_",
-	"SOFTRDMA_CAPI_", "SOFTRDMA_ARTIFACTS",
+	"SOFTRDMA_CAPI_", "SOFTRDMA_PYVERBS_", "SOFTRDMA_ARTIFACTS",
 }
 
 // Names returns the variables of Known, sorted.
