@@ -919,7 +919,9 @@ int softrdma_child_rdma_create_id(struct rdma_event_channel *channel, struct rdm
 	struct fk_idinfo ii;
 	struct rdma_cm_id *c;
 	int e;
-	if (!id || !h.a[0]) // synchronous ids (no channel) are not served yet
+	// Without a channel the id is a synchronous one (its calls wait in
+	// the parent for their events).
+	if (!id || (channel && !h.a[0]))
 		RET_NEG(EINVAL);
 	if ((e = fkc_call(&h, NULL, 0, &ii, sizeof ii, NULL)))
 		RET_NEG(e);
@@ -1193,4 +1195,52 @@ void sr_forkchild_reset(void (*fail_ctx)(struct ibv_context *))
 	for (; o; o = o->next)
 		if (o->kind == FKC_CTX)
 			fail_ctx(o->p);
+}
+
+// rdma_create_ep in a child, as softrdma's (rdmacm.c) and librdmacm's: a
+// synchronous id, bound (RAI_PASSIVE) or resolved to res's destination and
+// route (2 s each), then with qp_init_attr the QP; a failed step destroys
+// the endpoint.
+int softrdma_child_rdma_create_ep(struct rdma_cm_id **id, struct rdma_addrinfo *res, struct ibv_pd *pd,
+				  struct ibv_qp_init_attr *qp_init_attr)
+{
+	struct rdma_cm_id *cm = NULL;
+	int e;
+	if (!id || !res)
+		RET_NEG(EINVAL);
+	if (pd && !fkc_rh(FKC_PD, pd))
+		RET_NEG(EINVAL);
+	if (softrdma_child_rdma_create_id(NULL, &cm, NULL, res->ai_port_space))
+		return -1;
+	if (res->ai_flags & RAI_PASSIVE) {
+		if (softrdma_child_rdma_bind_addr(cm, res->ai_src_addr))
+			goto fail;
+		cm->pd = pd;
+	} else {
+		if (softrdma_child_rdma_resolve_addr(cm, res->ai_src_addr, res->ai_dst_addr, 2000) ||
+		    softrdma_child_rdma_resolve_route(cm, 2000))
+			goto fail;
+		if (qp_init_attr) {
+			qp_init_attr->qp_type = res->ai_qp_type;
+			if (softrdma_child_rdma_create_qp(cm, pd, qp_init_attr))
+				goto fail;
+		}
+	}
+	*id = cm;
+	return 0;
+fail:
+	e = errno;
+	if (cm->qp)
+		softrdma_child_rdma_destroy_qp(cm);
+	softrdma_child_rdma_destroy_id(cm);
+	RET_NEG(e);
+}
+
+void softrdma_child_rdma_destroy_ep(struct rdma_cm_id *id)
+{
+	if (!id || !fkc_rh(FKC_ID, id))
+		return;
+	if (id->qp)
+		softrdma_child_rdma_destroy_qp(id);
+	softrdma_child_rdma_destroy_id(id);
 }

@@ -215,6 +215,7 @@ var forkServed = map[string]bool{
 	"ibv_open_device": true, "ibv_query_device": true, "ibv_query_gid": true, "ibv_query_port": true,
 	"ibv_reg_mr": true, "ibv_reg_mr_iova": true, "ibv_reg_mr_iova2": true,
 	"rdma_ack_cm_event": true, "rdma_bind_addr": true, "rdma_create_event_channel": true,
+	"rdma_create_ep": true, "rdma_destroy_ep": true,
 	"rdma_create_id": true, "rdma_create_qp": true, "rdma_destroy_event_channel": true,
 	"rdma_destroy_id": true, "rdma_destroy_qp": true, "rdma_get_cm_event": true, "rdma_getaddrinfo": true,
 	"rdma_join_multicast": true, "rdma_join_multicast_ex": true, "rdma_leave_multicast": true, "rdma_resolve_addr": true,
