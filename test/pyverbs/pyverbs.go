@@ -394,6 +394,11 @@ func (t *Table) Update(side Side, res Results) {
 	t.Rows = rows
 }
 
+// SuiteErrs starts the reason of a row where softrdma may fail or err:
+// the suite turns softrdma's refusal into an error, not a skip (the
+// test_rdmacm connection tests exit on any errno of rdma_listen).
+const SuiteErrs = "the suite errs: "
+
 // Problems returns the table's rows that break its rules: outcomes that
 // differ between the columns without a reason, a reason where they do not.
 func (t *Table) Problems() []string {

@@ -48,12 +48,21 @@ func build(t *testing.T) string {
 	return d
 }
 
+// SlowEnv=1 runs TestPyverbsOnSoftrdma (.ci/run has a step of its own
+// for it): 1.5–2 minutes, most of it the suite's 15 s barrier timeout in
+// each of test_rdmacm's seven connection tests, whose passive side fails
+// at once on softrdma (no rdma_listen).
+const SlowEnv = "SOFTRDMA_TEST_PYVERBS"
+
 // TestPyverbsOnSoftrdma runs rdma-core's tests (Modules) through softrdma
 // exec on rxe_lo (RoCEv2), in a network namespace of its own with lo up,
 // and holds each test's outcome to testdata/outcomes.md's column.
 func TestPyverbsOnSoftrdma(t *testing.T) {
+	if os.Getenv(SlowEnv) != "1" {
+		t.Skipf("1.5–2 minutes (test_rdmacm's connection tests wait 15 s each): runs with %s=1 (a .ci/run step of its own)", SlowEnv)
+	}
 	d := build(t)
-	if !testenv.InNetns(t) {
+	if !testenv.InNetnsFor(t, 6*time.Minute) {
 		return
 	}
 	runSuite(t, d, Softrdma, "rxe_lo")
@@ -85,14 +94,14 @@ func runSuite(t *testing.T, d string, side Side, dev string, env ...string) {
 	t.Helper()
 	suite := filepath.Join(d, "tests")
 	results := filepath.Join(t.TempDir(), "results.txt")
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, filepath.Join(d, "softrdma"), append([]string{"exec", "-libdir", filepath.Join(d, "lib"), "--", "/usr/bin/python3"},
 		Args(suite, dev, 0, results)...)...)
 	cmd.Dir = suite
 	for _, kv := range testenv.CleanEnv(env...) {
-		if !strings.HasPrefix(kv, WriteEnv+"=") { // the test's, not softrdma's
+		if !strings.HasPrefix(kv, WriteEnv+"=") && !strings.HasPrefix(kv, SlowEnv+"=") { // the test's, not softrdma's
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
@@ -123,8 +132,8 @@ func runSuite(t *testing.T, d string, side Side, dev string, env ...string) {
 
 // TestTable checks testdata/outcomes.md: every difference between the
 // kernel's outcome and softrdma's has a reason, and no reason stands
-// without one; softrdma never fails or errs but for what is being built
-// (a reason that starts "fork: ").
+// without one; softrdma never fails or errs but where the suite turns a
+// refusal into an error (a reason that starts with SuiteErrs).
 func TestTable(t *testing.T) {
 	tab, err := Expected()
 	if err != nil {
@@ -137,11 +146,12 @@ func TestTable(t *testing.T) {
 		t.Error("testdata/outcomes.md: " + p)
 	}
 	// softrdma skips what it does not do, as rxe does; a failure or an
-	// error is allowed only for what is being built (fork support).
+	// error is allowed only where the reason says the suite itself errs on
+	// a refusal (it turns no errno into a skip there).
 	for _, r := range tab.Rows {
 		for _, s := range []Side{Softrdma, SoftrdmaIB} {
-			if o := r.Out[s]; (o == "FAIL" || o == "ERROR" || o == NotRun) && !strings.HasPrefix(r.Why, "fork: ") {
-				t.Errorf("testdata/outcomes.md: %s: %s on %s (softrdma skips what it does not do, never fails)", r.Test, o, s)
+			if o := r.Out[s]; (o == "FAIL" || o == "ERROR" || o == NotRun) && !strings.HasPrefix(r.Why, SuiteErrs) {
+				t.Errorf("testdata/outcomes.md: %s: %s on %s (softrdma skips what it does not do, never fails, but where the reason starts %q)", r.Test, o, s, SuiteErrs)
 			}
 		}
 	}

@@ -26,6 +26,12 @@ const netnsVar = Prefix + "TEST_IN_NETNS"
 // logs). Without root or unshare it skips (fails under CI).
 func InNetns(t *testing.T) bool {
 	t.Helper()
+	return InNetnsFor(t, 120*time.Second)
+}
+
+// InNetnsFor is InNetns for a test whose re-run may take up to timeout.
+func InNetnsFor(t *testing.T, timeout time.Duration) bool {
+	t.Helper()
 	if os.Getenv(netnsVar) == t.Name() {
 		return true
 	}
@@ -37,7 +43,7 @@ func InNetns(t *testing.T) bool {
 			Require(t, "no %s: %v", c, err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "unshare", "-n", "sh", "-c", `ip link set lo up && exec "$0" "$@"`,
 		os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v")
