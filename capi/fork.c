@@ -176,6 +176,14 @@ static struct ibv_qp *sr_fork_create_qp_ex(struct ibv_context *ctx, struct ibv_q
 	return NULL;
 }
 
+static int sr_fork_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex_input *input,
+				   struct ibv_device_attr_ex *attr, size_t len)
+{
+	(void)ctx, (void)input, (void)attr, (void)len;
+	sr_fork_say("ibv_query_device_ex");
+	return EINVAL;
+}
+
 static int sr_fork_wr_complete(struct ibv_qp_ex *qpx)
 {
 	(void)qpx;
@@ -200,6 +208,7 @@ static void sr_fork_fail_ctx(struct ibv_context *ctx)
 	ctx->ops.post_send = sr_fork_post_send;
 	ctx->ops.post_recv = sr_fork_post_recv;
 	verbs_get_ctx(ctx)->query_port = sr_fork_query_port;
+	verbs_get_ctx(ctx)->query_device_ex = NULL;
 }
 
 static void sr_fork_child(void)
@@ -215,6 +224,7 @@ static void sr_fork_child(void)
 		c->vc.context.ops.post_send = sr_fork_post_send;
 		c->vc.context.ops.post_recv = sr_fork_post_recv;
 		c->vc.query_port = sr_fork_query_port;
+		c->vc.query_device_ex = sr_fork_query_device_ex;
 		c->vc.create_qp_ex = sr_fork_create_qp_ex;
 	}
 	for (int i = 0; i < sr_fork_nqp; i++)

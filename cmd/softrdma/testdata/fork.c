@@ -147,6 +147,9 @@ static void child_inherited(void)
 	CHECK(ibv_query_gid(ctx, 1, 0, &g) == -1 && errno == EINVAL, "child: ibv_query_gid: errno %d, want EINVAL", errno);
 	errno = 0;
 	CHECK(!ibv_alloc_pd(ctx) && errno == EINVAL, "child: ibv_alloc_pd: errno %d, want EINVAL", errno);
+	struct ibv_device_attr_ex dax;
+	e = ibv_query_device_ex(ctx, NULL, &dax);
+	CHECK(e == EINVAL, "child: ibv_query_device_ex gave %d, want EINVAL", e);
 	e = ibv_dereg_mr(mr);
 	CHECK(e == EINVAL, "child: ibv_dereg_mr gave %d, want EINVAL", e);
 	e = ibv_destroy_qp(qa);
