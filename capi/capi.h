@@ -70,6 +70,10 @@ void sr_qp_free(struct sr_qp *qp);
 void sr_unsupported(int *once, const char *call);
 // SR_UNSUPPORTED prints, once per process, that call is not supported.
 #define SR_UNSUPPORTED(call) do { static int sr_once_; sr_unsupported(&sr_once_, call); } while (0)
+// sr_stubs names the stubs of stubs.c (the calls softrdma does not
+// implement), for a child of fork() (fork.c).
+struct sr_stub { const char *name; long (*fn)(void); };
+extern const struct sr_stub sr_stubs[];
 int sr_eventfd_signal(int fd);
 int sr_eventfd_clear(int fd);
 int sr_channel_fd(int evfd);

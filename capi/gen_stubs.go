@@ -51,6 +51,7 @@ func main() {
 
 `)
 	n := 0
+	var table bytes.Buffer
 	for _, s := range capibuild.Symbols() {
 		if s.Kind == "object" || impl[s.Target()] {
 			continue
@@ -58,10 +59,17 @@ func main() {
 		call := s.Name
 		if !s.Default {
 			call += "@" + s.Version
+		} else {
+			fmt.Fprintf(&table, "\t{ %q, %s },\n", s.Name, s.Target())
 		}
 		fmt.Fprintf(&b, "long %s(void) { SR_STUB(%q, %s); }\n", s.Target(), call, ret[s.Kind])
 		n++
 	}
+	// In a child of fork() a call softrdma does not implement fails as
+	// in the parent (capi/fork.c): the stubs never reach Go.
+	b.WriteString("\nconst struct sr_stub sr_stubs[] = {\n")
+	b.Write(table.Bytes())
+	b.WriteString("\t{ 0, 0 },\n};\n")
 	if err := os.WriteFile("stubs.c", b.Bytes(), 0o644); err != nil {
 		log.Fatal(err)
 	}
