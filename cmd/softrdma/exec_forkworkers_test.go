@@ -65,3 +65,29 @@ func TestExecForkLatency(t *testing.T) {
 		}
 	}
 }
+
+// TestExecForkFamily runs forkworkers family: a grandchild is served too
+// (its own id resolves) while the child's id is not its own (EINVAL), and
+// a child whose parent exited gets EIO from its calls, not a hang.
+func TestExecForkFamily(t *testing.T) {
+	requireRDMACore(t)
+	dir := execDir(t)
+	prog := buildCTest(t, dir, "forkworkers", "-lrdmacm")
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd, out := startExec(t, ctx, dir, prog, "family")
+	err := cmd.Wait()
+	if err != nil {
+		t.Fatalf("forkworkers family: %v\n%s", err, out)
+	}
+	// The orphan's line comes after the parent exited: wait for it.
+	for _, want := range []string{"grandchild: an id of its own resolved", "parent: exits before its child",
+		"orphan: EIO after the parent exited"} {
+		if !out.wait(want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}

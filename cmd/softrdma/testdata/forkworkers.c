@@ -20,6 +20,12 @@
 // ibv_poll_cq that finds nothing, N calls each, in the parent and in a
 // child of fork().
 //
+// forkworkers family: a child makes an id and resolves it; the
+// grandchild it forks gets EINVAL on the child's id, makes and resolves an
+// id of its own, and exits 0; then the parent exits without waiting, and
+// the child's next calls fail with EIO (its parent served them), never
+// hang: it prints "orphan: EIO after the parent exited".
+//
 // An alarm kills a hung run after 60 s.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -182,6 +188,73 @@ static void worker(int sender, int ready[2])
 	exit(0);
 }
 
+// resolved makes an id on a channel of its own and resolves 127.0.0.1 to
+// GROUP; it returns the id.
+static struct rdma_cm_id *resolved(struct rdma_event_channel **chp)
+{
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id;
+	struct sockaddr_in src = { .sin_family = AF_INET }, dst = { .sin_family = AF_INET };
+	CHECK(ch = rdma_create_event_channel(), "rdma_create_event_channel: %s", strerror(errno));
+	CHECK(rdma_create_id(ch, &id, NULL, RDMA_PS_UDP) == 0, "rdma_create_id: %s", strerror(errno));
+	inet_pton(AF_INET, "127.0.0.1", &src.sin_addr);
+	inet_pton(AF_INET, GROUP, &dst.sin_addr);
+	CHECK(rdma_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst, 2000) == 0,
+	      "rdma_resolve_addr: %s", strerror(errno));
+	rdma_ack_cm_event(wait_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	CHECK(id->verbs, "no context on the resolved id");
+	*chp = ch;
+	return id;
+}
+
+static int family(void)
+{
+	int up[2], gone[2], st;
+	pid_t pid;
+	CHECK(pipe(up) == 0 && pipe(gone) == 0, "pipe");
+	pid = fork();
+	CHECK(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		struct rdma_event_channel *ch, *gch;
+		struct rdma_cm_id *id, *gid;
+		char c;
+		role = "child";
+		close(up[0]);
+		close(gone[1]);
+		id = resolved(&ch);
+		pid = fork();
+		CHECK(pid >= 0, "fork: %s", strerror(errno));
+		if (pid == 0) {
+			role = "grandchild";
+			CHECK(rdma_resolve_route(id, 1000) == -1 && errno == EINVAL,
+			      "rdma_resolve_route on the child's id: errno %d, want EINVAL", errno);
+			gid = resolved(&gch);
+			CHECK(rdma_destroy_id(gid) == 0, "rdma_destroy_id: %s", strerror(errno));
+			rdma_destroy_event_channel(gch);
+			printf("grandchild: an id of its own resolved\n");
+			exit(0);
+		}
+		CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the grandchild: status %#x",
+		      st);
+		CHECK(write(up[1], "u", 1) == 1, "write");
+		CHECK(read(gone[0], &c, 1) == 0, "the parent did not exit");
+		errno = 0;
+		CHECK(rdma_destroy_id(id) == -1 && errno == EIO, "rdma_destroy_id after the parent exited: errno %d, want EIO",
+		      errno);
+		errno = 0;
+		CHECK(!rdma_create_event_channel() && errno == EIO,
+		      "rdma_create_event_channel after the parent exited: errno %d, want EIO", errno);
+		printf("orphan: EIO after the parent exited\n");
+		exit(0);
+	}
+	close(up[1]);
+	close(gone[0]);
+	char c;
+	CHECK(read(up[0], &c, 1) == 1, "the child failed");
+	printf("parent: exits before its child\n");
+	return 0;
+}
+
 static double now(void)
 {
 	struct timespec ts;
@@ -224,6 +297,8 @@ int main(int argc, char **argv)
 	CHECK(list = ibv_get_device_list(&n), "ibv_get_device_list: %s", strerror(errno));
 	CHECK(n > 0, "no devices");
 	CHECK(pctx = ibv_open_device(list[0]), "ibv_open_device: %s", strerror(errno));
+	if (argc > 1 && !strcmp(argv[1], "family"))
+		return family();
 	if (lat) {
 		pid_t pid;
 		measure(pctx, nmsg);
