@@ -81,7 +81,10 @@ int fk_addr_len;
 
 // ---- what a child owns ----
 
-enum { FKO_CTX = 1, FKO_PD, FKO_MR, FKO_CHAN, FKO_CQ, FKO_QP, FKO_CMQP, FKO_AH, FKO_ECH, FKO_ID };
+// FKO_EV and FKO_CQEV are events the child has not acknowledged: they are
+// acknowledged first when the child is gone (destroying an id or a CQ
+// waits for its events' acknowledgements).
+enum { FKO_CTX = 1, FKO_PD, FKO_MR, FKO_CHAN, FKO_CQ, FKO_QP, FKO_CMQP, FKO_AH, FKO_ECH, FKO_ID, FKO_EV, FKO_CQEV };
 
 struct fk_own {
 	struct fk_own *next;
@@ -108,6 +111,7 @@ struct fk_group {
 	struct fk_group *next;
 	pid_t pid;
 	int refs;
+	int dead; // the owner's connection closed: the child exited or exec'd
 	pthread_mutex_t mu;
 	struct fk_own *own; // newest first
 	struct fk_rtok *tok[FK_NBUCKET];
@@ -120,7 +124,7 @@ static struct fk_group *fk_group_get(pid_t pid)
 {
 	struct fk_group *g;
 	pthread_mutex_lock(&fk_mu);
-	for (g = fk_groups; g && g->pid != pid; g = g->next)
+	for (g = fk_groups; g && (g->pid != pid || g->dead); g = g->next)
 		;
 	if (!g && (g = calloc(1, sizeof *g))) {
 		g->pid = pid;
@@ -199,19 +203,37 @@ static void fk_destroy(struct fk_own *o)
 static void fk_group_put(struct fk_group *g, int owner)
 {
 	struct fk_group **pp;
-	pthread_mutex_lock(&fk_mu);
-	g->refs--;
 	if (owner) {
 		// The child is gone (or exec'd): what it made goes, newest first.
-		struct fk_own *o = g->own;
+		struct fk_own *o;
+		pthread_mutex_lock(&g->mu);
+		o = g->own;
 		g->own = NULL;
+		pthread_mutex_unlock(&g->mu);
+		for (struct fk_own **pp = &o; *pp;) {
+			struct fk_own *e = *pp;
+			if (e->type != FKO_EV && e->type != FKO_CQEV) {
+				pp = &e->next;
+				continue;
+			}
+			*pp = e->next;
+			if (e->type == FKO_EV)
+				softrdma_rdma_ack_cm_event(e->p);
+			else
+				softrdma_ibv_ack_cq_events(e->p, 1);
+			free(e);
+		}
 		while (o) {
 			struct fk_own *n = o->next;
 			fk_destroy(o);
 			o = n;
 		}
 	}
-	if (g->refs == 0 && owner) {
+	pthread_mutex_lock(&fk_mu);
+	g->refs--;
+	if (owner)
+		g->dead = 1;
+	if (g->refs == 0 && g->dead) {
 		for (pp = &fk_groups; *pp; pp = &(*pp)->next)
 			if (*pp == g) {
 				*pp = g->next;
@@ -537,12 +559,29 @@ static void fk_call(struct fk_conn *c)
 		void *ctx = NULL;
 		if (softrdma_ibv_get_cq_event(fk_p(a[0]), &cq, &ctx))
 			FAIL(ERRNO_OR(EINVAL));
+		fk_own_add(c->g, FKO_CQEV, cq);
 		a[0] = (uintptr_t)cq;
 		break;
 	}
-	case FK_ACK_CQ_EVENTS:
+	case FK_ACK_CQ_EVENTS: {
+		// As many of the CQ's events as it acknowledges are no longer the
+		// child's to acknowledge.
+		int n = 0;
+		pthread_mutex_lock(&c->g->mu);
+		for (struct fk_own **pp = &c->g->own; *pp && (uint64_t)n < a[1];) {
+			struct fk_own *o = *pp;
+			if (o->type == FKO_CQEV && o->p == fk_p(a[0])) {
+				*pp = o->next;
+				free(o);
+				n++;
+			} else {
+				pp = &o->next;
+			}
+		}
+		pthread_mutex_unlock(&c->g->mu);
 		softrdma_ibv_ack_cq_events(fk_p(a[0]), a[1]);
 		break;
+	}
 	case FK_REQ_NOTIFY:
 		e = ibv_req_notify_cq((struct ibv_cq *)fk_p(a[0]), a[1]);
 		break;
@@ -780,7 +819,9 @@ static void fk_call(struct fk_conn *c)
 			FAIL(EINVAL);
 		if (softrdma_rdma_destroy_id(id))
 			FAIL(ERRNO_OR(EINVAL));
-		free(fk_own_take(c->g, id));
+		// The id's records go, its QP's (rdma_create_qp) too.
+		for (struct fk_own *o; (o = fk_own_take(c->g, id));)
+			free(o);
 		break;
 	}
 	case FK_BIND_ADDR:
@@ -824,6 +865,7 @@ static void fk_call(struct fk_conn *c)
 		struct fk_event *fe = (struct fk_event *)c->out;
 		if (softrdma_rdma_get_cm_event(fk_p(a[0]), &ev))
 			FAIL(ERRNO_OR(EINVAL));
+		fk_own_add(c->g, FKO_EV, ev);
 		memset(fe, 0, sizeof *fe);
 		fe->ev = (uintptr_t)ev;
 		fe->id = (uintptr_t)ev->id;
@@ -839,10 +881,15 @@ static void fk_call(struct fk_conn *c)
 		}
 		break;
 	}
-	case FK_ACK_CM_EVENT:
+	case FK_ACK_CM_EVENT: {
+		struct fk_own *o = fk_own_take(c->g, fk_p(a[0]));
+		if (!o)
+			FAIL(EINVAL);
+		free(o);
 		if (softrdma_rdma_ack_cm_event(fk_p(a[0])))
 			FAIL(ERRNO_OR(EINVAL));
 		break;
+	}
 	case FK_GETADDRINFO: {
 		// in: node (a[0] set) and service (a[1] set), NUL-terminated,
 		// then struct rdma_addrinfo hints when a[2] (its pointers NULL).

@@ -91,3 +91,28 @@ func TestExecForkFamily(t *testing.T) {
 		}
 	}
 }
+
+// TestExecForkExits runs forkworkers exits: ten children in turn join a
+// group and exit without cleaning up (half with the join's event not
+// acknowledged, half after destroying the id under its QP); the parent
+// destroys what each left without hanging, each next child joins, and
+// the parent joins the group after them.
+func TestExecForkExits(t *testing.T) {
+	requireRDMACore(t)
+	dir := execDir(t)
+	prog := buildCTest(t, dir, "forkworkers", "-lrdmacm")
+	if !testenv.InNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd, out := startExec(t, ctx, dir, prog, "exits")
+	err := cmd.Wait()
+	out.wait("\x00")
+	if err != nil {
+		t.Fatalf("forkworkers exits: %v\n%s", err, out)
+	}
+	if !strings.Contains(out.String(), "exits: ok") {
+		t.Errorf("output lacks %q:\n%s", "exits: ok", out)
+	}
+}

@@ -26,6 +26,14 @@
 // the child's next calls fail with EIO (its parent served them), never
 // hang: it prints "orphan: EIO after the parent exited".
 //
+// forkworkers exits: ten children one after the other make an id, a UD QP
+// with a posted receive and a registered buffer, join one group and exit
+// without cleaning up and without acknowledging the join's event (every
+// other one destroys its id first, acknowledged, QP still on it): the
+// parent destroys what each left (it acknowledges first), so the next
+// joins the group too, and the parent itself joins it after them; prints
+// "exits: ok".
+//
 // An alarm kills a hung run after 60 s.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -255,6 +263,62 @@ static int family(void)
 	return 0;
 }
 
+static void exits_child(int k)
+{
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id = resolved(&ch);
+	struct rdma_cm_event *ev;
+	struct sockaddr_in dst = { .sin_family = AF_INET };
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_mr *mr;
+	struct ibv_qp_init_attr qa = { .qp_type = IBV_QPT_UD, .cap = { 4, 4, 1, 1 } };
+	static char buf[4096];
+	role = "exits child";
+	inet_pton(AF_INET, GROUP, &dst.sin_addr);
+	CHECK(pd = ibv_alloc_pd(id->verbs), "ibv_alloc_pd: %s", strerror(errno));
+	CHECK(cq = ibv_create_cq(id->verbs, 8, NULL, NULL, 0), "ibv_create_cq: %s", strerror(errno));
+	qa.send_cq = qa.recv_cq = cq;
+	CHECK(rdma_create_qp(id, pd, &qa) == 0, "rdma_create_qp: %s", strerror(errno));
+	CHECK(mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE), "ibv_reg_mr: %s", strerror(errno));
+	struct ibv_sge sge = { (uintptr_t)buf, sizeof buf, mr->lkey };
+	struct ibv_recv_wr wr = { .sg_list = &sge, .num_sge = 1 }, *bad;
+	CHECK(ibv_post_recv(id->qp, &wr, &bad) == 0, "ibv_post_recv: %s", strerror(errno));
+	CHECK(rdma_join_multicast(id, (struct sockaddr *)&dst, NULL) == 0, "rdma_join_multicast: %s", strerror(errno));
+	ev = wait_event(ch, RDMA_CM_EVENT_MULTICAST_JOIN);
+	if (k % 2) {
+		rdma_ack_cm_event(ev);
+		CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id: %s", strerror(errno));
+	}
+	_exit(0);
+}
+
+static int exits(void)
+{
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id;
+	struct sockaddr_in dst = { .sin_family = AF_INET };
+	struct ibv_qp_init_attr qa = { .qp_type = IBV_QPT_UD, .cap = { 4, 4, 1, 1 } };
+	struct ibv_cq *cq;
+	int st;
+	for (int k = 0; k < 10; k++) {
+		pid_t pid = fork();
+		CHECK(pid >= 0, "fork: %s", strerror(errno));
+		if (pid == 0)
+			exits_child(k);
+		CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d: status %#x", k, st);
+	}
+	id = resolved(&ch);
+	inet_pton(AF_INET, GROUP, &dst.sin_addr);
+	CHECK(cq = ibv_create_cq(id->verbs, 8, NULL, NULL, 0), "ibv_create_cq: %s", strerror(errno));
+	qa.send_cq = qa.recv_cq = cq;
+	CHECK(rdma_create_qp(id, NULL, &qa) == 0, "rdma_create_qp: %s", strerror(errno));
+	CHECK(rdma_join_multicast(id, (struct sockaddr *)&dst, NULL) == 0, "rdma_join_multicast: %s", strerror(errno));
+	rdma_ack_cm_event(wait_event(ch, RDMA_CM_EVENT_MULTICAST_JOIN));
+	printf("exits: ok\n");
+	return 0;
+}
+
 static double now(void)
 {
 	struct timespec ts;
@@ -299,6 +363,8 @@ int main(int argc, char **argv)
 	CHECK(pctx = ibv_open_device(list[0]), "ibv_open_device: %s", strerror(errno));
 	if (argc > 1 && !strcmp(argv[1], "family"))
 		return family();
+	if (argc > 1 && !strcmp(argv[1], "exits"))
+		return exits();
 	if (lat) {
 		pid_t pid;
 		measure(pctx, nmsg);
