@@ -67,9 +67,9 @@ static void fkc_add(int kind, uint64_t rh, void *p)
 	pthread_mutex_unlock(&fkc_mu);
 }
 
-// fkc_rh returns the parent's object behind p, a child's object of kind,
-// or 0 (one of the parent's, or none).
-static uint64_t fkc_rh(int kind, const void *p)
+// fkc_rh_quiet returns the parent's object behind p, a child's object of
+// kind, or 0 (one of the parent's, or none).
+static uint64_t fkc_rh_quiet(int kind, const void *p)
 {
 	uint64_t rh = 0;
 	if (!p)
@@ -81,7 +81,14 @@ static uint64_t fkc_rh(int kind, const void *p)
 			break;
 		}
 	pthread_mutex_unlock(&fkc_mu);
-	if (!rh)
+	return rh;
+}
+
+// fkc_rh is fkc_rh_quiet, saying on stderr (once) when p is the parent's.
+static uint64_t fkc_rh(int kind, const void *p)
+{
+	uint64_t rh = fkc_rh_quiet(kind, p);
+	if (p && !rh)
 		sr_fork_say("a call on an object of the parent");
 	return rh;
 }
@@ -482,7 +489,7 @@ struct ibv_context *softrdma_child_ibv_open_device(struct ibv_device *device)
 	int fd = -1, e;
 	if (!device)
 		RET_PTR(ENODEV, NULL);
-	if (!(h.a[0] = fkc_rh(FKC_DEV, device))) {
+	if (!(h.a[0] = fkc_rh_quiet(FKC_DEV, device))) {
 		// A device of the parent's list: the same device, by name.
 		struct ibv_device **l = softrdma_child_ibv_get_device_list(NULL);
 		for (int i = 0; l && l[i]; i++)

@@ -64,6 +64,11 @@ func TestExecForkLatency(t *testing.T) {
 			t.Errorf("output lacks %q", want)
 		}
 	}
+	// The child opens a device of the list it inherited (by name, as
+	// rdma-core allows): not a call on a parent's object.
+	if strings.Contains(out.String(), "in a child of fork()") {
+		t.Errorf("the child said it used a parent's object")
+	}
 }
 
 // TestExecForkFamily runs forkworkers family: a grandchild is served too
