@@ -11,8 +11,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/softrdma/softrdma/rdmacm/kernelcm"
 	"github.com/softrdma/softrdma/rdmacm/internal/addr"
+	"github.com/softrdma/softrdma/rdmacm/kernelcm"
 	"github.com/softrdma/softrdma/verbs"
 )
 

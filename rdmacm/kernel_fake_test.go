@@ -83,8 +83,10 @@ func (k *fakeKID) Join(sa *kernelcm.Sockaddr, tok uint64) error {
 	k.c.push(&kernelcm.Event{Type: int(EventMulticastJoin), IDToken: k.tok, MCToken: tok, QPNum: MulticastQPN, QKey: UDPQKey})
 	return nil
 }
-func (k *fakeKID) JoinEx(_, _ uint32, sa *kernelcm.Sockaddr, tok uint64) error { return k.Join(sa, tok) }
-func (k *fakeKID) Leave(*kernelcm.Sockaddr) error                              { return nil }
+func (k *fakeKID) JoinEx(_, _ uint32, sa *kernelcm.Sockaddr, tok uint64) error {
+	return k.Join(sa, tok)
+}
+func (k *fakeKID) Leave(*kernelcm.Sockaddr) error { return nil }
 func (k *fakeKID) SetOption(level, name int, val []byte) error {
 	if level != OptionID || name > OptionIDAckTimeout {
 		return syscall.ENOSYS
@@ -105,10 +107,10 @@ func (k *fakeKID) InitQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error) {
 }
 func (k *fakeKID) Local() kernelcm.Sockaddr     { return k.src }
 func (k *fakeKID) Peer() kernelcm.Sockaddr      { return kernelcm.Sockaddr{} }
-func (k *fakeKID) DeviceName() string         { return "" }
+func (k *fakeKID) DeviceName() string           { return "" }
 func (k *fakeKID) Route() []kernelcm.PathRecord { return nil }
-func (k *fakeKID) PortNum() uint8             { return 1 }
-func (k *fakeKID) Destroy() error             { k.c.f.destroys.Add(1); return nil }
+func (k *fakeKID) PortNum() uint8               { return 1 }
+func (k *fakeKID) Destroy() error               { k.c.f.destroys.Add(1); return nil }
 
 // withKernelStack makes s the kernel stack for the test.
 func withKernelStack(t *testing.T, s kernelcm.Stack) {

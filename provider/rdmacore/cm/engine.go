@@ -81,7 +81,7 @@ func (k cmID) InitQPAttr() (verbs.QPAttr, verbs.QPAttrMask, error) {
 }
 func (k cmID) Local() kernelcm.Sockaddr     { return parse(k.id.LocalAddr()) }
 func (k cmID) Peer() kernelcm.Sockaddr      { return parse(k.id.PeerAddr()) }
-func (k cmID) DeviceName() string         { return k.id.DeviceName() }
+func (k cmID) DeviceName() string           { return k.id.DeviceName() }
 func (k cmID) Route() []kernelcm.PathRecord { return k.id.Route() }
-func (k cmID) PortNum() uint8             { return k.id.PortNum() }
-func (k cmID) Destroy() error             { return k.id.Destroy() }
+func (k cmID) PortNum() uint8               { return k.id.PortNum() }
+func (k cmID) Destroy() error               { return k.id.Destroy() }
