@@ -87,6 +87,10 @@ type screened struct {
 	since time.Time
 	elem  *list.Element // nil once it has left the pending list
 	gone  chan struct{} // closed when it leaves the list
+	// exited is closed when the goroutine screening it has returned: a
+	// read in progress holds the descriptor, which the kernel gets back
+	// only then.
+	exited chan struct{}
 }
 
 // gate is the listener the HTTP server accepts from: connections trusted
@@ -158,7 +162,17 @@ func (g *gate) loop() {
 		c, err := g.Listener.Accept()
 		if err != nil {
 			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-				if evictOldest() {
+				if exited := evictOldest(); exited != nil {
+					// Accept again once the evicted connection's
+					// descriptor is free, not at once: that would
+					// find none and close the next oldest too.
+					t := time.NewTimer(evictWait)
+					select {
+					case <-exited:
+					case <-t.C:
+					case <-g.done:
+					}
+					t.Stop()
 					continue
 				}
 			}
@@ -209,7 +223,7 @@ func (g *gate) admit(c net.Conn) {
 			return
 		}
 	}
-	p := &screened{c: c, g: g, uid: uid, since: time.Now(), gone: make(chan struct{})}
+	p := &screened{c: c, g: g, uid: uid, since: time.Now(), gone: make(chan struct{}), exited: make(chan struct{})}
 	pending.mu.Lock()
 	select {
 	case <-g.done: // closed while accepting
@@ -227,22 +241,27 @@ func (g *gate) admit(c net.Conn) {
 	pending.mu.Unlock()
 	go func() {
 		defer g.wg.Done()
+		defer close(p.exited)
 		g.screen(p)
 	}()
 }
 
-// evictOldest closes the oldest pending connection of the process; false
-// if there is none.
-func evictOldest() bool {
+// evictWait bounds the wait for an evicted connection's descriptor.
+const evictWait = 100 * time.Millisecond
+
+// evictOldest closes the oldest pending connection of the process and
+// returns the channel closed when its descriptor is free; nil if there
+// is none.
+func evictOldest() <-chan struct{} {
 	pending.mu.Lock()
 	defer pending.mu.Unlock()
 	e := pending.list.Front()
 	if e == nil {
-		return false
+		return nil
 	}
 	p := e.Value.(*screened)
 	p.g.dropLocked(p)
-	return true
+	return p.exited
 }
 
 // dropLocked closes a pending connection and takes it off the list.

@@ -9,10 +9,10 @@ import (
 	"os"
 	"sync"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/sys/pollfd"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -111,8 +111,7 @@ func (r *asyncReader) run() {
 	var evs []verbs.AsyncEvent
 	for !r.isStopped() {
 		_ = r.raw.Control(func(fd uintptr) {
-			fds := [2]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(r.kick), Events: unix.POLLIN}}
-			_, _, _ = unix.Syscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&fds[0])), 2, 0, 0, 0, 0)
+			pollfd.Wait2(int(fd), r.kick, nil)
 		})
 		evs = evs[:0]
 		r.k.mu.RLock()

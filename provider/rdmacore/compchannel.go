@@ -12,10 +12,10 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/sys/pollfd"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -173,9 +173,7 @@ func (c *compChannel) wait(ctx context.Context, take func() bool) error {
 			if c.dead.Load() {
 				return
 			}
-			fds := [2]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(c.kick), Events: unix.POLLIN}}
-			_, _, _ = unix.Syscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&fds[0])), 2, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
-			if kicked = fds[1].Revents != 0; kicked {
+			if _, kicked = pollfd.Wait2(int(fd), c.kick, &ts); kicked {
 				var b [8]byte
 				_, _ = unix.Read(c.kick, b[:])
 			}

@@ -24,6 +24,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/softrdma/softrdma/internal/sys/pollfd"
 	"golang.org/x/sys/unix"
 )
 
@@ -533,10 +534,8 @@ func (r *Reader) Wait(kick int, timeout time.Duration, woke func()) (kicked bool
 	timeout = min(max(timeout, 0), maxWait)
 	r.sleep(1)
 	err = r.raw.Control(func(fd uintptr) {
-		fds := [2]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(kick), Events: unix.POLLIN}}
 		ts := unix.NsecToTimespec(int64(timeout))
-		_, _, _ = unix.Syscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&fds[0])), 2, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
-		kicked = fds[1].Revents != 0
+		_, kicked = pollfd.Wait2(int(fd), kick, &ts)
 		if woke != nil {
 			woke()
 		}

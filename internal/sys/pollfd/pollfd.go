@@ -10,6 +10,9 @@ import (
 	"os"
 	"syscall"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // past is a deadline that has passed: it ends a pending read.
@@ -33,4 +36,18 @@ func Read(ctx context.Context, f *os.File, rc syscall.RawConn, try func(fd uintp
 		return syscall.EBADF
 	}
 	return err
+}
+
+// Wait2 blocks the calling thread in ppoll until fd or kick is readable
+// or timeout passes (nil: no timeout), and reports which were readable.
+// A signal (the Go runtime's preemption among them) does not end it
+// early: ppoll is called again with what the kernel left of timeout.
+func Wait2(fd, kick int, timeout *unix.Timespec) (ready, kicked bool) {
+	fds := [2]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(kick), Events: unix.POLLIN}}
+	for {
+		_, _, e := unix.Syscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&fds[0])), 2, uintptr(unsafe.Pointer(timeout)), 0, 0, 0)
+		if e != unix.EINTR {
+			return fds[0].Revents != 0, fds[1].Revents != 0
+		}
+	}
 }
