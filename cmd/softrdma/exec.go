@@ -107,6 +107,11 @@ func execCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, w) // e.g. cmd/mckey installed as mckey, before rdma-core's
 	}
 	env := withLibraryPath(os.Environ(), dir)
+	if _, ours := softrdmaGoProgram(prog); !ours {
+		if w := linkNote(prog, env); w != "" {
+			fmt.Fprintln(stderr, w) // a static program, or one that does not link the libraries
+		}
+	}
 	// PROGRAM takes over this process (sysfsview.go).
 	return execProgram(prog, fs.Args(), env, *noView, stderr)
 }
