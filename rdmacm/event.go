@@ -71,11 +71,16 @@ func (t EventType) String() string {
 // UDParam is the UD part of an event (struct rdma_ud_param).
 type UDParam struct {
 	// PrivateData is, for MULTICAST_JOIN and MULTICAST_ERROR, the context
-	// given to the join (librdmacm puts the join context pointer there).
+	// given to the join (librdmacm puts the join context pointer there);
+	// for CONNECT_REQUEST, ESTABLISHED and UNREACHABLE of a UD connection
+	// the peer's private data as a []byte, of the SIDR message's fixed
+	// size (UDConnectPrivateDataMax, UDAcceptPrivateDataMax), zero-padded,
+	// as the kernel gives it.
 	PrivateData any
 	// PrivateDataLen is ud.private_data_len: 0 for multicast events, as
 	// librdmacm gives it (their PrivateData is the join's context, not
-	// data of a peer).
+	// data of a peer); the length of PrivateData's bytes for a UD
+	// connection's events.
 	PrivateDataLen uint8
 	AHAttr         verbs.AHAttr
 	QPNum          uint32
@@ -92,6 +97,10 @@ type Event struct {
 	// of a MULTICAST_JOIN turned into MULTICAST_ERROR.
 	Err   error
 	Param UDParam
+	// ListenID is, for CONNECT_REQUEST, the listening id (listen_id);
+	// ID is then the new id of the request. The event counts as the
+	// listening id's, as librdmacm counts it.
+	ListenID *ID
 
 	mc       *mcJoin
 	ch       *EventChannel
@@ -211,7 +220,7 @@ func (ch *EventChannel) GetEvent(ctx context.Context) (_ *Event, err error) {
 			ch.queue[0] = nil
 			ch.queue = ch.queue[1:]
 			ev.reported = true
-			ev.ID.eventsReported++
+			ev.owner().eventsReported++
 			if ev.mc != nil {
 				ev.mc.eventsReported++
 			}
@@ -295,8 +304,17 @@ func (ev *Event) Ack() (err error) {
 	if ev.acked || !ev.reported {
 		return syscall.EINVAL
 	}
-	ev.ID.ackLocked(ev)
+	ev.owner().ackLocked(ev)
 	return nil
+}
+
+// owner returns the id whose event ev counts as: the listening id of a
+// CONNECT_REQUEST, else ev.ID.
+func (ev *Event) owner() *ID {
+	if ev.ListenID != nil {
+		return ev.ListenID
+	}
+	return ev.ID
 }
 
 // ackLocked acks a retrieved event of the id (id.ch().mu is held): the

@@ -23,6 +23,10 @@ type cmState struct {
 	// channels' locks at once.
 	migrateMu sync.Mutex
 
+	// sidr is the state of UD connections (sidr.go), made on first use.
+	sidrOnce sync.Once
+	sidr     *sidrState
+
 	// stats counts the host's joins, leaves and attach failures.
 	stats mcStats
 

@@ -73,6 +73,13 @@ type ID struct {
 	// A passive endpoint's PD (CreateEP: id->pd).
 	userPD *verbs.PD
 
+	// UD connections (sidr.go): the devices a listen claimed its service
+	// on, the outstanding SIDR_REQ of an active id, the request a
+	// CONNECT_REQUEST's id answers.
+	listenDevs []*cmDevice
+	sidrOut    *sidrOut
+	sidrIn     *sidrIn
+
 	// The engine doing the id's CM work (engine.go): softrdma's devices
 	// until toKernelLocked gives the id to the kernel's stack.
 	eng idEngine
@@ -674,10 +681,17 @@ func (id *ID) Destroy() (err error) {
 	destroyCQs(id.ownCQs)
 	id.ownCQs = nil
 	dev := id.dev
+	var sidrDone func()
+	if _, soft := id.eng.(softEngine); soft {
+		sidrDone = id.releaseSIDRLocked()
+	}
 	if w := id.eng.releaseLocked(id); w != nil {
 		waits = append(waits, w)
 	}
 	id.mu.Unlock()
+	if sidrDone != nil {
+		sidrDone()
+	}
 	// The SA Deletes of the id's IB joins were started together: Destroy
 	// returns when all were answered or timed out.
 	var leaveErr error
@@ -690,7 +704,7 @@ func (id *ID) Destroy() (err error) {
 		dev.detach(id)
 	}
 	ch := id.lockCh()
-	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id })
+	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id || ev.ListenID == id })
 	if p := id.parked; p != nil {
 		id.ackLocked(p)
 	}

@@ -101,6 +101,9 @@ type Device struct {
 	// ho hands unicast datagrams over to their owner (handover.go).
 	ho handover
 
+	// gsi is QP1 while an agent has it open (gsi.go).
+	gsi atomic.Pointer[gsiPort]
+
 	// uinputs are the unicast receive sockets and hand-over connections,
 	// which consumers of the device's other inputs read too while they
 	// are active (progress.go); changed under mu.
@@ -296,6 +299,9 @@ func (d *Device) Close() error {
 
 	d.stopEvents()
 	d.ho.close()
+	if g := d.gsi.Load(); g != nil {
+		g.Close()
+	}
 	d.wg.Wait()
 	r.host.UnregisterDevice(d.vdev)
 	return nil

@@ -108,14 +108,28 @@ func (h *handover) conn(port uint16) (*handoverConn, error) {
 	if none.failed >= maxNoOwnerDials {
 		return nil, errDialBudget
 	}
-	name := handoverName(port)
 	h.dials.Add(1)
-	nc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Net: "unixpacket", Name: name})
+	hc, err := dialHandover(handoverName(port))
 	if err != nil {
 		if noOwner(err) {
 			none.failed++
 			none.markLocked(port)
 		}
+		return nil, err
+	}
+	if h.conns == nil || len(h.conns) >= maxHandoverConns {
+		h.closeConnsLocked()
+		h.conns = map[uint16]*handoverConn{}
+	}
+	h.conns[port] = hc
+	return hc, nil
+}
+
+// dialHandover connects to the hand-over socket name, which a process of
+// this user must hold (else errForeignOwner).
+func dialHandover(name string) (*handoverConn, error) {
+	nc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Net: "unixpacket", Name: name})
+	if err != nil {
 		return nil, err
 	}
 	// The connection's queue is the sender's buffer: as large as the
@@ -140,13 +154,7 @@ func (h *handover) conn(port uint16) (*handoverConn, error) {
 		return nil, err
 	}
 	raw, _ := c.SyscallConn()
-	if h.conns == nil || len(h.conns) >= maxHandoverConns {
-		h.closeConnsLocked()
-		h.conns = map[uint16]*handoverConn{}
-	}
-	hc := &handoverConn{c: c, raw: raw}
-	h.conns[port] = hc
-	return hc, nil
+	return &handoverConn{c: c, raw: raw}, nil
 }
 
 // drop forgets hc, a connection whose owner went away.

@@ -81,6 +81,7 @@ type qp struct {
 	blk       *sendBlock
 	idx       int
 	blockSelf bool
+	gsi       bool // QP1's sender (gsi.go): DETH SrcQP 1
 
 	dead atomic.Bool
 	smu  sync.Mutex // send side

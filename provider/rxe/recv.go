@@ -221,6 +221,10 @@ func (r *receiver) checkDeliver(b []byte, v6, fwd bool) {
 	}
 
 	destQP := p.BTH.DestQP()
+	if destQP == gsiQPN && !m.dst.IsMulticast() {
+		r.deliverGSI(b, v6, fwd)
+		return
+	}
 	if destQP != wire.MulticastQPN {
 		port := uint16(destQP >> 8)
 		switch {

@@ -146,6 +146,9 @@ func (q *qp) build(sl *sendSlot, s *softverbs.UDSend) (v6, send bool, err error)
 		HasImm:    s.HasImm,
 		Imm:       s.Imm,
 	}
+	if q.gsi {
+		h.SrcQP = gsiQPN
+	}
 	sl.hlen = wire.EncodeUD(sl.hdr[:], &h, nil)
 	pad := -len(s.Payload) & 3
 	wire.BTH(sl.hdr[:wire.BTHLen]).SetPadCount(pad)

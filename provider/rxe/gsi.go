@@ -1,0 +1,302 @@
+package rxe
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/provider/softverbs"
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// QP1, the General Services Interface (verbs.GSIPort): the RDMA CM's SIDR
+// MADs. QP1 is a QP of the transport only: the verbs core never sees it.
+// Its datagrams leave from a send socket of a QP of its own (whose QPN is
+// never used: DETH SrcQP is 1) and arrive on the device's unicast sockets
+// with DestQP 1; after rxe's checks (ICRC) and the GSI Q_Key they go to the
+// agent. Every process of the user shares UDP 4791 and the kernel hands a
+// datagram to one of them, so a MAD the agent of the process that read it
+// does not take goes, by its key (verbs.GSIRoute: a SIDR_REQ's service
+// ID, a SIDR_REP's request ID), to the process that claimed the key, over
+// a hand-over socket named after the key (handover.go's transport, of
+// this user only: an abstract unix socket, both ends' credentials
+// checked). A remote host therefore reaches only a claim of the user
+// whose socket read its datagram, and no other local user can claim a key
+// of this user's processes or read what is handed over.
+
+// gsiQPN is QP1.
+const gsiQPN = mad.GSIQPN
+
+// gsiHopLimit is the hop limit of QP1's datagrams when the caller gives 0.
+const gsiHopLimit = 64
+
+// gsiName returns the abstract unix socket name of a claim (a variable:
+// tests point it elsewhere).
+var gsiName = func(key string) string {
+	return "@softrdma/" + strconv.Itoa(os.Geteuid()) + "/gsi/" + key
+}
+
+// gsiPort is the device's QP1 while an agent has it open.
+type gsiPort struct {
+	d     *Device
+	agent verbs.GSIAgent
+	q     *qp
+
+	mu     sync.Mutex
+	closed bool
+	claims map[string]*handoverListener
+	psn    uint32
+
+	// The agent runs on a goroutine of its own, not on a receive path:
+	// it may call into the device (its GID table, its sockets).
+	in   chan gsiItem
+	done chan struct{}
+}
+
+// gsiQueue bounds the MADs waiting for the agent; more are dropped.
+const gsiQueue = 64
+
+// gsiItem is a MAD for the agent: its copy, and the datagram with its
+// forwarding header for a hand-over (nil when it was handed over).
+type gsiItem struct {
+	m   verbs.GSIMAD
+	fwd []byte
+}
+
+// OpenGSI opens QP1 for agent (verbs.GSIPort).
+func (d *Device) OpenGSI(agent verbs.GSIAgent) (verbs.GSI, error) {
+	if agent == nil {
+		return nil, d.errf(syscall.EINVAL, "open QP1: no agent")
+	}
+	dq, err := d.CreateQP(softverbs.DriverQPInit{Type: verbs.QPTypeUD})
+	if err != nil {
+		return nil, err
+	}
+	q := dq.(*qp)
+	q.gsi = true
+	g := &gsiPort{d: d, agent: agent, q: q, claims: map[string]*handoverListener{},
+		in: make(chan gsiItem, gsiQueue), done: make(chan struct{})}
+	if !d.gsi.CompareAndSwap(nil, g) {
+		q.Destroy()
+		return nil, d.errf(syscall.EBUSY, "open QP1: open already")
+	}
+	go g.serve()
+	return g, nil
+}
+
+// Send sends one MAD from QP1 to QP1 of dst (verbs.GSI).
+func (g *gsiPort) Send(sgidIndex uint8, dst verbs.GID, hopLimit, tclass uint8, m []byte) error {
+	if len(m) != mad.Len {
+		return g.d.errf(syscall.EINVAL, "QP1 send: a MAD is %d bytes, not %d", mad.Len, len(m))
+	}
+	if hopLimit == 0 {
+		hopLimit = gsiHopLimit
+	}
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return g.d.errf(syscall.EBADF, "QP1 send: closed")
+	}
+	g.psn = (g.psn + 1) & 0xFFFFFF
+	psn := g.psn
+	g.mu.Unlock()
+	ah := verbs.AHAttr{IsGlobal: true, PortNum: 1, GRH: verbs.GlobalRoute{
+		DGID: dst, SGIDIndex: sgidIndex, HopLimit: hopLimit, TrafficClass: tclass,
+	}}
+	s := softverbs.UDSend{AH: &ah, RemoteQPN: gsiQPN, RemoteQKey: mad.GSIQKey, PSN: psn, Payload: m}
+	if err := g.q.Send(&s); err != nil {
+		return err
+	}
+	if s.Wire == 0 {
+		return g.d.errf(syscall.EMSGSIZE, "QP1 send: larger than the active MTU")
+	}
+	return nil
+}
+
+// Claim makes the MADs of key that other processes of this user read come
+// to this device (verbs.GSI).
+func (g *gsiPort) Claim(key string) (func(), error) {
+	d := g.d
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, d.errf(syscall.EBADF, "QP1 claim: closed")
+	}
+	if g.claims[key] != nil {
+		return nil, d.errf(syscall.EADDRINUSE, "QP1 claim %s: held by this process", key)
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Net: "unixpacket", Name: gsiName(key)})
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, d.errf(syscall.EADDRINUSE, "QP1 claim %s: held by another process", key)
+		}
+		return nil, d.errf(verbs.ErrnoOf(err), "QP1 claim %s: %v", key, err)
+	}
+	l := &handoverListener{ln: ln}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		ln.Close()
+		return nil, d.errf(syscall.ENODEV, "QP1 claim: device closed")
+	}
+	d.wg.Add(1)
+	d.mu.Unlock()
+	// A block of no send socket: what its connections carry goes to QP1
+	// only (checkDeliver).
+	go d.acceptHandovers(&sendBlock{}, l)
+	g.claims[key] = l
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			if g.claims[key] == l {
+				delete(g.claims, key)
+			}
+			g.mu.Unlock()
+			l.close()
+		})
+	}, nil
+}
+
+// holds reports whether this device claims key.
+func (g *gsiPort) holds(key string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.claims[key] != nil
+}
+
+// Close closes QP1 and its claims (verbs.GSI).
+func (g *gsiPort) Close() error {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return nil
+	}
+	g.closed = true
+	claims := g.claims
+	g.claims = nil
+	close(g.in)
+	g.mu.Unlock()
+	for _, l := range claims {
+		l.close()
+	}
+	g.d.gsi.CompareAndSwap(g, nil)
+	<-g.done
+	g.q.Destroy()
+	return nil
+}
+
+// serve runs the agent on the MADs queued by the receive paths until
+// Close: a MAD it does not take goes to the process that claims its key,
+// or back to it as unclaimed.
+func (g *gsiPort) serve() {
+	defer close(g.done)
+	d := g.d
+	for it := range g.in {
+		if g.agent.Receive(&it.m) {
+			continue
+		}
+		if it.fwd == nil {
+			d.core.Count(softverbs.NoQPDrops, 1) // handed over, and not taken
+			continue
+		}
+		key := verbs.GSIRoute(it.m.MAD)
+		if key == "" || g.holds(key) {
+			d.core.Count(softverbs.NoQPDrops, 1)
+			continue
+		}
+		switch err := forwardGSI(it.fwd, key); {
+		case err == nil:
+			d.core.Count(softverbs.Forwarded, 1)
+		case noOwner(err):
+			g.agent.Unclaimed(&it.m)
+		default:
+			d.core.Count(softverbs.ForwardDrops, 1)
+		}
+	}
+}
+
+// deliverGSI hands the checked datagram b (r.pkt) for QP1 to the agent's
+// goroutine (gsiPort.serve), or, without an agent in this process, to the
+// process of this user that claims its key; fwd: it was handed over
+// already (never forwarded again).
+func (r *receiver) deliverGSI(b []byte, v6, fwd bool) {
+	d := r.d
+	p := &r.pkt
+	r.burst.Release() // no lock held over what follows
+	if p.DETH.QKey() != mad.GSIQKey || len(p.Payload) < mad.Len {
+		d.core.Count(softverbs.NoQPDrops, 1)
+		return
+	}
+	var fb []byte
+	if !fwd {
+		if len(b) > readBufLen {
+			d.core.Count(softverbs.ForwardDrops, 1)
+			return
+		}
+		var h [fwdHdrLen]byte
+		putFwdHdr(&h, &r.meta, v6)
+		fb = append(append(make([]byte, 0, fwdHdrLen+len(b)), h[:]...), b...)
+	}
+	g := d.gsi.Load()
+	if g == nil {
+		key := verbs.GSIRoute(p.Payload[:mad.Len])
+		if fwd || key == "" {
+			d.core.Count(softverbs.NoQPDrops, 1)
+			return
+		}
+		switch err := forwardGSI(fb, key); {
+		case err == nil:
+			d.core.Count(softverbs.Forwarded, 1)
+		case noOwner(err):
+			d.core.Count(softverbs.NoOwnerDrops, 1)
+		default:
+			d.core.Count(softverbs.ForwardDrops, 1)
+		}
+		return
+	}
+	it := gsiItem{fwd: fb, m: verbs.GSIMAD{
+		Src: r.meta.src, Dst: r.meta.dst, SrcQP: p.DETH.SrcQP(), PKey: p.BTH.PKey(), QKey: p.DETH.QKey(),
+		HopLimit: r.meta.ttl, TClass: r.meta.tos, MAD: slices.Clone(p.Payload[:mad.Len]),
+	}}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		d.core.Count(softverbs.NoQPDrops, 1)
+		return
+	}
+	select {
+	case g.in <- it:
+	default:
+		d.core.Count(softverbs.NoQPDrops, 1)
+	}
+}
+
+// forwardGSI hands fb, a forwarding header and a datagram, to the process
+// of this user that claims key. QP1's MADs are few: a connection each.
+func forwardGSI(fb []byte, key string) error {
+	hc, err := dialHandover(gsiName(key))
+	if err != nil {
+		return err
+	}
+	defer hc.c.Close()
+	var serr error
+	if err := hc.raw.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), fb, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, nil)
+		return true
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("QP1 hand-over to %s: %w", key, serr)
+	}
+	return nil
+}
