@@ -3,7 +3,7 @@
 package main
 
 /*
-#include "capi.h"
+#include <capi.h>
 */
 import "C"
 

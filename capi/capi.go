@@ -3,10 +3,14 @@
 package main
 
 /*
-#cgo CFLAGS: -O2 -Wall
+// The package's preambles include <capi.h>, found by -I${SRCDIR}, not
+// "capi.h": cgo preprocesses each preamble from a file in TMPDIR, where a
+// quoted include looks first, and where a c-shared build of this package
+// (go build -buildmode=c-shared -o /tmp/capi.so) leaves its own capi.h.
+#cgo CFLAGS: -O2 -Wall -I${SRCDIR}
 #include <stdlib.h>
 #include <string.h>
-#include "capi.h"
+#include <capi.h>
 */
 import "C"
 

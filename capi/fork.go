@@ -3,7 +3,7 @@
 package main
 
 /*
-#include "capi.h"
+#include <capi.h>
 void sr_fork_reset(void);
 void sr_fork_add_ctx(struct sr_context *c);
 void sr_fork_add_qp(struct sr_qp *q);

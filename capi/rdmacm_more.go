@@ -4,7 +4,7 @@ package main
 
 /*
 #include <stdlib.h>
-#include "capi.h"
+#include <capi.h>
 */
 import "C"
 

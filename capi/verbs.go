@@ -5,7 +5,7 @@ package main
 /*
 #include <stdlib.h>
 #include <string.h>
-#include "capi.h"
+#include <capi.h>
 */
 import "C"
 
