@@ -5,7 +5,7 @@ package main
 /*
 #include <stdlib.h>
 #include <string.h>
-#include "capi.h"
+#include <capi.h>
 */
 import "C"
 
@@ -493,6 +493,7 @@ func srDestroyQP(id *C.struct_rdma_cm_id) {
 // cmEvent is the Go side of a C CM event.
 type cmEvent struct {
 	ev *rdmacm.Event
+	pd unsafe.Pointer // malloc'd private data of a UD connection's event
 }
 
 //export srGetEvent
@@ -523,14 +524,23 @@ func srGetEvent(ch *C.struct_rdma_event_channel, nonblock C.int, out **C.struct_
 	ec.lower()
 	ids.Lock()
 	ci := ids.m[ev.ID]
+	lci := ids.m[ev.ListenID]
 	ids.Unlock()
+	if ci == nil && ev.Event == rdmacm.EventConnectRequest {
+		ci = connRequestID(ev)
+	}
 	if ci == nil {
 		ev.Ack()
 		return C.EIO
 	}
 	ci.sync()
 	c := newCEvent(ci, ev)
-	c.h = reg.put(&cmEvent{ev: ev})
+	ce := &cmEvent{ev: ev}
+	switch ev.Event {
+	case rdmacm.EventConnectRequest, rdmacm.EventEstablished, rdmacm.EventUnreachable:
+		ce.pd = putUDConnEvent(c, ev, lci)
+	}
+	c.h = reg.put(ce)
 	*out = &c.ev
 	return 0
 }
@@ -566,6 +576,9 @@ func srAckEvent(ev *C.struct_rdma_cm_event) C.int {
 		return errno(err)
 	}
 	reg.del(c.h)
+	if ce.pd != nil {
+		C.free(ce.pd)
+	}
 	C.free(unsafe.Pointer(c))
 	return 0
 }

@@ -17,8 +17,6 @@ long softrdma_raccept(void) { SR_STUB("raccept", -1); }
 long softrdma_rbind(void) { SR_STUB("rbind", -1); }
 long softrdma_rclose(void) { SR_STUB("rclose", -1); }
 long softrdma_rconnect(void) { SR_STUB("rconnect", -1); }
-long softrdma_rdma_accept(void) { SR_STUB("rdma_accept", -1); }
-long softrdma_rdma_connect(void) { SR_STUB("rdma_connect", -1); }
 long softrdma_rdma_create_srq(void) { SR_STUB("rdma_create_srq", -1); }
 long softrdma_rdma_create_srq_ex(void) { SR_STUB("rdma_create_srq_ex", -1); }
 long softrdma_rdma_destroy_srq(void) { SR_STUB("rdma_destroy_srq", 0); }
@@ -26,9 +24,7 @@ long softrdma_rdma_disconnect(void) { SR_STUB("rdma_disconnect", -1); }
 long softrdma_rdma_establish(void) { SR_STUB("rdma_establish", -1); }
 long softrdma_rdma_get_remote_ece(void) { SR_STUB("rdma_get_remote_ece", -1); }
 long softrdma_rdma_get_request(void) { SR_STUB("rdma_get_request", -1); }
-long softrdma_rdma_listen(void) { SR_STUB("rdma_listen", -1); }
 long softrdma_rdma_notify(void) { SR_STUB("rdma_notify", -1); }
-long softrdma_rdma_reject(void) { SR_STUB("rdma_reject", -1); }
 long softrdma_rdma_reject_ece(void) { SR_STUB("rdma_reject_ece", -1); }
 long softrdma_rdma_set_local_ece(void) { SR_STUB("rdma_set_local_ece", -1); }
 long softrdma_rfcntl(void) { SR_STUB("rfcntl", -1); }
@@ -191,8 +187,6 @@ const struct sr_stub sr_stubs[] = {
 	{ "rbind", softrdma_rbind },
 	{ "rclose", softrdma_rclose },
 	{ "rconnect", softrdma_rconnect },
-	{ "rdma_accept", softrdma_rdma_accept },
-	{ "rdma_connect", softrdma_rdma_connect },
 	{ "rdma_create_srq", softrdma_rdma_create_srq },
 	{ "rdma_create_srq_ex", softrdma_rdma_create_srq_ex },
 	{ "rdma_destroy_srq", softrdma_rdma_destroy_srq },
@@ -200,9 +194,7 @@ const struct sr_stub sr_stubs[] = {
 	{ "rdma_establish", softrdma_rdma_establish },
 	{ "rdma_get_remote_ece", softrdma_rdma_get_remote_ece },
 	{ "rdma_get_request", softrdma_rdma_get_request },
-	{ "rdma_listen", softrdma_rdma_listen },
 	{ "rdma_notify", softrdma_rdma_notify },
-	{ "rdma_reject", softrdma_rdma_reject },
 	{ "rdma_reject_ece", softrdma_rdma_reject_ece },
 	{ "rdma_set_local_ece", softrdma_rdma_set_local_ece },
 	{ "rfcntl", softrdma_rfcntl },

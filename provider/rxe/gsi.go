@@ -149,9 +149,7 @@ func (g *gsiPort) Claim(key string) (func(), error) {
 	}
 	d.wg.Add(1)
 	d.mu.Unlock()
-	// A block of no send socket: what its connections carry goes to QP1
-	// only (checkDeliver).
-	go d.acceptHandovers(&sendBlock{}, l)
+	go d.acceptGSI(l)
 	g.claims[key] = l
 	var once sync.Once
 	return func() {
@@ -164,6 +162,68 @@ func (g *gsiPort) Claim(key string) (func(), error) {
 			l.close()
 		})
 	}, nil
+}
+
+// acceptGSI accepts the connections of other processes of this user to
+// a claim's socket (the hand-over's checks: a connection from another
+// user is closed and counted in untrusted_drops) and reads each on a
+// goroutine of its own: QP1's MADs are few, and no consumer reads them
+// (they are not unicast inputs of progress.go).
+func (d *Device) acceptGSI(l *handoverListener) {
+	defer d.wg.Done()
+	uid := uint32(os.Geteuid())
+	for {
+		nc, err := l.ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		var cred *unix.Ucred
+		var cerr error
+		if err := control(nc, func(fd int) error {
+			cred, cerr = unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+			return nil
+		}); err != nil || cerr != nil || cred.Uid != uid {
+			d.core.Count(softverbs.UntrustedDrops, 1)
+			nc.Close()
+			continue
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			nc.Close()
+			return
+		}
+		l.gsiConns = append(l.gsiConns, nc)
+		l.mu.Unlock()
+		d.wg.Add(1)
+		go d.readGSI(l, nc)
+	}
+}
+
+// readGSI reads the datagrams handed over on one claim connection until
+// either end closes it, and checks and delivers each as one read on UDP
+// 4791 (handleForwarded: ICRC, then deliverGSI).
+func (d *Device) readGSI(l *handoverListener, nc *net.UnixConn) {
+	defer d.wg.Done()
+	defer func() {
+		l.mu.Lock()
+		l.gsiConns = slices.DeleteFunc(l.gsiConns, func(c *net.UnixConn) bool { return c == nc })
+		l.mu.Unlock()
+		nc.Close()
+	}()
+	r := newBlockReceiver(d, &sendBlock{}, nil)
+	buf := make([]byte, fwdHdrLen+readBufLen+1)
+	for {
+		n, err := nc.Read(buf)
+		if err != nil || n == 0 {
+			return
+		}
+		r.countReceived(1, uint64(n))
+		r.handleForwarded(buf[:n], n > fwdHdrLen+readBufLen)
+	}
 }
 
 // holds reports whether this device claims key.
@@ -235,6 +295,13 @@ func (r *receiver) deliverGSI(b []byte, v6, fwd bool) {
 	if p.DETH.QKey() != mad.GSIQKey || len(p.Payload) < mad.Len {
 		d.core.Count(softverbs.NoQPDrops, 1)
 		return
+	}
+	if fwd {
+		// As for a unicast datagram handed over: the peer's next
+		// datagrams (an accepted connection's data, after a SIDR_REP)
+		// should come straight here (peers.go), not through a process
+		// that may exit before it hands them over.
+		r.askPeer(v6)
 	}
 	var fb []byte
 	if !fwd {

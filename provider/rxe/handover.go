@@ -193,9 +193,10 @@ func noOwner(err error) bool {
 type handoverListener struct {
 	ln *net.UnixListener
 
-	mu     sync.Mutex
-	closed bool
-	conns  []*rawudp.Conn
+	mu       sync.Mutex
+	closed   bool
+	conns    []*rawudp.Conn
+	gsiConns []*net.UnixConn // a QP1 claim's (gsi.go)
 }
 
 // listenHandoverLocked opens blk's hand-over socket and starts its accept
@@ -234,11 +235,14 @@ func (d *Device) handoverFailed(what string, err error) {
 func (l *handoverListener) close() {
 	l.mu.Lock()
 	l.closed = true
-	conns := l.conns
-	l.conns = nil
+	conns, gconns := l.conns, l.gsiConns
+	l.conns, l.gsiConns = nil, nil
 	l.mu.Unlock()
 	l.ln.Close()
 	for _, c := range conns {
+		c.Close()
+	}
+	for _, c := range gconns {
 		c.Close()
 	}
 }
