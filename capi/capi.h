@@ -18,10 +18,15 @@ struct sr_device { struct ibv_device dev; uintptr_t h; };
 struct sr_context { uintptr_t h; struct verbs_context vc; };
 struct sr_pd { struct ibv_pd pd; uintptr_t h; };
 struct sr_mr { struct ibv_mr mr; uintptr_t h; };
-// hint is what softverbs says of the CQ (SetPollHint): 0 while a poll
-// would find nothing and do nothing, so that ibv_poll_cq returns at once
-// without entering Go; all ones (enter Go) where the device gives no hint.
-struct sr_cq { struct ibv_cq cq; uintptr_t h; uint32_t hint; };
+// A CQ is an extended one (struct ibv_cq_ex, whose first fields are
+// struct ibv_cq's: ibv_cq_ex_to_cq is a cast). hint is what softverbs says
+// of the CQ (SetPollHint): 0 while a poll would find nothing and do
+// nothing, so that ibv_poll_cq returns at once without entering Go; all
+// ones (enter Go) where the device gives no hint. x is the polling state
+// of a CQ made with ibv_create_cq_ex (cqex.c), NULL for ibv_create_cq's.
+struct sr_cqx;
+struct sr_cq { struct ibv_cq_ex cqx; uintptr_t h; uint32_t hint; struct sr_cqx *x; };
+static inline struct ibv_cq *sr_cq_base(struct sr_cq *c) { return ibv_cq_ex_to_cq(&c->cqx); }
 // A QP is an extended one (ibv_qp_to_qp_ex): qpx.qp_base is the struct
 // ibv_qp. The WR API's requests between wr_start and wr_complete are
 // kept in wrs (qp.c).
@@ -59,6 +64,17 @@ struct sr_context *sr_context_alloc(struct ibv_device *dev, int num_comp_vectors
 void sr_context_free(struct sr_context *c);
 struct sr_cq *sr_cq_alloc(struct ibv_context *ctx, struct ibv_comp_channel *ch, void *cq_context, int cqe);
 void sr_cq_free(struct sr_cq *cq);
+// Extended CQs (cqex.c), in the parent and in a child of fork(): raw
+// polls the CQ itself (what its ibv_poll_cq does without cqex.c's buffer).
+typedef int (*sr_poll_fn)(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+int sr_cqx_check(struct ibv_context *ctx, const struct ibv_cq_init_attr_ex *attr);
+int sr_cqx_make(struct sr_cq *c, const struct ibv_cq_init_attr_ex *attr, sr_poll_fn raw);
+int sr_cqx_poll_cq(struct sr_cq *c, int n, struct ibv_wc *wc);
+void sr_cqx_free(struct sr_cqx *x);
+// sr_fork_gen counts the fork()s from the process that loaded the
+// libraries to this one (fork.c): an object made where it differs is
+// inherited, not the process's own.
+extern int sr_fork_gen;
 struct sr_qp *sr_qp_alloc(void);
 static inline struct ibv_qp *sr_qp_base(struct sr_qp *q) { return &q->qpx.qp_base; }
 void sr_qp_init_from(struct sr_qp_init *in, void *ctx, struct ibv_cq *scq, struct ibv_cq *rcq,

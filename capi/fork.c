@@ -21,7 +21,8 @@
 // trampolines but through the context's ops (ibv_post_send, ibv_poll_cq,
 // …) and the extended QP's wr_complete: the prepare handler (in the parent,
 // where Go runs) notes every context and QP, and the child handler points
-// their ops at functions that fail the same way; the child's own contexts
+// their ops at functions that fail the same way (an extended CQ's polling
+// ops, cqex.c, see that sr_fork_gen changed); the child's own contexts
 // have ops of forkchild.c. Calls that never reach Go
 // (the *_str texts, ibv_get_device_name, ibv_free_device_list,
 // ibv_fork_init, ibv_is_fork_initialized …) work in the child. A child
@@ -47,6 +48,7 @@ void sr_forkchild_reset(void (*fail_ctx)(struct ibv_context *));
 
 // softrdma_forked is set in the child of a fork() (the trampolines read it).
 int softrdma_forked;
+int sr_fork_gen;
 
 static int sr_fork_said;
 
@@ -203,6 +205,14 @@ static struct ibv_qp *sr_fork_create_qp_ex(struct ibv_context *ctx, struct ibv_q
 	return NULL;
 }
 
+static struct ibv_cq_ex *sr_fork_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_attr_ex *attr)
+{
+	(void)ctx, (void)attr;
+	sr_fork_say("ibv_create_cq_ex");
+	errno = EINVAL;
+	return NULL;
+}
+
 static int sr_fork_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex_input *input,
 				   struct ibv_device_attr_ex *attr, size_t len)
 {
@@ -236,6 +246,7 @@ static void sr_fork_fail_ctx(struct ibv_context *ctx)
 	ctx->ops.post_recv = sr_fork_post_recv;
 	verbs_get_ctx(ctx)->query_port = sr_fork_query_port;
 	verbs_get_ctx(ctx)->query_device_ex = NULL;
+	verbs_get_ctx(ctx)->create_cq_ex = sr_fork_create_cq_ex;
 }
 
 static void sr_fork_child(void)
@@ -244,6 +255,7 @@ static void sr_fork_child(void)
 	if (softrdma_forked)
 		sr_forkchild_reset(sr_fork_fail_ctx);
 	softrdma_forked = 1;
+	sr_fork_gen++;
 	for (int i = 0; i < sr_fork_nctx; i++) {
 		struct sr_context *c = sr_fork_ctxs[i];
 		c->vc.context.ops.poll_cq = sr_fork_poll_cq;
@@ -253,6 +265,7 @@ static void sr_fork_child(void)
 		c->vc.query_port = sr_fork_query_port;
 		c->vc.query_device_ex = sr_fork_query_device_ex;
 		c->vc.create_qp_ex = sr_fork_create_qp_ex;
+		c->vc.create_cq_ex = sr_fork_create_cq_ex;
 	}
 	for (int i = 0; i < sr_fork_nqp; i++)
 		sr_fork_qps[i]->qpx.wr_complete = sr_fork_wr_complete;

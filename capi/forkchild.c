@@ -124,6 +124,7 @@ static void fkc_del(const void *p)
 }
 
 static struct ibv_pd *fkc_pd_get(uint64_t rh, struct ibv_context *ctx);
+static struct ibv_cq_ex *fkc_op_create_cq_ex(struct ibv_context *context, struct ibv_cq_init_attr_ex *attr);
 
 // ---- the connection ----
 
@@ -235,20 +236,40 @@ static int fkc_call(struct fk_hdr *h, const void *in, size_t inlen, void *out, s
 	return e;
 }
 
+// fkc_obj_call is fkc_call of a call on the child's object p of kind,
+// which becomes h->a[0] (the parent's object): EINVAL (set) when p is not
+// the child's (one of the parent's, said once on stderr).
+static int fkc_obj_call(struct fk_hdr *h, int kind, const void *p, const void *in, size_t inlen, void *out,
+			size_t outcap)
+{
+	if (!(h->a[0] = fkc_rh(kind, p))) {
+		errno = EINVAL;
+		return EINVAL;
+	}
+	return fkc_call(h, in, inlen, out, outcap, NULL);
+}
+
+// fkc_destroy is a call that destroys the child's object p of kind.
+static int fkc_destroy(int op, int kind, void *p)
+{
+	struct fk_hdr h = { .op = op };
+	int e = fkc_obj_call(&h, kind, p, NULL, 0, NULL, 0);
+	if (!e)
+		fkc_del(p);
+	return e;
+}
+
 #define RET_PTR(e, p) do { if (e) { errno = (e); return NULL; } return (p); } while (0)
 #define RET_NEG(e) do { if (e) { errno = (e); return -1; } return 0; } while (0)
 #define RET_ERRNO(e) do { if (e) errno = (e); return (e); } while (0)
 
 // ---- the ops of the child's contexts ----
 
-static int fkc_op_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+// fkc_raw_poll_cq polls the parent's CQ (an extended CQ's batches, cqex.c).
+static int fkc_raw_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
 	struct fk_hdr h = { .op = FK_POLL_CQ };
 	int e;
-	if (n < 0)
-		return -EINVAL;
-	if (n == 0)
-		return 0;
 	if (!(h.a[0] = fkc_rh(FKC_CQ, cq)))
 		return -EINVAL;
 	if ((size_t)n > FK_MAX / sizeof *wc)
@@ -259,12 +280,25 @@ static int fkc_op_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 	return h.ret;
 }
 
+// The child's CQs are struct sr_cq, as the parent's (their h and hint
+// unused), so that an extended one has cqex.c's polling state. (A CQ
+// whose context has these ops is one of the child's: the parent's
+// contexts have fork.c's.)
+static int fkc_op_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	if (n < 0)
+		return -EINVAL;
+	if (n == 0)
+		return 0;
+	if (cq && ((struct sr_cq *)cq)->x)
+		return sr_cqx_poll_cq((struct sr_cq *)cq, n, wc);
+	return fkc_raw_poll_cq(cq, n, wc);
+}
+
 static int fkc_op_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
-	struct fk_hdr h = { .op = FK_REQ_NOTIFY, .a = { fkc_rh(FKC_CQ, cq), solicited_only } };
-	if (!h.a[0])
-		return EINVAL;
-	return fkc_call(&h, NULL, 0, NULL, 0, NULL);
+	struct fk_hdr h = { .op = FK_REQ_NOTIFY, .a = { 0, solicited_only } };
+	return fkc_obj_call(&h, FKC_CQ, cq, NULL, 0, NULL, 0);
 }
 
 static int fkc_op_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
@@ -370,12 +404,12 @@ static int fkc_op_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ib
 static int fkc_op_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr, size_t len)
 {
 	struct ibv_port_attr full;
-	struct fk_hdr h = { .op = FK_QUERY_PORT, .a = { fkc_rh(FKC_CTX, ctx), port } };
+	struct fk_hdr h = { .op = FK_QUERY_PORT, .a = { 0, port } };
 	int e;
-	if (!h.a[0] || !attr)
+	if (!attr)
 		return EINVAL;
 	memset(&full, 0, sizeof full);
-	if ((e = fkc_call(&h, NULL, 0, &full, sizeof full, NULL)))
+	if ((e = fkc_obj_call(&h, FKC_CTX, ctx, NULL, 0, &full, sizeof full)))
 		return e;
 	memcpy(attr, &full, len < sizeof full ? len : sizeof full);
 	return 0;
@@ -448,6 +482,7 @@ static struct ibv_context *fkc_ctx_of(uint64_t rh, int fd, int ncv, uint64_t dev
 	}
 	c->vc.sz = sizeof c->vc;
 	c->vc.query_port = fkc_op_query_port;
+	c->vc.create_cq_ex = fkc_op_create_cq_ex;
 	c->vc.context.device = fkc_local(FKC_DEV, dev);
 	if (!c->vc.context.device) {
 		// A device the child has not listed: list them.
@@ -506,13 +541,9 @@ struct ibv_context *softrdma_child_ibv_open_device(struct ibv_device *device)
 
 int softrdma_child_ibv_close_device(struct ibv_context *context)
 {
-	struct fk_hdr h = { .op = FK_CLOSE_DEVICE, .a = { fkc_rh(FKC_CTX, context) } };
-	int e;
-	if (!h.a[0])
-		RET_ERRNO(EINVAL);
-	if ((e = fkc_call(&h, NULL, 0, NULL, 0, NULL)))
+	int e = fkc_destroy(FK_CLOSE_DEVICE, FKC_CTX, context);
+	if (e)
 		return e;
-	fkc_del(context);
 	if (context->async_fd >= 0)
 		close(context->async_fd);
 	// The struct stays: a program may still hold it (an id's verbs).
@@ -521,10 +552,10 @@ int softrdma_child_ibv_close_device(struct ibv_context *context)
 
 int softrdma_child_ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr)
 {
-	struct fk_hdr h = { .op = FK_QUERY_DEVICE, .a = { fkc_rh(FKC_CTX, context) } };
-	if (!h.a[0] || !attr)
+	struct fk_hdr h = { .op = FK_QUERY_DEVICE };
+	if (!attr)
 		RET_ERRNO(EINVAL);
-	return fkc_call(&h, NULL, 0, attr, sizeof *attr, NULL);
+	return fkc_obj_call(&h, FKC_CTX, context, NULL, 0, attr, sizeof *attr);
 }
 
 int softrdma_child_ibv_query_port(struct ibv_context *context, uint8_t port_num, struct _compat_ibv_port_attr *attr)
@@ -535,11 +566,8 @@ int softrdma_child_ibv_query_port(struct ibv_context *context, uint8_t port_num,
 
 int softrdma_child_ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index, union ibv_gid *gid)
 {
-	struct fk_hdr h = { .op = FK_QUERY_GID, .a = { fkc_rh(FKC_CTX, context), port_num, index } };
-	int e;
-	if (!h.a[0] || !gid)
-		RET_NEG(EINVAL);
-	e = fkc_call(&h, NULL, 0, gid, sizeof *gid, NULL);
+	struct fk_hdr h = { .op = FK_QUERY_GID, .a = { 0, port_num, index } };
+	int e = gid ? fkc_obj_call(&h, FKC_CTX, context, NULL, 0, gid, sizeof *gid) : EINVAL;
 	RET_NEG(e);
 }
 
@@ -559,18 +587,6 @@ struct ibv_pd *softrdma_child_ibv_alloc_pd(struct ibv_context *context)
 	pd->context = context;
 	fkc_add(FKC_PD, h.a[0], pd);
 	return pd;
-}
-
-static int fkc_destroy(int op, int kind, void *p)
-{
-	struct fk_hdr h = { .op = op, .a = { fkc_rh(kind, p) } };
-	int e;
-	if (!h.a[0])
-		RET_ERRNO(EINVAL);
-	if ((e = fkc_call(&h, NULL, 0, NULL, 0, NULL)))
-		return e;
-	fkc_del(p);
-	return 0;
 }
 
 int softrdma_child_ibv_dealloc_pd(struct ibv_pd *pd)
@@ -685,17 +701,11 @@ int softrdma_child_ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
 static struct ibv_cq *fkc_cq_new(uint64_t rh, struct ibv_context *ctx, struct ibv_comp_channel *ch, void *cq_context,
 				 int cqe)
 {
-	struct ibv_cq *cq = calloc(1, sizeof *cq);
-	if (!cq)
+	struct sr_cq *c = sr_cq_alloc(ctx, ch, cq_context, cqe);
+	if (!c)
 		return NULL;
-	cq->context = ctx;
-	cq->channel = ch;
-	cq->cq_context = cq_context;
-	cq->cqe = cqe;
-	pthread_mutex_init(&cq->mutex, NULL);
-	pthread_cond_init(&cq->cond, NULL);
-	fkc_add(FKC_CQ, rh, cq);
-	return cq;
+	fkc_add(FKC_CQ, rh, sr_cq_base(c));
+	return sr_cq_base(c);
 }
 
 struct ibv_cq *softrdma_child_ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
@@ -718,8 +728,26 @@ int softrdma_child_ibv_destroy_cq(struct ibv_cq *cq)
 {
 	int e = fkc_destroy(FK_DESTROY_CQ, FKC_CQ, cq);
 	if (!e)
-		free(cq);
+		sr_cq_free((struct sr_cq *)cq);
 	return e;
+}
+
+// fkc_op_create_cq_ex is the child's ibv_create_cq_ex: the parent makes
+// an ibv_create_cq CQ, and cqex.c's polling state is the child's.
+static struct ibv_cq_ex *fkc_op_create_cq_ex(struct ibv_context *context, struct ibv_cq_init_attr_ex *attr)
+{
+	struct ibv_cq *cq;
+	int e = sr_cqx_check(context, attr);
+	if (e)
+		RET_PTR(e, NULL);
+	if (!(cq = softrdma_child_ibv_create_cq(context, attr->cqe, attr->cq_context, attr->channel,
+						attr->comp_vector)))
+		return NULL;
+	if ((e = sr_cqx_make((struct sr_cq *)cq, attr, fkc_raw_poll_cq))) {
+		softrdma_child_ibv_destroy_cq(cq);
+		RET_PTR(e, NULL);
+	}
+	return &((struct sr_cq *)cq)->cqx;
 }
 
 int softrdma_child_ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context)
@@ -740,9 +768,8 @@ int softrdma_child_ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv
 
 void softrdma_child_ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 {
-	struct fk_hdr h = { .op = FK_ACK_CQ_EVENTS, .a = { fkc_rh(FKC_CQ, cq), nevents } };
-	if (h.a[0])
-		fkc_call(&h, NULL, 0, NULL, 0, NULL);
+	struct fk_hdr h = { .op = FK_ACK_CQ_EVENTS, .a = { 0, nevents } };
+	fkc_obj_call(&h, FKC_CQ, cq, NULL, 0, NULL, 0);
 }
 
 // ---- QPs ----
@@ -810,14 +837,47 @@ int softrdma_child_ibv_destroy_qp(struct ibv_qp *qp)
 
 int softrdma_child_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask)
 {
-	struct fk_hdr h = { .op = FK_MODIFY_QP, .a = { fkc_rh(FKC_QP, qp), attr_mask } };
-	int e;
-	if (!h.a[0] || !attr)
-		RET_ERRNO(EINVAL);
-	e = fkc_call(&h, attr, sizeof *attr, NULL, 0, NULL);
+	struct fk_hdr h = { .op = FK_MODIFY_QP, .a = { 0, attr_mask } };
+	int e = attr ? fkc_obj_call(&h, FKC_QP, qp, attr, sizeof *attr, NULL, 0) : EINVAL;
 	if (!e)
 		qp->state = h.a[0];
-	return e;
+	RET_ERRNO(e);
+}
+
+int softrdma_child_ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+				struct ibv_qp_init_attr *init_attr)
+{
+	struct fk_hdr h = { .op = FK_QUERY_QP, .a = { 0, attr_mask } };
+	struct fk_qpattr r;
+	int e = attr && init_attr ? fkc_obj_call(&h, FKC_QP, qp, NULL, 0, &r, sizeof r) : EINVAL;
+	if (e)
+		RET_ERRNO(e);
+	*attr = r.attr;
+	// The parent's pointers become the child's own.
+	*init_attr = r.init;
+	init_attr->qp_context = qp->qp_context;
+	init_attr->send_cq = qp->send_cq;
+	init_attr->recv_cq = qp->recv_cq;
+	init_attr->srq = NULL;
+	qp->state = attr->qp_state;
+	return 0;
+}
+
+static int fkc_mcast(int op, struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+	struct fk_hdr h = { .op = op, .a = { 0, lid } };
+	int e = gid ? fkc_obj_call(&h, FKC_QP, qp, gid, sizeof *gid, NULL, 0) : EINVAL;
+	RET_ERRNO(e);
+}
+
+int softrdma_child_ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+	return fkc_mcast(FK_ATTACH_MCAST, qp, gid, lid);
+}
+
+int softrdma_child_ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+	return fkc_mcast(FK_DETACH_MCAST, qp, gid, lid);
 }
 
 // ---- rdma_cm ----
@@ -974,6 +1034,13 @@ static int fkc_id_call(int op, struct rdma_cm_id *id, const struct sockaddr *s0,
 		       uint64_t a1, uint64_t a2)
 {
 	return fkc_id_call5(op, id, s0, s1, a1, a2, 0, 0);
+}
+
+int softrdma_child_rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval, size_t optlen)
+{
+	struct fk_hdr h = { .op = FK_SET_OPTION, .a = { 0, level, optname } };
+	int e = (!optval && optlen) || optlen > FK_MAX ? EINVAL : fkc_obj_call(&h, FKC_ID, id, optval, optlen, NULL, 0);
+	RET_NEG(e);
 }
 
 int softrdma_child_rdma_join_multicast_ex(struct rdma_cm_id *id, struct rdma_cm_join_mc_attr_ex *attr, void *context)

@@ -41,6 +41,16 @@ struct fk_qpinfo {
 	struct ibv_qp_cap cap;
 };
 
+// The verbs of a forked multicast worker, numbered apart from the list
+// above (which grows at its end).
+enum { FK_ATTACH_MCAST = 64, FK_DETACH_MCAST, FK_QUERY_QP, FK_SET_OPTION };
+
+// fk_qpattr is FK_QUERY_QP's answer (init's pointers are the parent's).
+struct fk_qpattr {
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+};
+
 // fk_idinfo is what the child's struct rdma_cm_id mirrors of the parent's.
 struct fk_idinfo {
 	uint64_t id, verbs, pd;

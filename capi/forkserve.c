@@ -57,6 +57,10 @@ SR_DECL(ibv_destroy_ah);
 SR_DECL(ibv_create_qp);
 SR_DECL(ibv_destroy_qp);
 SR_DECL(ibv_modify_qp);
+SR_DECL(ibv_query_qp);
+SR_DECL(ibv_attach_mcast);
+SR_DECL(ibv_detach_mcast);
+SR_DECL(rdma_set_option);
 SR_DECL(rdma_create_event_channel);
 SR_DECL(rdma_destroy_event_channel);
 SR_DECL(rdma_create_id);
@@ -167,17 +171,33 @@ static struct fk_own *fk_own_take(struct fk_group *g, void *p)
 	return o;
 }
 
-static int fk_owns(struct fk_group *g, void *p)
+// fk_owns_as tells whether p is the child's object of type (any: 0).
+static int fk_owns_as(struct fk_group *g, void *p, int type)
 {
 	int ok = 0;
 	pthread_mutex_lock(&g->mu);
 	for (struct fk_own *o = g->own; o; o = o->next)
-		if (o->p == p) {
+		if (o->p == p && (!type || o->type == type)) {
 			ok = 1;
 			break;
 		}
 	pthread_mutex_unlock(&g->mu);
 	return ok;
+}
+
+static int fk_owns(struct fk_group *g, void *p) { return fk_owns_as(g, p, 0); }
+
+// fk_owns_qp tells whether qp is the child's: made with ibv_create_qp,
+// or with rdma_create_qp on an id of the child's.
+static int fk_owns_qp(struct fk_group *g, struct ibv_qp *qp)
+{
+	int ok = 0;
+	pthread_mutex_lock(&g->mu);
+	for (struct fk_own *o = g->own; o && !ok; o = o->next)
+		ok = (o->type == FKO_QP && o->p == qp) ||
+		     (o->type == FKO_CMQP && ((struct rdma_cm_id *)o->p)->qp == qp);
+	pthread_mutex_unlock(&g->mu);
+	return qp && ok;
 }
 
 static void fk_destroy(struct fk_own *o)
@@ -767,6 +787,31 @@ static void fk_call(struct fk_conn *c)
 		a[0] = ((struct ibv_qp *)fk_p(a[0]))->state;
 		break;
 	}
+	case FK_QUERY_QP: {
+		struct fk_qpattr *r = (struct fk_qpattr *)c->out;
+		if (!fk_owns_qp(c->g, fk_p(a[0])))
+			FAIL(EINVAL);
+		e = softrdma_ibv_query_qp(fk_p(a[0]), &r->attr, a[1], &r->init);
+		if (!e)
+			h->len = sizeof *r;
+		break;
+	}
+	case FK_ATTACH_MCAST:
+	case FK_DETACH_MCAST: {
+		union ibv_gid gid;
+		if (!fk_owns_qp(c->g, fk_p(a[0])) || len < sizeof gid)
+			FAIL(EINVAL);
+		memcpy(&gid, c->in, sizeof gid);
+		e = (h->op == FK_ATTACH_MCAST ? softrdma_ibv_attach_mcast : softrdma_ibv_detach_mcast)(fk_p(a[0]), &gid,
+													 a[1]);
+		break;
+	}
+	case FK_SET_OPTION:
+		if (!fk_owns_as(c->g, fk_p(a[0]), FKO_ID))
+			FAIL(EINVAL);
+		if (softrdma_rdma_set_option(fk_p(a[0]), a[1], a[2], len ? c->in : NULL, len))
+			FAIL(ERRNO_OR(EINVAL));
+		break;
 	case FK_CM_DESTROY_QP: {
 		struct fk_own *o;
 		pthread_mutex_lock(&c->g->mu);

@@ -75,17 +75,43 @@ int sr_eventfd_clear(int fd)
 
 // ---- the ops a context hands to the inline functions of verbs.h ----
 
+// sr_raw_poll_cq polls the CQ itself (an extended CQ's batches, cqex.c).
+static int sr_raw_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
+{
+	// The common case of a program that polls in a loop: nothing there,
+	// nothing to read, and no entry into Go.
+	if (cq && __atomic_load_n(&((struct sr_cq *)cq)->hint, __ATOMIC_ACQUIRE) == 0)
+		return 0;
+	return srPollCQ(cq, num_entries, wc);
+}
+
 static int sr_op_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 {
 	if (num_entries < 0)
 		return -EINVAL;
 	if (num_entries == 0)
 		return 0;
-	// The common case of a program that polls in a loop: nothing there,
-	// nothing to read, and no entry into Go.
-	if (cq && __atomic_load_n(&((struct sr_cq *)cq)->hint, __ATOMIC_ACQUIRE) == 0)
-		return 0;
-	return srPollCQ(cq, num_entries, wc);
+	if (cq && ((struct sr_cq *)cq)->x)
+		return sr_cqx_poll_cq((struct sr_cq *)cq, num_entries, wc);
+	return sr_raw_poll_cq(cq, num_entries, wc);
+}
+
+// sr_op_create_cq_ex is the context's create_cq_ex, which the inline
+// ibv_create_cq_ex calls: ibv_create_cq's CQ with the extended polling
+// API of cqex.c.
+static struct ibv_cq_ex *sr_op_create_cq_ex(struct ibv_context *context, struct ibv_cq_init_attr_ex *attr)
+{
+	struct ibv_cq *cq = NULL;
+	int e = sr_cqx_check(context, attr);
+	if (!e)
+		e = srCreateCQ(context, attr->cqe, attr->cq_context, attr->channel, attr->comp_vector, &cq);
+	if (!e && (e = sr_cqx_make((struct sr_cq *)cq, attr, sr_raw_poll_cq)))
+		srDestroyCQ(cq);
+	if (e) {
+		errno = e;
+		return NULL;
+	}
+	return &((struct sr_cq *)cq)->cqx;
 }
 
 static int sr_op_req_notify_cq(struct ibv_cq *cq, int solicited_only)
@@ -222,6 +248,7 @@ struct sr_context *sr_context_alloc(struct ibv_device *dev, int num_comp_vectors
 	c->vc.query_port = sr_op_query_port;
 	c->vc.query_device_ex = sr_op_query_device_ex;
 	c->vc.create_qp_ex = sr_create_qp_ex;
+	c->vc.create_cq_ex = sr_op_create_cq_ex;
 	c->vc.context.device = dev;
 	c->vc.context.cmd_fd = -1;
 	c->vc.context.async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
@@ -249,20 +276,21 @@ struct sr_cq *sr_cq_alloc(struct ibv_context *ctx, struct ibv_comp_channel *ch, 
 	struct sr_cq *cq = calloc(1, sizeof *cq);
 	if (!cq)
 		return NULL;
-	cq->cq.context = ctx;
-	cq->cq.channel = ch;
-	cq->cq.cq_context = cq_context;
-	cq->cq.cqe = cqe;
+	cq->cqx.context = ctx;
+	cq->cqx.channel = ch;
+	cq->cqx.cq_context = cq_context;
+	cq->cqx.cqe = cqe;
 	cq->hint = UINT32_MAX;
-	pthread_mutex_init(&cq->cq.mutex, NULL);
-	pthread_cond_init(&cq->cq.cond, NULL);
+	pthread_mutex_init(&cq->cqx.mutex, NULL);
+	pthread_cond_init(&cq->cqx.cond, NULL);
 	return cq;
 }
 
 void sr_cq_free(struct sr_cq *cq)
 {
-	pthread_cond_destroy(&cq->cq.cond);
-	pthread_mutex_destroy(&cq->cq.mutex);
+	sr_cqx_free(cq->x);
+	pthread_cond_destroy(&cq->cqx.cond);
+	pthread_mutex_destroy(&cq->cqx.mutex);
 	free(cq);
 }
 

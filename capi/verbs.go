@@ -569,7 +569,7 @@ func srGetCQEvent(ch *C.struct_ibv_comp_channel, cq **C.struct_ibv_cq, cqctx *un
 	if c == nil {
 		return C.EIO
 	}
-	*cq, *cqctx = &c.cq, c.cq.cq_context
+	*cq, *cqctx = C.sr_cq_base(c), C.sr_cq_base(c).cq_context
 	return 0
 }
 
@@ -604,18 +604,18 @@ func cCQ(gcq *verbs.CQ, ch *C.struct_ibv_comp_channel, cqctx unsafe.Pointer) *C.
 	c := reg.cqs[gcq]
 	reg.mu.Unlock()
 	if c != nil {
-		return &c.cq
+		return C.sr_cq_base(c)
 	}
 	c = C.sr_cq_alloc(cContext(gcq.Context()), ch, cqctx, C.int(gcq.Cap()))
 	c.h = reg.put(gcq)
-	c.cq.handle = C.uint32_t(c.h)
+	c.cqx.handle = C.uint32_t(c.h)
 	if ph, ok := gcq.Ops().(pollHinter); ok {
 		ph.SetPollHint(hintWord(c))
 	}
 	reg.mu.Lock()
 	reg.cqs[gcq] = c
 	reg.mu.Unlock()
-	return &c.cq
+	return C.sr_cq_base(c)
 }
 
 // pollHinter is a CQ of softverbs: it keeps a word of the C struct up to

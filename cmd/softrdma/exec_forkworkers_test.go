@@ -15,7 +15,12 @@ import (
 // (docs/c-programs.md, "fork()"), joins one multicast group on lo, and
 // one sends 50 messages the other receives in order, through a
 // completion channel; the parent's context used in a worker gives
-// EINVAL; both workers exit 0 and the parent uses its context after.
+// EINVAL. Each worker sets options on its id (rdma_set_option) and
+// queries its QP (ibv_query_qp); the receiver attaches a second QP of its
+// own to the group (ibv_attach_mcast), which receives the 50 messages
+// too, and detaches it (ibv_detach_mcast), after which one more message
+// reaches only the id's QP. Both workers exit 0 and the parent uses its
+// context after.
 func TestExecForkWorkers(t *testing.T) {
 	requireRDMACore(t)
 	dir := execDir(t)
@@ -32,7 +37,8 @@ func TestExecForkWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatalf("forkworkers: %v", err)
 	}
-	for _, want := range []string{"sender: sent 50", "receiver: received 50 in order", "ok"} {
+	for _, want := range []string{"sender: sent 50", "receiver: received 50 in order",
+		"receiver: the attached QP received 50", "receiver: the detached QP received nothing more", "ok"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q", want)
 		}

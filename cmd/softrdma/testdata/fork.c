@@ -154,6 +154,14 @@ static void child_inherited(void)
 	CHECK(e == EINVAL, "child: ibv_dereg_mr gave %d, want EINVAL", e);
 	e = ibv_destroy_qp(qa);
 	CHECK(e == EINVAL, "child: ibv_destroy_qp gave %d, want EINVAL", e);
+	struct ibv_qp_attr qattr;
+	struct ibv_qp_init_attr qinit;
+	e = ibv_query_qp(qa, &qattr, IBV_QP_STATE, &qinit);
+	CHECK(e == EINVAL, "child: ibv_query_qp gave %d, want EINVAL", e);
+	e = ibv_attach_mcast(qa, &gid0, 0);
+	CHECK(e == EINVAL, "child: ibv_attach_mcast gave %d, want EINVAL", e);
+	e = ibv_detach_mcast(qa, &gid0, 0);
+	CHECK(e == EINVAL, "child: ibv_detach_mcast gave %d, want EINVAL", e);
 	// Objects of its own the child makes through its parent (see
 	// forkworkers.c); the inherited ones stay the parent's.
 	struct ibv_device **l = ibv_get_device_list(NULL);

@@ -13,8 +13,16 @@
 // ibv_get_cq_event); the sender sends N messages, each after the one
 // before completed. Every message is checked ("msg <i>" in order). Each
 // worker also checks that the parent's context, used in the child, gives
-// EINVAL. The parent waits for both, checks they exited 0, uses its own
-// context again, and prints "ok".
+// EINVAL; sets options on its id before it resolves (rdma_set_option:
+// RDMA_OPTION_ID_TOS and REUSEADDR; a TOS of the wrong size gives EINVAL);
+// and queries its QP (ibv_query_qp: RTS, the group's Q_Key, its CQs,
+// context and capacities as the child's own). The receiver also makes a
+// second UD QP with ibv_create_qp, attaches it to the group
+// (ibv_attach_mcast with the join's MGID and MLID), and checks that it
+// received the N messages too; then it detaches it (ibv_detach_mcast),
+// the sender sends one more message, and only the id's QP gets it. The
+// parent waits for both, checks they exited 0, uses its own context
+// again, and prints "ok".
 //
 // forkworkers lat [N]: the time per call of ibv_query_port and of an
 // ibv_poll_cq that finds nothing, N calls each, in the parent and in a
@@ -74,6 +82,22 @@ static struct rdma_cm_event *wait_event(struct rdma_event_channel *ch, enum rdma
 	return ev;
 }
 
+static double now(void);
+
+// poll_for polls cq for one completion for up to secs seconds: 1 or 0.
+static int poll_for(struct ibv_cq *cq, struct ibv_wc *wc, double secs)
+{
+	double end = now() + secs;
+	do {
+		int n = ibv_poll_cq(cq, 1, wc);
+		CHECK(n >= 0, "ibv_poll_cq: %d", n);
+		if (n == 1)
+			return 1;
+		usleep(1000);
+	} while (now() < end);
+	return 0;
+}
+
 static void worker(int sender, int ready[2])
 {
 	struct rdma_event_channel *ch;
@@ -85,12 +109,19 @@ static void worker(int sender, int ready[2])
 	struct ibv_cq *cq;
 	struct ibv_mr *mr;
 	struct ibv_ah *ah;
-	struct ibv_qp_init_attr qa;
+	struct ibv_qp_init_attr qa, qinit;
+	struct ibv_qp_attr qattr;
 	struct ibv_wc wc;
+	struct ibv_ah_attr group;
 	uint32_t rqpn, rqkey;
 	size_t slot = GRH + LEN;
 	char *buf;
-	int joinctx, got = 0;
+	int joinctx, got = 0, one = 1;
+	uint8_t tos = 32;
+	struct ibv_cq *cq2 = NULL;
+	struct ibv_qp *qp2 = NULL;
+	char *buf2 = NULL;
+	struct ibv_mr *mr2 = NULL;
 
 	role = sender ? "sender" : "receiver";
 	close(ready[sender ? 1 : 0]);
@@ -98,6 +129,12 @@ static void worker(int sender, int ready[2])
 	      errno);
 	CHECK(ch = rdma_create_event_channel(), "rdma_create_event_channel: %s", strerror(errno));
 	CHECK(rdma_create_id(ch, &id, &joinctx, RDMA_PS_UDP) == 0, "rdma_create_id: %s", strerror(errno));
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos) == 0,
+	      "rdma_set_option TOS: %s", strerror(errno));
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &one, sizeof one) == -1 && errno == EINVAL,
+	      "rdma_set_option TOS of 4 bytes: errno %d, want EINVAL", errno);
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one) == 0,
+	      "rdma_set_option REUSEADDR: %s", strerror(errno));
 	inet_pton(AF_INET, "127.0.0.1", &src.sin_addr);
 	inet_pton(AF_INET, GROUP, &dst.sin_addr);
 	CHECK(rdma_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst, 2000) == 0,
@@ -113,14 +150,15 @@ static void worker(int sender, int ready[2])
 	memset(&qa, 0, sizeof qa);
 	qa.qp_type = IBV_QPT_UD;
 	qa.send_cq = qa.recv_cq = cq;
-	qa.cap.max_send_wr = qa.cap.max_recv_wr = nmsg;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = nmsg + 1;
 	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa.qp_context = &joinctx;
 	CHECK(rdma_create_qp(id, pd, &qa) == 0, "rdma_create_qp: %s", strerror(errno));
 	CHECK(id->qp && id->qp->qp_num, "no QP on the id");
-	CHECK(buf = calloc(nmsg, slot), "calloc");
-	CHECK(mr = ibv_reg_mr(pd, buf, nmsg * slot, IBV_ACCESS_LOCAL_WRITE), "ibv_reg_mr: %s", strerror(errno));
+	CHECK(buf = calloc(nmsg + 1, slot), "calloc");
+	CHECK(mr = ibv_reg_mr(pd, buf, (nmsg + 1) * slot, IBV_ACCESS_LOCAL_WRITE), "ibv_reg_mr: %s", strerror(errno));
 	if (!sender)
-		for (int i = 0; i < nmsg; i++) {
+		for (int i = 0; i <= nmsg; i++) {
 			struct ibv_sge sge = { (uintptr_t)(buf + i * slot), slot, mr->lkey };
 			struct ibv_recv_wr wr = { .wr_id = i, .sg_list = &sge, .num_sge = 1 }, *bad;
 			CHECK(ibv_post_recv(id->qp, &wr, &bad) == 0, "ibv_post_recv: %s", strerror(errno));
@@ -132,7 +170,43 @@ static void worker(int sender, int ready[2])
 	CHECK(ah = ibv_create_ah(pd, &ev->param.ud.ah_attr), "ibv_create_ah: %s", strerror(errno));
 	rqpn = ev->param.ud.qp_num;
 	rqkey = ev->param.ud.qkey;
+	group = ev->param.ud.ah_attr;
 	rdma_ack_cm_event(ev);
+
+	memset(&qattr, 0, sizeof qattr);
+	memset(&qinit, 0, sizeof qinit);
+	CHECK(ibv_query_qp(id->qp, &qattr, IBV_QP_STATE | IBV_QP_QKEY | IBV_QP_CAP, &qinit) == 0, "ibv_query_qp: %s",
+	      strerror(errno));
+	CHECK(qattr.qp_state == IBV_QPS_RTS && qattr.qkey == rqkey && qinit.send_cq == cq && qinit.recv_cq == cq &&
+		      qinit.qp_context == &joinctx && qinit.qp_type == IBV_QPT_UD && !qinit.srq &&
+		      qattr.cap.max_recv_wr >= (uint32_t)nmsg + 1 && qinit.cap.max_send_wr >= (uint32_t)nmsg + 1,
+	      "ibv_query_qp: state %d qkey %#x (want %#x) send_cq %p recv_cq %p (want %p) qp_context %p max_recv_wr %u",
+	      qattr.qp_state, qattr.qkey, rqkey, (void *)qinit.send_cq, (void *)qinit.recv_cq, (void *)cq,
+	      qinit.qp_context, qattr.cap.max_recv_wr);
+	CHECK(id->qp->state == IBV_QPS_RTS, "the QP's state after ibv_query_qp: %d", id->qp->state);
+
+	if (!sender) {
+		// A second QP of the child's, attached to the group with the verbs.
+		struct ibv_qp_init_attr qa2 = { .qp_type = IBV_QPT_UD, .cap = { 1, nmsg + 1, 1, 1 } };
+		struct ibv_qp_attr m = { .qp_state = IBV_QPS_INIT, .port_num = id->port_num, .qkey = rqkey };
+		CHECK(cq2 = ibv_create_cq(id->verbs, nmsg + 2, NULL, NULL, 0), "ibv_create_cq: %s", strerror(errno));
+		qa2.send_cq = qa2.recv_cq = cq2;
+		CHECK(qp2 = ibv_create_qp(pd, &qa2), "ibv_create_qp: %s", strerror(errno));
+		CHECK(ibv_modify_qp(qp2, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0, "INIT");
+		m.qp_state = IBV_QPS_RTR;
+		CHECK(ibv_modify_qp(qp2, &m, IBV_QP_STATE) == 0, "RTR");
+		m.qp_state = IBV_QPS_RTS;
+		CHECK(ibv_modify_qp(qp2, &m, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0, "RTS");
+		CHECK(buf2 = calloc(nmsg + 1, slot), "calloc");
+		CHECK(mr2 = ibv_reg_mr(pd, buf2, (nmsg + 1) * slot, IBV_ACCESS_LOCAL_WRITE), "ibv_reg_mr: %s",
+		      strerror(errno));
+		for (int i = 0; i <= nmsg; i++) {
+			struct ibv_sge sge = { (uintptr_t)(buf2 + i * slot), slot, mr2->lkey };
+			struct ibv_recv_wr wr = { .wr_id = i, .sg_list = &sge, .num_sge = 1 }, *bad;
+			CHECK(ibv_post_recv(qp2, &wr, &bad) == 0, "ibv_post_recv: %s", strerror(errno));
+		}
+		CHECK(ibv_attach_mcast(qp2, &group.grh.dgid, group.dlid) == 0, "ibv_attach_mcast: %s", strerror(errno));
+	}
 
 	if (sender) {
 		char c;
@@ -155,6 +229,23 @@ static void worker(int sender, int ready[2])
 			      (unsigned long long)wc.wr_id);
 		}
 		printf("sender: sent %d\n", nmsg);
+		// One more once the receiver detached its second QP.
+		CHECK(read(ready[0], &c, 1) == 1 && c == 'd', "the receiver did not detach");
+		{
+			char *m = buf + nmsg * slot;
+			struct ibv_sge sge = { (uintptr_t)m, LEN, mr->lkey };
+			struct ibv_send_wr wr = { .wr_id = 1000 + nmsg, .sg_list = &sge, .num_sge = 1,
+						  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *bad;
+			int n;
+			snprintf(m, LEN, "msg %d", nmsg);
+			wr.wr.ud.ah = ah;
+			wr.wr.ud.remote_qpn = rqpn;
+			wr.wr.ud.remote_qkey = rqkey;
+			CHECK(ibv_post_send(id->qp, &wr, &bad) == 0, "ibv_post_send: %s", strerror(errno));
+			while ((n = ibv_poll_cq(cq, 1, &wc)) == 0)
+				;
+			CHECK(n == 1 && wc.status == IBV_WC_SUCCESS, "the last send: %s", ibv_wc_status_str(wc.status));
+		}
 	} else {
 		CHECK(write(ready[1], "r", 1) == 1, "write");
 		while (got < nmsg) {
@@ -181,6 +272,29 @@ static void worker(int sender, int ready[2])
 			ibv_ack_cq_events(cq, 1);
 		}
 		printf("receiver: received %d in order\n", got);
+		// The attached QP got them all too.
+		for (int i = 0; i < nmsg;) {
+			char want[LEN];
+			int n = poll_for(cq2, &wc, 5);
+			CHECK(n == 1, "the attached QP received %d of %d", i, nmsg);
+			CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)i && wc.byte_len == GRH + LEN,
+			      "attached QP: receive %d: %s wr_id %llu", i, ibv_wc_status_str(wc.status),
+			      (unsigned long long)wc.wr_id);
+			snprintf(want, sizeof want, "msg %d", i);
+			CHECK(!strcmp(buf2 + i * slot + GRH, want), "attached QP: receive %d: %.20s", i, buf2 + i * slot + GRH);
+			i++;
+		}
+		printf("receiver: the attached QP received %d\n", nmsg);
+		CHECK(ibv_detach_mcast(qp2, &group.grh.dgid, group.dlid) == 0, "ibv_detach_mcast: %s", strerror(errno));
+		CHECK(write(ready[1], "d", 1) == 1, "write");
+		CHECK(poll_for(cq, &wc, 5) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)nmsg,
+		      "the message after the detach did not reach the id's QP");
+		CHECK(poll_for(cq2, &wc, 0.3) == 0, "the detached QP received a message (wr_id %llu)",
+		      (unsigned long long)wc.wr_id);
+		printf("receiver: the detached QP received nothing more\n");
+		CHECK(ibv_destroy_qp(qp2) == 0, "ibv_destroy_qp: %s", strerror(errno));
+		CHECK(ibv_dereg_mr(mr2) == 0 && ibv_destroy_cq(cq2) == 0, "ibv_dereg_mr, ibv_destroy_cq");
+		free(buf2);
 	}
 	fflush(stdout);
 	CHECK(rdma_leave_multicast(id, (struct sockaddr *)&dst) == 0, "rdma_leave_multicast: %s", strerror(errno));
