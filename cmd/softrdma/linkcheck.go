@@ -20,9 +20,9 @@ var rdmaSonames = []string{"librdmacm.so.1", "libibverbs.so.1"}
 // program (a warning: the loader never sees LD_LIBRARY_PATH), or a
 // dynamically linked one that links neither library, directly or through
 // the libraries it links (a note: it may still load them at run time, as
-// Python's pyverbs does, or run a program that links them, as sh and
-// stdbuf do). "" when prog links one of them, or is not an ELF file (a
-// script: its interpreter decides). env is the program's environment
+// Python's pyverbs does). "" when prog links one of them, is not an ELF
+// file (a script: its interpreter decides) or is a shell, interpreter or
+// wrapper (runners: what it runs decides). env is the program's environment
 // (its LD_LIBRARY_PATH is searched).
 func linkNote(prog string, env []string) string {
 	f, err := elf.Open(prog)
@@ -34,11 +34,33 @@ func linkNote(prog string, env []string) string {
 	if !isDynamic(f) {
 		return fmt.Sprintf("softrdma exec: warning: %s is statically linked: it cannot load softrdma's %s or %s, so it does not use softrdma", name, rdmaSonames[0], rdmaSonames[1])
 	}
+	if runsOthers(name) {
+		return "" // the program it runs decides
+	}
 	found, err := linksRDMA(prog, f, libraryPath(env))
 	if found || err != nil {
 		return "" // linked, or unknown: say nothing rather than something wrong
 	}
-	return fmt.Sprintf("softrdma exec: note: %s links neither %s nor %s (nor do its libraries): it uses softrdma only if it loads them at run time (dlopen) or runs a program that links them", name, rdmaSonames[0], rdmaSonames[1])
+	return fmt.Sprintf("softrdma exec: note: %s links neither %s nor %s (nor do its libraries): it uses softrdma only if it loads them at run time (dlopen)", name, rdmaSonames[0], rdmaSonames[1])
+}
+
+// runners are programs whose work is to run another program or code
+// (shells, interpreters, wrappers): whether they link the libraries says
+// nothing, so linkNote says nothing of them.
+var runners = map[string]bool{
+	"sh": true, "bash": true, "dash": true, "zsh": true, "ksh": true, "busybox": true,
+	"env": true, "stdbuf": true, "timeout": true, "nice": true, "ionice": true, "taskset": true,
+	"numactl": true, "chrt": true, "setpriv": true, "setsid": true, "nohup": true, "time": true,
+	"xargs": true, "unshare": true, "nsenter": true, "ip": true, "sudo": true, "su": true, "runuser": true,
+	"strace": true, "ltrace": true, "gdb": true, "valgrind": true, "perf": true,
+	"python": true, "perl": true, "ruby": true, "node": true, "lua": true, "tclsh": true,
+	"mpirun": true, "mpiexec": true, "srun": true,
+}
+
+// runsOthers reports whether name (a program's base name, a version
+// suffix such as python3.11's dropped) is one of runners.
+func runsOthers(name string) bool {
+	return runners[strings.TrimRight(name, "0123456789.")]
 }
 
 // isDynamic reports whether f asks for the dynamic loader.

@@ -62,6 +62,21 @@ func TestLinkNote(t *testing.T) {
 			t.Errorf("%s: %q, want the note", p, w)
 		}
 	})
+	t.Run("runners", func(t *testing.T) {
+		// A shell, an interpreter or a wrapper runs what decides.
+		for _, name := range []string{"sh", "python3", "stdbuf"} {
+			p, err := exec.LookPath(name)
+			if err != nil {
+				continue
+			}
+			if w := linkNote(p, nil); w != "" {
+				t.Errorf("%s: %q, want nothing", p, w)
+			}
+		}
+		if !runsOthers("python3.11") || runsOthers("myprog") {
+			t.Error("runsOthers: python3.11 is a runner, myprog is not")
+		}
+	})
 	t.Run("static", func(t *testing.T) {
 		p := filepath.Join(dir, "static")
 		cc(t, "int main(void) { return 0; }\n", p, "-static")

@@ -18,13 +18,13 @@ const module = "github.com/softrdma/softrdma/"
 
 // A layer of the stack, bottom first.
 const (
-	ground    = iota // codecs and system calls: nothing of RDMA objects
-	core             // verbs and the seams below the front and providers
-	shared           // what the front and the providers both use
-	sideways         // the front and the providers (columns below)
-	service          // the emulated subnet's service
-	programs         // commands (softrdma bench too), the C ABI, the endpoint, provider/all
-	harness          // tests and their programs
+	ground   = iota // codecs and system calls: nothing of RDMA objects
+	core            // verbs and the seams below the front and providers
+	shared          // what the front and the providers both use
+	sideways        // the front and the providers (columns below)
+	service         // the emulated subnet's service
+	programs        // commands (softrdma bench too), the C ABI, the endpoint, provider/all
+	harness         // tests and their programs
 	unknown
 )
 
