@@ -105,7 +105,7 @@ func FuzzCM(f *testing.F) {
 			_, _, _ = r.RequestID(), r.PKey(), r.ServiceID()
 			h := CMAHeader(r.PrivateData())
 			_, _, _, _ = h.IPVersion(), h.SrcPort(), h.SrcAddr(), h.DstAddr()
-			ServicePort(r.ServiceID())
+			_, _, _ = ServicePort(r.ServiceID())
 		case AttrSIDRRep:
 			r := SIDRRep(b)
 			_, _, _, _ = r.RequestID(), r.Status(), r.ServiceID(), r.QKey()
