@@ -657,6 +657,37 @@ struct ibv_ah *softrdma_child_ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_att
 	return ah;
 }
 
+int softrdma_child_ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc,
+				       struct ibv_grh *grh, struct ibv_ah_attr *ah_attr)
+{
+	struct fk_hdr h = { .op = FK_INIT_AH_FROM_WC, .a = { fkc_rh(FKC_CTX, context), port_num, grh != NULL } };
+	struct {
+		struct ibv_wc wc;
+		struct ibv_grh grh;
+	} in;
+	int e;
+	if (!h.a[0] || !wc || !ah_attr)
+		RET_NEG(EINVAL);
+	memset(&in, 0, sizeof in);
+	in.wc = *wc;
+	if (grh)
+		in.grh = *grh;
+	if ((e = fkc_call(&h, &in, sizeof in.wc + (grh ? sizeof in.grh : 0), ah_attr, sizeof *ah_attr, NULL)))
+		RET_NEG(e);
+	return 0;
+}
+
+struct ibv_ah *softrdma_child_ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh,
+						    uint8_t port_num)
+{
+	struct ibv_ah_attr attr;
+	if (!pd || !wc || !fkc_rh(FKC_PD, pd))
+		RET_PTR(EINVAL, NULL);
+	if (softrdma_child_ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &attr))
+		return NULL;
+	return softrdma_child_ibv_create_ah(pd, &attr);
+}
+
 int softrdma_child_ibv_destroy_ah(struct ibv_ah *ah)
 {
 	int e = fkc_destroy(FK_DESTROY_AH, FKC_AH, ah);
@@ -1070,6 +1101,68 @@ static int fkc_id_call5(int op, struct rdma_cm_id *id, const struct sockaddr *s0
 	return 0;
 }
 
+// fkc_conn_call runs a UD connection call (FK_CONNECT, FK_ACCEPT) with its
+// struct rdma_conn_param (NULL: none) and mirrors the id after.
+static int fkc_conn_call(int op, struct rdma_cm_id *id, struct rdma_conn_param *p)
+{
+	struct fk_hdr h = { .op = op, .a = { fkc_rh(FKC_ID, id) } };
+	struct {
+		struct fk_connp fc;
+		char priv[256];
+	} in;
+	struct fk_idinfo ii;
+	int e;
+	if (!h.a[0])
+		RET_NEG(EINVAL);
+	memset(&in, 0, sizeof in);
+	if (p) {
+		in.fc.has = 1;
+		in.fc.qp_num = p->qp_num;
+		in.fc.responder_resources = p->responder_resources;
+		in.fc.initiator_depth = p->initiator_depth;
+		in.fc.flow_control = p->flow_control;
+		in.fc.retry_count = p->retry_count;
+		in.fc.rnr_retry_count = p->rnr_retry_count;
+		in.fc.srq = p->srq;
+		if (p->private_data && p->private_data_len) {
+			in.fc.private_data_len = p->private_data_len;
+			memcpy(in.priv, p->private_data, p->private_data_len);
+		}
+	}
+	if ((e = fkc_call(&h, &in, sizeof in.fc + in.fc.private_data_len, &ii, sizeof ii, NULL)))
+		RET_NEG(e);
+	fkc_id_update(id, &ii);
+	return 0;
+}
+
+int softrdma_child_rdma_listen(struct rdma_cm_id *id, int backlog)
+{
+	return fkc_id_call(FK_LISTEN, id, NULL, NULL, (uint64_t)(uint32_t)backlog, 0);
+}
+
+int softrdma_child_rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
+{
+	return fkc_conn_call(FK_CONNECT, id, conn_param);
+}
+
+int softrdma_child_rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
+{
+	return fkc_conn_call(FK_ACCEPT, id, conn_param);
+}
+
+int softrdma_child_rdma_reject(struct rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
+{
+	struct fk_hdr h = { .op = FK_REJECT, .a = { fkc_rh(FKC_ID, id), private_data ? private_data_len : 0 } };
+	struct fk_idinfo ii;
+	int e;
+	if (!h.a[0])
+		RET_NEG(EINVAL);
+	if ((e = fkc_call(&h, private_data, h.a[1], &ii, sizeof ii, NULL)))
+		RET_NEG(e);
+	fkc_id_update(id, &ii);
+	return 0;
+}
+
 int softrdma_child_rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
 {
 	if (!addr)
@@ -1157,6 +1250,17 @@ int softrdma_child_rdma_get_cm_event(struct rdma_event_channel *channel, struct 
 	ev->rh = r.fe.ev;
 	ev->ev.id = fkc_local(FKC_ID, r.fe.id);
 	ev->ev.listen_id = fkc_local(FKC_ID, r.fe.listen_id);
+	if (!ev->ev.id && r.fe.event == RDMA_CM_EVENT_CONNECT_REQUEST && ev->ev.listen_id) {
+		// A new id, as librdmacm's ucma_process_conn_req makes it: the
+		// listening id's channel and context.
+		struct rdma_cm_id *c = calloc(1, sizeof *c);
+		if (c) {
+			c->channel = ev->ev.listen_id->channel;
+			c->context = ev->ev.listen_id->context;
+			fkc_add(FKC_ID, r.fe.id, c);
+			ev->ev.id = c;
+		}
+	}
 	ev->ev.event = r.fe.event;
 	ev->ev.status = r.fe.status;
 	ev->ev.param.ud = r.fe.ud;

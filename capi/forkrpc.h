@@ -32,6 +32,15 @@ enum {
 	FK_BIND_ADDR, FK_RESOLVE_ADDR, FK_RESOLVE_ROUTE, FK_CM_CREATE_QP, FK_CM_DESTROY_QP,
 	FK_GET_CM_EVENT, FK_ACK_CM_EVENT, FK_JOIN, FK_LEAVE, FK_GETADDRINFO, FK_ID_INFO,
 	FK_CHAN_INFO, FK_NOP,
+	FK_LISTEN, FK_CONNECT, FK_ACCEPT, FK_REJECT, FK_INIT_AH_FROM_WC,
+};
+
+// fk_connp is a struct rdma_conn_param without its pointer: the private
+// data's bytes follow it.
+struct fk_connp {
+	uint32_t has, qp_num;
+	uint8_t private_data_len, responder_resources, initiator_depth, flow_control;
+	uint8_t retry_count, rnr_retry_count, srq, pad;
 };
 
 // fk_qpinfo is what the child's struct ibv_qp mirrors of the parent's.

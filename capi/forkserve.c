@@ -53,6 +53,7 @@ SR_DECL(ibv_destroy_cq);
 SR_DECL(ibv_get_cq_event);
 SR_DECL(ibv_ack_cq_events);
 SR_DECL(ibv_create_ah);
+SR_DECL(ibv_init_ah_from_wc);
 SR_DECL(ibv_destroy_ah);
 SR_DECL(ibv_create_qp);
 SR_DECL(ibv_destroy_qp);
@@ -75,6 +76,10 @@ SR_DECL(rdma_ack_cm_event);
 SR_DECL(rdma_join_multicast);
 SR_DECL(rdma_join_multicast_ex);
 SR_DECL(rdma_leave_multicast);
+SR_DECL(rdma_listen);
+SR_DECL(rdma_connect);
+SR_DECL(rdma_accept);
+SR_DECL(rdma_reject);
 SR_DECL(rdma_getaddrinfo);
 SR_DECL(rdma_freeaddrinfo);
 
@@ -742,6 +747,23 @@ static void fk_call(struct fk_conn *c)
 		a[0] = i;
 		break;
 	}
+	case FK_INIT_AH_FROM_WC: {
+		// in: the struct ibv_wc, then the struct ibv_grh when a[2]; out:
+		// the struct ibv_ah_attr.
+		struct ibv_wc wc;
+		struct ibv_grh grh;
+		// The context may be a CM device's (an id's verbs), as for
+		// FK_QUERY_GID: read only.
+		if (len < sizeof wc + (a[2] ? sizeof grh : 0))
+			FAIL(EINVAL);
+		memcpy(&wc, c->in, sizeof wc);
+		if (a[2])
+			memcpy(&grh, c->in + sizeof wc, sizeof grh);
+		if (softrdma_ibv_init_ah_from_wc(fk_p(a[0]), a[1], &wc, a[2] ? &grh : NULL, (struct ibv_ah_attr *)c->out))
+			FAIL(ERRNO_OR(EINVAL));
+		h->len = sizeof(struct ibv_ah_attr);
+		break;
+	}
 	case FK_CREATE_AH: {
 		struct ibv_ah_attr attr;
 		struct ibv_ah *ah;
@@ -911,6 +933,8 @@ static void fk_call(struct fk_conn *c)
 		if (softrdma_rdma_get_cm_event(fk_p(a[0]), &ev))
 			FAIL(ERRNO_OR(EINVAL));
 		fk_own_add(c->g, FKO_EV, ev);
+		if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST && ev->id && !fk_owns(c->g, ev->id))
+			fk_own_add(c->g, FKO_ID, ev->id); // a new id, the child's
 		memset(fe, 0, sizeof *fe);
 		fe->ev = (uintptr_t)ev;
 		fe->id = (uintptr_t)ev->id;
@@ -924,6 +948,52 @@ static void fk_call(struct fk_conn *c)
 			memcpy(c->out + sizeof *fe, ev->param.ud.private_data, ev->param.ud.private_data_len);
 			h->len += ev->param.ud.private_data_len;
 		}
+		break;
+	}
+	case FK_LISTEN:
+	case FK_CONNECT:
+	case FK_ACCEPT:
+	case FK_REJECT: {
+		// UD connections (sidr.c): in, a struct fk_connp and the private
+		// data (FK_REJECT: the private data only, a[1] bytes).
+		struct rdma_cm_id *id = fk_p(a[0]);
+		struct fk_connp fc;
+		struct rdma_conn_param cp;
+		int r = 0;
+		if (!fk_owns(c->g, id))
+			FAIL(EINVAL);
+		memset(&cp, 0, sizeof cp);
+		memset(&fc, 0, sizeof fc);
+		if (h->op == FK_CONNECT || h->op == FK_ACCEPT) {
+			if (len < sizeof fc)
+				FAIL(EINVAL);
+			memcpy(&fc, c->in, sizeof fc);
+			if (sizeof fc + fc.private_data_len > len)
+				FAIL(EINVAL);
+			cp.private_data = fc.private_data_len ? c->in + sizeof fc : NULL;
+			cp.private_data_len = fc.private_data_len;
+			cp.responder_resources = fc.responder_resources;
+			cp.initiator_depth = fc.initiator_depth;
+			cp.flow_control = fc.flow_control;
+			cp.retry_count = fc.retry_count;
+			cp.rnr_retry_count = fc.rnr_retry_count;
+			cp.srq = fc.srq;
+			cp.qp_num = fc.qp_num;
+		}
+		switch (h->op) {
+		case FK_LISTEN: r = softrdma_rdma_listen(id, a[1]); break;
+		case FK_CONNECT: r = softrdma_rdma_connect(id, fc.has ? &cp : NULL); break;
+		case FK_ACCEPT: r = softrdma_rdma_accept(id, fc.has ? &cp : NULL); break;
+		case FK_REJECT:
+			if (a[1] > len || a[1] > 255)
+				FAIL(EINVAL);
+			r = softrdma_rdma_reject(id, a[1] ? c->in : NULL, a[1]);
+			break;
+		}
+		if (r)
+			FAIL(ERRNO_OR(EINVAL));
+		fk_idinfo_of((struct fk_idinfo *)c->out, id);
+		h->len = sizeof(struct fk_idinfo);
 		break;
 	}
 	case FK_ACK_CM_EVENT: {

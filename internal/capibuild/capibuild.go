@@ -220,7 +220,8 @@ var forkServed = map[string]bool{
 	"rdma_create_id": true, "rdma_create_qp": true, "rdma_destroy_event_channel": true,
 	"rdma_destroy_id": true, "rdma_destroy_qp": true, "rdma_get_cm_event": true, "rdma_getaddrinfo": true,
 	"rdma_join_multicast": true, "rdma_join_multicast_ex": true, "rdma_leave_multicast": true, "rdma_resolve_addr": true,
-	"rdma_resolve_route": true,
+	"rdma_resolve_route": true, "rdma_listen": true, "rdma_connect": true, "rdma_accept": true, "rdma_reject": true,
+	"ibv_create_ah_from_wc": true, "ibv_init_ah_from_wc": true,
 }
 
 // Trampolines returns the assembly and the version script of a thin
