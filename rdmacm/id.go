@@ -704,7 +704,17 @@ func (id *ID) Destroy() (err error) {
 		dev.detach(id)
 	}
 	ch := id.lockCh()
-	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id || ev.ListenID == id })
+	// A listener's unread CONNECT_REQUESTs go with it, and their new ids
+	// too (destroyed below: their requests are rejected, as the kernel's
+	// CM does with a listen's pending requests).
+	var orphans []*ID
+	ch.purgeLocked(func(ev *Event) bool {
+		if ev.ListenID == id && ev.ID != id {
+			orphans = append(orphans, ev.ID)
+			return true
+		}
+		return ev.ID == id
+	})
 	if p := id.parked; p != nil {
 		id.ackLocked(p)
 	}
@@ -714,6 +724,9 @@ func (id *ID) Destroy() (err error) {
 	}
 	ch.ids--
 	ch.mu.Unlock()
+	for _, o := range orphans {
+		o.Destroy()
+	}
 	if id.isSync() {
 		ch.Close()
 	}

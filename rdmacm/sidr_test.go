@@ -319,3 +319,28 @@ func TestUDConnectErrors(t *testing.T) {
 	}
 	wantErrno(t, l2.Listen(1), syscall.EINVAL) // listening already
 }
+
+// TestUDListenerDestroyed: a listener destroyed with a CONNECT_REQUEST
+// unread takes the request's new id with it, which rejects the request.
+func TestUDListenerDestroyed(t *testing.T) {
+	lch, lid, port := listener(t, PS_UDP)
+	ach, aid := activeTo(t, PS_UDP, port)
+	if err := aid.Connect(nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	for lch.Len() == 0 { // poll: the request arrives
+		if ctx.Err() != nil {
+			t.Fatal("no CONNECT_REQUEST")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := lid.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	ev := sidrNext(t, ach, EventUnreachable)
+	if ev.Status != mad.SIDRReject {
+		t.Errorf("status %d, want %d", ev.Status, mad.SIDRReject)
+	}
+	ev.Ack()
+}
