@@ -261,10 +261,11 @@ func (id *ID) Listen(backlog int) (err error) {
 	cm := id.ch().cm
 	devs := []*cmDevice{id.dev}
 	if id.dev == nil {
-		// A wildcard bind listens on every device of the process that
-		// has QP1.
+		// A wildcard bind listens on every device of the host that has
+		// QP1 (discovered now: a device that appears later is not
+		// listened on).
 		devs = devs[:0]
-		for _, vd := range cm.host.Devices() {
+		for _, vd := range cm.host.DeviceList() {
 			if _, ok := verbs.Capability[verbs.GSIPort](vd); !ok {
 				continue
 			}

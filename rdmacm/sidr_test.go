@@ -2,6 +2,7 @@ package rdmacm
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"net/netip"
 	"syscall"
@@ -343,4 +344,40 @@ func TestUDListenerDestroyed(t *testing.T) {
 		t.Errorf("status %d, want %d", ev.Status, mad.SIDRReject)
 	}
 	ev.Ack()
+}
+
+// TestUDListenWildcard: an id bound to the wildcard address listens on
+// every device, and its request's id takes the address the request was
+// sent to.
+func TestUDListenWildcard(t *testing.T) {
+	lch, err := CreateEventChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lid, err := CreateID(lch, nil, PS_UDP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		lid.Destroy()
+		lch.Close()
+	})
+	if err := lid.Listen(1); err != nil { // idle: bound to 0.0.0.0 first
+		t.Fatal(err)
+	}
+	port := lid.SrcAddr().(*net.UDPAddr).AddrPort().Port()
+	ach, aid := activeTo(t, PS_UDP, port)
+	if err := aid.Connect(nil); err != nil {
+		t.Fatal(err)
+	}
+	req := sidrNext(t, lch, EventConnectRequest)
+	t.Cleanup(func() { req.ID.Destroy() })
+	if got := req.ID.SrcAddr().String(); got != net.JoinHostPort("127.0.0.1", fmt.Sprint(port)) {
+		t.Errorf("the request's id is bound to %s", got)
+	}
+	if err := req.ID.Accept(&ConnParam{QPNum: 7}); err != nil {
+		t.Fatal(err)
+	}
+	req.Ack()
+	sidrNext(t, ach, EventEstablished).Ack()
 }
