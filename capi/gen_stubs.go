@@ -1,7 +1,7 @@
 //go:build ignore
 
 // gen_stubs writes stubs.c: a softrdma_<name> for every symbol of
-// internal/capibuild/symbols.txt that verbs.c and rdmacm.c do not
+// capi/capibuild/symbols.txt that verbs.c and rdmacm.c do not
 // implement, and a softrdma_compat_<name> for every compat version.
 package main
 
@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 
-	"github.com/softrdma/softrdma/internal/capibuild"
+	"github.com/softrdma/softrdma/capi/capibuild"
 )
 
 func main() {

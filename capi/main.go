@@ -2,7 +2,7 @@
 // with -buildmode=c-shared and the capi build tag it is
 // libsoftrdma-capi.so, and two thin C libraries, librdmacm.so.1 and
 // libibverbs.so.1, put it in place of rdma-core's libraries for a
-// dynamically linked program (softrdma exec; internal/capibuild builds all
+// dynamically linked program (softrdma exec; capi/capibuild builds all
 // three).
 //
 // # One Go runtime

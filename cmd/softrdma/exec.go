@@ -2,7 +2,7 @@ package main
 
 // softrdma exec: runs an unmodified, dynamically linked C program on
 // softrdma's devices, with softrdma's librdmacm.so.1 and libibverbs.so.1
-// (the capi command, built by internal/capibuild) in place of rdma-core's.
+// (the capi command, built by capi/capibuild) in place of rdma-core's.
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/softrdma/softrdma/internal/capibuild"
+	"github.com/softrdma/softrdma/capi/capibuild"
 )
 
 func init() {

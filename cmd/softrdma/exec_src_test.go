@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/softrdma/softrdma/internal/capibuild"
+	"github.com/softrdma/softrdma/capi/capibuild"
 	"github.com/softrdma/softrdma/test/testenv"
 )
 

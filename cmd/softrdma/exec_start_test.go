@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/capibuild"
+	"github.com/softrdma/softrdma/capi/capibuild"
 )
 
 // pathWithoutGo is PATH without the directories that hold a go command.

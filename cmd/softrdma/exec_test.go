@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/internal/capibuild"
+	"github.com/softrdma/softrdma/capi/capibuild"
 	"github.com/softrdma/softrdma/test/testenv"
 )
 

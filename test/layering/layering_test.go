@@ -65,7 +65,7 @@ var rules = []rule{
 	{"ib/sm", service, noColumn},
 	{"introspect", programs, noColumn},
 	{"capi", programs, noColumn},
-	{"internal/capibuild", programs, noColumn},
+	{"capi/capibuild", programs, noColumn},
 	{"cmd/", programs, noColumn},
 	{"test/", harness, noColumn},
 }

@@ -13,7 +13,7 @@ import (
 // softrdma_child_<name> in capi/forkchild.c (else the thin library would
 // not load), and its amd64 trampoline jumps there in a child.
 func TestForkServed(t *testing.T) {
-	src, err := os.ReadFile(filepath.Join("..", "..", "capi", "forkchild.c"))
+	src, err := os.ReadFile(filepath.Join("..", "forkchild.c"))
 	if err != nil {
 		t.Fatal(err)
 	}
