@@ -2,13 +2,13 @@ package rxe
 
 import (
 	"errors"
-	"github.com/softrdma/softrdma/internal/sys/mmsg"
 	"net/netip"
 	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/softrdma/softrdma/internal/sys/mmsg"
 	"github.com/softrdma/softrdma/internal/sys/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"

@@ -2,8 +2,9 @@ package softverbs
 
 import (
 	"fmt"
-	"github.com/softrdma/softrdma/verbs"
 	"syscall"
+
+	"github.com/softrdma/softrdma/verbs"
 )
 
 // ahObj is an address handle (struct ibv_ah).

@@ -2,11 +2,12 @@ package softverbs
 
 import (
 	"fmt"
-	"github.com/softrdma/softrdma/verbs"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
+
+	"github.com/softrdma/softrdma/verbs"
 )
 
 // pdObj is a protection domain (struct ibv_pd).
