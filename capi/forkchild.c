@@ -571,6 +571,13 @@ int softrdma_child_ibv_query_gid(struct ibv_context *context, uint8_t port_num, 
 	RET_NEG(e);
 }
 
+int softrdma_child_ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __be16 *pkey)
+{
+	struct fk_hdr h = { .op = FK_QUERY_PKEY, .a = { 0, port_num, (uint64_t)(uint32_t)index } };
+	int e = pkey ? fkc_obj_call(&h, FKC_CTX, context, NULL, 0, pkey, sizeof *pkey) : EINVAL;
+	RET_NEG(e);
+}
+
 // ---- PD, MR, AH ----
 
 struct ibv_pd *softrdma_child_ibv_alloc_pd(struct ibv_context *context)

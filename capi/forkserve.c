@@ -59,6 +59,7 @@ SR_DECL(ibv_create_qp);
 SR_DECL(ibv_destroy_qp);
 SR_DECL(ibv_modify_qp);
 SR_DECL(ibv_query_qp);
+SR_DECL(ibv_query_pkey);
 SR_DECL(ibv_attach_mcast);
 SR_DECL(ibv_detach_mcast);
 SR_DECL(rdma_set_option);
@@ -492,6 +493,11 @@ static void fk_call(struct fk_conn *c)
 		if (softrdma_ibv_query_gid(fk_p(a[0]), a[1], a[2], (union ibv_gid *)c->out))
 			FAIL(ERRNO_OR(EINVAL));
 		h->len = sizeof(union ibv_gid);
+		break;
+	case FK_QUERY_PKEY:
+		if (softrdma_ibv_query_pkey(fk_p(a[0]), a[1], (int)(uint32_t)a[2], (__be16 *)c->out))
+			FAIL(ERRNO_OR(EINVAL));
+		h->len = sizeof(__be16);
 		break;
 	case FK_ALLOC_PD: {
 		struct ibv_pd *pd = softrdma_ibv_alloc_pd(fk_p(a[0]));

@@ -145,6 +145,9 @@ static void child_inherited(void)
 	CHECK(e == EINVAL, "child: ibv_query_port gave %d, want EINVAL", e);
 	errno = 0;
 	CHECK(ibv_query_gid(ctx, 1, 0, &g) == -1 && errno == EINVAL, "child: ibv_query_gid: errno %d, want EINVAL", errno);
+	__be16 pk;
+	errno = 0;
+	CHECK(ibv_query_pkey(ctx, 1, 0, &pk) == -1 && errno == EINVAL, "child: ibv_query_pkey: errno %d, want EINVAL", errno);
 	errno = 0;
 	CHECK(!ibv_alloc_pd(ctx) && errno == EINVAL, "child: ibv_alloc_pd: errno %d, want EINVAL", errno);
 	struct ibv_device_attr_ex dax;

@@ -143,6 +143,9 @@ static void worker(int sender, int ready[2])
 	CHECK(ev->id == id, "the event's id is not the worker's");
 	rdma_ack_cm_event(ev);
 	CHECK(id->verbs, "no context on the resolved id");
+	__be16 pkey;
+	CHECK(ibv_query_pkey(id->verbs, 1, 0, &pkey) == 0 && pkey == htobe16(0xffff), "ibv_query_pkey: %s, %#x",
+	      strerror(errno), be16toh(pkey));
 	CHECK(pd = ibv_alloc_pd(id->verbs), "ibv_alloc_pd: %s", strerror(errno));
 	if (!sender)
 		CHECK(cc = ibv_create_comp_channel(id->verbs), "ibv_create_comp_channel: %s", strerror(errno));
