@@ -578,6 +578,57 @@ int softrdma_child_ibv_query_pkey(struct ibv_context *context, uint8_t port_num,
 	RET_NEG(e);
 }
 
+// fkc_gid_entry asks the parent for GID entry index of port (an errno).
+static int fkc_gid_entry(struct ibv_context *context, uint32_t port_num, uint32_t index, struct ibv_gid_entry *e)
+{
+	struct fk_hdr h = { .op = FK_QUERY_GID_EX, .a = { 0, port_num, index } };
+	return fkc_obj_call(&h, FKC_CTX, context, NULL, 0, e, sizeof *e);
+}
+
+int softrdma_child__ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+				     struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
+{
+	struct ibv_gid_entry e;
+	int r;
+	if (!context || !entry || flags || entry_size < sizeof e || port_num > 255)
+		return EINVAL;
+	memset(&e, 0, sizeof e);
+	if ((r = fkc_gid_entry(context, port_num, gid_index, &e)))
+		return r;
+	memcpy(entry, &e, sizeof e);
+	return 0;
+}
+
+// softrdma_child__ibv_query_gid_table is the parent's table walk (verbs.c)
+// with each query made through the parent.
+ssize_t softrdma_child__ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries,
+					    size_t max_entries, uint32_t flags, size_t entry_size)
+{
+	struct ibv_device_attr da;
+	ssize_t n = 0;
+	int r;
+	if (!context || (!entries && max_entries) || flags || entry_size < sizeof *entries)
+		return -EINVAL;
+	if ((r = softrdma_child_ibv_query_device(context, &da)))
+		return -r;
+	for (int port = 1; port <= da.phys_port_cnt; port++) {
+		struct ibv_port_attr pa;
+		if (fkc_op_query_port(context, port, &pa, sizeof pa))
+			continue;
+		for (int i = 0; i < pa.gid_tbl_len; i++) {
+			struct ibv_gid_entry e;
+			memset(&e, 0, sizeof e);
+			if (fkc_gid_entry(context, port, i, &e))
+				continue; // an empty entry
+			if ((size_t)n == max_entries)
+				return -EINVAL; // as rdma-core: the table does not fit
+			memcpy((char *)entries + n * entry_size, &e, sizeof e);
+			n++;
+		}
+	}
+	return n;
+}
+
 // ---- PD, MR, AH ----
 
 struct ibv_pd *softrdma_child_ibv_alloc_pd(struct ibv_context *context)

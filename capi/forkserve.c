@@ -60,6 +60,7 @@ SR_DECL(ibv_destroy_qp);
 SR_DECL(ibv_modify_qp);
 SR_DECL(ibv_query_qp);
 SR_DECL(ibv_query_pkey);
+SR_DECL(_ibv_query_gid_ex);
 SR_DECL(ibv_attach_mcast);
 SR_DECL(ibv_detach_mcast);
 SR_DECL(rdma_set_option);
@@ -493,6 +494,12 @@ static void fk_call(struct fk_conn *c)
 		if (softrdma_ibv_query_gid(fk_p(a[0]), a[1], a[2], (union ibv_gid *)c->out))
 			FAIL(ERRNO_OR(EINVAL));
 		h->len = sizeof(union ibv_gid);
+		break;
+	case FK_QUERY_GID_EX:
+		e = softrdma__ibv_query_gid_ex(fk_p(a[0]), a[1], a[2], (struct ibv_gid_entry *)c->out, 0,
+					       sizeof(struct ibv_gid_entry));
+		if (!e)
+			h->len = sizeof(struct ibv_gid_entry);
 		break;
 	case FK_QUERY_PKEY:
 		if (softrdma_ibv_query_pkey(fk_p(a[0]), a[1], (int)(uint32_t)a[2], (__be16 *)c->out))

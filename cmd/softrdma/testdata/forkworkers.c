@@ -146,6 +146,15 @@ static void worker(int sender, int ready[2])
 	__be16 pkey;
 	CHECK(ibv_query_pkey(id->verbs, 1, 0, &pkey) == 0 && pkey == htobe16(0xffff), "ibv_query_pkey: %s, %#x",
 	      strerror(errno), be16toh(pkey));
+	// The GID entry calls (through the parent too) agree with ibv_query_gid.
+	union ibv_gid g0;
+	struct ibv_gid_entry ge, tbl[64];
+	CHECK(ibv_query_gid(id->verbs, 1, 0, &g0) == 0, "ibv_query_gid: %s", strerror(errno));
+	int ge_err = ibv_query_gid_ex(id->verbs, 1, 0, &ge, 0);
+	CHECK(ge_err == 0 && ge.gid_index == 0 && ge.port_num == 1 && !memcmp(&ge.gid, &g0, sizeof g0),
+	      "ibv_query_gid_ex: %s, index %u port %u", strerror(ge_err), ge.gid_index, ge.port_num);
+	ssize_t ng = ibv_query_gid_table(id->verbs, tbl, 64, 0);
+	CHECK(ng >= 1 && !memcmp(&tbl[0], &ge, sizeof ge), "ibv_query_gid_table: %zd entries", ng);
 	CHECK(pd = ibv_alloc_pd(id->verbs), "ibv_alloc_pd: %s", strerror(errno));
 	if (!sender)
 		CHECK(cc = ibv_create_comp_channel(id->verbs), "ibv_create_comp_channel: %s", strerror(errno));
