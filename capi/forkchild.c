@@ -1031,6 +1031,33 @@ static struct ibv_comp_channel *fkc_chan_get(uint64_t rh, struct ibv_context *ct
 	return ch;
 }
 
+// fkc_port is the port of a, as librdmacm reads it (an AF_IB address's
+// is its service ID's low 16 bits).
+static __be16 fkc_port(const struct sockaddr *a)
+{
+	switch (a->sa_family) {
+	case AF_INET:
+		return ((const struct sockaddr_in *)a)->sin_port;
+	case AF_INET6:
+		return ((const struct sockaddr_in6 *)a)->sin6_port;
+	case AF_IB:
+		return htobe16((uint16_t)be64toh(((const struct sockaddr_ib *)a)->sib_sid));
+	}
+	return 0;
+}
+
+// A child's id mirrors its parent's addresses (fkc_id_update): its ports
+// are read from them, as librdmacm does, without asking the parent.
+__be16 softrdma_child_rdma_get_src_port(struct rdma_cm_id *id)
+{
+	return id ? fkc_port((struct sockaddr *)&id->route.addr.src_addr) : 0;
+}
+
+__be16 softrdma_child_rdma_get_dst_port(struct rdma_cm_id *id)
+{
+	return id ? fkc_port((struct sockaddr *)&id->route.addr.dst_addr) : 0;
+}
+
 // fkc_id_update mirrors the parent's id into the child's.
 static void fkc_id_update(struct rdma_cm_id *id, struct fk_idinfo *ii)
 {

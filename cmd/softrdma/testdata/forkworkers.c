@@ -137,12 +137,17 @@ static void worker(int sender, int ready[2])
 	      "rdma_set_option REUSEADDR: %s", strerror(errno));
 	inet_pton(AF_INET, "127.0.0.1", &src.sin_addr);
 	inet_pton(AF_INET, GROUP, &dst.sin_addr);
+	dst.sin_port = htons(5999);
 	CHECK(rdma_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst, 2000) == 0,
 	      "rdma_resolve_addr: %s", strerror(errno));
 	ev = wait_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
 	CHECK(ev->id == id, "the event's id is not the worker's");
 	rdma_ack_cm_event(ev);
 	CHECK(id->verbs, "no context on the resolved id");
+	CHECK(rdma_get_dst_port(id) == htons(5999), "rdma_get_dst_port: %u, want 5999", ntohs(rdma_get_dst_port(id)));
+	CHECK(rdma_get_src_port(id) == ((struct sockaddr_in *)rdma_get_local_addr(id))->sin_port,
+	      "rdma_get_src_port: %u, the local address's %u", ntohs(rdma_get_src_port(id)),
+	      ntohs(((struct sockaddr_in *)rdma_get_local_addr(id))->sin_port));
 	__be16 pkey;
 	CHECK(ibv_query_pkey(id->verbs, 1, 0, &pkey) == 0 && pkey == htobe16(0xffff), "ibv_query_pkey: %s, %#x",
 	      strerror(errno), be16toh(pkey));
