@@ -466,6 +466,31 @@ struct ibv_device **softrdma_child_ibv_get_device_list(int *num_devices)
 	return l;
 }
 
+// fkc_device_info asks the parent for a device's GUID and index (r[0],
+// r[1]); an errno.
+static int fkc_device_info(struct ibv_device *device, uint64_t r[2])
+{
+	struct fk_hdr h = { .op = FK_DEVICE_INFO };
+	return device ? fkc_obj_call(&h, FKC_DEV, device, NULL, 0, r, 2 * sizeof *r) : EINVAL;
+}
+
+__be64 softrdma_child_ibv_get_device_guid(struct ibv_device *device)
+{
+	uint64_t r[2];
+	int e = fkc_device_info(device, r);
+	if (e) {
+		errno = e;
+		return 0;
+	}
+	return (__be64)r[0];
+}
+
+int softrdma_child_ibv_get_device_index(struct ibv_device *device)
+{
+	uint64_t r[2];
+	return fkc_device_info(device, r) ? -1 : (int)r[1];
+}
+
 static struct ibv_context *fkc_ctx_of(uint64_t rh, int fd, int ncv, uint64_t dev)
 {
 	struct fkc_ctx *c;

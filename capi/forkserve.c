@@ -61,6 +61,8 @@ SR_DECL(ibv_modify_qp);
 SR_DECL(ibv_query_qp);
 SR_DECL(ibv_query_pkey);
 SR_DECL(_ibv_query_gid_ex);
+SR_DECL(ibv_get_device_guid);
+SR_DECL(ibv_get_device_index);
 SR_DECL(ibv_attach_mcast);
 SR_DECL(ibv_detach_mcast);
 SR_DECL(rdma_set_option);
@@ -495,6 +497,13 @@ static void fk_call(struct fk_conn *c)
 			FAIL(ERRNO_OR(EINVAL));
 		h->len = sizeof(union ibv_gid);
 		break;
+	case FK_DEVICE_INFO: {
+		uint64_t *r = (uint64_t *)c->out;
+		r[0] = (uint64_t)softrdma_ibv_get_device_guid(fk_p(a[0]));
+		r[1] = (uint64_t)(int64_t)softrdma_ibv_get_device_index(fk_p(a[0]));
+		h->len = 2 * sizeof *r;
+		break;
+	}
 	case FK_QUERY_GID_EX:
 		e = softrdma__ibv_query_gid_ex(fk_p(a[0]), a[1], a[2], (struct ibv_gid_entry *)c->out, 0,
 					       sizeof(struct ibv_gid_entry));

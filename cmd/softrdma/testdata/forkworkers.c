@@ -151,6 +151,12 @@ static void worker(int sender, int ready[2])
 	__be16 pkey;
 	CHECK(ibv_query_pkey(id->verbs, 1, 0, &pkey) == 0 && pkey == htobe16(0xffff), "ibv_query_pkey: %s, %#x",
 	      strerror(errno), be16toh(pkey));
+	// The device's GUID (through the parent) is the one ibv_query_device gives.
+	struct ibv_device_attr da;
+	CHECK(ibv_query_device(id->verbs, &da) == 0, "ibv_query_device: %s", strerror(errno));
+	CHECK(ibv_get_device_guid(id->verbs->device) == da.node_guid && ibv_get_device_index(id->verbs->device) >= 0,
+	      "ibv_get_device_guid %#llx (node_guid %#llx), index %d", (unsigned long long)ibv_get_device_guid(id->verbs->device),
+	      (unsigned long long)da.node_guid, ibv_get_device_index(id->verbs->device));
 	// The GID entry calls (through the parent too) agree with ibv_query_gid.
 	union ibv_gid g0;
 	struct ibv_gid_entry ge, tbl[64];
