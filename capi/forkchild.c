@@ -543,6 +543,39 @@ static struct ibv_context *fkc_ctx_get(uint64_t rh)
 	return fkc_ctx_of(rh, fd, h.a[1], h.a[2]);
 }
 
+// softrdma_child_rdma_get_devices gives the contexts of the RDMA CM (the
+// ones its ids' verbs point to) as the child's own.
+struct ibv_context **softrdma_child_rdma_get_devices(int *num_devices)
+{
+	static uint64_t rh[FK_MAX / sizeof(uint64_t)];
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	struct fk_hdr h = { .op = FK_CM_DEVICES };
+	struct ibv_context **l = NULL;
+	int e, n;
+	pthread_mutex_lock(&mu);
+	if ((e = fkc_call(&h, NULL, 0, rh, sizeof rh, NULL)))
+		goto out;
+	n = h.ret;
+	if (!(l = calloc(n + 1, sizeof *l))) {
+		e = ENOMEM;
+		goto out;
+	}
+	for (int i = 0; i < n; i++)
+		if (!(l[i] = fkc_ctx_get(rh[i]))) {
+			free(l);
+			l = NULL;
+			e = ENODEV;
+			goto out;
+		}
+	if (num_devices)
+		*num_devices = n;
+out:
+	pthread_mutex_unlock(&mu);
+	if (e && num_devices)
+		*num_devices = 0;
+	RET_PTR(e, l);
+}
+
 struct ibv_context *softrdma_child_ibv_open_device(struct ibv_device *device)
 {
 	struct fk_hdr h = { .op = FK_OPEN_DEVICE };

@@ -52,7 +52,7 @@ struct fk_qpinfo {
 
 // The verbs of a forked multicast worker, numbered apart from the list
 // above (which grows at its end).
-enum { FK_ATTACH_MCAST = 64, FK_DETACH_MCAST, FK_QUERY_QP, FK_SET_OPTION, FK_QUERY_PKEY, FK_QUERY_GID_EX, FK_DEVICE_INFO };
+enum { FK_ATTACH_MCAST = 64, FK_DETACH_MCAST, FK_QUERY_QP, FK_SET_OPTION, FK_QUERY_PKEY, FK_QUERY_GID_EX, FK_DEVICE_INFO, FK_CM_DEVICES };
 
 // fk_qpattr is FK_QUERY_QP's answer (init's pointers are the parent's).
 struct fk_qpattr {

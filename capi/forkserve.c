@@ -63,6 +63,8 @@ SR_DECL(ibv_query_pkey);
 SR_DECL(_ibv_query_gid_ex);
 SR_DECL(ibv_get_device_guid);
 SR_DECL(ibv_get_device_index);
+SR_DECL(rdma_get_devices);
+SR_DECL(rdma_free_devices);
 SR_DECL(ibv_attach_mcast);
 SR_DECL(ibv_detach_mcast);
 SR_DECL(rdma_set_option);
@@ -497,6 +499,20 @@ static void fk_call(struct fk_conn *c)
 			FAIL(ERRNO_OR(EINVAL));
 		h->len = sizeof(union ibv_gid);
 		break;
+	case FK_CM_DEVICES: {
+		int n = 0;
+		struct ibv_context **l = softrdma_rdma_get_devices(&n);
+		if (!l)
+			FAIL(ERRNO_OR(ENODEV));
+		if ((size_t)n * sizeof(uint64_t) > FK_MAX)
+			n = FK_MAX / sizeof(uint64_t);
+		for (int i = 0; i < n; i++)
+			((uint64_t *)c->out)[i] = (uintptr_t)l[i];
+		softrdma_rdma_free_devices(l);
+		h->ret = n;
+		h->len = n * sizeof(uint64_t);
+		break;
+	}
 	case FK_DEVICE_INFO: {
 		uint64_t *r = (uint64_t *)c->out;
 		r[0] = (uint64_t)softrdma_ibv_get_device_guid(fk_p(a[0]));

@@ -201,7 +201,6 @@ var forkSafe = map[string]bool{
 // with EINVAL (their objects are the parent's).
 var forkENOSYS = map[string]bool{
 	"ibv_get_device_list": true, "rdma_create_event_channel": true, "rdma_getaddrinfo": true,
-	"rdma_get_devices": true,
 }
 
 // forkServed are the calls a child of fork() makes through its parent
@@ -209,7 +208,7 @@ var forkENOSYS = map[string]bool{
 // softrdma_child_<name>, with the program's arguments as they are.
 var forkServed = map[string]bool{
 	"ibv_ack_cq_events": true, "ibv_alloc_pd": true, "ibv_attach_mcast": true, "ibv_close_device": true,
-	"ibv_create_ah": true, "ibv_detach_mcast": true, "ibv_query_qp": true, "rdma_set_option": true, "ibv_query_pkey": true, "_ibv_query_gid_ex": true, "_ibv_query_gid_table": true, "rdma_get_src_port": true, "rdma_get_dst_port": true, "ibv_get_device_guid": true, "ibv_get_device_index": true,
+	"ibv_create_ah": true, "ibv_detach_mcast": true, "ibv_query_qp": true, "rdma_set_option": true, "ibv_query_pkey": true, "_ibv_query_gid_ex": true, "_ibv_query_gid_table": true, "rdma_get_src_port": true, "rdma_get_dst_port": true, "ibv_get_device_guid": true, "ibv_get_device_index": true, "rdma_get_devices": true,
 	"ibv_create_comp_channel": true, "ibv_create_cq": true, "ibv_create_qp": true, "ibv_dealloc_pd": true,
 	"ibv_dereg_mr": true, "ibv_destroy_ah": true, "ibv_destroy_comp_channel": true, "ibv_destroy_cq": true,
 	"ibv_destroy_qp": true, "ibv_get_cq_event": true, "ibv_get_device_list": true, "ibv_modify_qp": true,

@@ -151,6 +151,14 @@ static void worker(int sender, int ready[2])
 	__be16 pkey;
 	CHECK(ibv_query_pkey(id->verbs, 1, 0, &pkey) == 0 && pkey == htobe16(0xffff), "ibv_query_pkey: %s, %#x",
 	      strerror(errno), be16toh(pkey));
+	// The CM's contexts (through the parent) hold the id's.
+	int nd = 0, found = 0;
+	struct ibv_context **dl = rdma_get_devices(&nd);
+	CHECK(dl && nd >= 1, "rdma_get_devices: %s, %d", strerror(errno), nd);
+	for (int i = 0; i < nd; i++)
+		found |= dl[i] == id->verbs;
+	CHECK(found && !dl[nd], "rdma_get_devices: the id's context is not among the %d", nd);
+	rdma_free_devices(dl);
 	// The device's GUID (through the parent) is the one ibv_query_device gives.
 	struct ibv_device_attr da;
 	CHECK(ibv_query_device(id->verbs, &da) == 0, "ibv_query_device: %s", strerror(errno));
