@@ -371,6 +371,7 @@ func TestReceiveLoopEnd(t *testing.T) {
 	in.send(t, lo, frame) // queued on the socket under kept: its readiness wakes the reader
 	eventually(t, "the end counted", func() bool { return a.Counters().Get(softverbs.RecvLoopEnds) == 1 })
 	eventually(t, "the socket closed", func() bool { return peerSockOf(a, peer) == nil })
+	eventually(t, "the end's log record", func() bool { return logs.count("receive goroutine ended") >= 1 })
 	if n := logs.count("receive goroutine ended"); n != 1 {
 		t.Errorf("%d log records of the end, want 1:\n%s", n, logs.buf.String())
 	}

@@ -113,6 +113,18 @@ func (d *Device) peerLoop(p *peerSocks) {
 		case k := <-p.gone:
 			delete(open, k)
 		case k := <-p.req:
+			// Ends signalled before this request count first (select
+			// picks among ready cases at random): a peer whose socket
+			// just ended gets a new one.
+		drain:
+			for {
+				select {
+				case g := <-p.gone:
+					delete(open, g)
+				default:
+					break drain
+				}
+			}
 			if open[k] || len(open) >= maxPeerSocks {
 				continue
 			}
