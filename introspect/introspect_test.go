@@ -38,6 +38,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testenv.OwnNetns() // lo to this package alone
 	testenv.ClearSoftRDMA()
 	unscope, err := testenv.ScopeEndpoints() // discovery sees this run's processes only
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "" {
+		testenv.OwnNetns() // lo to this package alone
 		testenv.ClearSoftRDMA()
 		goleak.VerifyTestMain(m)
 		return

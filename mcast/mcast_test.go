@@ -33,6 +33,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(peerVar) != "" {
 		os.Exit(runPeer())
 	}
+	testenv.OwnNetns() // lo to this package alone
 	testenv.ClearSoftRDMA()
 	code := m.Run()
 	rxe.CloseAll()

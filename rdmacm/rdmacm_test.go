@@ -22,6 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testenv.OwnNetns() // lo to this package alone
 	testenv.ClearSoftRDMA()
 	code := m.Run()
 	rxe.CloseAll()

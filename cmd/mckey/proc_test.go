@@ -44,6 +44,7 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
+	testenv.OwnNetns() // lo to this package alone
 	testenv.ClearSoftRDMA()
 	unscope, err := testenv.ScopeEndpoints() // the tools see this run's processes only
 	if err != nil {

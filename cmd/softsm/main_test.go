@@ -28,6 +28,7 @@ var softsmBin string
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
 func testMain(m *testing.M) int {
+	testenv.OwnNetns() // lo to this package alone
 	testenv.ClearSoftRDMA()
 	dir, err := os.MkdirTemp("", "softsm-test-")
 	if err != nil {

@@ -25,6 +25,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(fakeSMEnv) != "" {
 		os.Exit(fakeSMChild(os.Args[1:]))
 	}
+	testenv.OwnNetns() // lo to this package alone
 	testenv.ClearSoftRDMA()
 	code := m.Run()
 	ib.CloseAll()

@@ -27,6 +27,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(otherUserEnv) != "" {
 		os.Exit(otherUserChild(os.Args[1:]))
 	}
+	testenv.OwnNetns() // lo to this package alone
 	testenv.ClearSoftRDMA()
 	goleak.VerifyTestMain(m)
 }

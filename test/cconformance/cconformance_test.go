@@ -15,6 +15,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testenv.OwnNetns() // lo to this package alone
 	testenv.ClearSoftRDMA()
 	goleak.VerifyTestMain(m)
 }

@@ -28,6 +28,7 @@ var nsPrefix = nettest.Prefix(nsTag)
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
 func testMain(m *testing.M) int {
+	testenv.OwnNetns() // lo to this package alone
 	testenv.ClearSoftRDMA()
 	nettest.SweepStale(nsTag)
 	code := m.Run()

@@ -26,6 +26,7 @@ const Env = "SOFTRDMA_TEST_OPENSM"
 const umad2sim = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so"
 
 func TestMain(m *testing.M) {
+	testenv.OwnNetns() // lo to this package alone
 	testenv.ClearSoftRDMA()
 	goleak.VerifyTestMain(m)
 }

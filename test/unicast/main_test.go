@@ -31,6 +31,7 @@ var (
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
 func testMain(m *testing.M) int {
+	testenv.OwnNetns() // lo to this package alone
 	testenv.ClearSoftRDMA()
 	switch {
 	case os.Geteuid() != 0:

@@ -26,6 +26,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	testenv.OwnNetns() // lo to this package alone
 	testenv.ClearSoftRDMA()
 	os.Exit(m.Run())
 }
