@@ -555,32 +555,6 @@ func (a gsiAgent) Receive(m *verbs.GSIMAD) bool {
 	return false
 }
 
-// Unclaimed answers a SIDR_REQ no process of the user listens for with
-// SIDR_REP UNSUPPORTED, as the kernel's cm_sidr_req_handler (verbs.GSIAgent).
-func (a gsiAgent) Unclaimed(m *verbs.GSIMAD) {
-	if mad.CheckCM(m.MAD) != nil || mad.MAD(m.MAD).AttrID() != mad.AttrSIDRReq {
-		return
-	}
-	req := mad.SIDRReq(m.MAD)
-	rep := mad.NewCM(mad.AttrSIDRRep, mad.MAD(m.MAD).TID())
-	r := mad.SIDRRep(rep)
-	r.SetRequestID(req.RequestID())
-	r.SetStatus(mad.SIDRUnsupported)
-	r.SetServiceID(req.ServiceID())
-	s := a.cm.sidrOf()
-	s.mu.Lock()
-	g := s.gsis[a.cd]
-	s.mu.Unlock()
-	if g == nil {
-		return
-	}
-	sgid, err := a.cd.gidIndex(m.Dst)
-	if err != nil {
-		return
-	}
-	_ = g.gsi.Send(sgid, wire.GIDFromAddr(m.Src), m.HopLimit, m.TClass, rep)
-}
-
 // sidrReq handles a SIDR_REQ (cma_ib_req_handler for UD): a duplicate is
 // dropped or answered again; one for a listener of this process becomes
 // CONNECT_REQUEST on a new id. It reports whether the request was this

@@ -1,15 +1,23 @@
 package rdmacm
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/test/testenv"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -390,4 +398,170 @@ func TestUDListenWildcard(t *testing.T) {
 	}
 	req.Ack()
 	sidrNext(t, ach, EventEstablished).Ack()
+}
+
+// TestUDConnectVerbsOnlyPeer: a request for a service nobody listens on,
+// read by a process with softrdma's device but no RDMA CM (one that only
+// uses verbs, as perftest does), is answered UNSUPPORTED by its device,
+// as the kernel's CM answers for the whole host; before, it was dropped
+// and the requester waited out its resends. The peer is the only process
+// of a second network namespace, so it is the one that reads the request.
+func TestUDConnectVerbsOnlyPeer(t *testing.T) {
+	const mode = "verbs-only-peer"
+	if os.Getenv("SOFTRDMA_TEST_NETNS_CHILD") == mode {
+		verbsOnlyPeer(t)
+		return
+	}
+	if os.Geteuid() != 0 {
+		testenv.Require(t, "needs root to create a network namespace")
+	}
+	sfx := fmt.Sprintf("%d", rand.IntN(1e6))
+	ns, a, b := "srm-vo-"+sfx, "srva"+sfx, "srvb"+sfx
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v %s", args, err, out)
+		}
+	}
+	ip("netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	ip("link", "add", a, "type", "veth", "peer", "name", b, "netns", ns)
+	t.Cleanup(func() {
+		// The device of a stays listed after its interface goes (rxe
+		// emits the removal, its users see DEVICE_REMOVAL, but the device
+		// is not unregistered), and a later wildcard listen would find it:
+		// close it first.
+		if d, err := rxe.ForName(a); err == nil {
+			d.Close()
+		}
+		exec.Command("ip", "link", "del", a).Run()
+	})
+	ip("addr", "add", "10.78.0.1/24", "dev", a)
+	ip("link", "set", a, "up")
+	ip("-n", ns, "link", "set", "lo", "up")
+	ip("-n", ns, "addr", "add", "10.78.0.2/24", "dev", b)
+	ip("-n", ns, "link", "set", b, "up")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, os.Args[0], "-test.run=^TestUDConnectVerbsOnlyPeer$", "-test.v")
+	cmd.Env = testenv.CleanEnv("SOFTRDMA_TEST_NETNS_CHILD="+mode, "SOFTRDMA_TEST_PEER_IF="+b)
+	cmd.Stderr = cmd.Stdout // the same pipe
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	var out strings.Builder // written by the reader until it returns
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			out.WriteString(sc.Text() + "\n")
+			if sc.Text() == "peer ready" {
+				close(ready)
+			}
+		}
+	}()
+	defer func() {
+		stdin.Close()
+		<-read
+		if err := cmd.Wait(); err != nil || !strings.Contains(out.String(), "--- PASS: ") {
+			t.Errorf("verbs-only peer: %v\n%s", err, out.String())
+		}
+	}()
+	select {
+	case <-ready:
+	case <-read:
+		t.Fatal("the verbs-only peer ended before it was ready")
+	case <-ctx.Done():
+		t.Fatal("the verbs-only peer not ready within 60 s")
+	}
+
+	// One request, no resend: a dropped request would end in -ETIMEDOUT.
+	shortSIDR(t, 4*time.Second, 0) // its -ETIMEDOUT before ctxT's 5 s
+	ch, err := CreateEventChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := CreateID(ch, "active", PS_UDP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		id.Destroy()
+		ch.Close()
+	}()
+	src := UDPAddr(netip.MustParseAddr("10.78.0.1"))
+	dst := net.UDPAddrFromAddrPort(netip.MustParseAddrPort("10.78.0.2:7471"))
+	if err := id.ResolveAddr(src, dst, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	sidrNext(t, ch, EventAddrResolved).Ack()
+	if err := id.ResolveRoute(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	sidrNext(t, ch, EventRouteResolved).Ack()
+	if err := id.Connect(nil); err != nil {
+		t.Fatal(err)
+	}
+	ev := sidrNext(t, ch, EventUnreachable)
+	if ev.Status != mad.SIDRUnsupported {
+		t.Errorf("status %d, want %d (UNSUPPORTED; %d is the request's timeout)", ev.Status, mad.SIDRUnsupported, -int(syscall.ETIMEDOUT))
+	}
+	ev.Ack()
+}
+
+// verbsOnlyPeer opens the device of the interface SOFTRDMA_TEST_PEER_IF
+// through verbs alone, with a UD QP in RTS, says "peer ready" and holds it until
+// standard input closes.
+func verbsOnlyPeer(t *testing.T) {
+	rdev, err := rxe.ForName(os.Getenv("SOFTRDMA_TEST_PEER_IF"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := rdev.Verbs()
+	vctx, err := dev.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vctx.Close()
+	pd, err := vctx.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pd.Dealloc()
+	cq, err := vctx.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cq.Destroy()
+	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTypeUD,
+		Cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qp.Destroy()
+	for _, m := range []struct {
+		a    verbs.QPAttr
+		mask verbs.QPAttrMask
+	}{
+		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 0x1234}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
+		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
+		{verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState | verbs.QPAttrSQPSN},
+	} {
+		if err := qp.Modify(&m.a, m.mask); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fmt.Println("peer ready")
+	io.Copy(io.Discard, os.Stdin)
 }

@@ -40,12 +40,11 @@ type GSI interface {
 // GSIAgent receives what arrives on an open QP1. Its methods run on the
 // port's receive path and must not block.
 type GSIAgent interface {
-	// Receive offers one MAD; it reports whether the agent took it.
+	// Receive offers one MAD; it reports whether the agent took it. A
+	// SIDR_REQ that no agent takes and no process of this user claims
+	// (GSIRoute) is answered by the port with SIDR_REP status UNSUPPORTED,
+	// as the kernel's CM answers one for a service nobody listens on.
 	Receive(m *GSIMAD) bool
-	// Unclaimed is called for a MAD the agent did not take and that no
-	// process of this user claims (GSIRoute): the kernel's CM answers a
-	// SIDR_REQ that no one listens for with SIDR_REP status UNSUPPORTED.
-	Unclaimed(m *GSIMAD)
 }
 
 // GSIMAD is a MAD received on QP1, with the addressing of its datagram.

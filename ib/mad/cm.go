@@ -103,6 +103,17 @@ func NewCM(attr uint16, tid uint64) MAD {
 	return m
 }
 
+// SIDRReplyTo returns a SIDR_REP with status answering req: its
+// transaction ID, request ID and service ID, the rest zero (what the
+// kernel's CM sends for a status other than success, cm_reject_sidr_req).
+func SIDRReplyTo(req SIDRReq, status uint8) SIDRRep {
+	rep := SIDRRep(NewCM(AttrSIDRRep, req.MAD().TID()))
+	rep.SetRequestID(req.RequestID())
+	rep.SetStatus(status)
+	rep.SetServiceID(req.ServiceID())
+	return rep
+}
+
 // SIDRReq is a view of a SIDR_REQ MAD (Len bytes, header included).
 type SIDRReq []byte
 

@@ -103,6 +103,8 @@ type Device struct {
 
 	// gsi is QP1 while an agent has it open (gsi.go).
 	gsi atomic.Pointer[gsiPort]
+	// answering is set while an unclaimed SIDR_REQ is answered (gsi.go).
+	answering atomic.Bool
 
 	// uinputs are the unicast receive sockets and hand-over connections,
 	// which consumers of the device's other inputs read too while they

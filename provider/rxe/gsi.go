@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/wire"
 )
 
 // QP1, the General Services Interface (verbs.GSIPort): the RDMA CM's SIDR
@@ -108,17 +110,65 @@ func (g *gsiPort) Send(sgidIndex uint8, dst verbs.GID, hopLimit, tclass uint8, m
 	g.psn = (g.psn + 1) & 0xFFFFFF
 	psn := g.psn
 	g.mu.Unlock()
+	return g.d.sendGSI(g.q, psn, sgidIndex, dst, hopLimit, tclass, m)
+}
+
+// sendGSI sends the MAD m from q, a QP of QP1's, to QP1 of dst.
+func (d *Device) sendGSI(q *qp, psn uint32, sgidIndex uint8, dst verbs.GID, hopLimit, tclass uint8, m []byte) error {
 	ah := verbs.AHAttr{IsGlobal: true, PortNum: 1, GRH: verbs.GlobalRoute{
 		DGID: dst, SGIDIndex: sgidIndex, HopLimit: hopLimit, TrafficClass: tclass,
 	}}
 	s := softverbs.UDSend{AH: &ah, RemoteQPN: gsiQPN, RemoteQKey: mad.GSIQKey, PSN: psn, Payload: m}
-	if err := g.q.Send(&s); err != nil {
+	if err := q.Send(&s); err != nil {
 		return err
 	}
 	if s.Wire == 0 {
-		return g.d.errf(syscall.EMSGSIZE, "QP1 send: larger than the active MTU")
+		return d.errf(syscall.EMSGSIZE, "QP1 send: larger than the active MTU")
 	}
 	return nil
+}
+
+// answerUnclaimed answers m, a SIDR_REQ that no process of this user
+// claims and that no agent of this process took, with SIDR_REP
+// UNSUPPORTED from a QP1 of its own, as the kernel's CM answers a request
+// for a service nobody listens on (cm_sidr_req_handler): the requester
+// learns at once, not after its resends, whichever process of the user
+// read the request — one with an RDMA CM or one that only uses verbs. One
+// answer at a time: a request that comes meanwhile is only dropped.
+func (d *Device) answerUnclaimed(m verbs.GSIMAD) {
+	if mad.CheckCM(m.MAD) != nil || mad.MAD(m.MAD).AttrID() != mad.AttrSIDRReq || !d.answering.CompareAndSwap(false, true) {
+		return
+	}
+	m.MAD = slices.Clone(m.MAD)
+	d.wg.Add(1) // called on a receive path, itself in d.wg
+	go func() {
+		defer d.wg.Done()
+		defer d.answering.Store(false)
+		sgid, ok := d.gidIndexOf(m.Dst)
+		if !ok {
+			return
+		}
+		dq, err := d.CreateQP(softverbs.DriverQPInit{Type: verbs.QPTypeUD})
+		if err != nil {
+			return
+		}
+		q := dq.(*qp)
+		q.gsi = true
+		defer q.Destroy()
+		rep := mad.SIDRReplyTo(mad.SIDRReq(m.MAD), mad.SIDRUnsupported)
+		_ = d.sendGSI(q, 0, sgid, wire.GIDFromAddr(m.Src), m.HopLimit, m.TClass, rep)
+	}()
+}
+
+// gidIndexOf returns the index of local address a's GID in port 1's table.
+func (d *Device) gidIndexOf(a netip.Addr) (uint8, bool) {
+	gid := wire.GIDFromAddr(a)
+	for _, e := range d.currentInfo().gids {
+		if e.GID == gid {
+			return uint8(e.Index), true
+		}
+	}
+	return 0, false
 }
 
 // Claim makes the MADs of key that other processes of this user read come
@@ -277,7 +327,7 @@ func (g *gsiPort) serve() {
 		case err == nil:
 			d.core.Count(softverbs.Forwarded, 1)
 		case noOwner(err):
-			g.agent.Unclaimed(&it.m)
+			d.answerUnclaimed(it.m)
 		default:
 			d.core.Count(softverbs.ForwardDrops, 1)
 		}
@@ -325,6 +375,10 @@ func (r *receiver) deliverGSI(b []byte, v6, fwd bool) {
 			d.core.Count(softverbs.Forwarded, 1)
 		case noOwner(err):
 			d.core.Count(softverbs.NoOwnerDrops, 1)
+			d.answerUnclaimed(verbs.GSIMAD{
+				Src: r.meta.src, Dst: r.meta.dst, SrcQP: p.DETH.SrcQP(), PKey: p.BTH.PKey(), QKey: p.DETH.QKey(),
+				HopLimit: r.meta.ttl, TClass: r.meta.tos, MAD: p.Payload[:mad.Len],
+			})
 		default:
 			d.core.Count(softverbs.ForwardDrops, 1)
 		}
