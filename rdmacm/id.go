@@ -88,7 +88,6 @@ type ID struct {
 	eventsReported  int
 	eventsCompleted int
 	parked          *Event // the last event of a synchronous id
-	kdead           bool   // a kernel id being destroyed: its events are acked on arrival
 }
 
 // CreateID creates an id (rdma_create_id). A nil channel makes a

@@ -22,12 +22,10 @@ type mcJoin struct {
 	held     any         // what the port holds for the join (released by its leave)
 	netRef   bool        // the port holds a reference on the IP group membership (IGMP/MLD)
 	qkey     uint32      // the id's Q_Key when it joined
-	ktok     uint64      // the token of a kernel id's join
 
 	// guarded by id.ch().mu
 	eventsReported  int
 	eventsCompleted int
-	kleft           bool // left: a kernel join's events are acked on arrival
 }
 
 // JoinMulticast joins a multicast group as a full member
@@ -150,8 +148,9 @@ func (id *ID) leaveLocked(mc *mcJoin) (wait func() error) {
 		// Waits for a running callback of the join; none runs afterwards.
 		wait = id.dev.port.leave(mc)
 	}
+	// left is set before the purge takes the channel's lock: a kernel
+	// join's event arriving later is acked on arrival (kernelReader).
 	ch := id.lockCh()
-	mc.kleft = true
 	ch.purgeLocked(func(ev *Event) bool { return ev.mc == mc })
 	ch.mu.Unlock()
 	return wait
