@@ -213,7 +213,7 @@ func (ch *EventChannel) GetEvent(ctx context.Context) (_ *Event, err error) {
 			ch.queue[0] = nil
 			ch.queue = ch.queue[1:]
 			ev.reported = true
-			ev.owner().eventsReported++
+			ev.owner().ev.reported++
 			if ev.mc != nil {
 				ev.mc.eventsReported++
 			}
@@ -318,7 +318,7 @@ func (id *ID) ackLocked(ev *Event) {
 		return
 	}
 	ev.acked = true
-	id.eventsCompleted++
+	id.ev.completed++
 	if ev.mc != nil {
 		ev.mc.eventsCompleted++
 	}

@@ -212,11 +212,12 @@ func (k *kernelChannel) close() {
 // errnos; librdmacm's own part (the attach of the QP when a JOIN event is
 // retrieved, the detach on leave, the waits for acks) stays in the front.
 type kernelEngine struct {
-	id   *ID
-	k    kernelcm.ID
-	tok  uint64
-	port uint8         // id.mu
-	home *EventChannel // the channel whose librdmacm channel has k
+	idAddr // what the kernel bound and resolved (refreshLocked)
+	id     *ID
+	k      kernelcm.ID
+	tok    uint64
+	port   uint8         // id.mu
+	home   *EventChannel // the channel whose librdmacm channel has k
 	// dead: the id is being destroyed, its events are acked on arrival
 	// (guarded by the id's channel's mu, id.lockCh).
 	dead bool
@@ -257,14 +258,17 @@ func (id *ID) toKernelLocked(a *sockaddr) (idEngine, error) {
 	if err != nil {
 		return nil, kernelErr("rdma_create_id", err)
 	}
-	// The options set so far are the librdmacm id's too.
-	for _, o := range id.opts {
+	// The options set so far are the librdmacm id's too, and the TOS
+	// asked for stays what TOS reports.
+	soft := id.soft()
+	for _, o := range soft.opts {
 		if err := k.SetOption(o.level, o.name, o.val); err != nil {
 			k.Destroy()
 			return nil, err
 		}
 	}
 	e := &kernelEngine{id: id, k: k, tok: kch.tok, home: ch, joins: map[*mcJoin]uint64{}}
+	e.tos, e.tosSet = soft.tos, soft.tosSet
 	id.eng = e
 	kch.ids[kch.tok] = e
 	kch.users++
@@ -308,10 +312,10 @@ func (e *kernelEngine) bindLocked(id *ID, sa sockaddr) error {
 // refreshLocked reads the addresses and device of a kernel id, after a
 // bind or a resolution (id.mu is held).
 func (e *kernelEngine) refreshLocked(id *ID) error {
-	id.src, id.dst = fromEngine(e.k.Local()), fromEngine(e.k.Peer())
+	e.src, e.dst = fromEngine(e.k.Local()), fromEngine(e.k.Peer())
 	e.port = e.k.PortNum()
 	name := e.k.DeviceName()
-	if name == "" || (id.dev != nil && id.dev.name() == name) {
+	if name == "" || (e.dev != nil && e.dev.name() == name) {
 		return nil
 	}
 	vd := id.ch().cm.host.DeviceByName(name)
@@ -322,10 +326,10 @@ func (e *kernelEngine) refreshLocked(id *ID) error {
 	if err != nil {
 		return err
 	}
-	if id.dev != nil {
-		id.dev.detach(id)
+	if e.dev != nil {
+		e.dev.detach(id)
 	}
-	id.dev = cd
+	e.dev = cd
 	cd.attach(id)
 	return nil
 }
@@ -370,7 +374,7 @@ func (e *kernelEngine) retrieved(id *ID, ev *Event) {
 			}
 		}
 		if ev.Event == EventRouteResolved {
-			id.route = e.k.Route()
+			e.route = e.k.Route()
 		}
 		id.mu.Unlock()
 	case EventAddrResolved, EventAddrChange:
@@ -392,7 +396,7 @@ func (e *kernelEngine) setOptionLocked(id *ID, level, name int, val []byte) erro
 		return err
 	}
 	if level == OptionID && name == OptionIDTOS && len(val) == 1 {
-		id.tos, id.tosSet = val[0], true
+		e.tos, e.tosSet = val[0], true
 	}
 	return nil
 }
@@ -408,7 +412,7 @@ func (e *kernelEngine) initQPAttrLocked(id *ID) (verbs.QPAttr, verbs.QPAttrMask,
 	if err != nil {
 		return init, mask, err
 	}
-	id.qkey = init.QKey
+	e.qkey = init.QKey
 	return init, mask, nil
 }
 
@@ -462,32 +466,15 @@ func (e *kernelEngine) join(id *ID, ex bool, attr JoinMCAttrEx, ctx any) error {
 	return id.complete(nil)
 }
 
-// leave is rdma_leave_multicast of a kernel id: the QP is detached here
-// (librdmacm's id has no QP), the join's unread events are acked and
-// dropped, then librdmacm leaves and waits for the acks of the events
-// already retrieved. An address no join has is librdmacm's EADDRNOTAVAIL.
-func (e *kernelEngine) leave(id *ID, sa sockaddr) error {
-	id.mu.Lock()
-	var mc *mcJoin
-	for i := len(id.mcs) - 1; i >= 0; i-- {
-		if id.mcs[i].addr == sa {
-			mc = id.mcs[i]
-			id.mcs = slices.Delete(id.mcs, i, i+1)
-			break
-		}
-	}
-	if mc != nil {
-		id.leaveLocked(mc)
-	}
-	id.mu.Unlock()
-	if mc != nil {
-		ch := id.lockCh()
-		if p := id.parked; p != nil && p.mc == mc {
-			id.ackLocked(p)
-			id.parked = nil
-		}
-		ch.mu.Unlock()
-	}
+// releaseJoinLocked: the kernel's CM holds a kernel id's join, and
+// librdmacm's leave releases it (leave).
+func (e *kernelEngine) releaseJoinLocked(*mcJoin) func() error { return nil }
+
+// leave is rdma_leave_multicast of a kernel id, once the front detached
+// the QP (librdmacm's id has no QP) and dropped the join's unread events:
+// librdmacm leaves and waits for the acks of the events already
+// retrieved. An address no join has is librdmacm's EADDRNOTAVAIL.
+func (e *kernelEngine) leave(id *ID, mc *mcJoin, sa sockaddr) error {
 	err := e.k.Leave(toEngine(&sa))
 	if mc != nil {
 		e.home.mu.Lock()
@@ -497,6 +484,9 @@ func (e *kernelEngine) leave(id *ID, sa sockaddr) error {
 	}
 	return err
 }
+
+// cancelLocked: librdmacm's resolutions end with the id.
+func (e *kernelEngine) cancelLocked(*ID) func() { return nil }
 
 // releaseLocked: librdmacm leaves the id's groups and waits for the acks
 // when the returned wait destroys the id.
@@ -511,9 +501,9 @@ func (e *kernelEngine) destroy(id *ID) error {
 	ch := id.lockCh()
 	e.dead = true
 	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id })
-	if p := id.parked; p != nil {
+	if p := id.ev.parked; p != nil {
 		id.ackLocked(p)
-		id.parked = nil
+		id.ev.parked = nil
 	}
 	ch.mu.Unlock()
 	err := e.k.Destroy()
