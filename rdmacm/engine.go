@@ -16,6 +16,16 @@ import (
 // at CreateID on a BackendKernel channel, at the first bind or resolve on
 // a BackendAuto one when a kernel device owns the address.
 //
+// The engines own their state: *softEngine the device, addresses, route,
+// port-space reservation, options, resolution and UD connection of a
+// softrdma id; *kernelEngine the librdmacm id, its token and joins' tokens
+// (the channel's kernelChannel has the librdmacm channel). Both hold an
+// idAddr, which the front reads through addrs. The front parses an
+// address once, at the API call; a join goes front → engine → port (the
+// soft engine makes the id's checks and calls the port's join); a leave's
+// lookup of the join is the front's (takeJoinLocked), the engine ending
+// the leave.
+//
 // Methods named …Locked are called with id.mu held; the others without.
 type idEngine interface {
 	// bindLocked binds the idle id to sa (rdma_bind_addr).
@@ -38,7 +48,10 @@ type idEngine interface {
 	// initQPAttrLocked is rdma_init_qp_attr for INIT.
 	initQPAttrLocked(id *ID) (verbs.QPAttr, verbs.QPAttrMask, error)
 	// join is rdma_join_multicast (ex false) or rdma_join_multicast_ex.
-	join(id *ID, ex bool, attr JoinMCAttrEx, ctx any) error
+	// sa is attr.Addr as the front parsed it, once, and saErr the parse's
+	// failure (a nil Addr fails too): the engine decides when a bad
+	// address counts.
+	join(id *ID, ex bool, attr JoinMCAttrEx, sa sockaddr, saErr error, ctx any) error
 	// releaseJoinLocked releases what the engine holds for the join mc
 	// being left (the front's leaveLocked); it returns when no callback
 	// of the join runs any more. What it still waits for (an SA Delete)

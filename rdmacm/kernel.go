@@ -419,14 +419,13 @@ func (e *kernelEngine) initQPAttrLocked(id *ID) (verbs.QPAttr, verbs.QPAttrMask,
 // join is rdma_join_multicast(_ex) of a kernel id: the attributes go to
 // librdmacm as given. The join is recorded first, so that its event finds
 // it.
-func (e *kernelEngine) join(id *ID, ex bool, attr JoinMCAttrEx, ctx any) error {
-	var sa *sockaddr
+func (e *kernelEngine) join(id *ID, ex bool, attr JoinMCAttrEx, parsed sockaddr, saErr error, ctx any) error {
+	var sa *sockaddr // nil: no address, librdmacm's to check
 	if attr.Addr != nil {
-		s, err := toSockaddr(attr.Addr)
-		if err != nil {
-			return err
+		if saErr != nil {
+			return saErr
 		}
-		sa = &s
+		sa = &parsed
 	}
 	mc := &mcJoin{id: id, context: ctx, sendOnly: ex && attr.CompMask&JoinMCAttrJoinFlags != 0 && attr.JoinFlags == MCJoinFlagSendOnlyFullMember}
 	if sa != nil {

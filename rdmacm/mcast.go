@@ -33,7 +33,8 @@ type mcJoin struct {
 // (rdma_join_multicast); ctx comes back in the event's PrivateData.
 func (id *ID) JoinMulticast(addr net.Addr, ctx any) (err error) {
 	defer wrapErr(&err, "rdma_join_multicast", addr)
-	return id.engine().join(id, false, JoinMCAttrEx{Addr: addr}, ctx)
+	sa, saErr := toSockaddr(addr)
+	return id.engine().join(id, false, JoinMCAttrEx{Addr: addr}, sa, saErr, ctx)
 }
 
 // JoinMulticastEx joins a multicast group (rdma_join_multicast_ex). Checks,
@@ -56,7 +57,8 @@ func (id *ID) JoinMulticastEx(attr *JoinMCAttrEx, ctx any) (err error) {
 	if attr == nil {
 		return fmt.Errorf("nil attributes: %w", syscall.EINVAL)
 	}
-	return id.engine().join(id, true, *attr, ctx)
+	sa, saErr := toSockaddr(attr.Addr)
+	return id.engine().join(id, true, *attr, sa, saErr, ctx)
 }
 
 // processEvent runs librdmacm's event post-processing when an event is

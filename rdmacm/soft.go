@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"sync/atomic"
 
 	"github.com/vishvananda/netlink"
@@ -229,13 +228,14 @@ func (e *softEngine) initQPAttrLocked(id *ID) (verbs.QPAttr, verbs.QPAttrMask, e
 // rdma_join_multicast_ex with librdmacm's checks, first failure wins: a
 // reserved comp_mask bit → EOPNOTSUPP; no ADDRESS bit, no JOIN_FLAGS bit or
 // a flag ≥ 2 → EINVAL; nil or unsupported address → EINVAL; then the id
-// and address checks of the join itself (id.join).
-func (e *softEngine) join(id *ID, ex bool, attr JoinMCAttrEx, ctx any) error {
+// and address checks of the join itself (joinAddr). The address is the
+// one the front parsed (sa; saErr its failure).
+func (e *softEngine) join(id *ID, ex bool, attr JoinMCAttrEx, sa sockaddr, saErr error, ctx any) error {
 	if !ex {
-		if _, err := toSockaddr(attr.Addr); err != nil {
-			return err
+		if saErr != nil {
+			return saErr
 		}
-		return e.joinAddr(attr.Addr, MCJoinFlagFullMember, ctx)
+		return e.joinAddr(sa, MCJoinFlagFullMember, ctx)
 	}
 	if attr.CompMask >= JoinMCAttrReserved {
 		return fmt.Errorf("comp_mask %#x: %w", attr.CompMask, syscall.EOPNOTSUPP)
@@ -252,16 +252,15 @@ func (e *softEngine) join(id *ID, ex bool, attr JoinMCAttrEx, ctx any) error {
 	if attr.JoinFlags >= MCJoinFlagReserved {
 		return fmt.Errorf("join flags %d: want MCJoinFlagFullMember or MCJoinFlagSendOnlyFullMember: %w", attr.JoinFlags, syscall.EINVAL)
 	}
-	if _, err := toSockaddr(attr.Addr); err != nil {
-		return err
+	if saErr != nil {
+		return saErr
 	}
-	return e.joinAddr(attr.Addr, attr.JoinFlags, ctx)
+	return e.joinAddr(sa, attr.JoinFlags, ctx)
 }
 
 // joinAddr is the join of the id itself: its checks, then the port's.
-func (e *softEngine) joinAddr(addr net.Addr, flags uint32, ctx any) error {
+func (e *softEngine) joinAddr(sa sockaddr, flags uint32, ctx any) error {
 	id := e.id
-	sa, _ := toSockaddr(addr)
 	id.mu.Lock()
 	err := e.joinLocked(sa, flags, ctx)
 	id.mu.Unlock()
