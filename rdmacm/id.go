@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -565,27 +564,4 @@ func (id *ID) Destroy() (err error) {
 		ch.Close()
 	}
 	return leaveErr
-}
-
-// deviceRemoved reports DEVICE_REMOVAL (the netdev went away).
-func (id *ID) deviceRemoved() {
-	id.mu.Lock()
-	if id.state == stateDestroying || id.state == stateDeviceRemoval {
-		id.mu.Unlock()
-		return
-	}
-	id.state = stateDeviceRemoval
-	id.mu.Unlock()
-	id.queue(&Event{ID: id, Event: EventDeviceRemoval})
-}
-
-// addrRemoved reports ADDR_CHANGE when the bound address disappears.
-func (id *ID) addrRemoved(a netip.Addr) {
-	id.mu.Lock()
-	src := id.eng.addrs().src
-	hit := id.state != stateDestroying && id.state != stateDeviceRemoval && src.isIP() && src.ip.WithZone("") == a.Unmap()
-	id.mu.Unlock()
-	if hit {
-		id.queue(&Event{ID: id, Event: EventAddrChange})
-	}
 }

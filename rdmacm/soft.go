@@ -21,9 +21,10 @@ import (
 // cma.c over the ports portOf picks (port.go). It holds the id's state on
 // that side: device, addresses and route (idAddr), the GID index of its
 // source, its port of the port space (reservePort), its options, a
-// unicast resolution in progress and its UD connection (sidr.go). Its
-// fields are guarded by id.mu but the atomics, which other ids' binds
-// read.
+// unicast resolution in progress and its UD connection (sidr.go); it
+// turns its device's netdev events into DEVICE_REMOVAL and ADDR_CHANGE
+// (deviceRemoved, addrRemoved). Its fields are guarded by id.mu but the
+// atomics, which other ids' binds read.
 type softEngine struct {
 	idAddr
 	id      *ID
@@ -523,5 +524,29 @@ func (cm *cmState) releasePort(e *softEngine, port uint16) {
 		delete(cm.ports, key)
 	} else {
 		cm.ports[key] = owners
+	}
+}
+
+// deviceRemoved reports DEVICE_REMOVAL (the netdev went away).
+func (e *softEngine) deviceRemoved() {
+	id := e.id
+	id.mu.Lock()
+	if id.state == stateDestroying || id.state == stateDeviceRemoval {
+		id.mu.Unlock()
+		return
+	}
+	id.state = stateDeviceRemoval
+	id.mu.Unlock()
+	id.queue(&Event{ID: id, Event: EventDeviceRemoval})
+}
+
+// addrRemoved reports ADDR_CHANGE when the bound address disappears.
+func (e *softEngine) addrRemoved(a netip.Addr) {
+	id := e.id
+	id.mu.Lock()
+	hit := id.state != stateDestroying && id.state != stateDeviceRemoval && e.src.isIP() && e.src.ip.WithZone("") == a.Unmap()
+	id.mu.Unlock()
+	if hit {
+		id.queue(&Event{ID: id, Event: EventAddrChange})
 	}
 }
