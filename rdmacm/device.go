@@ -106,11 +106,17 @@ func (cd *cmDevice) netEvent(ev verbs.NetdevEvent) {
 	}
 	cd.mu.Unlock()
 	for _, id := range ids {
+		id.mu.Lock()
+		e := id.soft()
+		id.mu.Unlock()
+		if e == nil {
+			continue // a kernel id: the kernel's CM reports its device's changes
+		}
 		switch ev.Kind {
 		case verbs.NetdevRemoved:
-			id.deviceRemoved()
+			e.deviceRemoved()
 		case verbs.AddrRemoved:
-			id.addrRemoved(ev.Addr)
+			e.addrRemoved(ev.Addr)
 		}
 	}
 }

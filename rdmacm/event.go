@@ -7,7 +7,6 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/logging"
-	"github.com/softrdma/softrdma/rdmacm/kernelcm"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -122,14 +121,9 @@ type EventChannel struct {
 	cm       *cmState
 	backend  Backend
 
-	// The librdmacm channel of the kernel ids (kernel.go), made on first
-	// use, its reader's exit, and the tokens of its ids and joins.
-	kc     kernelcm.Channel
-	kdone  chan struct{}
-	kids   map[uint64]*ID
-	kmcs   map[uint64]*mcJoin
-	ktok   uint64
-	kusers int // live kernel ids whose librdmacm id is on kc
+	// The channel's part on the kernel's stack (kernel.go): nil until its
+	// first kernel id.
+	k *kernelChannel
 }
 
 // CreateEventChannel opens an event channel (rdma_create_event_channel).
@@ -172,14 +166,13 @@ func (ch *EventChannel) Close() (err error) {
 	close(ch.ready)
 	// The librdmacm channel stays open while kernel ids MigrateID moved
 	// away live on it: the last one's Destroy closes it.
-	var kc kernelcm.Channel
-	var done chan struct{}
-	if ch.kusers == 0 {
-		kc, done, ch.kc = ch.kc, ch.kdone, nil
+	var k *kernelChannel
+	if ch.k != nil && ch.k.users == 0 {
+		k, ch.k = ch.k, nil
 	}
 	ch.mu.Unlock()
 	// Outside ch.mu: the reader takes it for an event it is delivering.
-	ch.closeKernel(kc, done)
+	k.close()
 	return nil
 }
 
@@ -220,7 +213,7 @@ func (ch *EventChannel) GetEvent(ctx context.Context) (_ *Event, err error) {
 			ch.queue[0] = nil
 			ch.queue = ch.queue[1:]
 			ev.reported = true
-			ev.owner().eventsReported++
+			ev.owner().ev.reported++
 			if ev.mc != nil {
 				ev.mc.eventsReported++
 			}
@@ -325,7 +318,7 @@ func (id *ID) ackLocked(ev *Event) {
 		return
 	}
 	ev.acked = true
-	id.eventsCompleted++
+	id.ev.completed++
 	if ev.mc != nil {
 		ev.mc.eventsCompleted++
 	}

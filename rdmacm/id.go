@@ -3,19 +3,13 @@ package rdmacm
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net"
-	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
-
-	"github.com/softrdma/softrdma/rdmacm/internal/addr"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -36,7 +30,18 @@ const (
 	stateDestroying
 )
 
-// ID is an RDMA CM identifier (struct rdma_cm_id).
+// ID is an RDMA CM identifier (struct rdma_cm_id): what librdmacm's id is
+// to a program — its channel, context, port space and QP type, its state,
+// QP and CQs, joins and events. The CM work and its state (the device,
+// addresses, route, Q_Key; on softrdma's devices the port-space
+// reservation, options, resolution and UD connections; on the kernel's
+// stack the librdmacm id) are the id's engine's (engine.go).
+//
+// Locking: id.mu guards the id's fields and its engine's (but the
+// atomics); the id's channel's mu (id.lockCh) guards ev and the joins'
+// event counts. The order is id.mu, then the channel's mu; never the
+// other way (GetEvent drops the channel's lock before processEvent takes
+// id.mu). cmDevice.mu and the host's port and SIDR locks come after both.
 type ID struct {
 	chp     atomic.Pointer[EventChannel] // the id's channel (MigrateID changes it)
 	syncp   atomic.Bool                  // a synchronous id (its channel is private)
@@ -44,51 +49,29 @@ type ID struct {
 	ps      PortSpace
 	qpType  verbs.QPType
 
-	mu       sync.Mutex
-	state    state
-	dev      *cmDevice
-	src, dst sockaddr
-	sgidIdx  uint8
-	route    []PathRecord // the route's paths (Route)
-	qkey     uint32
-	qp       *verbs.QP
-	ownCQs   []*verbs.CQ
-	sendCQ   *verbs.CQ
-	recvCQ   *verbs.CQ
-	mcs      []*mcJoin // oldest first; lookups go newest first, like librdmacm's list
-
-	// A unicast resolution in progress (internal/addr): its cancel and end.
-	resolveStop context.CancelFunc
-	resolveDone chan struct{}
-
-	// Options (SetOption): reuse and afonly are read by other ids' binds.
-	reuse      atomic.Bool
-	afonlySet  atomic.Bool
-	afonly     atomic.Bool
-	tos        uint8
-	tosSet     bool
-	ackTimeout uint8
-	opts       []idOption // set while idle, for the librdmacm id it may become
-
-	// A passive endpoint's PD (CreateEP: id->pd).
-	userPD *verbs.PD
-
-	// UD connections (sidr.go): the devices a listen claimed its service
-	// on, the outstanding SIDR_REQ of an active id, the request a
-	// CONNECT_REQUEST's id answers.
-	listenDevs []*cmDevice
-	sidrOut    *sidrOut
-	sidrIn     *sidrIn
+	mu     sync.Mutex
+	state  state
+	qp     *verbs.QP
+	ownCQs []*verbs.CQ
+	sendCQ *verbs.CQ
+	recvCQ *verbs.CQ
+	mcs    []*mcJoin // oldest first; lookups go newest first, like librdmacm's list
+	userPD *verbs.PD // a passive endpoint's PD (CreateEP: id->pd)
 
 	// The engine doing the id's CM work (engine.go): softrdma's devices
 	// until toKernelLocked gives the id to the kernel's stack.
 	eng idEngine
 
-	// guarded by ch.mu
-	eventsReported  int
-	eventsCompleted int
-	parked          *Event // the last event of a synchronous id
-	kdead           bool   // a kernel id being destroyed: its events are acked on arrival
+	ev idEvents // guarded by ch.mu
+}
+
+// idEvents are an id's event counts, which leave, destroy and migrate wait
+// on, and a synchronous id's parked event (guarded by the id's channel's
+// mu).
+type idEvents struct {
+	reported  int
+	completed int
+	parked    *Event // the last event of a synchronous id
 }
 
 // CreateID creates an id (rdma_create_id). A nil channel makes a
@@ -108,7 +91,8 @@ func createID(ch *EventChannel, ctx any, ps PortSpace, qpType verbs.QPType) (_ *
 	default:
 		return nil, fmt.Errorf("port space %#x: %w", uint16(ps), syscall.EINVAL)
 	}
-	id := &ID{context: ctx, ps: ps, qpType: ps.qpType(), eng: softEngine{}}
+	id := &ID{context: ctx, ps: ps, qpType: ps.qpType()}
+	id.eng = &softEngine{id: id}
 	if ps == PS_IB && qpType != 0 {
 		id.qpType = qpType
 	}
@@ -183,10 +167,10 @@ func (id *ID) QPType() verbs.QPType { return id.qpType }
 func (id *ID) Verbs() *verbs.Context {
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	if id.dev == nil {
-		return nil
+	if dev := id.eng.addrs().dev; dev != nil {
+		return dev.ctx
 	}
-	return id.dev.ctx
+	return nil
 }
 
 // PD returns the id's default protection domain (id->pd), or nil.
@@ -196,17 +180,17 @@ func (id *ID) PD() *verbs.PD {
 	if id.userPD != nil {
 		return id.userPD
 	}
-	if id.dev == nil {
-		return nil
+	if dev := id.eng.addrs().dev; dev != nil {
+		return dev.pd
 	}
-	return id.dev.pd
+	return nil
 }
 
 // PortNum returns the port the id is bound to (0 when unbound).
 func (id *ID) PortNum() uint8 {
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	if id.dev == nil {
+	if id.eng.addrs().dev == nil {
 		return 0
 	}
 	return id.eng.portNum(id)
@@ -259,119 +243,31 @@ func (id *ID) RecvCQ() *verbs.CQ {
 func (id *ID) SrcAddr() net.Addr {
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	return id.src.netAddr()
+	return id.eng.addrs().src.netAddr()
 }
 
 // DstAddr returns the destination address (rdma_get_peer_addr).
 func (id *ID) DstAddr() net.Addr {
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	return id.dst.netAddr()
+	return id.eng.addrs().dst.netAddr()
 }
 
 // DeviceName returns the name of the bound device ("" when unbound).
 func (id *ID) DeviceName() string {
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	if id.dev == nil {
-		return ""
+	if dev := id.eng.addrs().dev; dev != nil {
+		return dev.name()
 	}
-	return id.dev.name()
+	return ""
 }
 
 // Event returns the last event of a synchronous id (id->event), or nil.
 func (id *ID) Event() *Event {
 	ch := id.lockCh()
 	defer ch.mu.Unlock()
-	return id.parked
-}
-
-// portKey is a port of a port space.
-type portKey struct {
-	ps   PortSpace
-	port uint16
-}
-
-// portOwner is an id bound to a port, with the address it bound.
-type portOwner struct {
-	id   *ID
-	addr sockaddr
-}
-
-// reservePort binds the id's port sa.port of its port space on the host
-// (any free one for 0), as the kernel's cma_get_port: a port another id
-// holds is refused unless both ids set RDMA_OPTION_ID_REUSEADDR, or both
-// are AFONLY ids of different families; a wildcard address on either side
-// is EADDRNOTAVAIL, the same address EADDRINUSE; different addresses share
-// the port.
-//
-// A port below 1024 needs CAP_NET_BIND_SERVICE in the calling thread's
-// effective set, else EACCES (cma_use_port's check, made before the
-// others).
-func (cm *cmState) reservePort(id *ID, sa sockaddr) (uint16, error) {
-	if sa.port != 0 && sa.port < privilegedPorts && !canBindPrivileged() {
-		return 0, fmt.Errorf("port %d is privileged (below %d): binding it needs CAP_NET_BIND_SERVICE: %w", sa.port, privilegedPorts, syscall.EACCES)
-	}
-	cm.portMu.Lock()
-	defer cm.portMu.Unlock()
-	if sa.port != 0 {
-		key := portKey{id.ps, sa.port}
-		for _, o := range cm.ports[key] {
-			switch {
-			case o.id == id:
-			case id.reuse.Load() && o.id.reuse.Load():
-			case id.afonly.Load() && o.id.afonly.Load() && o.addr.family != sa.family:
-			case sa.ip.IsUnspecified() || o.addr.ip.IsUnspecified():
-				return 0, fmt.Errorf("port %d is bound to %v: %w", sa.port, o.addr.netAddr(), syscall.EADDRNOTAVAIL)
-			case o.addr.family == sa.family && o.addr.ip == sa.ip:
-				return 0, fmt.Errorf("port %d: %w", sa.port, syscall.EADDRINUSE)
-			}
-		}
-		cm.ports[key] = append(cm.ports[key], portOwner{id, sa})
-		return sa.port, nil
-	}
-	for range 1 << 16 {
-		p := uint16(32768 + rand.IntN(28232))
-		if key := (portKey{id.ps, p}); len(cm.ports[key]) == 0 {
-			sa.port = p
-			cm.ports[key] = []portOwner{{id, sa}}
-			return p, nil
-		}
-	}
-	return 0, syscall.EADDRNOTAVAIL
-}
-
-// privilegedPorts is the kernel's PROT_SOCK: the RDMA CM's ports below it
-// are privileged, whatever net.ipv4.ip_unprivileged_port_start says (that
-// sysctl is the sockets').
-const privilegedPorts = 1024
-
-// capNetBindService is CAP_NET_BIND_SERVICE's bit (linux/capability.h).
-const capNetBindService = 10
-
-// canBindPrivileged reports whether the calling thread has
-// CAP_NET_BIND_SERVICE in its effective set, as the kernel's capable()
-// asks of the thread that writes the bind to /dev/infiniband/rdma_cm.
-func canBindPrivileged() bool {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return false
-	}
-	return data[0].Effective&(1<<capNetBindService) != 0
-}
-
-// releasePort gives back the port the id holds.
-func (cm *cmState) releasePort(id *ID, port uint16) {
-	cm.portMu.Lock()
-	defer cm.portMu.Unlock()
-	key := portKey{id.ps, port}
-	owners := slices.DeleteFunc(cm.ports[key], func(o portOwner) bool { return o.id == id })
-	if len(owners) == 0 {
-		delete(cm.ports, key)
-	} else {
-		cm.ports[key] = owners
-	}
+	return id.ev.parked
 }
 
 // BindAddr binds the id to a local address (rdma_bind_addr). A specific
@@ -390,40 +286,6 @@ func (id *ID) BindAddr(addr net.Addr) (err error) {
 		return err
 	}
 	return eng.bindLocked(id, sa)
-}
-
-func (id *ID) bindLocked(sa sockaddr) error {
-	if id.state != stateIdle {
-		return fmt.Errorf("id is %s, a bind wants IDLE (bound already?): %w", stateName(id.state), syscall.EINVAL)
-	}
-	var dev *cmDevice
-	var gidx uint8
-	if !sa.ip.IsUnspecified() {
-		d, err := id.ch().cm.deviceForAddr(sa.ip.WithZone(""))
-		if err != nil {
-			return err
-		}
-		// cma_acquire_dev_by_src_ip: an IPoIB id takes only an IB device.
-		if id.ps == PS_IPOIB && !d.ib {
-			return fmt.Errorf("an RDMA_PS_IPOIB id needs an InfiniBand device, and %v is on %s, not InfiniBand: %w", sa.ip, d.name(), syscall.EINVAL)
-		}
-		if gidx, err = d.gidIndex(sa.ip); err != nil {
-			return err
-		}
-		dev = d
-	}
-	id.defaultAFOnly(sa.family)
-	port, err := id.ch().cm.reservePort(id, sa)
-	if err != nil {
-		return err
-	}
-	sa.port = port
-	id.src, id.dev, id.sgidIdx = sa, dev, gidx
-	id.state = stateAddrBound
-	if dev != nil {
-		dev.attach(id)
-	}
-	return nil
 }
 
 // ResolveAddr resolves the destination address and binds the id to a
@@ -475,8 +337,8 @@ func (id *ID) complete(_ *Event) error {
 		return nil
 	}
 	ch := id.lockCh()
-	prev := id.parked
-	id.parked = nil
+	prev := id.ev.parked
+	id.ev.parked = nil
 	ch.mu.Unlock()
 	if prev != nil {
 		prev.Ack()
@@ -486,7 +348,7 @@ func (id *ID) complete(_ *Event) error {
 		return err
 	}
 	ch.mu.Lock()
-	id.parked = ev
+	id.ev.parked = ev
 	ch.mu.Unlock()
 	switch {
 	case ev.Status == 0:
@@ -515,16 +377,17 @@ func (id *ID) CreateQP(pd *verbs.PD, attr *verbs.QPInitAttr) (err error) {
 	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	if id.qp != nil || id.dev == nil {
+	dev := id.eng.addrs().dev
+	if id.qp != nil || dev == nil {
 		return syscall.EINVAL
 	}
 	if pd == nil {
-		pd = id.dev.pd
+		pd = dev.pd
 		if id.userPD != nil {
 			pd = id.userPD
 		}
 	}
-	if pd.Context().Device() != id.dev.ctx.Device() {
+	if pd.Context().Device() != dev.ctx.Device() {
 		return fmt.Errorf("pd of another device: %w", syscall.EINVAL)
 	}
 	// INIT takes the P_Key index, port and Q_Key of the id: the kernel's
@@ -609,29 +472,6 @@ func destroyCQs(cqs []*verbs.CQ) {
 	}
 }
 
-// defaultQKey is cma_set_default_qkey: RDMA_PS_UDP and RDMA_PS_IB use
-// RDMA_UDP_QKEY. RDMA_PS_IPOIB takes the Q_Key of the port's IPoIB
-// broadcast group, which a RoCE port does not have (ENODEV, as Linux).
-func (id *ID) defaultQKey() (uint32, error) {
-	if id.qkey != 0 {
-		return id.qkey, nil
-	}
-	switch id.ps {
-	case PS_UDP, PS_IB:
-		id.qkey = UDPQKey
-	case PS_IPOIB:
-		if id.dev == nil {
-			return 0, fmt.Errorf("no IPoIB broadcast group without a device: %w", syscall.ENODEV)
-		}
-		qkey, err := id.dev.port.ipoibQKey()
-		if err != nil {
-			return 0, err
-		}
-		id.qkey = qkey
-	}
-	return id.qkey, nil
-}
-
 // DestroyQP destroys the id's QP (rdma_destroy_qp).
 func (id *ID) DestroyQP() (err error) {
 	defer wrapErr(&err, "rdma_destroy_qp", nil)
@@ -654,11 +494,9 @@ func (id *ID) DestroyQP() (err error) {
 func (id *ID) Destroy() (err error) {
 	defer wrapErr(&err, "rdma_destroy_id", nil)
 	id.mu.Lock()
-	if stop, done := id.resolveStop, id.resolveDone; stop != nil {
-		// rdma_addr_cancel: the resolution ends without an event.
+	if wait := id.eng.cancelLocked(id); wait != nil {
 		id.mu.Unlock()
-		stop()
-		<-done
+		wait()
 		id.mu.Lock()
 	}
 	if id.state == stateDestroying {
@@ -680,18 +518,13 @@ func (id *ID) Destroy() (err error) {
 	}
 	destroyCQs(id.ownCQs)
 	id.ownCQs = nil
-	dev := id.dev
-	var sidrDone func()
-	if _, soft := id.eng.(softEngine); soft {
-		sidrDone = id.releaseSIDRLocked()
-	}
+	dev := id.eng.addrs().dev
+	// The engine's wait first: a soft id's UD connection part closes
+	// before the SA Deletes are waited for.
 	if w := id.eng.releaseLocked(id); w != nil {
-		waits = append(waits, w)
+		waits = append([]func() error{w}, waits...)
 	}
 	id.mu.Unlock()
-	if sidrDone != nil {
-		sidrDone()
-	}
 	// The SA Deletes of the id's IB joins were started together: Destroy
 	// returns when all were answered or timed out.
 	var leaveErr error
@@ -715,11 +548,11 @@ func (id *ID) Destroy() (err error) {
 		}
 		return ev.ID == id
 	})
-	if p := id.parked; p != nil {
+	if p := id.ev.parked; p != nil {
 		id.ackLocked(p)
 	}
-	id.parked = nil
-	for id.eventsCompleted < id.eventsReported {
+	id.ev.parked = nil
+	for id.ev.completed < id.ev.reported {
 		ch.cond.Wait()
 	}
 	ch.ids--
@@ -731,62 +564,4 @@ func (id *ID) Destroy() (err error) {
 		ch.Close()
 	}
 	return leaveErr
-}
-
-// deviceRemoved reports DEVICE_REMOVAL (the netdev went away).
-func (id *ID) deviceRemoved() {
-	id.mu.Lock()
-	if id.state == stateDestroying || id.state == stateDeviceRemoval {
-		id.mu.Unlock()
-		return
-	}
-	id.state = stateDeviceRemoval
-	id.mu.Unlock()
-	id.queue(&Event{ID: id, Event: EventDeviceRemoval})
-}
-
-// addrRemoved reports ADDR_CHANGE when the bound address disappears.
-func (id *ID) addrRemoved(a netip.Addr) {
-	id.mu.Lock()
-	hit := id.state != stateDestroying && id.state != stateDeviceRemoval && id.src.isIP() && id.src.ip.WithZone("") == a.Unmap()
-	id.mu.Unlock()
-	if hit {
-		id.queue(&Event{ID: id, Event: EventAddrChange})
-	}
-}
-
-// startNeighbourLocked resolves the neighbour of a unicast destination in
-// the background and queues ADDR_RESOLVED or ADDR_ERROR (id.mu is held).
-func (id *ID) startNeighbourLocked(dst netip.Addr, timeout time.Duration) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	id.state = stateAddrQuery
-	id.resolveStop, id.resolveDone = cancel, done
-	src := id.src.ip.WithZone("")
-	// The handle's sockets belong to this thread's network namespace,
-	// where the route lookup of ResolveAddr ran.
-	h, herr := netlink.NewHandle()
-	go func() {
-		defer close(done)
-		err := herr
-		if h != nil {
-			err = addr.ResolveNeighbour(ctx, h, src, dst, timeout)
-			h.Close()
-		}
-		id.mu.Lock()
-		id.resolveStop, id.resolveDone = nil, nil
-		if ctx.Err() != nil || id.state != stateAddrQuery {
-			id.mu.Unlock()
-			return // cancelled by Destroy
-		}
-		ev := &Event{ID: id, Event: EventAddrResolved}
-		if err != nil {
-			id.state = stateAddrBound
-			ev = &Event{ID: id, Event: EventAddrError, Status: -int(verbs.ErrnoOf(err)), Err: err}
-		} else {
-			id.state = stateAddrResolved
-		}
-		id.mu.Unlock()
-		id.queue(ev)
-	}()
 }

@@ -210,15 +210,16 @@ func InspectHost(h *verbs.Host) Inspection {
 
 		id.mu.Lock()
 		info.State = stateName(id.state)
-		if id.dev != nil {
-			info.Device = id.dev.ctx.Device().Name()
+		a := id.eng.addrs()
+		if a.dev != nil {
+			info.Device = a.dev.ctx.Device().Name()
 		}
-		info.Src = id.src.netAddr()
-		info.Dst = id.dst.netAddr()
+		info.Src = a.src.netAddr()
+		info.Dst = a.dst.netAddr()
 		if id.qp != nil {
 			info.QPN = id.qp.Num()
 		}
-		info.QKey = id.qkey
+		info.QKey = a.qkey
 		mcs := slices.Clone(id.mcs)
 		for _, mc := range mcs {
 			info.Joins = append(info.Joins, JoinInfo{
@@ -242,7 +243,7 @@ func InspectHost(h *verbs.Host) Inspection {
 				info.Joins[i].EventsQueued++
 			}
 		}
-		info.EventsUnacked = id.eventsReported - id.eventsCompleted
+		info.EventsUnacked = id.ev.reported - id.ev.completed
 		for i, mc := range mcs {
 			info.Joins[i].EventsUnacked = mc.eventsReported - mc.eventsCompleted
 		}
@@ -333,13 +334,14 @@ func observeLeave(id *ID, mc *mcJoin) {
 	if l == nil {
 		return
 	}
+	a := id.eng.addrs()
 	dev := ""
-	if id.dev != nil {
-		dev = id.dev.ctx.Device().Name()
+	if a.dev != nil {
+		dev = a.dev.ctx.Device().Name()
 	}
 	l.Info("multicast leave",
 		slog.String("device", dev),
-		addrAttr("id", id.src.netAddr()),
+		addrAttr("id", a.src.netAddr()),
 		slog.String("ps", id.ps.String()),
 		addrAttr("group", mc.addr.netAddr()),
 		slog.String("join", joinFlagName(mc.sendOnly)),
@@ -355,13 +357,14 @@ func observeAttachError(id *ID, mc *mcJoin, err error) {
 	if l == nil {
 		return
 	}
+	a := id.eng.addrs()
 	dev := ""
-	if id.dev != nil {
-		dev = id.dev.ctx.Device().Name()
+	if a.dev != nil {
+		dev = a.dev.ctx.Device().Name()
 	}
 	l.Error("multicast attach failed: MULTICAST_JOIN becomes MULTICAST_ERROR",
 		slog.String("device", dev),
-		addrAttr("id", id.src.netAddr()),
+		addrAttr("id", a.src.netAddr()),
 		addrAttr("group", mc.addr.netAddr()),
 		slog.String("mgid", mc.mgid.String()),
 		slog.Any("err", err),

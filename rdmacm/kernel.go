@@ -118,11 +118,24 @@ func (ch *EventChannel) Backend() Backend {
 	return ch.backend
 }
 
-// kernelChannelLocked returns the channel's librdmacm channel, creating it
-// and its reader on first use (ch.mu is held).
-func (ch *EventChannel) kernelChannelLocked() (kernelcm.Channel, error) {
-	if ch.kc != nil {
-		return ch.kc, nil
+// kernelChannel is a channel's part on the kernel's stack: the librdmacm
+// channel of its kernel ids, made on first use, its reader's exit, and the
+// tokens of its ids and joins. Its fields are guarded by the mu of the
+// EventChannel that holds it (the home of its kernel ids).
+type kernelChannel struct {
+	c     kernelcm.Channel
+	done  chan struct{}
+	ids   map[uint64]*kernelEngine
+	mcs   map[uint64]*mcJoin
+	tok   uint64
+	users int // live kernel ids whose librdmacm id is on c
+}
+
+// kernelChannelLocked returns the channel's kernel part, creating its
+// librdmacm channel and its reader on first use (ch.mu is held).
+func (ch *EventChannel) kernelChannelLocked() (*kernelChannel, error) {
+	if ch.k != nil {
+		return ch.k, nil
 	}
 	kernel := kernelStack()
 	if kernel == nil {
@@ -132,10 +145,10 @@ func (ch *EventChannel) kernelChannelLocked() (kernelcm.Channel, error) {
 	if err != nil {
 		return nil, kernelErr("rdma_create_event_channel", err)
 	}
-	ch.kc, ch.kdone = kc, make(chan struct{})
-	ch.kids, ch.kmcs = map[uint64]*ID{}, map[uint64]*mcJoin{}
-	go ch.kernelReader(kc, ch.kdone)
-	return kc, nil
+	k := &kernelChannel{c: kc, done: make(chan struct{}), ids: map[uint64]*kernelEngine{}, mcs: map[uint64]*mcJoin{}}
+	ch.k = k
+	go ch.kernelReader(k)
+	return k, nil
 }
 
 // kernelReader moves the events of the librdmacm channel into the
@@ -145,28 +158,30 @@ func (ch *EventChannel) kernelChannelLocked() (kernelcm.Channel, error) {
 // The channel is the home of its kernel ids (the librdmacm channel their
 // librdmacm ids live on): an id MigrateID moved keeps its librdmacm id
 // here, and its events go to the queue of the id's channel of the moment.
-func (ch *EventChannel) kernelReader(kc kernelcm.Channel, done chan struct{}) {
-	defer close(done)
+func (ch *EventChannel) kernelReader(k *kernelChannel) {
+	defer close(k.done)
 	for {
-		kev, err := kc.Next()
+		kev, err := k.c.Next()
 		if err != nil {
 			return
 		}
 		typ := EventType(kev.Type)
 		ch.mu.Lock()
-		id := ch.kids[kev.IDToken]
+		e := k.ids[kev.IDToken]
 		var mc *mcJoin
 		if typ == EventMulticastJoin || typ == EventMulticastError {
-			mc = ch.kmcs[kev.MCToken]
+			mc = k.mcs[kev.MCToken]
 		}
 		ch.mu.Unlock()
-		if id == nil || (mc == nil && kev.MCToken != 0) {
+		if e == nil || (mc == nil && kev.MCToken != 0) {
 			kev.Ack()
 			continue
 		}
-		// kdead and kleft are set under the id's channel's lock.
+		id := e.id
+		// e.dead is set under the id's channel's lock, and a join's left
+		// before its leave takes that lock to purge the join's events.
 		target := id.lockCh()
-		if target.closed || id.kdead || (mc != nil && mc.kleft) {
+		if target.closed || e.dead || (mc != nil && mc.left.Load()) {
 			target.mu.Unlock()
 			kev.Ack()
 			continue
@@ -180,14 +195,14 @@ func (ch *EventChannel) kernelReader(kc kernelcm.Channel, done chan struct{}) {
 	}
 }
 
-// closeKernel ends the reader and destroys the librdmacm channel (every
-// id is destroyed, so no event is left to ack).
-func (ch *EventChannel) closeKernel(kc kernelcm.Channel, done chan struct{}) {
-	if kc == nil {
+// close ends the reader and destroys the librdmacm channel (every id is
+// destroyed, so no event is left to ack); nil: nothing to close.
+func (k *kernelChannel) close() {
+	if k == nil {
 		return
 	}
-	kc.Close()
-	<-done
+	k.c.Close()
+	<-k.done
 }
 
 // kernelEngine is the engine of a kernel id: its librdmacm id on the
@@ -197,10 +212,17 @@ func (ch *EventChannel) closeKernel(kc kernelcm.Channel, done chan struct{}) {
 // errnos; librdmacm's own part (the attach of the QP when a JOIN event is
 // retrieved, the detach on leave, the waits for acks) stays in the front.
 type kernelEngine struct {
-	k    kernelcm.ID
-	tok  uint64
-	port uint8         // id.mu
-	home *EventChannel // the channel whose librdmacm channel has k
+	idAddr // what the kernel bound and resolved (refreshLocked)
+	id     *ID
+	k      kernelcm.ID
+	tok    uint64
+	port   uint8         // id.mu
+	home   *EventChannel // the channel whose librdmacm channel has k
+	// dead: the id is being destroyed, its events are acked on arrival
+	// (guarded by the id's channel's mu, id.lockCh).
+	dead bool
+	// joins are the tokens of the id's joins (guarded by home.mu).
+	joins map[*mcJoin]uint64
 }
 
 // toKernelLocked decides whether the idle id goes to the kernel's stack
@@ -222,30 +244,34 @@ func (id *ID) toKernelLocked(a *sockaddr) (idEngine, error) {
 		if kernelStack() == nil || id.state != stateIdle || a == nil || !a.isIP() || a.ip.IsUnspecified() {
 			return id.eng, nil
 		}
-		kc, err := ch.kernelChannelLocked()
-		if err != nil || kc.OwnerOf(a.ip.WithZone("")) == "" {
+		k, err := ch.kernelChannelLocked()
+		if err != nil || k.c.OwnerOf(a.ip.WithZone("")) == "" {
 			return id.eng, nil // no kernel RDMA device, or not its address
 		}
 	}
-	kc, err := ch.kernelChannelLocked()
+	kch, err := ch.kernelChannelLocked()
 	if err != nil {
 		return nil, err
 	}
-	ch.ktok++
-	k, err := kc.CreateID(ch.ktok, uint16(id.ps))
+	kch.tok++
+	k, err := kch.c.CreateID(kch.tok, uint16(id.ps))
 	if err != nil {
 		return nil, kernelErr("rdma_create_id", err)
 	}
-	// The options set so far are the librdmacm id's too.
-	for _, o := range id.opts {
+	// The options set so far are the librdmacm id's too, and the TOS
+	// asked for stays what TOS reports.
+	soft := id.soft()
+	for _, o := range soft.opts {
 		if err := k.SetOption(o.level, o.name, o.val); err != nil {
 			k.Destroy()
 			return nil, err
 		}
 	}
-	id.eng = &kernelEngine{k: k, tok: ch.ktok, home: ch}
-	ch.kids[ch.ktok] = id
-	ch.kusers++
+	e := &kernelEngine{id: id, k: k, tok: kch.tok, home: ch, joins: map[*mcJoin]uint64{}}
+	e.tos, e.tosSet = soft.tos, soft.tosSet
+	id.eng = e
+	kch.ids[kch.tok] = e
+	kch.users++
 	return id.eng, nil
 }
 
@@ -286,10 +312,10 @@ func (e *kernelEngine) bindLocked(id *ID, sa sockaddr) error {
 // refreshLocked reads the addresses and device of a kernel id, after a
 // bind or a resolution (id.mu is held).
 func (e *kernelEngine) refreshLocked(id *ID) error {
-	id.src, id.dst = fromEngine(e.k.Local()), fromEngine(e.k.Peer())
+	e.src, e.dst = fromEngine(e.k.Local()), fromEngine(e.k.Peer())
 	e.port = e.k.PortNum()
 	name := e.k.DeviceName()
-	if name == "" || (id.dev != nil && id.dev.name() == name) {
+	if name == "" || (e.dev != nil && e.dev.name() == name) {
 		return nil
 	}
 	vd := id.ch().cm.host.DeviceByName(name)
@@ -300,10 +326,10 @@ func (e *kernelEngine) refreshLocked(id *ID) error {
 	if err != nil {
 		return err
 	}
-	if id.dev != nil {
-		id.dev.detach(id)
+	if e.dev != nil {
+		e.dev.detach(id)
 	}
-	id.dev = cd
+	e.dev = cd
 	cd.attach(id)
 	return nil
 }
@@ -348,7 +374,7 @@ func (e *kernelEngine) retrieved(id *ID, ev *Event) {
 			}
 		}
 		if ev.Event == EventRouteResolved {
-			id.route = e.k.Route()
+			e.route = e.k.Route()
 		}
 		id.mu.Unlock()
 	case EventAddrResolved, EventAddrChange:
@@ -370,7 +396,7 @@ func (e *kernelEngine) setOptionLocked(id *ID, level, name int, val []byte) erro
 		return err
 	}
 	if level == OptionID && name == OptionIDTOS && len(val) == 1 {
-		id.tos, id.tosSet = val[0], true
+		e.tos, e.tosSet = val[0], true
 	}
 	return nil
 }
@@ -386,21 +412,20 @@ func (e *kernelEngine) initQPAttrLocked(id *ID) (verbs.QPAttr, verbs.QPAttrMask,
 	if err != nil {
 		return init, mask, err
 	}
-	id.qkey = init.QKey
+	e.qkey = init.QKey
 	return init, mask, nil
 }
 
 // join is rdma_join_multicast(_ex) of a kernel id: the attributes go to
 // librdmacm as given. The join is recorded first, so that its event finds
 // it.
-func (e *kernelEngine) join(id *ID, ex bool, attr JoinMCAttrEx, ctx any) error {
-	var sa *sockaddr
+func (e *kernelEngine) join(id *ID, ex bool, attr JoinMCAttrEx, parsed sockaddr, saErr error, ctx any) error {
+	var sa *sockaddr // nil: no address, librdmacm's to check
 	if attr.Addr != nil {
-		s, err := toSockaddr(attr.Addr)
-		if err != nil {
-			return err
+		if saErr != nil {
+			return saErr
 		}
-		sa = &s
+		sa = &parsed
 	}
 	mc := &mcJoin{id: id, context: ctx, sendOnly: ex && attr.CompMask&JoinMCAttrJoinFlags != 0 && attr.JoinFlags == MCJoinFlagSendOnlyFullMember}
 	if sa != nil {
@@ -408,18 +433,19 @@ func (e *kernelEngine) join(id *ID, ex bool, attr JoinMCAttrEx, ctx any) error {
 	}
 	ch := e.home
 	ch.mu.Lock()
-	ch.ktok++
-	mc.ktok = ch.ktok
-	ch.kmcs[mc.ktok] = mc
+	ch.k.tok++
+	tok := ch.k.tok
+	ch.k.mcs[tok] = mc
+	e.joins[mc] = tok
 	ch.mu.Unlock()
 	id.mu.Lock()
 	id.mcs = append(id.mcs, mc)
 	id.mu.Unlock()
 	var err error
 	if ex {
-		err = e.k.JoinEx(attr.CompMask, attr.JoinFlags, toEngine(sa), mc.ktok)
+		err = e.k.JoinEx(attr.CompMask, attr.JoinFlags, toEngine(sa), tok)
 	} else {
-		err = e.k.Join(toEngine(sa), mc.ktok)
+		err = e.k.Join(toEngine(sa), tok)
 	}
 	flags := MCJoinFlagFullMember
 	if mc.sendOnly {
@@ -431,47 +457,35 @@ func (e *kernelEngine) join(id *ID, ex bool, attr JoinMCAttrEx, ctx any) error {
 		id.mcs = slices.DeleteFunc(id.mcs, func(m *mcJoin) bool { return m == mc })
 		id.mu.Unlock()
 		ch.mu.Lock()
-		delete(ch.kmcs, mc.ktok)
+		delete(ch.k.mcs, tok)
+		delete(e.joins, mc)
 		ch.mu.Unlock()
 		return err
 	}
 	return id.complete(nil)
 }
 
-// leave is rdma_leave_multicast of a kernel id: the QP is detached here
-// (librdmacm's id has no QP), the join's unread events are acked and
-// dropped, then librdmacm leaves and waits for the acks of the events
-// already retrieved. An address no join has is librdmacm's EADDRNOTAVAIL.
-func (e *kernelEngine) leave(id *ID, sa sockaddr) error {
-	id.mu.Lock()
-	var mc *mcJoin
-	for i := len(id.mcs) - 1; i >= 0; i-- {
-		if id.mcs[i].addr == sa {
-			mc = id.mcs[i]
-			id.mcs = slices.Delete(id.mcs, i, i+1)
-			break
-		}
-	}
-	if mc != nil {
-		id.leaveLocked(mc)
-	}
-	id.mu.Unlock()
-	if mc != nil {
-		ch := id.lockCh()
-		if p := id.parked; p != nil && p.mc == mc {
-			id.ackLocked(p)
-			id.parked = nil
-		}
-		ch.mu.Unlock()
-	}
+// releaseJoinLocked: the kernel's CM holds a kernel id's join, and
+// librdmacm's leave releases it (leave).
+func (e *kernelEngine) releaseJoinLocked(*mcJoin) func() error { return nil }
+
+// leave is rdma_leave_multicast of a kernel id, once the front detached
+// the QP (librdmacm's id has no QP) and dropped the join's unread events:
+// librdmacm leaves and waits for the acks of the events already
+// retrieved. An address no join has is librdmacm's EADDRNOTAVAIL.
+func (e *kernelEngine) leave(id *ID, mc *mcJoin, sa sockaddr) error {
 	err := e.k.Leave(toEngine(&sa))
 	if mc != nil {
 		e.home.mu.Lock()
-		delete(e.home.kmcs, mc.ktok)
+		delete(e.home.k.mcs, e.joins[mc])
+		delete(e.joins, mc)
 		e.home.mu.Unlock()
 	}
 	return err
 }
+
+// cancelLocked: librdmacm's resolutions end with the id.
+func (e *kernelEngine) cancelLocked(*ID) func() { return nil }
 
 // releaseLocked: librdmacm leaves the id's groups and waits for the acks
 // when the returned wait destroys the id.
@@ -484,32 +498,31 @@ func (e *kernelEngine) releaseLocked(id *ID) func() error {
 // destroys the id, waiting for the acks of retrieved events.
 func (e *kernelEngine) destroy(id *ID) error {
 	ch := id.lockCh()
-	id.kdead = true
+	e.dead = true
 	ch.purgeLocked(func(ev *Event) bool { return ev.ID == id })
-	if p := id.parked; p != nil {
+	if p := id.ev.parked; p != nil {
 		id.ackLocked(p)
-		id.parked = nil
+		id.ev.parked = nil
 	}
 	ch.mu.Unlock()
 	err := e.k.Destroy()
 	home := e.home
 	home.mu.Lock()
-	delete(home.kids, e.tok)
-	for tok, mc := range home.kmcs {
-		if mc.id == id {
-			delete(home.kmcs, tok)
-		}
+	k := home.k
+	delete(k.ids, e.tok)
+	for _, tok := range e.joins {
+		delete(k.mcs, tok)
 	}
+	clear(e.joins)
 	// The last kernel id of a channel closed while ids it had moved
 	// lived on closes its librdmacm channel.
-	home.kusers--
-	var kc kernelcm.Channel
-	var done chan struct{}
-	if home.kusers == 0 && home.closed {
-		kc, done, home.kc = home.kc, home.kdone, nil
+	k.users--
+	var closing *kernelChannel
+	if k.users == 0 && home.closed {
+		closing, home.k = k, nil
 	}
 	home.mu.Unlock()
-	home.closeKernel(kc, done)
+	closing.close()
 	return err
 }
 

@@ -3,6 +3,7 @@ package rdmacm
 import (
 	"fmt"
 	"net"
+	"slices"
 	"sync/atomic"
 	"syscall"
 
@@ -22,19 +23,18 @@ type mcJoin struct {
 	held     any         // what the port holds for the join (released by its leave)
 	netRef   bool        // the port holds a reference on the IP group membership (IGMP/MLD)
 	qkey     uint32      // the id's Q_Key when it joined
-	ktok     uint64      // the token of a kernel id's join
 
 	// guarded by id.ch().mu
 	eventsReported  int
 	eventsCompleted int
-	kleft           bool // left: a kernel join's events are acked on arrival
 }
 
 // JoinMulticast joins a multicast group as a full member
 // (rdma_join_multicast); ctx comes back in the event's PrivateData.
 func (id *ID) JoinMulticast(addr net.Addr, ctx any) (err error) {
 	defer wrapErr(&err, "rdma_join_multicast", addr)
-	return id.engine().join(id, false, JoinMCAttrEx{Addr: addr}, ctx)
+	sa, saErr := toSockaddr(addr)
+	return id.engine().join(id, false, JoinMCAttrEx{Addr: addr}, sa, saErr, ctx)
 }
 
 // JoinMulticastEx joins a multicast group (rdma_join_multicast_ex). Checks,
@@ -57,38 +57,8 @@ func (id *ID) JoinMulticastEx(attr *JoinMCAttrEx, ctx any) (err error) {
 	if attr == nil {
 		return fmt.Errorf("nil attributes: %w", syscall.EINVAL)
 	}
-	return id.engine().join(id, true, *attr, ctx)
-}
-
-func (id *ID) join(addr net.Addr, flags uint32, ctx any) error {
-	sa, _ := toSockaddr(addr)
-	id.mu.Lock()
-	err := id.joinLocked(sa, flags, ctx)
-	id.mu.Unlock()
-	observeJoin(id, sa, flags, err)
-	if err != nil {
-		return err
-	}
-	return id.complete(nil)
-}
-
-// joinLocked is the kernel's rdma_join_multicast: the id checks, then the
-// port's join (RoCE queues the JOIN event at once, IB when the SA answers).
-func (id *ID) joinLocked(sa sockaddr, flags uint32, ctx any) error {
-	switch {
-	case id.dev == nil:
-		return fmt.Errorf("id is not bound to a device (bind or resolve a local address of one first): %w", syscall.EINVAL)
-	case id.state != stateAddrBound && id.state != stateAddrResolved:
-		return fmt.Errorf("id is %s, a join wants ADDR_BOUND or ADDR_RESOLVED: %w", stateName(id.state), syscall.EINVAL)
-	case id.qpType != verbs.QPTypeUD:
-		return fmt.Errorf("port space %v has %v QPs, a join wants %v: %w", id.ps, id.qpType, verbs.QPTypeUD, syscall.EINVAL)
-	}
-	mc := &mcJoin{id: id, context: ctx, addr: sa, sendOnly: flags == MCJoinFlagSendOnlyFullMember}
-	if err := id.dev.port.join(id, mc); err != nil {
-		return err
-	}
-	id.mcs = append(id.mcs, mc)
-	return nil
+	sa, saErr := toSockaddr(attr.Addr)
+	return id.engine().join(id, true, *attr, sa, saErr, ctx)
 }
 
 // processEvent runs librdmacm's event post-processing when an event is
@@ -133,7 +103,44 @@ func (id *ID) LeaveMulticast(addr net.Addr) (err error) {
 	if err != nil {
 		return err
 	}
-	return id.engine().leave(id, sa)
+	id.mu.Lock()
+	mc := id.takeJoinLocked(sa)
+	var wait func() error
+	if mc != nil {
+		wait = id.leaveLocked(mc)
+	}
+	eng := id.eng
+	id.mu.Unlock()
+	if wait != nil {
+		err = wait()
+	}
+	if mc != nil {
+		// A synchronous id's parked JOIN event would otherwise never be
+		// acked.
+		ch := id.lockCh()
+		if p := id.ev.parked; p != nil && p.mc == mc {
+			id.ackLocked(p)
+			id.ev.parked = nil
+		}
+		ch.mu.Unlock()
+	}
+	if lerr := eng.leave(id, mc, sa); lerr != nil {
+		return lerr
+	}
+	return err
+}
+
+// takeJoinLocked removes and returns the id's newest join whose address
+// is sa (nil: none), as librdmacm's list is searched (id.mu is held): the
+// leave's one lookup, for both engines.
+func (id *ID) takeJoinLocked(sa sockaddr) *mcJoin {
+	for i := len(id.mcs) - 1; i >= 0; i-- {
+		if mc := id.mcs[i]; mc.addr == sa {
+			id.mcs = slices.Delete(id.mcs, i, i+1)
+			return mc
+		}
+	}
+	return nil
 }
 
 // leaveLocked undoes a join: detach (errors ignored, as librdmacm), drop
@@ -146,12 +153,10 @@ func (id *ID) leaveLocked(mc *mcJoin) (wait func() error) {
 	if id.qp != nil && !mc.sendOnly && !mc.mgid.IsZero() {
 		id.qp.DetachMcast(mc.mgid, mc.mlid)
 	}
-	if mc.held != nil {
-		// Waits for a running callback of the join; none runs afterwards.
-		wait = id.dev.port.leave(mc)
-	}
+	wait = id.eng.releaseJoinLocked(mc)
+	// left is set before the purge takes the channel's lock: a kernel
+	// join's event arriving later is acked on arrival (kernelReader).
 	ch := id.lockCh()
-	mc.kleft = true
 	ch.purgeLocked(func(ev *Event) bool { return ev.mc == mc })
 	ch.mu.Unlock()
 	return wait

@@ -52,12 +52,12 @@ func (id *ID) MigrateID(ch *EventChannel) (err error) {
 		}
 	}
 	wasSync := id.isSync()
-	if p := id.parked; wasSync && p != nil && ch != old {
+	if p := id.ev.parked; wasSync && p != nil && ch != old {
 		id.ackLocked(p)
-		id.parked = nil
+		id.ev.parked = nil
 	}
 	// Events retrieved on the old channel are acked there first.
-	for id.eventsCompleted < id.eventsReported {
+	for id.ev.completed < id.ev.reported {
 		old.cond.Wait()
 	}
 	if ch == old {

@@ -121,9 +121,10 @@ func optBytes(v any) ([]byte, error) {
 	return b, nil
 }
 
-// setOptionLocked is the kernel's ucma_set_option_level for a softrdma id
-// (id.mu is held).
-func (id *ID) setOptionLocked(level, optname int, val []byte) error {
+// setSoftOptionLocked is the kernel's ucma_set_option_level for a
+// softrdma id (id.mu is held).
+func (e *softEngine) setSoftOptionLocked(level, optname int, val []byte) error {
+	id := e.id
 	switch level {
 	case OptionID:
 		switch optname {
@@ -131,7 +132,7 @@ func (id *ID) setOptionLocked(level, optname int, val []byte) error {
 			if len(val) != 1 {
 				return fmt.Errorf("TOS is a uint8, not %d bytes: %w", len(val), syscall.EINVAL)
 			}
-			id.tos, id.tosSet = val[0], true
+			e.tos, e.tosSet = val[0], true
 			return nil
 		case OptionIDReuseAddr:
 			if len(val) != 4 {
@@ -143,7 +144,7 @@ func (id *ID) setOptionLocked(level, optname int, val []byte) error {
 			if !(on && id.state != stateListen) && id.state != stateIdle {
 				return fmt.Errorf("REUSEADDR off on a bound id: %w", syscall.EINVAL)
 			}
-			id.reuse.Store(on)
+			e.reuse.Store(on)
 			return nil
 		case OptionIDAFOnly:
 			if len(val) != 4 {
@@ -152,8 +153,8 @@ func (id *ID) setOptionLocked(level, optname int, val []byte) error {
 			if id.state != stateIdle && id.state != stateAddrBound {
 				return fmt.Errorf("AFONLY after bind: %w", syscall.EINVAL)
 			}
-			id.afonlySet.Store(true)
-			id.afonly.Store(binary.NativeEndian.Uint32(val) != 0)
+			e.afonlySet.Store(true)
+			e.afonly.Store(binary.NativeEndian.Uint32(val) != 0)
 			return nil
 		case OptionIDAckTimeout:
 			if len(val) != 1 {
@@ -162,12 +163,12 @@ func (id *ID) setOptionLocked(level, optname int, val []byte) error {
 			if id.qpType != verbs.QPTypeRC {
 				return fmt.Errorf("ACK_TIMEOUT on a %v id: %w", id.ps, syscall.EINVAL)
 			}
-			id.ackTimeout = val[0]
+			e.ackTimeout = val[0]
 			return nil
 		}
 	case OptionIB:
 		if optname == OptionIBPath {
-			return id.setIBPathLocked(val)
+			return e.setIBPathLocked(val)
 		}
 	}
 	return fmt.Errorf("option %d of level %d: %w", optname, level, syscall.ENOSYS)
@@ -175,7 +176,8 @@ func (id *ID) setOptionLocked(level, optname int, val []byte) error {
 
 // setIBPathLocked is ucma_set_ib_path: the id's route is given, the id is
 // ROUTE_RESOLVED and the event is queued at once (id.mu is held).
-func (id *ID) setIBPathLocked(val []byte) error {
+func (e *softEngine) setIBPathLocked(val []byte) error {
+	id := e.id
 	if len(val)%sizeofPathRecData != 0 {
 		return fmt.Errorf("IB_PATH of %d bytes: %w", len(val), syscall.EINVAL)
 	}
@@ -186,10 +188,10 @@ func (id *ID) setIBPathLocked(val []byte) error {
 			break
 		}
 	}
-	if !found || id.dev == nil || id.state != stateAddrResolved {
+	if !found || e.dev == nil || id.state != stateAddrResolved {
 		return fmt.Errorf("IB_PATH without a primary bidirectional GMP path or on an unresolved id: %w", syscall.EINVAL)
 	}
-	id.state, id.route = stateRouteResolved, pathsFromIBPathData(val)
+	id.state, e.route = stateRouteResolved, pathsFromIBPathData(val)
 	ev := &Event{ID: id, Event: EventRouteResolved}
 	ch := id.lockCh()
 	ch.enqueueLocked(ev)
@@ -200,16 +202,16 @@ func (id *ID) setIBPathLocked(val []byte) error {
 // defaultAFOnly gives an id that did not set OptionIDAFOnly the kernel's
 // default at bind: IPv4 ids are AFONLY, IPv6 ids take
 // net.ipv6.bindv6only.
-func (id *ID) defaultAFOnly(family int) {
-	if id.afonlySet.Load() {
+func (e *softEngine) defaultAFOnly(family int) {
+	if e.afonlySet.Load() {
 		return
 	}
 	switch family {
 	case syscall.AF_INET:
-		id.afonly.Store(true)
+		e.afonly.Store(true)
 	case syscall.AF_INET6:
 		b, _ := os.ReadFile("/proc/sys/net/ipv6/bindv6only")
-		id.afonly.Store(strings.TrimSpace(string(b)) == "1")
+		e.afonly.Store(strings.TrimSpace(string(b)) == "1")
 	}
 }
 
@@ -219,5 +221,6 @@ func (id *ID) defaultAFOnly(family int) {
 func (id *ID) TOS() (tos uint8, set bool) {
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	return id.tos, id.tosSet
+	a := id.eng.addrs()
+	return a.tos, a.tosSet
 }

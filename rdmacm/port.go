@@ -20,10 +20,11 @@ type port interface {
 	// ipoibQKey returns the Q_Key of the port's IPoIB broadcast group, the
 	// default Q_Key of PS_IPOIB ids.
 	ipoibQKey() (uint32, error)
-	// join starts the join mc of id (id.mu is held, the id checks passed).
+	// join starts the join mc of the soft engine's id (id.mu is held, the
+	// id checks passed).
 	// The port queues the join's event on id, at once or when the join
 	// completes; what it holds for the join it records in mc.held.
-	join(id *ID, mc *mcJoin) error
+	join(e *softEngine, mc *mcJoin) error
 	// leave releases what join took (id.mu is held). It returns when the
 	// port is done with the join: no callback of the join runs afterwards.
 	// What the leave still waits for (an SA Delete) is the returned wait,
@@ -36,7 +37,7 @@ type port interface {
 	// resolved): its paths at once, or a query to run without the lock
 	// whose paths, or negative errno status, end the route resolution
 	// (route.go).
-	route(id *ID) (paths []PathRecord, query func() ([]PathRecord, int))
+	route(e *softEngine) (paths []PathRecord, query func() ([]PathRecord, int))
 }
 
 // portOf returns the port of an open device, as cma.c asks
@@ -74,7 +75,7 @@ func (p noPort) err(errno syscall.Errno) error {
 }
 func (p noPort) gidIndex(*verbs.Context, netip.Addr) (uint8, error) { return 0, p.err(syscall.EINVAL) }
 func (p noPort) ipoibQKey() (uint32, error)                         { return 0, p.err(syscall.ENODEV) }
-func (p noPort) join(*ID, *mcJoin) error                            { return p.err(syscall.EINVAL) }
+func (p noPort) join(*softEngine, *mcJoin) error                    { return p.err(syscall.EINVAL) }
 func (noPort) leave(*mcJoin) func() error                           { return nil }
 func (noPort) subscribe(func(verbs.NetdevEvent)) func()             { return nil }
 

@@ -38,7 +38,8 @@ func (p ibPort) ipoibQKey() (uint32, error) {
 // SA's send-only full member support (none: EOPNOTSUPP, as kernels
 // 4.9-5.11 and the man page), and the SA join runs asynchronously: its
 // answer becomes the join's event.
-func (p ibPort) join(id *ID, mc *mcJoin) error {
+func (p ibPort) join(e *softEngine, mc *mcJoin) error {
+	id := e.id
 	bc, ok := p.sa.BroadcastGroup()
 	if !ok {
 		return fmt.Errorf("no IPoIB broadcast group on %s: %w", p.name, syscall.EADDRNOTAVAIL)
@@ -53,14 +54,14 @@ func (p ibPort) join(id *ID, mc *mcJoin) error {
 		}
 		mgid = wire.IBMGID(group, binary.BigEndian.Uint16(bc.MGID[4:6]), bc.MGID[1]&0x0f, id.ps == PS_UDP)
 	}
-	if _, err := id.defaultQKey(); err != nil {
+	if _, err := e.defaultQKey(); err != nil {
 		return err
 	}
 	if mc.sendOnly && !p.sa.SendOnlyFullMemberSupported() {
 		return fmt.Errorf("SM does not support send-only full member joins: %w", syscall.EOPNOTSUPP)
 	}
 	req := bc
-	req.MGID, req.QKey, req.PortGID, req.MLID = mgid, id.qkey, p.sa.PortGID(), 0
+	req.MGID, req.QKey, req.PortGID, req.MLID = mgid, e.qkey, p.sa.PortGID(), 0
 	req.JoinState = mad.JoinFullMember
 	if mc.sendOnly {
 		req.JoinState = mad.JoinSendOnlyFullMember
@@ -69,7 +70,7 @@ func (p ibPort) join(id *ID, mc *mcJoin) error {
 	if id.ps == PS_IPOIB {
 		mask = mad.CompIPoIBJoin
 	}
-	mc.qkey = id.qkey
+	mc.qkey = e.qkey
 	m, err := p.sa.Join(req, mask, func(status int, rec *saclient.GroupRecord) { ibJoinDone(id, mc, status, rec) })
 	if err != nil {
 		return err

@@ -44,7 +44,8 @@ type roceMembership struct{ group netip.Addr }
 // join is cma_iboe_join_multicast: the MGID is the group's RoCEv2 mapping,
 // a full member takes a reference on the IP group membership, and the
 // MULTICAST_JOIN event is queued at once.
-func (p rocePort) join(id *ID, mc *mcJoin) error {
+func (p rocePort) join(e *softEngine, mc *mcJoin) error {
+	id := e.id
 	sa := mc.addr
 	if !sa.isIP() {
 		return ENOTSUPP
@@ -58,13 +59,13 @@ func (p rocePort) join(id *ID, mc *mcJoin) error {
 		// (docs/interop.md, "differences from Linux").
 		return fmt.Errorf("group address %v is a loopback address, which softrdma refuses (Linux joins it with MGID 0): %w", group, syscall.EINVAL)
 	}
-	if pa, err := id.dev.ctx.QueryPort(1); err != nil {
+	if pa, err := e.dev.ctx.QueryPort(1); err != nil {
 		return fmt.Errorf("port 1 of %s: %v: %w", p.name, err, syscall.ENODEV)
 	} else if pa.State != verbs.PortActive {
 		return fmt.Errorf("port 1 of %s is %v, not active (is its interface up, with a carrier?): %w", p.name, pa.State, syscall.ENODEV)
 	}
-	if id.qkey == 0 && id.ps != PS_IPOIB {
-		id.defaultQKey()
+	if e.qkey == 0 && id.ps != PS_IPOIB {
+		e.defaultQKey()
 	}
 	// Linux takes the IP membership for any address (ip_mc_inc_group does
 	// not check the range); a socket can only join real multicast groups.
@@ -78,9 +79,9 @@ func (p rocePort) join(id *ID, mc *mcJoin) error {
 	id.queue(&Event{ID: id, Event: EventMulticastJoin, mc: mc, Param: UDParam{
 		PrivateData: mc.context,
 		QPNum:       MulticastQPN,
-		QKey:        id.qkey,
+		QKey:        e.qkey,
 		AHAttr: verbs.AHAttr{
-			GRH:      verbs.GlobalRoute{DGID: mgid, SGIDIndex: id.sgidIdx, HopLimit: 64},
+			GRH:      verbs.GlobalRoute{DGID: mgid, SGIDIndex: e.sgidIdx, HopLimit: 64},
 			IsGlobal: true,
 			PortNum:  1,
 		},

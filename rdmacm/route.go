@@ -34,7 +34,7 @@ func pathFromWire(r mad.PathRecord) PathRecord {
 func (id *ID) Route() []PathRecord {
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	return append([]PathRecord(nil), id.route...)
+	return append([]PathRecord(nil), id.eng.addrs().route...)
 }
 
 // ibPathRecOffset is where struct ib_path_rec_data holds its 64-byte
@@ -59,14 +59,14 @@ const cmaIBOEPacketLifeTime = 18
 // route is cma_resolve_iboe_route: a RoCE route is built from the id's
 // addresses, its TOS and the port's MTU; SL 0 (no VLAN priority map), rate
 // 0 (the port's current rate), LIDs 0.
-func (p rocePort) route(id *ID) ([]PathRecord, func() ([]PathRecord, int)) {
+func (p rocePort) route(e *softEngine) ([]PathRecord, func() ([]PathRecord, int)) {
 	path := PathRecord{
-		SGID: verbs.GID(wire.GIDFromAddr(id.src.ip.WithZone(""))), DGID: verbs.GID(wire.GIDFromAddr(id.dst.ip.WithZone(""))),
-		HopLimit: 64, TrafficClass: id.tos, Reversible: true, PKey: 0xFFFF,
+		SGID: verbs.GID(wire.GIDFromAddr(e.src.ip.WithZone(""))), DGID: verbs.GID(wire.GIDFromAddr(e.dst.ip.WithZone(""))),
+		HopLimit: 64, TrafficClass: e.tos, Reversible: true, PKey: 0xFFFF,
 		MTUSelector: mad.SelExactly, RateSelector: mad.SelExactly,
 		PacketLifeTimeSelector: mad.SelExactly, PacketLifeTime: cmaIBOEPacketLifeTime,
 	}
-	if pa, err := id.dev.ctx.QueryPort(1); err == nil {
+	if pa, err := e.dev.ctx.QueryPort(1); err == nil {
 		path.MTU = uint8(pa.ActiveMTU)
 	}
 	return []PathRecord{path}, nil
@@ -81,22 +81,22 @@ func (p rocePort) route(id *ID) ([]PathRecord, func() ([]PathRecord, int)) {
 // gives it (ip_ib_mc_map: the broadcast group's P_Key and scope); for a
 // unicast IP destination softrdma knows no GID, and the route is resolved
 // without a path.
-func (p ibPort) route(id *ID) ([]PathRecord, func() ([]PathRecord, int)) {
+func (p ibPort) route(e *softEngine) ([]PathRecord, func() ([]PathRecord, int)) {
 	var dgid verbs.GID
 	switch {
-	case id.dst.family == afIB:
-		dgid = id.dst.ib.GID
-	case id.dst.ip.IsMulticast():
+	case e.dst.family == afIB:
+		dgid = e.dst.ib.GID
+	case e.dst.ip.IsMulticast():
 		bc, ok := p.sa.BroadcastGroup()
 		if !ok {
 			return nil, func() ([]PathRecord, int) { return nil, -int(syscall.EADDRNOTAVAIL) }
 		}
-		dgid = wire.IBMGID(id.dst.ip.WithZone("").Unmap(), binary.BigEndian.Uint16(bc.MGID[4:6]), bc.MGID[1]&0x0f, false)
+		dgid = wire.IBMGID(e.dst.ip.WithZone("").Unmap(), binary.BigEndian.Uint16(bc.MGID[4:6]), bc.MGID[1]&0x0f, false)
 	default:
 		return nil, nil
 	}
 	sgid := p.sa.PortGID()
-	tclass := id.tos
+	tclass := e.tos
 	agent := p.sa
 	return nil, func() ([]PathRecord, int) {
 		q := mad.PathRecord(make([]byte, mad.PathRecordLen))
@@ -115,4 +115,4 @@ func (p ibPort) route(id *ID) ([]PathRecord, func() ([]PathRecord, int)) {
 }
 
 // route: a device without a port of the CM's has no route to build.
-func (noPort) route(*ID) ([]PathRecord, func() ([]PathRecord, int)) { return nil, nil }
+func (noPort) route(*softEngine) ([]PathRecord, func() ([]PathRecord, int)) { return nil, nil }

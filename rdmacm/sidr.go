@@ -222,7 +222,7 @@ func (id *ID) serviceID(port uint16) uint64 { return mad.ServiceID(uint16(id.ps)
 // udConnChecks are the checks of Listen, Connect, Accept and Reject that
 // come before the id's state: softrdma's CM, a UD port space.
 func (id *ID) udConnChecksLocked(op string) error {
-	if _, ok := id.eng.(softEngine); !ok {
+	if id.soft() == nil {
 		return fmt.Errorf("%s on a kernel id: %w", op, syscall.EOPNOTSUPP)
 	}
 	if id.qpType != verbs.QPTypeUD {
@@ -247,6 +247,7 @@ func (id *ID) Listen(backlog int) (err error) {
 		id.mu.Unlock()
 		return err
 	}
+	e := id.soft()
 	if id.state == stateIdle {
 		if err := id.eng.bindLocked(id, sockaddr{family: syscall.AF_INET, ip: netip.IPv4Unspecified()}); err != nil {
 			id.mu.Unlock()
@@ -259,8 +260,8 @@ func (id *ID) Listen(backlog int) (err error) {
 		return fmt.Errorf("id is %s, a listen wants ADDR_BOUND: %w", stateName(st), syscall.EINVAL)
 	}
 	cm := id.ch().cm
-	devs := []*cmDevice{id.dev}
-	if id.dev == nil {
+	devs := []*cmDevice{e.dev}
+	if e.dev == nil {
 		// A wildcard bind listens on every device of the host that has
 		// QP1 (discovered now: a device that appears later is not
 		// listened on).
@@ -274,7 +275,7 @@ func (id *ID) Listen(backlog int) (err error) {
 			}
 		}
 	}
-	sid := id.serviceID(id.src.port)
+	sid := id.serviceID(e.src.port)
 	s := cm.sidrOf()
 	s.mu.Lock()
 	var closers []func()
@@ -298,9 +299,9 @@ func (id *ID) Listen(backlog int) (err error) {
 		}
 		done = append(done, cd)
 	}
-	s.listens[sid] = append(s.listens[sid], listenEntry{id: id, ps: id.ps, addr: id.src.ip.WithZone(""), port: id.src.port, dev: id.dev})
+	s.listens[sid] = append(s.listens[sid], listenEntry{id: id, ps: id.ps, addr: e.src.ip.WithZone(""), port: e.src.port, dev: e.dev})
 	s.mu.Unlock()
-	id.listenDevs = done
+	e.listenDevs = done
 	id.state = stateListen
 	id.mu.Unlock()
 	return nil
@@ -335,7 +336,8 @@ func (id *ID) Connect(param *ConnParam) (err error) {
 		id.mu.Unlock()
 		return err
 	}
-	if id.state != stateRouteResolved || id.dev == nil || !id.dst.isIP() {
+	e := id.soft()
+	if id.state != stateRouteResolved || e.dev == nil || !e.dst.isIP() {
 		st := id.state
 		id.mu.Unlock()
 		return fmt.Errorf("id is %s, a connect wants ROUTE_RESOLVED: %w", stateName(st), syscall.EINVAL)
@@ -345,7 +347,7 @@ func (id *ID) Connect(param *ConnParam) (err error) {
 		return fmt.Errorf("%d bytes of private data, at most %d: %w", len(pdata), UDConnectPrivateDataMax, syscall.EINVAL)
 	}
 	cm := id.ch().cm
-	cd := id.dev
+	cd := e.dev
 	s := cm.sidrOf()
 	s.mu.Lock()
 	gsi, err := s.acquireLocked(cm, cd)
@@ -371,7 +373,7 @@ func (id *ID) Connect(param *ConnParam) (err error) {
 			return err
 		}
 	}
-	sid := id.serviceID(id.dst.port)
+	sid := id.serviceID(e.dst.port)
 	m := mad.NewCM(mad.AttrSIDRReq, rand.Uint64())
 	r := mad.SIDRReq(m)
 	r.SetRequestID(reqID)
@@ -379,20 +381,20 @@ func (id *ID) Connect(param *ConnParam) (err error) {
 	r.SetServiceID(sid)
 	h := mad.CMAHeader(r.PrivateData())
 	h.SetVersion(mad.CMAVersion)
-	if id.src.ip.Is4() {
+	if e.src.ip.Is4() {
 		h.SetIPVersion(4)
 	} else {
 		h.SetIPVersion(6)
 	}
-	h.SetSrcPort(id.src.port)
-	h.SetSrcAddr(id.src.ip.WithZone(""))
-	h.SetDstAddr(id.dst.ip.WithZone(""))
+	h.SetSrcPort(e.src.port)
+	h.SetSrcAddr(e.src.ip.WithZone(""))
+	h.SetDstAddr(e.dst.ip.WithZone(""))
 	copy(r.PrivateData()[mad.CMAHeaderLen:], pdata)
-	o := &sidrOut{id: id, cd: cd, reqID: reqID, tid: mad.MAD(m).TID(), sid: sid, dst: id.dst.ip.WithZone(""), mad: m}
+	o := &sidrOut{id: id, cd: cd, reqID: reqID, tid: mad.MAD(m).TID(), sid: sid, dst: e.dst.ip.WithZone(""), mad: m}
 	s.active[reqID] = o
-	id.sidrOut = o
+	e.sidrOut = o
 	id.state = stateConnect
-	dgid, sgid, tos := wire.GIDFromAddr(o.dst), id.sgidIdx, id.tos
+	dgid, sgid, tos := wire.GIDFromAddr(o.dst), e.sgidIdx, e.tos
 	o.timer = time.AfterFunc(sidrTimeout, func() { cm.sidrExpire(o) })
 	s.mu.Unlock()
 	id.mu.Unlock()
@@ -417,7 +419,8 @@ func (cm *cmState) sidrExpire(o *sidrOut) {
 		s.mu.Unlock()
 		id := o.id
 		id.mu.Lock()
-		sgid, tos := id.sgidIdx, id.tos
+		e := id.soft()
+		sgid, tos := e.sgidIdx, e.tos
 		id.mu.Unlock()
 		_ = gsi.Send(sgid, wire.GIDFromAddr(o.dst), 0, tos, o.mad)
 		return
@@ -446,9 +449,10 @@ func (id *ID) sidrEvent(ev *Event) {
 		id.mu.Unlock()
 		return
 	}
-	id.sidrOut = nil
+	e := id.soft()
+	e.sidrOut = nil
 	if ev.Event == EventEstablished && ev.Param.QKey != 0 {
-		id.qkey = ev.Param.QKey
+		e.qkey = ev.Param.QKey
 	}
 	id.mu.Unlock()
 	id.queue(ev)
@@ -487,7 +491,8 @@ func (id *ID) answer(status uint8, qpn uint32, pdata []byte) error {
 		id.mu.Unlock()
 		return err
 	}
-	in := id.sidrIn
+	e := id.soft()
+	in := e.sidrIn
 	if in == nil || in.child != id {
 		id.mu.Unlock()
 		return fmt.Errorf("no connection request to answer: %w", syscall.EINVAL)
@@ -502,12 +507,12 @@ func (id *ID) answer(status uint8, qpn uint32, pdata []byte) error {
 			qpn = id.qp.Num()
 		}
 		var err error
-		if qkey, err = id.defaultQKey(); err != nil {
+		if qkey, err = e.defaultQKey(); err != nil {
 			id.mu.Unlock()
 			return err
 		}
 	}
-	sgid := id.sgidIdx
+	sgid := e.sgidIdx
 	id.mu.Unlock()
 	return id.ch().cm.sendRep(in, id, status, qpn, qkey, pdata, sgid)
 }
@@ -612,15 +617,17 @@ func (cm *cmState) sidrReq(cd *cmDevice, m *verbs.GSIMAD) bool {
 	if !dstIP.Is4() {
 		fam = syscall.AF_INET6
 	}
-	child := &ID{context: l.context, ps: l.ps, qpType: l.qpType, eng: softEngine{}} // fixed at creation: read without l.mu
+	child := &ID{context: l.context, ps: l.ps, qpType: l.qpType} // fixed at creation: read without l.mu
+	ce := &softEngine{id: child}
+	child.eng = ce
 	child.chp.Store(ch)
 	child.state = stateConnect
-	child.src = sockaddr{family: fam, ip: dstIP, port: lport}
-	child.dst = sockaddr{family: fam, ip: srcIP, port: h.SrcPort()}
-	child.dev = cd
-	child.sgidIdx, _ = cd.gidIndex(dstIP)
+	ce.src = sockaddr{family: fam, ip: dstIP, port: lport}
+	ce.dst = sockaddr{family: fam, ip: srcIP, port: h.SrcPort()}
+	ce.dev = cd
+	ce.sgidIdx, _ = cd.gidIndex(dstIP)
 	in := &sidrIn{key: key, cd: cd, child: child, tid: mad.MAD(m.MAD).TID(), sid: sid, hop: m.HopLimit, tclass: m.TClass, at: time.Now()}
-	child.sidrIn = in
+	ce.sidrIn = in
 	s.passive[key] = in
 	s.mu.Unlock()
 	pd := slices.Clone(req.PrivateData()[mad.CMAHeaderLen:])
@@ -676,8 +683,9 @@ func (cm *cmState) sidrRep(m *verbs.GSIMAD) bool {
 	if rep.Status() == mad.SIDRSuccess {
 		id := o.id
 		id.mu.Lock()
+		e := id.soft()
 		ah := verbs.AHAttr{IsGlobal: true, PortNum: 1, GRH: verbs.GlobalRoute{
-			DGID: wire.GIDFromAddr(o.dst), SGIDIndex: id.sgidIdx, HopLimit: 64, TrafficClass: id.tos,
+			DGID: wire.GIDFromAddr(o.dst), SGIDIndex: e.sgidIdx, HopLimit: 64, TrafficClass: e.tos,
 		}}
 		id.mu.Unlock()
 		ev.Event, ev.Status = EventEstablished, 0
@@ -690,34 +698,35 @@ func (cm *cmState) sidrRep(m *verbs.GSIMAD) bool {
 // releaseSIDRLocked ends the id's SIDR part when it is destroyed (id.mu
 // held): its listen, its outstanding request, or its unanswered request,
 // which is rejected (cm_destroy_id in IB_CM_SIDR_REQ_RCVD).
-func (id *ID) releaseSIDRLocked() (after func()) {
+func (e *softEngine) releaseSIDRLocked() (after func()) {
+	id := e.id
 	cm := id.ch().cm
 	s := cm.sidrOf()
 	var fns []func()
 	s.mu.Lock()
-	if id.src.isIP() {
-		sid := id.serviceID(id.src.port)
+	if e.src.isIP() {
+		sid := id.serviceID(e.src.port)
 		s.listens[sid] = slices.DeleteFunc(s.listens[sid], func(x listenEntry) bool { return x.id == id })
 		if len(s.listens[sid]) == 0 {
 			delete(s.listens, sid)
 		}
-		for _, cd := range id.listenDevs {
+		for _, cd := range e.listenDevs {
 			s.unclaimLocked(cd, verbs.GSIServiceKey(sid))
 			fns = append(fns, s.releaseLocked(cd))
 		}
-		id.listenDevs = nil
+		e.listenDevs = nil
 	}
-	if o := id.sidrOut; o != nil {
+	if o := e.sidrOut; o != nil {
 		if !o.done {
 			fns = append(fns, s.endOutLocked(o))
 		}
-		id.sidrOut = nil
+		e.sidrOut = nil
 	}
-	in := id.sidrIn
+	in := e.sidrIn
 	reject := in != nil && in.child == id
 	s.mu.Unlock()
 	if reject {
-		sgid := id.sgidIdx
+		sgid := e.sgidIdx
 		fns = append([]func(){func() { _ = cm.sendRep(in, id, mad.SIDRReject, 0, 0, nil, sgid) }}, fns...)
 	}
 	return func() { runAll(fns) }

@@ -235,7 +235,7 @@ func TestUDConnectDuplicate(t *testing.T) {
 		t.Fatal(err)
 	}
 	aid.mu.Lock()
-	o := aid.sidrOut
+	o := aid.soft().sidrOut
 	aid.mu.Unlock()
 	req := sidrNext(t, lch, EventConnectRequest)
 	child := req.ID
@@ -264,7 +264,7 @@ func TestUDConnectDuplicate(t *testing.T) {
 	est.Ack()
 	// Answered: answered again; a second answer the active side ignores.
 	s.mu.Lock()
-	in := s.passive[child.sidrIn.key]
+	in := s.passive[child.soft().sidrIn.key]
 	s.mu.Unlock()
 	resend()
 	// Nothing may come of it: both channels are watched for a while.
@@ -291,7 +291,7 @@ func TestUDConnectForgedReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	aid.mu.Lock()
-	o := aid.sidrOut
+	o := aid.soft().sidrOut
 	aid.mu.Unlock()
 	cm := aid.ch().cm
 	forge := func(src netip.Addr, tid uint64) {
