@@ -91,3 +91,47 @@ func TestAsyncPortEvents(t *testing.T) {
 		t.Errorf("%d events not acknowledged", n)
 	}
 }
+
+// TestRemovedInterfaceUnlisted: once its interface is removed, the
+// device is no longer in the host's device list and is closed (the
+// kernel's rxe unregisters its device with its netdev); an interface made
+// again with the same name has a device of its own.
+func TestRemovedInterfaceUnlisted(t *testing.T) {
+	if !testenv.InNetns(t) {
+		return
+	}
+	const name = "srgone0"
+	listed := func() *verbs.Device {
+		for _, vd := range verbs.DefaultHost().DeviceList() {
+			if vd.Name() == "rxe_"+name {
+				return vd
+			}
+		}
+		return nil
+	}
+	ipCmd(t, "link", "add", name, "type", "veth", "peer", "name", name+"p")
+	d, err := ForName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if listed() != d.Verbs() {
+		t.Fatal("the device of a new interface is not listed")
+	}
+	ipCmd(t, "link", "del", name)
+	if vd := listed(); vd != nil {
+		t.Errorf("%s listed after its interface was removed", vd.Name())
+	}
+	if existing(name) != nil {
+		t.Error("the device of the removed interface is still in the registry")
+	}
+	ipCmd(t, "link", "add", name, "type", "veth", "peer", "name", name+"p")
+	defer exec.Command("ip", "link", "del", name).Run()
+	d2, err := ForName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	if d2 == d || listed() != d2.Verbs() {
+		t.Error("the new interface of the same name did not get a device of its own")
+	}
+}

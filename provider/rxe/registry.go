@@ -1,6 +1,7 @@
 package rxe
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -8,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/vishvananda/netlink"
 )
 
 // Registry is a host's RoCEv2 devices, one per interface index.
@@ -34,16 +36,36 @@ func defaultRegistry() *Registry { return On(verbs.DefaultHost()) }
 // provider makes every interface's device exist for a host's device list.
 type provider struct{}
 
-// Discover creates the device of every network interface (verbs.Provider).
+// Discover creates the device of every network interface and closes
+// those whose interface is gone (verbs.Provider), as the kernel's rxe
+// unregisters its device with its netdev: a device list, or a wildcard
+// listen that claims every device, never finds a device of an interface
+// that no longer exists.
 func (provider) Discover(h *verbs.Host) {
 	ifs, err := net.Interfaces()
 	if err != nil {
 		return
 	}
 	r := On(h)
+	present := make(map[int]bool, len(ifs))
 	for _, ifi := range ifs {
+		present[ifi.Index] = true
 		r.ForInterface(ifi.Index)
 	}
+	for _, d := range r.Devices() {
+		if !present[d.ifindex] && interfaceGone(d.ifindex) {
+			d.Close()
+		}
+	}
+}
+
+// interfaceGone reports whether the kernel says interface ifindex does
+// not exist (asked again: one made since the list was read has a device
+// too, and an error of another kind closes nothing).
+func interfaceGone(ifindex int) bool {
+	_, err := netlink.LinkByIndex(ifindex)
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf)
 }
 
 // DeviceForAddr returns the device of the interface that owns local
