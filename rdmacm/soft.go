@@ -4,14 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
+	"slices"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-	"net/netip"
-	"slices"
-	"syscall"
-	"time"
 
 	"github.com/softrdma/softrdma/rdmacm/internal/addr"
 	"github.com/softrdma/softrdma/verbs"
