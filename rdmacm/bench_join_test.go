@@ -12,6 +12,14 @@ import (
 	"github.com/softrdma/softrdma/rdmacm"
 )
 
+// BenchmarkRoCEJoinLeave times one join on softrdma's RoCEv2 device of the
+// loopback interface (the IP membership taken, the MULTICAST_JOIN event
+// retrieved) and one leave, on an id holding "held" other groups: the RDMA
+// CM's RoCE road (cma_iboe_join_multicast). Loopback only.
+func BenchmarkRoCEJoinLeave(b *testing.B) {
+	benchJoinLeave(b, netip.MustParseAddr("127.0.0.1"), 78)
+}
+
 // BenchmarkIBJoinLeave times one join on an InfiniBand port of an
 // in-process subnet (the SA's Set answered, its MULTICAST_JOIN event
 // retrieved) and one leave (the SA's Delete answered), on an id holding
@@ -31,6 +39,12 @@ func BenchmarkIBJoinLeave(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer port.Close()
+	benchJoinLeave(b, local, 77)
+}
+
+// benchJoinLeave runs the join/leave benchmark on an id bound to local,
+// with 0 and 100 groups held, in groups 239.g.x.y.
+func benchJoinLeave(b *testing.B, local netip.Addr, g byte) {
 	for _, held := range []int{0, 100} {
 		b.Run(fmt.Sprintf("held=%d", held), func(b *testing.B) {
 			ch, err := rdmacm.CreateEventChannel()
@@ -61,7 +75,7 @@ func BenchmarkIBJoinLeave(b *testing.B) {
 				}
 				ev.Ack()
 			}
-			group := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{239, 77, byte(i >> 8), byte(i)}) }
+			group := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{239, g, byte(i >> 8), byte(i)}) }
 			for i := 1; i <= held; i++ {
 				join(group(i))
 			}
