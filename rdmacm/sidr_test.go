@@ -1,9 +1,7 @@
 package rdmacm
 
 import (
-	"bufio"
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/provider/rxe"
+	"github.com/softrdma/softrdma/test/nettest"
 	"github.com/softrdma/softrdma/test/testenv"
 	"github.com/softrdma/softrdma/verbs"
 	"github.com/softrdma/softrdma/wire"
@@ -416,7 +415,7 @@ func TestUDConnectVerbsOnlyPeer(t *testing.T) {
 		testenv.Require(t, "needs root to create a network namespace")
 	}
 	sfx := fmt.Sprintf("%d", rand.IntN(1e6))
-	ns, a, b := "srm-vo-"+sfx, "srva"+sfx, "srvb"+sfx
+	ns, a, b := nettest.Prefix("srm")+"vo"+sfx, "srva"+sfx, "srvb"+sfx
 	ip := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
@@ -424,7 +423,7 @@ func TestUDConnectVerbsOnlyPeer(t *testing.T) {
 		}
 	}
 	ip("netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	t.Cleanup(func() { nettest.Delete(ns) })
 	ip("link", "add", a, "type", "veth", "peer", "name", b, "netns", ns)
 	t.Cleanup(func() { exec.Command("ip", "link", "del", a).Run() })
 	ip("addr", "add", "10.78.0.1/24", "dev", a)
@@ -433,49 +432,16 @@ func TestUDConnectVerbsOnlyPeer(t *testing.T) {
 	ip("-n", ns, "addr", "add", "10.78.0.2/24", "dev", b)
 	ip("-n", ns, "link", "set", b, "up")
 
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, os.Args[0], "-test.run=^TestUDConnectVerbsOnlyPeer$", "-test.v")
-	cmd.Env = testenv.CleanEnv("SOFTRDMA_TEST_NETNS_CHILD="+mode, "SOFTRDMA_TEST_PEER_IF="+b)
-	cmd.Stderr = cmd.Stdout // the same pipe
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan struct{})
-	var out strings.Builder // written by the reader until it returns
-	read := make(chan struct{})
-	go func() {
-		defer close(read)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			out.WriteString(sc.Text() + "\n")
-			if sc.Text() == "peer ready" {
-				close(ready)
-			}
-		}
-	}()
+	peer, stdin := nettest.StartProcStdin(t, ns, "env", time.Minute, testenv.ChildEnv, "SOFTRDMA_TEST_NETNS_CHILD="+mode,
+		"SOFTRDMA_TEST_PEER_IF="+b, os.Args[0], "-test.run=^TestUDConnectVerbsOnlyPeer$", "-test.v")
+	peer.WaitLine("peer ready", 30*time.Second)
 	defer func() {
 		stdin.Close()
-		<-read
-		if err := cmd.Wait(); err != nil || !strings.Contains(out.String(), "--- PASS: ") {
-			t.Errorf("verbs-only peer: %v\n%s", err, out.String())
+		peer.Wait(30 * time.Second)
+		if !strings.Contains(peer.Output(), "--- PASS: ") {
+			t.Errorf("verbs-only peer:\n%s", peer.Output())
 		}
 	}()
-	select {
-	case <-ready:
-	case <-read:
-		t.Fatal("the verbs-only peer ended before it was ready")
-	case <-ctx.Done():
-		t.Fatal("the verbs-only peer not ready within 60 s")
-	}
 
 	// One request, no resend: a dropped request would end in -ETIMEDOUT.
 	shortSIDR(t, 4*time.Second, 0) // its -ETIMEDOUT before ctxT's 5 s
