@@ -2,9 +2,10 @@ package verbs
 
 import "github.com/softrdma/softrdma/verbs/driver"
 
-// What operator tools see of a device. They reach devices only through
-// the optional interfaces below (and driver.CounterSource), never through a
-// backend's concrete types, so any backend can offer them.
+// What operator tools see of a device. verbs asks its backend for the
+// optional interfaces of package driver (Inspector, EventSource, and
+// CounterSource, Tapper), never for a backend's concrete types, so any
+// backend can offer them.
 
 // Inspect returns the device's report, with what the host's clients add
 // (ClientInspector); false when its backend offers none.
