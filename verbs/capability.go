@@ -44,11 +44,11 @@ func (h *Host) DeviceForAddr(a netip.Addr) (*Device, error) {
 	return nil, nil
 }
 
-// Capability returns what device d offers as T: its backend's DeviceOps
-// when that implements T, else the provider behind a backend that unwraps
-// to it (softrdma's software core unwraps to its provider's driver). The
-// CM asks for driver.NetdevPort and driver.GSIPort this way, the SA
-// client (a Client) for driver.MADPort.
+// Capability returns what device d offers as T: its backend's
+// driver.DeviceOps when that implements T, else the provider behind a
+// backend that unwraps to it (softrdma's software core unwraps to its
+// provider's driver). The CM asks for driver.NetdevPort and
+// driver.GSIPort this way, the SA client (a Client) for driver.MADPort.
 func Capability[T any](d *Device) (T, bool) {
 	if c, ok := d.ops.(T); ok {
 		return c, true

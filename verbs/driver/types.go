@@ -6,6 +6,11 @@ import (
 	"github.com/softrdma/softrdma/wire"
 )
 
+// This file is the plain data of the verbs: attributes, work requests,
+// completions and their enums, as libibverbs' structs carry them. verbs
+// gives programs the same types under its own names (type WC =
+// driver.WC), so nothing is converted between a backend and a program.
+
 // GID is a 128-bit global identifier (ibv_gid). On RoCEv2 an IPv4 address
 // appears in its IPv4-mapped form ::ffff:a.b.c.d.
 type GID = wire.GID
