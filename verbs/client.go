@@ -25,6 +25,7 @@ type Client interface {
 // client's state of a device to the device's report (Device.Inspect),
 // e.g. the SA memberships of an InfiniBand port.
 type ClientInspector interface {
+	// InspectDevice adds the client's state of dev to r.
 	InspectDevice(dev *Device, r *DeviceReport)
 }
 

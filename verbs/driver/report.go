@@ -243,5 +243,6 @@ type AsyncEvent struct {
 // returns: a context ignores events once closed). Without it a device has
 // no asynchronous events.
 type AsyncEventSource interface {
+	// SubscribeAsync delivers the events to fn until cancel is called.
 	SubscribeAsync(fn func(AsyncEvent)) (cancel func())
 }
