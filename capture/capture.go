@@ -1,6 +1,6 @@
 // Package capture writes the frames of devices as a pcap stream: what a
 // process's devices send and receive, taken from their frame taps
-// (verbs.Tapper), whatever their backend. RoCEv2 devices give Ethernet
+// (driver.Tapper), whatever their backend. RoCEv2 devices give Ethernet
 // frames that Wireshark's RoCE dissector decodes (UDP port 4791); the
 // ports of an emulated InfiniBand subnet give IB packets from the LRH on
 // (LINKTYPE_INFINIBAND, 247). One pcap stream has one link type, so a
@@ -25,6 +25,7 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // Direction selects the frames a capture records.
@@ -191,7 +192,7 @@ func Start(w io.Writer, o Options) (*Capture, error) {
 		if dev == nil {
 			return nil, fmt.Errorf("capture on %s: %w", o.Device, ErrNoDevice)
 		}
-		t, ok := dev.Ops().(verbs.Tapper)
+		t, ok := dev.Ops().(driver.Tapper)
 		if !ok {
 			return nil, fmt.Errorf("capture on %s: the device has no frame tap: %w", o.Device, syscall.EOPNOTSUPP)
 		}
@@ -229,7 +230,7 @@ func (c *Capture) attach(d *verbs.Device) {
 	if c.opts.Device != "" && d.Name() != c.opts.Device {
 		return
 	}
-	t, ok := d.Ops().(verbs.Tapper)
+	t, ok := d.Ops().(driver.Tapper)
 	if !ok || t.LinkType() != c.opts.LinkType {
 		return
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/softrdma/softrdma/internal/envvars"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // EnvLog is the environment variable FromEnv reads: a level (debug, info,
@@ -53,7 +54,7 @@ func SetLogger(l *slog.Logger) { current.Store(l) }
 // isDrop reports whether a counter's increase is reported: the drops
 // (counters with a reason) and the refused sends.
 func isDrop(c verbs.CounterDesc) bool {
-	return c.Reason != "" || c.Name == verbs.CounterSendErrors.Name
+	return c.Reason != "" || c.Name == driver.CounterSendErrors.Name
 }
 
 var state struct {

@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // cmDevice is librdmacm's per-device state (struct cma_device): one open
@@ -98,7 +99,7 @@ func (cd *cmDevice) detach(id *ID) {
 
 // netEvent turns netdev changes into DEVICE_REMOVAL / ADDR_CHANGE events,
 // as the kernel's cma_netdev_callback and cma_process_remove do.
-func (cd *cmDevice) netEvent(ev verbs.NetdevEvent) {
+func (cd *cmDevice) netEvent(ev driver.NetdevEvent) {
 	cd.mu.Lock()
 	ids := make([]*ID, 0, len(cd.ids))
 	for id := range cd.ids {
@@ -113,9 +114,9 @@ func (cd *cmDevice) netEvent(ev verbs.NetdevEvent) {
 			continue // a kernel id: the kernel's CM reports its device's changes
 		}
 		switch ev.Kind {
-		case verbs.NetdevRemoved:
+		case driver.NetdevRemoved:
 			e.deviceRemoved()
-		case verbs.AddrRemoved:
+		case driver.AddrRemoved:
 			e.addrRemoved(ev.Addr)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // port is the link-layer specific half of the kernel's cma.c for one
@@ -32,7 +33,7 @@ type port interface {
 	leave(mc *mcJoin) (wait func() error)
 	// subscribe delivers the port's netdev events to fn until cancel is
 	// called; ports without netdev events return a nil cancel.
-	subscribe(fn func(verbs.NetdevEvent)) (cancel func())
+	subscribe(fn func(driver.NetdevEvent)) (cancel func())
 	// route returns the id's route (id.mu is held, the id's address is
 	// resolved): its paths at once, or a query to run without the lock
 	// whose paths, or negative errno status, end the route resolution
@@ -43,7 +44,7 @@ type port interface {
 // portOf returns the port of an open device, as cma.c asks
 // rdma_protocol_roce and rdma_cap_ib_mcast: a RoCE port on a network
 // interface joins IP groups, an InfiniBand port that the host's SA client
-// serves (a verbs.MADPort) joins through the SA; any other device (a kernel device, whose ids the
+// serves (a driver.MADPort) joins through the SA; any other device (a kernel device, whose ids the
 // kernel's CM serves) gets a port that refuses.
 func portOf(ctx *verbs.Context) port {
 	dev := ctx.Device()
@@ -53,7 +54,7 @@ func portOf(ctx *verbs.Context) port {
 	}
 	switch pa.LinkLayer {
 	case verbs.LinkLayerEthernet:
-		if nd, ok := verbs.Capability[verbs.NetdevPort](dev); ok {
+		if nd, ok := verbs.Capability[driver.NetdevPort](dev); ok {
 			return rocePort{name: dev.Name(), nd: nd}
 		}
 	case verbs.LinkLayerInfiniBand:
@@ -77,7 +78,7 @@ func (p noPort) gidIndex(*verbs.Context, netip.Addr) (uint8, error) { return 0, 
 func (p noPort) ipoibQKey() (uint32, error)                         { return 0, p.err(syscall.ENODEV) }
 func (p noPort) join(*softEngine, *mcJoin) error                    { return p.err(syscall.EINVAL) }
 func (noPort) leave(*mcJoin) func() error                           { return nil }
-func (noPort) subscribe(func(verbs.NetdevEvent)) func()             { return nil }
+func (noPort) subscribe(func(driver.NetdevEvent)) func()            { return nil }
 
 // deviceOfAddr returns host h's device a local address belongs to (the
 // first kind of device that claims it, see verbs.Host.DeviceForAddr).

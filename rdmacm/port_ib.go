@@ -9,6 +9,7 @@ import (
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -129,4 +130,4 @@ func (p ibPort) leave(mc *mcJoin) func() error {
 
 // subscribe: an IB port reports its changes (reregister, LID change)
 // through its joins' callbacks, not as netdev events.
-func (ibPort) subscribe(func(verbs.NetdevEvent)) (cancel func()) { return nil }
+func (ibPort) subscribe(func(driver.NetdevEvent)) (cancel func()) { return nil }

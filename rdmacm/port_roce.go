@@ -6,14 +6,15 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 	"github.com/softrdma/softrdma/wire"
 )
 
-// rocePort is a RoCE port on a network interface (verbs.NetdevPort):
+// rocePort is a RoCE port on a network interface (driver.NetdevPort):
 // cma_iboe_join_multicast, IP group memberships, netdev events.
 type rocePort struct {
 	name string
-	nd   verbs.NetdevPort
+	nd   driver.NetdevPort
 }
 
 // gidIndex finds the address's RoCEv2 GID in the port's GID table.
@@ -99,6 +100,6 @@ func (p rocePort) leave(mc *mcJoin) func() error {
 }
 
 // subscribe passes the interface's changes on as the CM's netdev events.
-func (p rocePort) subscribe(fn func(verbs.NetdevEvent)) (cancel func()) {
+func (p rocePort) subscribe(fn func(driver.NetdevEvent)) (cancel func()) {
 	return p.nd.WatchNetdev(fn)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -26,7 +27,7 @@ import (
 // number and Q_Key, rdma_reject answers REJECT, and the active side gets
 // ESTABLISHED or UNREACHABLE with the SIDR status (cma_sidr_rep_handler).
 //
-// QP1 is the device's (verbs.GSIPort). A SIDR_REP is taken only when it
+// QP1 is the device's (driver.GSIPort). A SIDR_REP is taken only when it
 // comes from the address the request went to and carries the request's
 // ID, transaction ID and service ID; a duplicate SIDR_REQ (same source
 // and request ID) makes no second id: while unanswered it is dropped,
@@ -107,7 +108,7 @@ type sidrClaim struct {
 
 // sidrDevice is a device's QP1 opened for the CM, with its users.
 type sidrDevice struct {
-	gsi  verbs.GSI
+	gsi  driver.GSI
 	refs int
 }
 
@@ -157,12 +158,12 @@ type gsiAgent struct {
 
 // acquireLocked opens (or takes another reference on) the QP1 of cd; s.mu
 // is held.
-func (s *sidrState) acquireLocked(cm *cmState, cd *cmDevice) (verbs.GSI, error) {
+func (s *sidrState) acquireLocked(cm *cmState, cd *cmDevice) (driver.GSI, error) {
 	if g := s.gsis[cd]; g != nil {
 		g.refs++
 		return g.gsi, nil
 	}
-	gp, ok := verbs.Capability[verbs.GSIPort](cd.ctx.Device())
+	gp, ok := verbs.Capability[driver.GSIPort](cd.ctx.Device())
 	if !ok {
 		return nil, fmt.Errorf("device %s has no QP1 for the CM's MADs (UD connections work on softrdma's RoCE devices): %w", cd.name(), syscall.EOPNOTSUPP)
 	}
@@ -189,7 +190,7 @@ func (s *sidrState) releaseLocked(cd *cmDevice) func() {
 }
 
 // claimLocked claims key on cd for this process (s.mu held).
-func (s *sidrState) claimLocked(gsi verbs.GSI, cd *cmDevice, key string) error {
+func (s *sidrState) claimLocked(gsi driver.GSI, cd *cmDevice, key string) error {
 	k := claimKey{cd, key}
 	if c := s.claims[k]; c != nil {
 		c.refs++
@@ -267,7 +268,7 @@ func (id *ID) Listen(backlog int) (err error) {
 		// listened on).
 		devs = devs[:0]
 		for _, vd := range cm.host.DeviceList() {
-			if _, ok := verbs.Capability[verbs.GSIPort](vd); !ok {
+			if _, ok := verbs.Capability[driver.GSIPort](vd); !ok {
 				continue
 			}
 			if cd, err := cm.deviceFor(vd); err == nil {
@@ -283,13 +284,13 @@ func (id *ID) Listen(backlog int) (err error) {
 	for _, cd := range devs {
 		gsi, err := s.acquireLocked(cm, cd)
 		if err == nil {
-			if err = s.claimLocked(gsi, cd, verbs.GSIServiceKey(sid)); err != nil {
+			if err = s.claimLocked(gsi, cd, driver.GSIServiceKey(sid)); err != nil {
 				closers = append(closers, s.releaseLocked(cd))
 			}
 		}
 		if err != nil {
 			for _, d := range done {
-				s.unclaimLocked(d, verbs.GSIServiceKey(sid))
+				s.unclaimLocked(d, driver.GSIServiceKey(sid))
 				closers = append(closers, s.releaseLocked(d))
 			}
 			s.mu.Unlock()
@@ -362,7 +363,7 @@ func (id *ID) Connect(param *ConnParam) (err error) {
 		if reqID == 0 || s.active[reqID] != nil {
 			continue
 		}
-		if err = s.claimLocked(gsi, cd, verbs.GSIRequestKey(reqID)); err == nil {
+		if err = s.claimLocked(gsi, cd, driver.GSIRequestKey(reqID)); err == nil {
 			break
 		}
 		if try == 16 {
@@ -437,7 +438,7 @@ func (s *sidrState) endOutLocked(o *sidrOut) func() {
 	o.done = true
 	o.timer.Stop()
 	delete(s.active, o.reqID)
-	s.unclaimLocked(o.cd, verbs.GSIRequestKey(o.reqID))
+	s.unclaimLocked(o.cd, driver.GSIRequestKey(o.reqID))
 	return s.releaseLocked(o.cd)
 }
 
@@ -546,8 +547,8 @@ func (cm *cmState) sendRep(in *sidrIn, child *ID, status uint8, qpn, qkey uint32
 	return err
 }
 
-// Receive takes a CM MAD of this process (verbs.GSIAgent).
-func (a gsiAgent) Receive(m *verbs.GSIMAD) bool {
+// Receive takes a CM MAD of this process (driver.GSIAgent).
+func (a gsiAgent) Receive(m *driver.GSIMAD) bool {
 	if mad.CheckCM(m.MAD) != nil {
 		return false
 	}
@@ -564,7 +565,7 @@ func (a gsiAgent) Receive(m *verbs.GSIMAD) bool {
 // dropped or answered again; one for a listener of this process becomes
 // CONNECT_REQUEST on a new id. It reports whether the request was this
 // process's.
-func (cm *cmState) sidrReq(cd *cmDevice, m *verbs.GSIMAD) bool {
+func (cm *cmState) sidrReq(cd *cmDevice, m *driver.GSIMAD) bool {
 	req := mad.SIDRReq(m.MAD)
 	sid := req.ServiceID()
 	psv, _, ok := mad.ServicePort(sid)
@@ -658,7 +659,7 @@ func (s *sidrState) pruneLocked() {
 // this process with the same request ID, transaction ID and service ID,
 // from the address the request went to (anything else is dropped: a
 // forged answer cannot redirect an id).
-func (cm *cmState) sidrRep(m *verbs.GSIMAD) bool {
+func (cm *cmState) sidrRep(m *driver.GSIMAD) bool {
 	rep := mad.SIDRRep(m.MAD)
 	s := cm.sidrOf()
 	s.mu.Lock()
@@ -711,7 +712,7 @@ func (e *softEngine) releaseSIDRLocked() (after func()) {
 			delete(s.listens, sid)
 		}
 		for _, cd := range e.listenDevs {
-			s.unclaimLocked(cd, verbs.GSIServiceKey(sid))
+			s.unclaimLocked(cd, driver.GSIServiceKey(sid))
 			fns = append(fns, s.releaseLocked(cd))
 		}
 		e.listenDevs = nil

@@ -19,6 +19,7 @@ import (
 	"github.com/softrdma/softrdma/test/nettest"
 	"github.com/softrdma/softrdma/test/testenv"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -300,7 +301,7 @@ func TestUDConnectForgedReply(t *testing.T) {
 		r.SetServiceID(o.sid)
 		r.SetQPN(0xBADBAD)
 		r.SetQKey(UDPQKey)
-		if !cm.sidrRep(&verbs.GSIMAD{Src: src, Dst: o.dst, MAD: m}) {
+		if !cm.sidrRep(&driver.GSIMAD{Src: src, Dst: o.dst, MAD: m}) {
 			t.Fatal("a reply for the process's request ID was not taken (dropped)")
 		}
 	}

@@ -5,70 +5,9 @@ import (
 	"fmt"
 	"sync"
 	"syscall"
+
+	"github.com/softrdma/softrdma/verbs/driver"
 )
-
-// AsyncEventType is the kind of an asynchronous event (enum
-// ibv_event_type, with libibverbs' values).
-type AsyncEventType int
-
-// Asynchronous event types.
-const (
-	EventCQErr            AsyncEventType = 0
-	EventQPFatal          AsyncEventType = 1
-	EventQPReqErr         AsyncEventType = 2
-	EventQPAccessErr      AsyncEventType = 3
-	EventCommEst          AsyncEventType = 4
-	EventSQDrained        AsyncEventType = 5
-	EventPathMig          AsyncEventType = 6
-	EventPathMigErr       AsyncEventType = 7
-	EventDeviceFatal      AsyncEventType = 8
-	EventPortActive       AsyncEventType = 9
-	EventPortErr          AsyncEventType = 10
-	EventLIDChange        AsyncEventType = 11
-	EventPKeyChange       AsyncEventType = 12
-	EventSMChange         AsyncEventType = 13
-	EventSRQErr           AsyncEventType = 14
-	EventSRQLimitReached  AsyncEventType = 15
-	EventQPLastWQEReached AsyncEventType = 16
-	EventClientReregister AsyncEventType = 17
-	EventGIDChange        AsyncEventType = 18
-	EventWQFatal          AsyncEventType = 19
-)
-
-var asyncEventNames = [...]string{
-	"CQ error", "local work queue catastrophic error", "invalid request local work queue error",
-	"local access violation work queue error", "communication established", "send queue drained",
-	"path migrated", "path migration request error", "local catastrophic error", "port active",
-	"port error", "LID change", "P_Key change", "SM change", "SRQ catastrophic error",
-	"SRQ limit reached", "last WQE reached", "client reregistration", "GID table change",
-	"WQ fatal",
-}
-
-// String returns ibv_event_type_str's text.
-func (t AsyncEventType) String() string {
-	if t >= 0 && int(t) < len(asyncEventNames) {
-		return asyncEventNames[t]
-	}
-	return "unknown"
-}
-
-// AsyncEvent is an asynchronous event of a device (struct
-// ibv_async_event). softrdma's devices raise port events: PortNum names
-// the port.
-type AsyncEvent struct {
-	Type    AsyncEventType
-	PortNum uint8
-}
-
-// AsyncEventSource is an optional interface of a ContextOps or, failing
-// that, of a DeviceOps: a backend that raises asynchronous events (of the
-// context, or of the device for each context) delivers them to fn until
-// cancel is called (a call already under way may end after cancel
-// returns: a context ignores events once closed). Without it a device has
-// no asynchronous events.
-type AsyncEventSource interface {
-	SubscribeAsync(fn func(AsyncEvent)) (cancel func())
-}
 
 // asyncState is a context's queue of asynchronous events.
 type asyncState struct {
@@ -99,9 +38,9 @@ func (c *Context) WatchAsyncEvents() {
 	a.mu.Unlock()
 	// The context's own events (a kernel context's async_fd), else its
 	// device's.
-	src, ok := c.ops.(AsyncEventSource)
+	src, ok := c.ops.(driver.AsyncEventSource)
 	if !ok {
-		if src, ok = c.dev.ops.(AsyncEventSource); !ok {
+		if src, ok = c.dev.ops.(driver.AsyncEventSource); !ok {
 			return
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/test/testenv"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // fakeAsyncDev is a device whose asynchronous events the test raises.
@@ -21,13 +22,13 @@ type fakeAsyncDev struct {
 	next int
 }
 
-type fakeAsyncCtx struct{ verbs.ContextOps }
+type fakeAsyncCtx struct{ driver.ContextOps }
 
 func (fakeAsyncCtx) Close() error { return nil }
 
-func (*fakeAsyncDev) Name() string                    { return "fake0" }
-func (*fakeAsyncDev) Attr() verbs.DeviceAttr          { return verbs.DeviceAttr{PhysPortCnt: 1} }
-func (*fakeAsyncDev) Open() (verbs.ContextOps, error) { return fakeAsyncCtx{}, nil }
+func (*fakeAsyncDev) Name() string                     { return "fake0" }
+func (*fakeAsyncDev) Attr() verbs.DeviceAttr           { return verbs.DeviceAttr{PhysPortCnt: 1} }
+func (*fakeAsyncDev) Open() (driver.ContextOps, error) { return fakeAsyncCtx{}, nil }
 
 func (d *fakeAsyncDev) SubscribeAsync(fn func(verbs.AsyncEvent)) func() {
 	d.mu.Lock()

@@ -2,65 +2,53 @@ package verbs
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
-	"time"
+	"syscall"
 
-	"github.com/softrdma/softrdma/internal/registry"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
-// This file is the seam between the RDMA CM and the kinds of device: what
-// the CM asks of a device beyond the verbs, found by capability, never by
-// provider type, as the kernel's cma.c asks rdma_protocol_roce and
-// rdma_cap_ib_mcast of a port and ib_device_get_netdev of a RoCE port.
-
-// AddrOwner is a kind of device that can say which of a host's devices a
-// local IP address belongs to, making the device exist if needed (the
-// kernel's cma_acquire_dev_by_src_ip). A provider package registers one
-// from init with RegisterAddrOwner.
-type AddrOwner interface {
-	// DeviceForAddr returns h's device of local address a; (nil, nil) when
-	// the address is not one of this kind's.
-	DeviceForAddr(h *Host, a netip.Addr) (*Device, error)
-	// AddrOrder orders the owners asked: lower first. A kind whose devices
-	// have addresses of their own (an InfiniBand port's IPoIB address)
-	// comes before one that claims every address of an interface.
-	AddrOrder() int
-}
-
-var addrOwners = registry.New[AddrOwner]("address owner")
-
-// RegisterAddrOwner adds a kind of device to every host's address lookup
-// (Host.DeviceForAddr) under name. It panics when name is empty or taken,
-// or o is nil.
-func RegisterAddrOwner(name string, o AddrOwner) { addrOwners.Register(name, o) }
+// This file is how the RDMA CM finds a device: by local address, asking
+// the registered driver.AddrOwners, and by capability (driver.NetdevPort,
+// driver.MADPort, driver.GSIPort), never by provider type.
 
 // AddrOwnersRegistered reports whether any kind of device has registered
-// an AddrOwner: a program that imports no provider has none, and no
+// a driver.AddrOwner: a program that imports no provider has none, and no
 // address is any device's.
 func AddrOwnersRegistered() bool {
-	return addrOwners.Len() > 0
+	return len(driver.AddrOwners()) > 0
 }
 
 // DeviceForAddr returns the device local address a belongs to: the
-// answer of the first registered AddrOwner, in AddrOrder, that claims the
-// address or fails (an owner that cannot open the device it would claim
-// the address for stops the search). (nil, nil) when no owner claims it.
+// answer of the first registered driver.AddrOwner, in AddrOrder, that
+// claims the address or fails (an owner that cannot open the device it
+// would claim the address for stops the search; a device the host does
+// not list is ENODEV). (nil, nil) when no owner claims it.
 func (h *Host) DeviceForAddr(a netip.Addr) (*Device, error) {
-	os := addrOwners.All()
-	slices.SortStableFunc(os, func(a, b AddrOwner) int { return cmp.Compare(a.AddrOrder(), b.AddrOrder()) })
+	os := driver.AddrOwners()
+	slices.SortStableFunc(os, func(a, b driver.AddrOwner) int { return cmp.Compare(a.AddrOrder(), b.AddrOrder()) })
 	for _, o := range os {
-		if d, err := o.DeviceForAddr(h, a); d != nil || err != nil {
-			return d, err
+		ops, err := o.DeviceForAddr(h, a)
+		if err != nil {
+			return nil, err
+		}
+		if ops != nil {
+			if d := h.deviceOf(ops); d != nil {
+				return d, nil
+			}
+			return nil, fmt.Errorf("%v: its owner's device is not one of the host's: %w", a, syscall.ENODEV)
 		}
 	}
 	return nil, nil
 }
 
-// Capability returns what device d offers as T: its backend's DeviceOps
-// when that implements T, else the provider behind a backend that unwraps
-// to it (softrdma's software core unwraps to its provider's driver). The
-// CM asks for NetdevPort this way, the SA client (a Client) for MADPort.
+// Capability returns what device d offers as T: its backend's
+// driver.DeviceOps when that implements T, else the provider behind a
+// backend that unwraps to it (softrdma's software core unwraps to its
+// provider's driver). The CM asks for driver.NetdevPort and
+// driver.GSIPort this way, the SA client (a Client) for driver.MADPort.
 func Capability[T any](d *Device) (T, bool) {
 	if c, ok := d.ops.(T); ok {
 		return c, true
@@ -71,78 +59,4 @@ func Capability[T any](d *Device) (T, bool) {
 	}
 	var zero T
 	return zero, false
-}
-
-// NetdevPort is the capability of a RoCE port that sits on a network
-// interface (the kernel's ib_device_get_netdev): the interface's IP
-// multicast memberships, which the RDMA CM takes for full-member joins
-// (the kernel's ip_mc_inc_group and ip_mc_dec_group), and its changes.
-type NetdevPort interface {
-	// IncGroup takes a reference on the interface's membership of an IP
-	// multicast group; the first one joins (IGMP/MLD report).
-	IncGroup(group netip.Addr) error
-	// DecGroup drops a reference taken with IncGroup; the last one leaves.
-	DecGroup(group netip.Addr) error
-	// WatchNetdev delivers the interface's changes to fn until cancel is
-	// called; cancel waits for a running fn (unless called from it).
-	WatchNetdev(fn func(NetdevEvent)) (cancel func())
-}
-
-// NetdevEventKind says what happened to a port's network interface.
-type NetdevEventKind int
-
-// Netdev event kinds.
-const (
-	// NetdevRemoved: the interface was deleted.
-	NetdevRemoved NetdevEventKind = iota + 1
-	// AddrRemoved: an address was removed from the interface.
-	AddrRemoved
-	// AddrAdded: an address was added to the interface.
-	AddrAdded
-)
-
-// String returns the kind's name.
-func (k NetdevEventKind) String() string {
-	switch k {
-	case NetdevRemoved:
-		return "NetdevRemoved"
-	case AddrRemoved:
-		return "AddrRemoved"
-	case AddrAdded:
-		return "AddrAdded"
-	}
-	return "unknown"
-}
-
-// NetdevEvent is a change of a port's network interface, for the RDMA CM
-// (RDMA_CM_EVENT_ADDR_CHANGE / DEVICE_REMOVAL).
-type NetdevEvent struct {
-	Kind NetdevEventKind
-	Addr netip.Addr // the address for AddrAdded / AddrRemoved
-}
-
-// MADPort is the capability of an InfiniBand port that carries the host's
-// management datagrams to the subnet's SA and back on QP1 (what the
-// kernel's ib_mad layer gives sa_query.c): the host's SA client, which
-// joins multicast groups and asks for paths, finds the ports it serves by
-// it. The port's events reach the client as the device's asynchronous
-// events (AsyncEventSource).
-type MADPort interface {
-	// SendSA sends one 256-byte SA MAD to the SA (the SM's LID, QP1).
-	SendSA(mad []byte) error
-	// PortGID returns the port's GID 0 (subnet prefix and port GUID).
-	PortGID() GID
-	// SMLID returns the LID of the subnet manager, the only source of SA
-	// answers the client takes.
-	SMLID() uint16
-	// SATimeout returns how long the SA client waits for one answer of
-	// the port's SA and how often it resends a request (the port's
-	// configuration).
-	SATimeout() (timeout time.Duration, retries int)
-	// RegisterMADAgent hands every MAD that arrives on the port's QP1
-	// (with its source LID and QP) to fn, until unregister is called. fn
-	// reports whether it took the MAD (an answer to one of its requests);
-	// a MAD no agent takes is dropped and counted by the port. fn runs on
-	// the port's receive path and must not block.
-	RegisterMADAgent(fn func(slid uint16, srcQP uint32, mad []byte) bool) (unregister func())
 }

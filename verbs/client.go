@@ -7,7 +7,10 @@ import "github.com/softrdma/softrdma/internal/registry"
 // engine and the IPoIB broadcast membership of an InfiniBand port live in
 // one (rdmacm/saclient), not in the provider. A package registers its
 // client from init with RegisterClient; every host then calls Add for
-// each device it registers and Remove when the device goes.
+// each device it registers and Remove when the device goes. Clients sit
+// beside the CM, on verbs' devices: neither providers (which implement
+// verbs/driver) nor programs register one, and it stays in verbs because
+// its methods take a *Device.
 type Client interface {
 	// Add is called when dev joins its host's device list, before
 	// RegisterDevice returns (the kernel's add_one). It may wait for the
@@ -22,6 +25,7 @@ type Client interface {
 // client's state of a device to the device's report (Device.Inspect),
 // e.g. the SA memberships of an InfiniBand port.
 type ClientInspector interface {
+	// InspectDevice adds the client's state of dev to r.
 	InspectDevice(dev *Device, r *DeviceReport)
 }
 

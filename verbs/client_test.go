@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // recClient records what the host tells it of the devices of host (the
@@ -66,7 +67,7 @@ func (c *recClient) events() []string {
 
 // inspectOps is a backend with a name and a report of its own.
 type inspectOps struct {
-	verbs.DeviceOps
+	driver.DeviceOps
 	name string
 }
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"syscall"
+
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // CompChannel is a completion event channel (struct ibv_comp_channel): the
@@ -14,10 +16,10 @@ import (
 // C; GetCQEvent takes the next event.
 type CompChannel struct {
 	ctx *Context
-	ops CompChannelOps
+	ops driver.CompChannelOps
 
 	mu       sync.Mutex
-	cqs      map[CQOps]*CQ
+	cqs      map[driver.CQOps]*CQ
 	nonblock bool
 	dead     bool
 }
@@ -29,7 +31,7 @@ func (c *Context) CreateCompChannel() (*CompChannel, error) {
 	if err != nil {
 		return nil, OpError("ibv_create_comp_channel", c.dev.Name(), err)
 	}
-	return &CompChannel{ctx: c, ops: ops, cqs: map[CQOps]*CQ{}}, nil
+	return &CompChannel{ctx: c, ops: ops, cqs: map[driver.CQOps]*CQ{}}, nil
 }
 
 // NumCompVectors returns the number of completion vectors of the device
@@ -120,7 +122,7 @@ func (c *Context) CreateCQEx(cqe int, init CQInit) (*CQ, error) {
 	if init.Vector < 0 || init.Vector >= c.ops.NumCompVectors() {
 		return nil, OpError("ibv_create_cq", c.dev.Name(), fmt.Errorf("completion vector %d of %d: %w", init.Vector, c.ops.NumCompVectors(), syscall.EINVAL))
 	}
-	var chOps CompChannelOps
+	var chOps driver.CompChannelOps
 	if ch := init.Channel; ch != nil {
 		if ch.ctx.dev != c.dev {
 			return nil, OpError("ibv_create_cq", c.dev.Name(), fmt.Errorf("channel of another device: %w", syscall.EINVAL))

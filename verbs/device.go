@@ -1,11 +1,14 @@
 // Package verbs is softrdma's libibverbs: devices, protection domains,
 // memory regions, completion queues, UD queue pairs, address handles and
-// multicast attach/detach, with libibverbs' names and errno contract.
+// multicast attach/detach, with libibverbs' names and errno contract. It
+// is what programs use.
 //
-// The objects are handles over a backend (see DeviceOps): softrdma's
-// software verbs core (provider/softverbs) under the RoCEv2 device
-// (provider/rxe) and the emulated InfiniBand port (provider/ib). A
-// provider registers each device it creates with RegisterDevice.
+// The objects are handles over a backend, which implements package
+// verbs/driver (as a database/sql driver implements database/sql/driver):
+// softrdma's software verbs core (provider/softverbs) under the RoCEv2
+// device (provider/rxe) and the emulated InfiniBand port (provider/ib),
+// or the kernel's devices (provider/rdmacore). A program picks the kinds
+// of device it has by importing their packages (provider/all: every one).
 //
 // Errors carry the errno libibverbs would set: errors.Is(err, syscall.EINVAL).
 package verbs
@@ -14,11 +17,13 @@ import (
 	"fmt"
 	"sync"
 	"syscall"
+
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // Device is an RDMA device (struct ibv_device).
 type Device struct {
-	ops  DeviceOps
+	ops  driver.DeviceOps
 	host *Host
 
 	mu         sync.Mutex
@@ -28,7 +33,7 @@ type Device struct {
 
 // RegisterDevice adds a backend's device to DefaultHost's device list and
 // returns it.
-func RegisterDevice(ops DeviceOps) *Device { return defaultHost.RegisterDevice(ops) }
+func RegisterDevice(ops driver.DeviceOps) *Device { return defaultHost.RegisterDevice(ops) }
 
 // UnregisterDevice removes a device from its host's device list. Open
 // contexts keep working until they are closed.
@@ -52,7 +57,7 @@ func (d *Device) Name() string { return d.ops.Name() }
 func (d *Device) GUID() uint64 { return d.ops.Attr().NodeGUID }
 
 // Ops returns the backend's side of the device.
-func (d *Device) Ops() DeviceOps { return d.ops }
+func (d *Device) Ops() driver.DeviceOps { return d.ops }
 
 // Open opens the device (ibv_open_device).
 func (d *Device) Open() (_ *Context, err error) {
@@ -72,7 +77,7 @@ func (d *Device) Open() (_ *Context, err error) {
 // Context is an open device (struct ibv_context).
 type Context struct {
 	dev   *Device
-	ops   ContextOps
+	ops   driver.ContextOps
 	async asyncState // asynchronous events (async.go)
 }
 
@@ -80,7 +85,7 @@ type Context struct {
 func (c *Context) Device() *Device { return c.dev }
 
 // Ops returns the backend's side of the context.
-func (c *Context) Ops() ContextOps { return c.ops }
+func (c *Context) Ops() driver.ContextOps { return c.ops }
 
 // QueryDevice returns the device attributes (ibv_query_device).
 func (c *Context) QueryDevice() DeviceAttr { return c.dev.ops.Attr() }

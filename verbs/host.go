@@ -5,14 +5,15 @@ import (
 	"sync"
 
 	"github.com/softrdma/softrdma/internal/envvars"
-	"github.com/softrdma/softrdma/internal/registry"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // Host is one program's RDMA world: its device list (what
 // ibv_get_device_list returns) and the state that providers and the RDMA
-// CM keep for it. The package-level functions (DeviceList, RegisterDevice…)
-// use DefaultHost; a test builds an isolated Host with NewHost and closes
-// it, and nothing it did outlives it.
+// CM keep for it (the driver.Host its providers get). The package-level
+// functions (DeviceList, RegisterDevice…) use DefaultHost; a test builds
+// an isolated Host with NewHost and closes it, and nothing it did
+// outlives it.
 type Host struct {
 	mu        sync.Mutex // devs, closers, watchers
 	devs      []*Device
@@ -29,28 +30,14 @@ func NewHost() *Host { return &Host{vals: map[any]any{}} }
 
 var defaultHost = NewHost()
 
+var _ driver.Host = (*Host)(nil)
+
 // DefaultHost returns the host behind the package-level functions.
 func DefaultHost() *Host { return defaultHost }
 
-// Provider is a kind of device (a provider of rdma-core's providers/): it
-// makes the devices of a host exist, as ibv_get_device_list finds the
-// devices of every registered driver.
-type Provider interface {
-	// Discover registers the host's devices of this provider that do not
-	// exist yet.
-	Discover(h *Host)
-}
-
-var providers = registry.New[Provider]("provider")
-
-// RegisterProvider adds a provider to every host's device discovery under
-// name (a provider package calls it from init, like rdma-core's
-// PROVIDER_DRIVER). It panics when name is empty or taken, or p is nil.
-func RegisterProvider(name string, p Provider) { providers.Register(name, p) }
-
 // RegisterDevice adds a backend's device to the host's device list and
-// returns it.
-func (h *Host) RegisterDevice(ops DeviceOps) *Device {
+// returns it (a provider's side, the kernel's ib_register_device).
+func (h *Host) RegisterDevice(ops driver.DeviceOps) *Device {
 	dev := &Device{ops: ops, host: h}
 	h.mu.Lock()
 	h.devs = append(h.devs, dev)
@@ -68,8 +55,9 @@ func (h *Host) RegisterDevice(ops DeviceOps) *Device {
 	return dev
 }
 
-// UnregisterDevice removes a device from the host's device list. Open
-// contexts keep working until they are closed; Open fails with ENODEV.
+// UnregisterDevice removes a device from the host's device list (a
+// provider's side). Open contexts keep working until they are closed;
+// Open fails with ENODEV.
 func (h *Host) UnregisterDevice(dev *Device) {
 	h.mu.Lock()
 	present := slices.Contains(h.devs, dev)
@@ -93,10 +81,22 @@ func (h *Host) UnregisterDevice(dev *Device) {
 // softrdma does not read (a misspelling would otherwise go unnoticed).
 func (h *Host) DeviceList() []*Device {
 	envvars.WarnOnce()
-	for _, p := range providers.All() {
+	for _, p := range driver.Providers() {
 		p.Discover(h)
 	}
 	return h.Devices()
+}
+
+// deviceOf returns the host's device whose backend is ops, or nil.
+func (h *Host) deviceOf(ops driver.DeviceOps) *Device {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, d := range h.devs {
+		if d.ops == ops {
+			return d
+		}
+	}
+	return nil
 }
 
 // Devices returns the devices registered so far, without discovery.

@@ -6,19 +6,21 @@ import (
 	"sync"
 	"syscall"
 	"unsafe"
+
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // PD is a protection domain (struct ibv_pd).
 type PD struct {
 	ctx *Context
-	ops PDOps
+	ops driver.PDOps
 }
 
 // Context returns the device context of the PD.
 func (pd *PD) Context() *Context { return pd.ctx }
 
 // Ops returns the backend's side of the PD.
-func (pd *PD) Ops() PDOps { return pd.ops }
+func (pd *PD) Ops() driver.PDOps { return pd.ops }
 
 // Dealloc frees the PD (ibv_dealloc_pd). It fails with EBUSY while memory
 // regions, QPs or address handles of the PD exist.
@@ -53,7 +55,10 @@ func (pd *PD) CreateQP(init *QPInitAttr) (*QP, error) {
 	if init == nil || init.SendCQ == nil || init.RecvCQ == nil {
 		return nil, OpError("ibv_create_qp", "", fmt.Errorf("missing attributes or CQ: %w", syscall.EINVAL))
 	}
-	ops, err := pd.ops.CreateQP(init)
+	ops, err := pd.ops.CreateQP(&driver.QPInitAttr{
+		Context: init.Context, SendCQ: init.SendCQ.ops, RecvCQ: init.RecvCQ.ops,
+		Cap: init.Cap, QPType: init.QPType, SQSigAll: init.SQSigAll, CreateFlags: init.CreateFlags,
+	})
 	if err != nil {
 		return nil, OpError("ibv_create_qp", "", err)
 	}
@@ -66,14 +71,14 @@ func (pd *PD) CreateQP(init *QPInitAttr) (*QP, error) {
 // MR is a registered memory region (struct ibv_mr) over a Go byte slice.
 type MR struct {
 	pd   *PD
-	ops  MROps
+	ops  driver.MROps
 	buf  []byte
 	addr uint64
 	lkey uint32
 }
 
 // Ops returns the backend's side of the MR.
-func (mr *MR) Ops() MROps { return mr.ops }
+func (mr *MR) Ops() driver.MROps { return mr.ops }
 
 // PD returns the protection domain of the MR.
 func (mr *MR) PD() *PD { return mr.pd }
@@ -102,10 +107,12 @@ func (mr *MR) SGE(off, length int) SGE {
 	return SGE{Addr: mr.addr + uint64(off), Length: uint32(length), LKey: mr.lkey}
 }
 
+var _ driver.AH = (*AH)(nil)
+
 // AH is an address handle (struct ibv_ah).
 type AH struct {
 	pd   *PD
-	ops  AHOps
+	ops  driver.AHOps
 	attr AHAttr
 }
 
@@ -115,8 +122,13 @@ func (ah *AH) Attr() AHAttr { return ah.attr }
 // PD returns the protection domain of the AH.
 func (ah *AH) PD() *PD { return ah.pd }
 
-// Ops returns the backend's side of the AH.
-func (ah *AH) Ops() AHOps { return ah.ops }
+// Ops returns the backend's side of the AH (driver.AH); nil for a nil AH.
+func (ah *AH) Ops() driver.AHOps {
+	if ah == nil {
+		return nil
+	}
+	return ah.ops
+}
 
 // Destroy destroys the address handle (ibv_destroy_ah).
 func (ah *AH) Destroy() error { return OpError("ibv_destroy_ah", "", ah.ops.Destroy()) }
@@ -127,7 +139,7 @@ func (ah *AH) Destroy() error { return OpError("ibv_destroy_ah", "", ah.ops.Dest
 // AckEvents), as in C.
 type CQ struct {
 	ctx         *Context
-	ops         CQOps
+	ops         driver.CQOps
 	cap         int
 	userContext any
 	channel     *CompChannel
@@ -174,7 +186,7 @@ func (cq *CQ) Cap() int { return cq.cap }
 func (cq *CQ) Context() *Context { return cq.ctx }
 
 // Ops returns the backend's side of the CQ.
-func (cq *CQ) Ops() CQOps { return cq.ops }
+func (cq *CQ) Ops() driver.CQOps { return cq.ops }
 
 // Poll moves up to len(wc) completions into wc and returns how many
 // (ibv_poll_cq). It fails with EOVERFLOW once completions were lost because
@@ -232,7 +244,7 @@ func (cq *CQ) Destroy() error {
 // QP is a queue pair (struct ibv_qp). Only UD QPs are supported.
 type QP struct {
 	pd      *PD
-	ops     QPOps
+	ops     driver.QPOps
 	qpn     uint32
 	sendCQ  *CQ
 	recvCQ  *CQ
@@ -242,7 +254,7 @@ type QP struct {
 }
 
 // Ops returns the backend's side of the QP.
-func (qp *QP) Ops() QPOps { return qp.ops }
+func (qp *QP) Ops() driver.QPOps { return qp.ops }
 
 // Num returns the QP number (qp->qp_num).
 func (qp *QP) Num() uint32 { return qp.qpn }

@@ -1,34 +1,32 @@
 package verbs
 
 import (
-	"fmt"
-
+	"github.com/softrdma/softrdma/verbs/driver"
 	"github.com/softrdma/softrdma/wire"
 )
+
+// The plain data of the verbs (attributes, work requests, completions,
+// enums, reports) is defined in package driver, which the backends
+// implement and verbs sits on; the names here are aliases of those
+// (type WC = driver.WC), so a program uses verbs' names only, and a
+// completion goes from a backend to the program without a conversion.
+// QPInitAttr is verbs' own: it names verbs' CQs.
 
 // GID is a 128-bit global identifier (ibv_gid). On RoCEv2 an IPv4 address
 // appears in its IPv4-mapped form ::ffff:a.b.c.d.
 type GID = wire.GID
 
 // MTU is an InfiniBand path MTU enum (enum ibv_mtu).
-type MTU uint8
+type MTU = driver.MTU
 
 // IB MTU values, as in enum ibv_mtu.
 const (
-	MTU256  MTU = 1
-	MTU512  MTU = 2
-	MTU1024 MTU = 3
-	MTU2048 MTU = 4
-	MTU4096 MTU = 5
+	MTU256  MTU = driver.MTU256
+	MTU512  MTU = driver.MTU512
+	MTU1024 MTU = driver.MTU1024
+	MTU2048 MTU = driver.MTU2048
+	MTU4096 MTU = driver.MTU4096
 )
-
-// Bytes returns the MTU in bytes (1 << (mtu + 7)), or 0 for an invalid value.
-func (m MTU) Bytes() int {
-	if m < MTU256 || m > MTU4096 {
-		return 0
-	}
-	return 1 << (uint(m) + 7)
-}
 
 // MTUFromBytes returns the largest IB MTU that is not larger than n bytes,
 // or 0 when n is smaller than 256.
@@ -42,214 +40,94 @@ func MTUFromBytes(n int) MTU {
 }
 
 // LinkLayer is the link layer of a port (IBV_LINK_LAYER_*).
-type LinkLayer uint8
+type LinkLayer = driver.LinkLayer
 
 // Link layers.
 const (
-	LinkLayerUnspecified LinkLayer = 0
-	LinkLayerInfiniBand  LinkLayer = 1
-	LinkLayerEthernet    LinkLayer = 2
+	LinkLayerUnspecified LinkLayer = driver.LinkLayerUnspecified
+	LinkLayerInfiniBand  LinkLayer = driver.LinkLayerInfiniBand
+	LinkLayerEthernet    LinkLayer = driver.LinkLayerEthernet
 )
 
-// String returns the name ibv_devinfo prints.
-func (l LinkLayer) String() string {
-	switch l {
-	case LinkLayerInfiniBand:
-		return "InfiniBand"
-	case LinkLayerEthernet:
-		return "Ethernet"
-	}
-	return "Unknown"
-}
-
 // PortState is a port's logical state (enum ibv_port_state).
-type PortState uint8
+type PortState = driver.PortState
 
 // Port states.
 const (
-	PortNop    PortState = 0
-	PortDown   PortState = 1
-	PortInit   PortState = 2
-	PortArmed  PortState = 3
-	PortActive PortState = 4
+	PortNop    PortState = driver.PortNop
+	PortDown   PortState = driver.PortDown
+	PortInit   PortState = driver.PortInit
+	PortArmed  PortState = driver.PortArmed
+	PortActive PortState = driver.PortActive
 )
 
-// String returns the ibv_port_state_str name.
-func (s PortState) String() string {
-	switch s {
-	case PortNop:
-		return "PORT_NOP"
-	case PortDown:
-		return "PORT_DOWN"
-	case PortInit:
-		return "PORT_INIT"
-	case PortArmed:
-		return "PORT_ARMED"
-	case PortActive:
-		return "PORT_ACTIVE"
-	}
-	return "unknown"
-}
-
 // GIDType is the type of a GID table entry.
-type GIDType uint8
+type GIDType = driver.GIDType
 
 // GID types.
 const (
-	GIDTypeIB     GIDType = 0
-	GIDTypeRoCEv1 GIDType = 1
-	GIDTypeRoCEv2 GIDType = 2
+	GIDTypeIB     GIDType = driver.GIDTypeIB
+	GIDTypeRoCEv1 GIDType = driver.GIDTypeRoCEv1
+	GIDTypeRoCEv2 GIDType = driver.GIDTypeRoCEv2
 )
 
-// String names the GID type like the kernel's sysfs gid_attrs/types.
-func (t GIDType) String() string {
-	switch t {
-	case GIDTypeIB:
-		return "IB/RoCE v1"
-	case GIDTypeRoCEv1:
-		return "RoCE v1"
-	case GIDTypeRoCEv2:
-		return "RoCE v2"
-	}
-	return "unknown"
-}
-
 // GIDEntry is one entry of a port's GID table (ibv_gid_entry).
-type GIDEntry struct {
-	GID       GID
-	Index     int
-	PortNum   uint8
-	Type      GIDType
-	NetdevIdx int // interface index of the netdev the GID belongs to (0 for IB)
-}
+type GIDEntry = driver.GIDEntry
 
 // DeviceAttr holds device capabilities (struct ibv_device_attr, the fields
 // that matter for UD multicast).
-type DeviceAttr struct {
-	NodeGUID         uint64
-	SysImageGUID     uint64
-	VendorID         uint32
-	VendorPartID     uint32
-	HWVer            uint32
-	FWVer            string
-	PhysPortCnt      uint8
-	MaxQP            int
-	MaxQPWR          int
-	MaxSGE           int
-	MaxCQ            int
-	MaxCQE           int
-	MaxMR            int
-	MaxPD            int
-	MaxAH            int
-	MaxMcastGrp      int // max_mcast_grp: distinct multicast groups on the device
-	MaxMcastQPAttach int // max_mcast_qp_attach: QPs attached to one group
-	MaxTotalMcastQP  int // max_total_mcast_qp_attach: attachments over all groups
-	MaxInlineData    int
-}
+type DeviceAttr = driver.DeviceAttr
 
 // PortAttr holds a port's attributes (struct ibv_port_attr).
-type PortAttr struct {
-	State      PortState
-	MaxMTU     MTU
-	ActiveMTU  MTU
-	GIDTblLen  int
-	PKeyTblLen int
-	LID        uint16
-	SMLID      uint16
-	LMC        uint8
-	SMSL       uint8
-	LinkLayer  LinkLayer
-	// NetdevMTU is the MTU of the Ethernet interface below a RoCE port (0 on IB).
-	NetdevMTU int
-}
+type PortAttr = driver.PortAttr
 
 // Access flags for memory registration (enum ibv_access_flags).
-type Access uint32
+type Access = driver.Access
 
 // Access flags.
 const (
-	AccessLocalWrite   Access = 1 << 0
-	AccessRemoteWrite  Access = 1 << 1
-	AccessRemoteRead   Access = 1 << 2
-	AccessRemoteAtomic Access = 1 << 3
+	AccessLocalWrite   Access = driver.AccessLocalWrite
+	AccessRemoteWrite  Access = driver.AccessRemoteWrite
+	AccessRemoteRead   Access = driver.AccessRemoteRead
+	AccessRemoteAtomic Access = driver.AccessRemoteAtomic
 )
 
 // QPType is a QP transport type (enum ibv_qp_type).
-type QPType uint8
+type QPType = driver.QPType
 
 // QP types. Only UD is implemented by the providers in this module.
 const (
-	QPTypeRC QPType = 2
-	QPTypeUC QPType = 3
-	QPTypeUD QPType = 4
+	QPTypeRC QPType = driver.QPTypeRC
+	QPTypeUC QPType = driver.QPTypeUC
+	QPTypeUD QPType = driver.QPTypeUD
 )
 
-// String returns the C enum name.
-func (t QPType) String() string {
-	switch t {
-	case QPTypeRC:
-		return "IBV_QPT_RC"
-	case QPTypeUC:
-		return "IBV_QPT_UC"
-	case QPTypeUD:
-		return "IBV_QPT_UD"
-	}
-	return "unknown"
-}
-
 // QPState is a QP state (enum ibv_qp_state).
-type QPState uint8
+type QPState = driver.QPState
 
 // QP states.
 const (
-	QPSReset QPState = 0
-	QPSInit  QPState = 1
-	QPSRTR   QPState = 2
-	QPSRTS   QPState = 3
-	QPSSQD   QPState = 4
-	QPSSQE   QPState = 5
-	QPSErr   QPState = 6
+	QPSReset QPState = driver.QPSReset
+	QPSInit  QPState = driver.QPSInit
+	QPSRTR   QPState = driver.QPSRTR
+	QPSRTS   QPState = driver.QPSRTS
+	QPSSQD   QPState = driver.QPSSQD
+	QPSSQE   QPState = driver.QPSSQE
+	QPSErr   QPState = driver.QPSErr
 )
 
-// String returns the state name as ibv_qp_state_str would.
-func (s QPState) String() string {
-	switch s {
-	case QPSReset:
-		return "RESET"
-	case QPSInit:
-		return "INIT"
-	case QPSRTR:
-		return "RTR"
-	case QPSRTS:
-		return "RTS"
-	case QPSSQD:
-		return "SQD"
-	case QPSSQE:
-		return "SQE"
-	case QPSErr:
-		return "ERR"
-	}
-	return "unknown"
-}
-
 // CreateFlags are QP creation flags (enum ibv_qp_create_flags).
-type CreateFlags uint32
+type CreateFlags = driver.CreateFlags
 
 // QP creation flags.
 const (
 	// CreateBlockSelfMcastLB prevents the QP from receiving the multicast
 	// datagrams it sent itself (IBV_QP_CREATE_BLOCK_SELF_MCAST_LB).
-	CreateBlockSelfMcastLB CreateFlags = 1 << 1
+	CreateBlockSelfMcastLB CreateFlags = driver.CreateBlockSelfMcastLB
 )
 
 // QPCap are a QP's work queue sizes (struct ibv_qp_cap).
-type QPCap struct {
-	MaxSendWR     int
-	MaxRecvWR     int
-	MaxSendSGE    int
-	MaxRecvSGE    int
-	MaxInlineData int
-}
+type QPCap = driver.QPCap
 
 // QPInitAttr describes a QP to create (struct ibv_qp_init_attr_ex, the UD subset).
 type QPInitAttr struct {
@@ -263,187 +141,175 @@ type QPInitAttr struct {
 }
 
 // QPAttrMask selects the QPAttr fields that Modify applies (enum ibv_qp_attr_mask).
-type QPAttrMask uint32
+type QPAttrMask = driver.QPAttrMask
 
 // QP attribute mask bits.
 const (
-	QPAttrState   QPAttrMask = 1 << 0
-	QPAttrPKeyIdx QPAttrMask = 1 << 4
-	QPAttrPort    QPAttrMask = 1 << 5
-	QPAttrQKey    QPAttrMask = 1 << 6
-	QPAttrSQPSN   QPAttrMask = 1 << 16
+	QPAttrState   QPAttrMask = driver.QPAttrState
+	QPAttrPKeyIdx QPAttrMask = driver.QPAttrPKeyIdx
+	QPAttrPort    QPAttrMask = driver.QPAttrPort
+	QPAttrQKey    QPAttrMask = driver.QPAttrQKey
+	QPAttrSQPSN   QPAttrMask = driver.QPAttrSQPSN
 )
 
 // QPAttr holds QP attributes (struct ibv_qp_attr, the UD subset).
-type QPAttr struct {
-	State    QPState
-	PKeyIdx  uint16
-	PortNum  uint8
-	QKey     uint32
-	SQPSN    uint32
-	Cap      QPCap
-	CurState QPState
-}
+type QPAttr = driver.QPAttr
 
 // GlobalRoute is the GRH part of an address handle (struct ibv_global_route).
-type GlobalRoute struct {
-	DGID         GID
-	FlowLabel    uint32
-	SGIDIndex    uint8
-	HopLimit     uint8
-	TrafficClass uint8
-}
+type GlobalRoute = driver.GlobalRoute
 
 // AHAttr describes an address handle (struct ibv_ah_attr).
-type AHAttr struct {
-	GRH         GlobalRoute
-	DLID        uint16
-	SL          uint8
-	SrcPathBits uint8
-	StaticRate  uint8
-	IsGlobal    bool
-	PortNum     uint8
-}
+type AHAttr = driver.AHAttr
 
 // SGE is a scatter/gather element (struct ibv_sge). Addr is an address
 // inside a registered memory region (see MR.Addr), LKey that region's key.
-type SGE struct {
-	Addr   uint64
-	Length uint32
-	LKey   uint32
-}
+type SGE = driver.SGE
 
 // WROpcode is a send work request opcode (enum ibv_wr_opcode).
-type WROpcode uint8
+type WROpcode = driver.WROpcode
 
 // Send opcodes valid on UD QPs.
 const (
-	WRSend        WROpcode = 2
-	WRSendWithImm WROpcode = 3
+	WRSend        WROpcode = driver.WRSend
+	WRSendWithImm WROpcode = driver.WRSendWithImm
 )
 
-// wrOpcodeNames are the names of enum ibv_wr_opcode.
-var wrOpcodeNames = [...]string{
-	"IBV_WR_RDMA_WRITE", "IBV_WR_RDMA_WRITE_WITH_IMM", "IBV_WR_SEND", "IBV_WR_SEND_WITH_IMM",
-	"IBV_WR_RDMA_READ", "IBV_WR_ATOMIC_CMP_AND_SWP", "IBV_WR_ATOMIC_FETCH_AND_ADD",
-}
-
-// String returns the opcode's libibverbs name and number, e.g.
-// "IBV_WR_RDMA_WRITE (0)" (the zero value: a SendWR whose Opcode was not
-// set).
-func (o WROpcode) String() string {
-	if int(o) < len(wrOpcodeNames) {
-		return fmt.Sprintf("%s (%d)", wrOpcodeNames[o], uint8(o))
-	}
-	return fmt.Sprintf("opcode %d", uint8(o))
-}
-
 // SendFlags modify a send work request (enum ibv_send_flags).
-type SendFlags uint32
+type SendFlags = driver.SendFlags
 
 // Send flags.
 const (
-	SendFence     SendFlags = 1 << 0
-	SendSignaled  SendFlags = 1 << 1
-	SendSolicited SendFlags = 1 << 2
-	SendInline    SendFlags = 1 << 3
+	SendFence     SendFlags = driver.SendFence
+	SendSignaled  SendFlags = driver.SendSignaled
+	SendSolicited SendFlags = driver.SendSolicited
+	SendInline    SendFlags = driver.SendInline
 )
 
 // UDWR is the UD part of a send work request (wr.ud).
-type UDWR struct {
-	AH         *AH
-	RemoteQPN  uint32
-	RemoteQKey uint32
-}
+type UDWR = driver.UDWR
 
 // SendWR is a send work request (struct ibv_send_wr). Requests may be
 // chained through Next, as in C.
-type SendWR struct {
-	WRID    uint64
-	Next    *SendWR
-	SGList  []SGE
-	Opcode  WROpcode
-	Flags   SendFlags
-	ImmData uint32 // immediate value in host order (C: be32toh(wr.imm_data))
-	UD      UDWR
-}
+type SendWR = driver.SendWR
 
 // RecvWR is a receive work request (struct ibv_recv_wr).
-type RecvWR struct {
-	WRID   uint64
-	Next   *RecvWR
-	SGList []SGE
-}
+type RecvWR = driver.RecvWR
 
 // WCStatus is a work completion status (enum ibv_wc_status).
-type WCStatus uint8
+type WCStatus = driver.WCStatus
 
 // Completion statuses used by this module.
 const (
-	WCSuccess      WCStatus = 0
-	WCLocLenErr    WCStatus = 1
-	WCLocQPOpErr   WCStatus = 2
-	WCLocProtErr   WCStatus = 4
-	WCWRFlushErr   WCStatus = 5
-	WCRemInvReqErr WCStatus = 9
-	WCGeneralErr   WCStatus = 21
+	WCSuccess      WCStatus = driver.WCSuccess
+	WCLocLenErr    WCStatus = driver.WCLocLenErr
+	WCLocQPOpErr   WCStatus = driver.WCLocQPOpErr
+	WCLocProtErr   WCStatus = driver.WCLocProtErr
+	WCWRFlushErr   WCStatus = driver.WCWRFlushErr
+	WCRemInvReqErr WCStatus = driver.WCRemInvReqErr
+	WCGeneralErr   WCStatus = driver.WCGeneralErr
 )
 
-// String returns ibv_wc_status_str's text.
-func (s WCStatus) String() string {
-	switch s {
-	case WCSuccess:
-		return "success"
-	case WCLocLenErr:
-		return "local length error"
-	case WCLocQPOpErr:
-		return "local QP operation error"
-	case WCLocProtErr:
-		return "local protection error"
-	case WCWRFlushErr:
-		return "Work Request Flushed Error"
-	case WCRemInvReqErr:
-		return "remote invalid request error"
-	case WCGeneralErr:
-		return "general error"
-	}
-	return "unknown"
-}
-
 // WCOpcode is a work completion opcode (enum ibv_wc_opcode).
-type WCOpcode uint8
+type WCOpcode = driver.WCOpcode
 
 // Completion opcodes.
 const (
-	WCOpSend WCOpcode = 0
-	WCOpRecv WCOpcode = 128
+	WCOpSend WCOpcode = driver.WCOpSend
+	WCOpRecv WCOpcode = driver.WCOpRecv
 )
 
 // WCFlags are work completion flags (enum ibv_wc_flags).
-type WCFlags uint32
+type WCFlags = driver.WCFlags
 
 // Completion flags.
 const (
-	WCGRH     WCFlags = 1 << 0
-	WCWithImm WCFlags = 1 << 1
+	WCGRH     WCFlags = driver.WCGRH
+	WCWithImm WCFlags = driver.WCWithImm
 )
 
 // WC is a work completion (struct ibv_wc).
-type WC struct {
-	WRID         uint64
-	Status       WCStatus
-	Opcode       WCOpcode
-	VendorErr    uint32
-	ByteLen      uint32
-	ImmData      uint32 // host order (C: be32toh(wc.imm_data)), valid with WCWithImm
-	QPNum        uint32
-	SrcQP        uint32
-	Flags        WCFlags
-	PKeyIndex    uint16
-	SLID         uint16
-	SL           uint8
-	DLIDPathBits uint8
-}
+type WC = driver.WC
+
+// DeviceReport is a read-only view of a device.
+type DeviceReport = driver.DeviceReport
+
+// NetdevReport names the network interface of a RoCE device.
+type NetdevReport = driver.NetdevReport
+
+// UsageCount is one usage figure of a device.
+type UsageCount = driver.UsageCount
+
+// QPReport is the view of one QP.
+type QPReport = driver.QPReport
+
+// McastAttachment is one multicast attachment of a QP: an MGID and the
+// MLID it was attached with (0 on RoCE).
+type McastAttachment = driver.McastAttachment
+
+// GroupReport is one multicast group of a device.
+type GroupReport = driver.GroupReport
+
+// DeviceEvent is a change of a device's network side that tools log.
+type DeviceEvent = driver.DeviceEvent
+
+// CounterScope says where a counter is kept.
+type CounterScope = driver.CounterScope
+
+// Counter scopes.
+const (
+	// ScopeDevice counters are kept per device only.
+	ScopeDevice CounterScope = driver.ScopeDevice
+	// ScopeQP counters are kept per device and per QP.
+	ScopeQP CounterScope = driver.ScopeQP
+)
+
+// CounterDesc is one counter of a device's schema.
+type CounterDesc = driver.CounterDesc
+
+// Link types of frames, as pcap names them (LINKTYPE_*).
+const (
+	// LinkTypeEthernet is Ethernet frames (RoCE).
+	LinkTypeEthernet uint32 = driver.LinkTypeEthernet
+	// LinkTypeInfiniBand is InfiniBand packets from the LRH on (Wireshark
+	// decodes them).
+	LinkTypeInfiniBand uint32 = driver.LinkTypeInfiniBand
+)
+
+// Frame is one packet a device sent or received, as its link carries it.
+type Frame = driver.Frame
+
+// AsyncEventType is the kind of an asynchronous event (enum
+// ibv_event_type, with libibverbs' values).
+type AsyncEventType = driver.AsyncEventType
+
+// Asynchronous event types.
+const (
+	EventCQErr            AsyncEventType = driver.EventCQErr
+	EventQPFatal          AsyncEventType = driver.EventQPFatal
+	EventQPReqErr         AsyncEventType = driver.EventQPReqErr
+	EventQPAccessErr      AsyncEventType = driver.EventQPAccessErr
+	EventCommEst          AsyncEventType = driver.EventCommEst
+	EventSQDrained        AsyncEventType = driver.EventSQDrained
+	EventPathMig          AsyncEventType = driver.EventPathMig
+	EventPathMigErr       AsyncEventType = driver.EventPathMigErr
+	EventDeviceFatal      AsyncEventType = driver.EventDeviceFatal
+	EventPortActive       AsyncEventType = driver.EventPortActive
+	EventPortErr          AsyncEventType = driver.EventPortErr
+	EventLIDChange        AsyncEventType = driver.EventLIDChange
+	EventPKeyChange       AsyncEventType = driver.EventPKeyChange
+	EventSMChange         AsyncEventType = driver.EventSMChange
+	EventSRQErr           AsyncEventType = driver.EventSRQErr
+	EventSRQLimitReached  AsyncEventType = driver.EventSRQLimitReached
+	EventQPLastWQEReached AsyncEventType = driver.EventQPLastWQEReached
+	EventClientReregister AsyncEventType = driver.EventClientReregister
+	EventGIDChange        AsyncEventType = driver.EventGIDChange
+	EventWQFatal          AsyncEventType = driver.EventWQFatal
+)
+
+// AsyncEvent is an asynchronous event of a device (struct
+// ibv_async_event). softrdma's devices raise port events: PortNum names
+// the port.
+type AsyncEvent = driver.AsyncEvent
 
 // Multicast constants shared by verbs users.
 const (

@@ -10,7 +10,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/test/testenv"
-	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // TestExecUdaddy runs Debian's unmodified udaddy (rdmacm-utils) through
@@ -33,7 +33,7 @@ func TestExecUdaddy(t *testing.T) {
 	}
 	// udaddy says nothing once it listens: its claim of the service (port
 	// 7174 of RDMA_PS_UDP) shows in /proc/net/unix.
-	claim := "@softrdma/" + fmt.Sprint(os.Geteuid()) + "/gsi/" + verbs.GSIServiceKey(mad.ServiceID(0x0111, 7174))
+	claim := "@softrdma/" + fmt.Sprint(os.Geteuid()) + "/gsi/" + driver.GSIServiceKey(mad.ServiceID(0x0111, 7174))
 	for !unixNameListed(t, claim) {
 		if ctx.Err() != nil {
 			t.Fatalf("the server never listened (%s):\n%s", claim, sout)

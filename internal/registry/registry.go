@@ -1,5 +1,5 @@
 // Package registry is the one shape of softrdma's registrations: the
-// kinds of device (verbs.RegisterProvider, verbs.RegisterAddrOwner), the
+// kinds of device (driver.Register, driver.RegisterAddrOwner), the
 // per-device clients (verbs.RegisterClient) and the kernel's CM stack
 // (kernelcm.Register). Each registration is named; an empty name, a nil
 // value or a name registered twice panics, as database/sql's Register

@@ -1,6 +1,9 @@
 package ib
 
-import "github.com/softrdma/softrdma/verbs"
+import (
+	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
+)
 
 // asyncType is the libibverbs event of a port event.
 var asyncType = map[PortEventKind]verbs.AsyncEventType{
@@ -11,7 +14,7 @@ var asyncType = map[PortEventKind]verbs.AsyncEventType{
 }
 
 // SubscribeAsync reports the port's events as libibverbs' asynchronous
-// events of port 1 (verbs.AsyncEventSource, through the verbs core): the
+// events of port 1 (driver.AsyncEventSource, through the verbs core): the
 // SM lost (IBV_EVENT_PORT_ERR) and back (IBV_EVENT_PORT_ACTIVE), a new
 // LID (IBV_EVENT_LID_CHANGE) and an SM restart
 // (IBV_EVENT_CLIENT_REREGISTER), as the kernel's port events.
@@ -23,4 +26,4 @@ func (d *Device) SubscribeAsync(fn func(verbs.AsyncEvent)) (cancel func()) {
 	})
 }
 
-var _ verbs.AsyncEventSource = (*Device)(nil)
+var _ driver.AsyncEventSource = (*Device)(nil)

@@ -5,7 +5,7 @@
 // real IB packets (LRH/GRH/BTH/DETH/ICRC/VCRC) to the switch. It is only
 // the port: the SA client, its multicast join engine and the IPoIB
 // broadcast membership belong to the host (rdmacm/saclient, which finds
-// the port by verbs.MADPort), as in the kernel's ib_core.
+// the port by driver.MADPort), as in the kernel's ib_core.
 //
 // A port is opened with Open (or by the RDMA CM when SOFTRDMA_SM names a
 // subnet manager); the local address of its fabric socket plays the role
@@ -32,6 +32,7 @@ import (
 	"github.com/softrdma/softrdma/internal/sys/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // Config describes a port to attach to a subnet.
@@ -311,13 +312,13 @@ func (r *Registry) OpenFromEnv(a netip.Addr) (*Device, error) {
 }
 
 // addrOwner finds the port of an IPoIB address for the RDMA CM
-// (verbs.AddrOwner).
+// (driver.AddrOwner).
 type addrOwner struct{}
 
 // DeviceForAddr returns the host's open port whose IPoIB address a is, or
 // the port OpenFromEnv opens for it; (nil, nil) when there is none.
-func (addrOwner) DeviceForAddr(h *verbs.Host, a netip.Addr) (*verbs.Device, error) {
-	r := On(h)
+func (addrOwner) DeviceForAddr(h driver.Host, a netip.Addr) (driver.DeviceOps, error) {
+	r := On(h.(*verbs.Host))
 	d := r.ForAddr(a)
 	if d == nil {
 		var err error
@@ -325,7 +326,7 @@ func (addrOwner) DeviceForAddr(h *verbs.Host, a netip.Addr) (*verbs.Device, erro
 			return nil, err
 		}
 	}
-	return d.Verbs(), nil
+	return d.core, nil
 }
 
 // AddrOrder puts IB ports before kinds that claim every address of an
@@ -333,9 +334,9 @@ func (addrOwner) DeviceForAddr(h *verbs.Host, a netip.Addr) (*verbs.Device, erro
 func (addrOwner) AddrOrder() int { return 10 }
 
 // A port carries the host's SA client's MADs.
-var _ verbs.MADPort = (*Device)(nil)
+var _ driver.MADPort = (*Device)(nil)
 
-func init() { verbs.RegisterAddrOwner("ib", addrOwner{}) }
+func init() { driver.RegisterAddrOwner("ib", addrOwner{}) }
 
 // CloseAll closes every port of the host.
 func (r *Registry) CloseAll() {
@@ -351,7 +352,7 @@ func (r *Registry) CloseAll() {
 // Name returns the device name.
 func (d *Device) Name() string { return d.name }
 
-// SMLID returns the subnet manager's LID (verbs.MADPort).
+// SMLID returns the subnet manager's LID (driver.MADPort).
 func (d *Device) SMLID() uint16 {
 	d.mu.Lock()
 	defer d.mu.Unlock()

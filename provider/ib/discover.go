@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // EnvPorts names the IPoIB addresses of the InfiniBand ports a process
@@ -21,14 +22,14 @@ const EnvPorts = "SOFTRDMA_IB_PORTS"
 type discoverer struct{}
 
 // Discover opens, once per host, a port for each address of EnvPorts on
-// the subnet of SOFTRDMA_SM (verbs.Provider). A port that cannot be opened
+// the subnet of SOFTRDMA_SM (driver.Provider). A port that cannot be opened
 // is reported on stderr once and left out; a bad address too.
-func (discoverer) Discover(h *verbs.Host) {
+func (discoverer) Discover(h driver.Host) {
 	list := os.Getenv(EnvPorts)
 	if list == "" || os.Getenv("SOFTRDMA_SM") == "" {
 		return
 	}
-	r := On(h)
+	r := On(h.(*verbs.Host))
 	r.env.Lock()
 	tried := r.tried
 	r.tried = true
@@ -51,4 +52,4 @@ func (discoverer) Discover(h *verbs.Host) {
 	}
 }
 
-func init() { verbs.RegisterProvider("ib", discoverer{}) }
+func init() { driver.Register("ib", discoverer{}) }

@@ -1,6 +1,8 @@
 package ib
 
-import "github.com/softrdma/softrdma/verbs"
+import (
+	"github.com/softrdma/softrdma/verbs"
+)
 
 // String returns the event kind's name.
 func (k PortEventKind) String() string {
@@ -22,7 +24,7 @@ func (k PortEventKind) String() string {
 // client's, which adds them (verbs.ClientInspector).
 func (d *Device) InspectTransport(r *verbs.DeviceReport) { r.Kind = "ib" }
 
-// Subscribe reports the port's events as device events (verbs.EventSource,
+// Subscribe reports the port's events as device events (driver.EventSource,
 // through the verbs core), for operator tools.
 func (d *Device) Subscribe(fn func(verbs.DeviceEvent)) (cancel func()) {
 	return d.Watch(func(ev PortEvent) { fn(verbs.DeviceEvent{Kind: ev.Kind.String()}) })

@@ -11,7 +11,7 @@ import (
 	"github.com/softrdma/softrdma/wire"
 )
 
-// The port's side of the host's SA client (verbs.MADPort): it carries
+// The port's side of the host's SA client (driver.MADPort): it carries
 // MADs to the SA and hands the MADs that arrive on QP1 to the agents.
 
 // madAgent is one registered receiver of QP1's MADs.
@@ -21,7 +21,7 @@ type madAgent struct {
 }
 
 // SendSA sends a MAD to the SA as a UD packet to the SM LID, QP1
-// (verbs.MADPort).
+// (driver.MADPort).
 func (d *Device) SendSA(m []byte) error {
 	if !d.smTrusted.Load() {
 		return fmt.Errorf("ib: send SA MAD: the subnet manager at %v is not authenticated: %w", d.smAddr, syscall.ENETDOWN)
@@ -71,11 +71,11 @@ func (d *Device) control(b []byte) {
 }
 
 // SATimeout returns the port's configured SA wait and resends
-// (Config.SATimeout, Config.SARetries; verbs.MADPort).
+// (Config.SATimeout, Config.SARetries; driver.MADPort).
 func (d *Device) SATimeout() (time.Duration, int) { return d.cfg.SATimeout, d.cfg.SARetries }
 
 // RegisterMADAgent hands every MAD arriving on QP1 to fn until unregister
-// (verbs.MADPort). A MAD no agent takes is counted in SAStrayDrops.
+// (driver.MADPort). A MAD no agent takes is counted in SAStrayDrops.
 func (d *Device) RegisterMADAgent(fn func(slid uint16, srcQP uint32, mad []byte) bool) (unregister func()) {
 	d.mu.Lock()
 	id := d.nextSub

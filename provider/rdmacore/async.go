@@ -14,13 +14,14 @@ import (
 
 	"github.com/softrdma/softrdma/internal/sys/pollfd"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // SubscribeAsync delivers the context's asynchronous events (its
 // ibv_context's async_fd, as ibv_get_async_event reads them: port active
 // and error, LID, P_Key, SM and GID changes, client reregister, and
 // events of QPs, CQs and SRQs, whose element the Go API does not carry)
-// to fn until cancel is called (verbs.AsyncEventSource, asked of the
+// to fn until cancel is called (driver.AsyncEventSource, asked of the
 // context before its device). Each event is acknowledged when read. A
 // goroutine waits in ppoll on a duplicate of the fd, on its own thread;
 // the context's Close ends it.
@@ -143,4 +144,4 @@ func (r *asyncReader) run() {
 	}
 }
 
-var _ verbs.AsyncEventSource = (*kctx)(nil)
+var _ driver.AsyncEventSource = (*kctx)(nil)

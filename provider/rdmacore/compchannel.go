@@ -17,10 +17,11 @@ import (
 
 	"github.com/softrdma/softrdma/internal/sys/pollfd"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // compChannel is the program's completion channel (struct
-// ibv_comp_channel): verbs.CompChannelOps. Its fd is non-blocking; a
+// ibv_comp_channel): driver.CompChannelOps. Its fd is non-blocking; a
 // goroutine waits for an event in ppoll(2) on a duplicate of it, on its
 // own thread — not in Go's netpoller — so that the kernel's wake-up
 // reaches the waiting thread itself, with no netpoller thread woken and
@@ -45,7 +46,7 @@ type compChannel struct {
 }
 
 // CreateCompChannel creates a completion channel (ibv_create_comp_channel).
-func (k *kctx) CreateCompChannel() (verbs.CompChannelOps, error) {
+func (k *kctx) CreateCompChannel() (driver.CompChannelOps, error) {
 	k.mu.RLock()
 	defer k.mu.RUnlock()
 	if k.closed {
@@ -104,7 +105,7 @@ func (c *compChannel) remove(q *cq) {
 }
 
 // GetEvent returns the CQ of the next event (ibv_get_cq_event).
-func (c *compChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps, error) {
+func (c *compChannel) GetEvent(ctx context.Context, nonblock bool) (driver.CQOps, error) {
 	var got *C.struct_ibv_cq
 	var evErr syscall.Errno
 	take := func() bool {

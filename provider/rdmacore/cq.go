@@ -23,7 +23,7 @@ import (
 const pollBatch = 32
 
 // cq is a completion queue (struct ibv_cq) with its own completion
-// channel: verbs.CQOps.
+// channel: driver.CQOps.
 //
 // Verbs cannot count the completions of a CQ without taking them, so Wait
 // and Len move completions from the CQ into a stash that Poll empties

@@ -15,9 +15,10 @@ import (
 	"unsafe"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
-// device is a kernel RDMA device (struct ibv_device): verbs.DeviceOps.
+// device is a kernel RDMA device (struct ibv_device): driver.DeviceOps.
 // One exists per device name for the process (see scan).
 type device struct {
 	c    *C.struct_ibv_device
@@ -107,7 +108,7 @@ func (d *device) allGIDs() ([]verbs.GIDEntry, error) {
 }
 
 // Open opens the device (ibv_open_device).
-func (d *device) Open() (verbs.ContextOps, error) {
+func (d *device) Open() (driver.ContextOps, error) {
 	if _, err := d.queryAttr(); err != nil {
 		return nil, verbs.OpError("ibv_open_device", d.name, err)
 	}
@@ -167,7 +168,7 @@ func gidTable(c *C.struct_ibv_context, name string, ports int, port uint8) ([]ve
 	return out, nil
 }
 
-// kctx is an open kernel device (struct ibv_context): verbs.ContextOps.
+// kctx is an open kernel device (struct ibv_context): driver.ContextOps.
 type kctx struct {
 	dev *device
 	c   *C.struct_ibv_context
@@ -281,7 +282,7 @@ func (k *kctx) QueryGIDTable(port uint8) ([]verbs.GIDEntry, error) {
 }
 
 // AllocPD allocates a protection domain (ibv_alloc_pd).
-func (k *kctx) AllocPD() (verbs.PDOps, error) {
+func (k *kctx) AllocPD() (driver.PDOps, error) {
 	if err := k.use(1, 0); err != nil {
 		return nil, verbs.Errorf("ibv_alloc_pd", k.dev.name, syscall.EINVAL)
 	}
@@ -298,7 +299,7 @@ func (k *kctx) AllocPD() (verbs.PDOps, error) {
 // CreateCQ creates a CQ of at least cqe entries (ibv_create_cq): with the
 // program's completion channel ch, or else with a channel of its own for
 // Wait (ibv_create_comp_channel).
-func (k *kctx) CreateCQ(cqe int, ch verbs.CompChannelOps, vector int) (verbs.CQOps, error) {
+func (k *kctx) CreateCQ(cqe int, ch driver.CompChannelOps, vector int) (driver.CQOps, error) {
 	var user *compChannel
 	if ch != nil {
 		var ok bool

@@ -10,7 +10,7 @@
 // tag with CGO_ENABLED=0 fails the build (nocgo.go) rather than leave the
 // kernel's stack out without a word. Its CM half is provider/rdmacore/cm.
 //
-// The package registers a verbs.Provider, so verbs.DeviceList lists the
+// The package registers a driver.Provider, so verbs.DeviceList lists the
 // kernel's devices next to the software ones; the rdmacm package uses its
 // CM part for ids bound to a kernel device's address. On, IsKernelDevice
 // and OwnerOf tell which devices and addresses are the kernel's.

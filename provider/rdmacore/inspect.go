@@ -15,11 +15,12 @@ import (
 	"sync"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // Kernel devices in the operator tools (softrdma devices, stat, --json,
-// Prometheus): a kernel device offers verbs.Inspector (its port, GID table
-// and network interface, as ibv_devinfo shows them) and verbs.CounterSource
+// Prometheus): a kernel device offers driver.Inspector (its port, GID table
+// and network interface, as ibv_devinfo shows them) and driver.CounterSource
 // (the kernel's counters of each port, read from sysfs when asked:
 // ports/N/hw_counters/* — rxe's sent_pkts, rcvd_pkts, send_err … — and
 // ports/N/counters/*, the IB port counters). A counter that means what a
@@ -34,9 +35,9 @@ const sysfsRoot = "/sys/class/infiniband"
 // sameMeaning maps a kernel counter's name to the counter every backend
 // has that counts the same thing.
 var sameMeaning = map[string]verbs.CounterDesc{
-	"sent_pkts": verbs.CounterSentPkts,
-	"rcvd_pkts": verbs.CounterRcvdPkts,
-	"send_err":  verbs.CounterSendErrors,
+	"sent_pkts": driver.CounterSentPkts,
+	"rcvd_pkts": driver.CounterRcvdPkts,
+	"send_err":  driver.CounterSendErrors,
 }
 
 // counters is a kernel device's counter schema and the sysfs files of its
@@ -84,7 +85,7 @@ func (c *counters) load(dev string) {
 	})
 }
 
-// CounterSchema returns the device's counters (verbs.CounterSource).
+// CounterSchema returns the device's counters (driver.CounterSource).
 func (d *device) CounterSchema() []verbs.CounterDesc {
 	d.ctrs.load(d.name)
 	return d.ctrs.schema
@@ -108,7 +109,7 @@ func (d *device) QPCounters(uint32) ([]uint64, bool) { return nil, false }
 
 // Inspect returns the device as ibv_devinfo shows it: port 1's attributes,
 // the GID tables and the network interface of a RoCE port
-// (verbs.Inspector).
+// (driver.Inspector).
 func (d *device) Inspect() verbs.DeviceReport {
 	r := verbs.DeviceReport{Kind: "kernel"}
 	a, err := d.queryAttr()

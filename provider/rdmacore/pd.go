@@ -12,9 +12,10 @@ import (
 	"unsafe"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
-// pd is a protection domain (struct ibv_pd): verbs.PDOps. The kernel
+// pd is a protection domain (struct ibv_pd): driver.PDOps. The kernel
 // refuses to free a PD that MRs, QPs or AHs use (EBUSY).
 type pd struct {
 	ctx *kctx
@@ -39,7 +40,7 @@ func (p *pd) live(op string) (*C.struct_ibv_pd, error) {
 // (runtime.Pinner) until Dereg, as the cgo pointer rules require for
 // memory that C code (here: the kernel and the provider library) keeps
 // using after the call.
-func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MROps, error) {
+func (p *pd) RegMR(buf []byte, access verbs.Access) (driver.MROps, error) {
 	c, err := p.live("ibv_reg_mr")
 	defer p.mu.RUnlock()
 	if err != nil {
@@ -63,7 +64,7 @@ func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MROps, error) {
 
 // CreateAH creates an address handle (ibv_create_ah); the kernel resolves
 // a RoCE destination's MAC address.
-func (p *pd) CreateAH(attr *verbs.AHAttr) (verbs.AHOps, error) {
+func (p *pd) CreateAH(attr *verbs.AHAttr) (driver.AHOps, error) {
 	c, err := p.live("ibv_create_ah")
 	defer p.mu.RUnlock()
 	if err != nil {
@@ -109,7 +110,7 @@ func (p *pd) Dealloc() error {
 	return nil
 }
 
-// mr is a registered memory region (struct ibv_mr): verbs.MROps.
+// mr is a registered memory region (struct ibv_mr): driver.MROps.
 type mr struct {
 	pd  *pd
 	c   *C.struct_ibv_mr
@@ -144,7 +145,7 @@ func (m *mr) Dereg() error {
 	return nil
 }
 
-// ah is an address handle (struct ibv_ah): verbs.AHOps. A post that
+// ah is an address handle (struct ibv_ah): driver.AHOps. A post that
 // uses it holds life for reading until libibverbs has taken the request,
 // so Destroy never frees it under a post.
 type ah struct {

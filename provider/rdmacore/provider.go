@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // kernel is the process's view of libibverbs' device list: the device of
@@ -95,7 +96,7 @@ func (r *registry) discover() []*verbs.Device {
 			continue // being registered by a nested discovery
 		}
 		i := slices.IndexFunc(found, func(kd *device) bool { return kd.name == name })
-		if i < 0 || d.Ops() != verbs.DeviceOps(found[i]) {
+		if i < 0 || d.Ops() != driver.DeviceOps(found[i]) {
 			gone = append(gone, d)
 			delete(r.devs, name)
 		}
@@ -148,10 +149,10 @@ func (r *registry) close() {
 type provider struct{}
 
 // Discover registers every kernel RDMA device that the host does not list
-// yet (verbs.Provider).
-func (provider) Discover(h *verbs.Host) { registryOf(h).discover() }
+// yet (driver.Provider).
+func (provider) Discover(h driver.Host) { registryOf(h.(*verbs.Host)).discover() }
 
-func init() { verbs.RegisterProvider("rdmacore", provider{}) }
+func init() { driver.Register("rdmacore", provider{}) }
 
 // On makes sure that every kernel RDMA device (every device of
 // ibv_get_device_list) is registered in h, once per device name, as

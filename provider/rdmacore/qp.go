@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // postBatch bounds the work requests one ibv_post_send or ibv_post_recv
@@ -23,7 +24,7 @@ const postBatch = 32
 // than UD give EOPNOTSUPP. CreateBlockSelfMcastLB goes to the kernel as
 // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB, whose verdict (an errno when the
 // device does not support it) is returned.
-func (p *pd) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
+func (p *pd) CreateQP(init *driver.QPInitAttr) (driver.QPOps, error) {
 	c, err := p.live("ibv_create_qp")
 	defer p.mu.RUnlock()
 	if err != nil {
@@ -32,8 +33,8 @@ func (p *pd) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
 	if init.QPType != verbs.QPTypeUD {
 		return nil, verbs.OpError("ibv_create_qp", "", fmt.Errorf("%v: %w", init.QPType, syscall.EOPNOTSUPP))
 	}
-	scq, ok1 := init.SendCQ.Ops().(*cq)
-	rcq, ok2 := init.RecvCQ.Ops().(*cq)
+	scq, ok1 := init.SendCQ.(*cq)
+	rcq, ok2 := init.RecvCQ.(*cq)
 	if !ok1 || !ok2 || scq.ctx != p.ctx || rcq.ctx != p.ctx {
 		return nil, verbs.OpError("ibv_create_qp", "", fmt.Errorf("CQ of another device or backend: %w", syscall.EINVAL))
 	}
@@ -53,7 +54,7 @@ func (p *pd) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
 	return q, nil
 }
 
-func (p *pd) createQP(c *C.struct_ibv_pd, init *verbs.QPInitAttr, scq, rcq *cq) (*qp, error) {
+func (p *pd) createQP(c *C.struct_ibv_pd, init *driver.QPInitAttr, scq, rcq *cq) (*qp, error) {
 	var ia C.struct_ibv_qp_init_attr_ex
 	ia.send_cq = scq.c
 	ia.recv_cq = rcq.c
@@ -103,7 +104,7 @@ func (p *pd) createQP(c *C.struct_ibv_pd, init *verbs.QPInitAttr, scq, rcq *cq) 
 	return q, nil
 }
 
-// qp is a UD queue pair (struct ibv_qp): verbs.QPOps. Work requests are
+// qp is a UD queue pair (struct ibv_qp): driver.QPOps. Work requests are
 // converted into C arrays made with the QP (sized by its caps, at most
 // postBatch requests), so posting allocates nothing.
 type qp struct {

@@ -1,9 +1,12 @@
 package rxe
 
-import "github.com/softrdma/softrdma/verbs"
+import (
+	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
+)
 
 // SubscribeAsync reports the interface's changes as libibverbs'
-// asynchronous events of port 1 (verbs.AsyncEventSource, through the
+// asynchronous events of port 1 (driver.AsyncEventSource, through the
 // verbs core), as the kernel's rxe (rxe_notify: rxe_port_up,
 // rxe_port_down) and GID cache raise them: the interface going down or
 // losing its carrier is IBV_EVENT_PORT_ERR, coming back up and running
@@ -14,9 +17,9 @@ import "github.com/softrdma/softrdma/verbs"
 // GID table (IBV_EVENT_GID_CHANGE).
 func (d *Device) SubscribeAsync(fn func(verbs.AsyncEvent)) (cancel func()) {
 	return d.subscribe(subscriber{
-		netdev: func(ev verbs.NetdevEvent) {
+		netdev: func(ev driver.NetdevEvent) {
 			t := verbs.EventGIDChange
-			if ev.Kind == verbs.NetdevRemoved {
+			if ev.Kind == driver.NetdevRemoved {
 				t = verbs.EventPortErr
 			}
 			fn(verbs.AsyncEvent{Type: t, PortNum: 1})
@@ -31,4 +34,4 @@ func (d *Device) SubscribeAsync(fn func(verbs.AsyncEvent)) (cancel func()) {
 	})
 }
 
-var _ verbs.AsyncEventSource = (*Device)(nil)
+var _ driver.AsyncEventSource = (*Device)(nil)

@@ -9,7 +9,7 @@ import (
 	"github.com/softrdma/softrdma/wire"
 )
 
-// The frame tap (softverbs' verbs.Tapper): while someone taps the device
+// The frame tap (softverbs' driver.Tapper): while someone taps the device
 // (a capture), it builds every datagram it sends and receives as a full
 // Ethernet/IPv4|IPv6/UDP/RoCEv2 frame that Wireshark's RoCE dissector
 // decodes (UDP port 4791).

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -63,7 +64,7 @@ func (e *events) waitDispatch() {
 // (netdev), the port's state changes (port: true when the interface came
 // up and running, false when it went down or lost its carrier), or both.
 type subscriber struct {
-	netdev func(verbs.NetdevEvent)
+	netdev func(driver.NetdevEvent)
 	port   func(up bool)
 }
 
@@ -73,7 +74,7 @@ type subscriber struct {
 // wait for itself). Callbacks run on one watcher goroutine, in order; the
 // netlink subscription runs only while subscribers exist. If netlink is
 // unavailable no event is ever delivered.
-func (d *Device) WatchNetdev(fn func(verbs.NetdevEvent)) (cancel func()) {
+func (d *Device) WatchNetdev(fn func(driver.NetdevEvent)) (cancel func()) {
 	return d.subscribe(subscriber{netdev: fn})
 }
 
@@ -176,7 +177,7 @@ func (d *Device) watch(done, exited chan struct{}, linkCh chan netlink.LinkUpdat
 			}
 			d.refreshInfo()
 			if u.Header.Type == unix.RTM_DELLINK {
-				d.emit(done, verbs.NetdevEvent{Kind: verbs.NetdevRemoved}, nil)
+				d.emit(done, driver.NetdevEvent{Kind: driver.NetdevRemoved}, nil)
 				continue
 			}
 			// The state this message carries, not the interface's
@@ -189,7 +190,7 @@ func (d *Device) watch(done, exited chan struct{}, linkCh chan netlink.LinkUpdat
 			d.ev.linkUp = up
 			d.ev.mu.Unlock()
 			if changed {
-				d.emit(done, verbs.NetdevEvent{}, &up)
+				d.emit(done, driver.NetdevEvent{}, &up)
 			}
 		case u, ok := <-addrCh:
 			if !ok {
@@ -204,18 +205,18 @@ func (d *Device) watch(done, exited chan struct{}, linkCh chan netlink.LinkUpdat
 			if !ok {
 				continue
 			}
-			k := verbs.AddrRemoved
+			k := driver.AddrRemoved
 			if u.NewAddr {
-				k = verbs.AddrAdded
+				k = driver.AddrAdded
 			}
-			d.emit(done, verbs.NetdevEvent{Kind: k, Addr: a.Unmap()}, nil)
+			d.emit(done, driver.NetdevEvent{Kind: k, Addr: a.Unmap()}, nil)
 		}
 	}
 }
 
 // emit calls the current subscribers, unless the watcher is stopping:
 // with the port's new state if up is not nil, else with ev.
-func (d *Device) emit(done chan struct{}, ev verbs.NetdevEvent, up *bool) {
+func (d *Device) emit(done chan struct{}, ev driver.NetdevEvent, up *bool) {
 	select {
 	case <-done:
 		return
@@ -254,7 +255,7 @@ func (d *Device) emit(done chan struct{}, ev verbs.NetdevEvent, up *bool) {
 }
 
 // Subscribe reports the interface's changes as device events
-// (verbs.EventSource, through the verbs core), for operator tools.
+// (driver.EventSource, through the verbs core), for operator tools.
 func (d *Device) Subscribe(fn func(verbs.DeviceEvent)) (cancel func()) {
-	return d.WatchNetdev(func(ev verbs.NetdevEvent) { fn(verbs.DeviceEvent{Kind: ev.Kind.String(), Addr: ev.Addr}) })
+	return d.WatchNetdev(func(ev driver.NetdevEvent) { fn(verbs.DeviceEvent{Kind: ev.Kind.String(), Addr: ev.Addr}) })
 }

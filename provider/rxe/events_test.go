@@ -14,6 +14,7 @@ import (
 
 	"github.com/softrdma/softrdma/test/testenv"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -61,13 +62,13 @@ func TestNetEvents(t *testing.T) {
 	if d.Name() != "rxe_"+name {
 		t.Errorf("name %q", d.Name())
 	}
-	evs := make(chan verbs.NetdevEvent, 64)
-	cancel := d.WatchNetdev(func(e verbs.NetdevEvent) { evs <- e })
+	evs := make(chan driver.NetdevEvent, 64)
+	cancel := d.WatchNetdev(func(e driver.NetdevEvent) { evs <- e })
 	defer cancel()
 	// A second subscriber, cancelled at once, does not stop the first.
-	d.WatchNetdev(func(verbs.NetdevEvent) {})()
+	d.WatchNetdev(func(driver.NetdevEvent) {})()
 
-	expect := func(kind verbs.NetdevEventKind, addr netip.Addr) {
+	expect := func(kind driver.NetdevEventKind, addr netip.Addr) {
 		t.Helper()
 		timeout := time.After(5 * time.Second)
 		for {
@@ -86,7 +87,7 @@ func TestNetEvents(t *testing.T) {
 	if err := netlink.AddrAdd(link, nlAddr); err != nil {
 		t.Fatal(err)
 	}
-	expect(verbs.AddrAdded, addr)
+	expect(driver.AddrAdded, addr)
 	tbl, err := d.GIDTable(1)
 	if err != nil || len(tbl) == 0 || tbl[0].GID != wire.GIDFromAddr(addr) || tbl[0].NetdevIdx != link.Attrs().Index {
 		t.Errorf("gid table %+v %v", tbl, err)
@@ -100,12 +101,12 @@ func TestNetEvents(t *testing.T) {
 	if err := netlink.AddrDel(link, nlAddr); err != nil {
 		t.Fatal(err)
 	}
-	expect(verbs.AddrRemoved, addr)
+	expect(driver.AddrRemoved, addr)
 	if err := netlink.LinkDel(link); err != nil {
 		t.Fatal(err)
 	}
 	deleted = true
-	expect(verbs.NetdevRemoved, netip.Addr{})
+	expect(driver.NetdevRemoved, netip.Addr{})
 	if pa, _ := d.QueryPort(1); pa.State != verbs.PortDown {
 		t.Errorf("port of a removed interface %v", pa.State)
 	}
@@ -118,7 +119,7 @@ func TestCancelWaitsForCallback(t *testing.T) {
 	d := loDev(t)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var finished atomic.Bool
-	cancel := d.WatchNetdev(func(verbs.NetdevEvent) {
+	cancel := d.WatchNetdev(func(driver.NetdevEvent) {
 		close(entered)
 		<-release
 		finished.Store(true)
@@ -126,7 +127,7 @@ func TestCancelWaitsForCallback(t *testing.T) {
 	d.ev.mu.Lock()
 	done := d.ev.done
 	d.ev.mu.Unlock()
-	go d.emit(done, verbs.NetdevEvent{Kind: verbs.AddrAdded}, nil)
+	go d.emit(done, driver.NetdevEvent{Kind: driver.AddrAdded}, nil)
 	<-entered
 	stopped := make(chan struct{})
 	go func() { cancel(); close(stopped) }()
@@ -144,11 +145,11 @@ func TestCancelWaitsForCallback(t *testing.T) {
 	// A callback cancelling itself returns.
 	var self func()
 	returned := make(chan struct{})
-	self = d.WatchNetdev(func(verbs.NetdevEvent) { self(); close(returned) })
+	self = d.WatchNetdev(func(driver.NetdevEvent) { self(); close(returned) })
 	d.ev.mu.Lock()
 	done = d.ev.done
 	d.ev.mu.Unlock()
-	go d.emit(done, verbs.NetdevEvent{Kind: verbs.AddrAdded}, nil)
+	go d.emit(done, driver.NetdevEvent{Kind: driver.AddrAdded}, nil)
 	select {
 	case <-returned:
 	case <-time.After(5 * time.Second):

@@ -16,17 +16,18 @@ import (
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 	"github.com/softrdma/softrdma/wire"
 )
 
-// QP1, the General Services Interface (verbs.GSIPort): the RDMA CM's SIDR
+// QP1, the General Services Interface (driver.GSIPort): the RDMA CM's SIDR
 // MADs. QP1 is a QP of the transport only: the verbs core never sees it.
 // Its datagrams leave from a send socket of a QP of its own (whose QPN is
 // never used: DETH SrcQP is 1) and arrive on the device's unicast sockets
 // with DestQP 1; after rxe's checks (ICRC) and the GSI Q_Key they go to the
 // agent. Every process of the user shares UDP 4791 and the kernel hands a
 // datagram to one of them, so a MAD the agent of the process that read it
-// does not take goes, by its key (verbs.GSIRoute: a SIDR_REQ's service
+// does not take goes, by its key (driver.GSIRoute: a SIDR_REQ's service
 // ID, a SIDR_REP's request ID), to the process that claimed the key, over
 // a hand-over socket named after the key (handover.go's transport, of
 // this user only: an abstract unix socket, both ends' credentials
@@ -49,7 +50,7 @@ var gsiName = func(key string) string {
 // gsiPort is the device's QP1 while an agent has it open.
 type gsiPort struct {
 	d     *Device
-	agent verbs.GSIAgent
+	agent driver.GSIAgent
 	q     *qp
 
 	mu     sync.Mutex
@@ -69,12 +70,12 @@ const gsiQueue = 64
 // gsiItem is a MAD for the agent: its copy, and the datagram with its
 // forwarding header for a hand-over (nil when it was handed over).
 type gsiItem struct {
-	m   verbs.GSIMAD
+	m   driver.GSIMAD
 	fwd []byte
 }
 
-// OpenGSI opens QP1 for agent (verbs.GSIPort).
-func (d *Device) OpenGSI(agent verbs.GSIAgent) (verbs.GSI, error) {
+// OpenGSI opens QP1 for agent (driver.GSIPort).
+func (d *Device) OpenGSI(agent driver.GSIAgent) (driver.GSI, error) {
 	if agent == nil {
 		return nil, d.errf(syscall.EINVAL, "open QP1: no agent")
 	}
@@ -94,7 +95,7 @@ func (d *Device) OpenGSI(agent verbs.GSIAgent) (verbs.GSI, error) {
 	return g, nil
 }
 
-// Send sends one MAD from QP1 to QP1 of dst (verbs.GSI).
+// Send sends one MAD from QP1 to QP1 of dst (driver.GSI).
 func (g *gsiPort) Send(sgidIndex uint8, dst verbs.GID, hopLimit, tclass uint8, m []byte) error {
 	if len(m) != mad.Len {
 		return g.d.errf(syscall.EINVAL, "QP1 send: a MAD is %d bytes, not %d", mad.Len, len(m))
@@ -135,7 +136,7 @@ func (d *Device) sendGSI(q *qp, psn uint32, sgidIndex uint8, dst verbs.GID, hopL
 // learns at once, not after its resends, whichever process of the user
 // read the request — one with an RDMA CM or one that only uses verbs. One
 // answer at a time: a request that comes meanwhile is only dropped.
-func (d *Device) answerUnclaimed(m verbs.GSIMAD) {
+func (d *Device) answerUnclaimed(m driver.GSIMAD) {
 	if mad.CheckCM(m.MAD) != nil || mad.MAD(m.MAD).AttrID() != mad.AttrSIDRReq || !d.answering.CompareAndSwap(false, true) {
 		return
 	}
@@ -172,7 +173,7 @@ func (d *Device) gidIndexOf(a netip.Addr) (uint8, bool) {
 }
 
 // Claim makes the MADs of key that other processes of this user read come
-// to this device (verbs.GSI).
+// to this device (driver.GSI).
 func (g *gsiPort) Claim(key string) (func(), error) {
 	d := g.d
 	g.mu.Lock()
@@ -283,7 +284,7 @@ func (g *gsiPort) holds(key string) bool {
 	return g.claims[key] != nil
 }
 
-// Close closes QP1 and its claims (verbs.GSI).
+// Close closes QP1 and its claims (driver.GSI).
 func (g *gsiPort) Close() error {
 	g.mu.Lock()
 	if g.closed {
@@ -318,7 +319,7 @@ func (g *gsiPort) serve() {
 			d.core.Count(softverbs.NoQPDrops, 1) // handed over, and not taken
 			continue
 		}
-		key := verbs.GSIRoute(it.m.MAD)
+		key := driver.GSIRoute(it.m.MAD)
 		if key == "" || g.holds(key) {
 			d.core.Count(softverbs.NoQPDrops, 1)
 			continue
@@ -365,7 +366,7 @@ func (r *receiver) deliverGSI(b []byte, v6, fwd bool) {
 	}
 	g := d.gsi.Load()
 	if g == nil {
-		key := verbs.GSIRoute(p.Payload[:mad.Len])
+		key := driver.GSIRoute(p.Payload[:mad.Len])
 		if fwd || key == "" {
 			d.core.Count(softverbs.NoQPDrops, 1)
 			return
@@ -375,7 +376,7 @@ func (r *receiver) deliverGSI(b []byte, v6, fwd bool) {
 			d.core.Count(softverbs.Forwarded, 1)
 		case noOwner(err):
 			d.core.Count(softverbs.NoOwnerDrops, 1)
-			d.answerUnclaimed(verbs.GSIMAD{
+			d.answerUnclaimed(driver.GSIMAD{
 				Src: r.meta.src, Dst: r.meta.dst, SrcQP: p.DETH.SrcQP(), PKey: p.BTH.PKey(), QKey: p.DETH.QKey(),
 				HopLimit: r.meta.ttl, TClass: r.meta.tos, MAD: p.Payload[:mad.Len],
 			})
@@ -384,7 +385,7 @@ func (r *receiver) deliverGSI(b []byte, v6, fwd bool) {
 		}
 		return
 	}
-	it := gsiItem{fwd: fb, m: verbs.GSIMAD{
+	it := gsiItem{fwd: fb, m: driver.GSIMAD{
 		Src: r.meta.src, Dst: r.meta.dst, SrcQP: p.DETH.SrcQP(), PKey: p.BTH.PKey(), QKey: p.DETH.QKey(),
 		HopLimit: r.meta.ttl, TClass: r.meta.tos, MAD: slices.Clone(p.Payload[:mad.Len]),
 	}}

@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 	"github.com/vishvananda/netlink"
 )
 
@@ -37,16 +38,16 @@ func defaultRegistry() *Registry { return On(verbs.DefaultHost()) }
 type provider struct{}
 
 // Discover creates the device of every network interface and closes
-// those whose interface is gone (verbs.Provider), as the kernel's rxe
+// those whose interface is gone (driver.Provider), as the kernel's rxe
 // unregisters its device with its netdev: a device list, or a wildcard
 // listen that claims every device, never finds a device of an interface
 // that no longer exists.
-func (provider) Discover(h *verbs.Host) {
+func (provider) Discover(h driver.Host) {
 	ifs, err := net.Interfaces()
 	if err != nil {
 		return
 	}
-	r := On(h)
+	r := On(h.(*verbs.Host))
 	present := make(map[int]bool, len(ifs))
 	for _, ifi := range ifs {
 		present[ifi.Index] = true
@@ -69,26 +70,26 @@ func interfaceGone(ifindex int) bool {
 }
 
 // DeviceForAddr returns the device of the interface that owns local
-// address a (verbs.AddrOwner); see Registry.ForAddr.
-func (provider) DeviceForAddr(h *verbs.Host, a netip.Addr) (*verbs.Device, error) {
-	d, err := On(h).ForAddr(a)
-	if err != nil {
+// address a (driver.AddrOwner); see Registry.ForAddr.
+func (provider) DeviceForAddr(h driver.Host, a netip.Addr) (driver.DeviceOps, error) {
+	d, err := On(h.(*verbs.Host)).ForAddr(a)
+	if err != nil || d == nil {
 		return nil, err
 	}
-	return d.Verbs(), nil
+	return d.core, nil
 }
 
 // AddrOrder puts the RoCEv2 devices after kinds whose devices have
 // addresses of their own: a RoCEv2 device claims every address of its
-// interface (verbs.AddrOwner).
+// interface (driver.AddrOwner).
 func (provider) AddrOrder() int { return 100 }
 
 // A device is the RDMA CM's RoCE port of its interface.
-var _ verbs.NetdevPort = (*Device)(nil)
+var _ driver.NetdevPort = (*Device)(nil)
 
 func init() {
-	verbs.RegisterProvider("rxe", provider{})
-	verbs.RegisterAddrOwner("rxe", provider{})
+	driver.Register("rxe", provider{})
+	driver.RegisterAddrOwner("rxe", provider{})
 }
 
 // ForInterface returns the device of interface ifindex, creating (and

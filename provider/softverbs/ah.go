@@ -5,6 +5,7 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // ahObj is an address handle (struct ibv_ah).
@@ -16,7 +17,7 @@ type ahObj struct {
 
 // CreateAH creates an address handle (ibv_create_ah). On an Ethernet (RoCE)
 // port the GRH is mandatory and its SGID index must exist.
-func (pd *pdObj) CreateAH(attr *verbs.AHAttr) (verbs.AHOps, error) {
+func (pd *pdObj) CreateAH(attr *verbs.AHAttr) (driver.AHOps, error) {
 	if attr == nil {
 		return nil, syscall.EINVAL
 	}

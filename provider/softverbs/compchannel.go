@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/internal/sys/pollfd"
-	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // compChannel is a completion event channel: a FIFO of CQ events and an
@@ -46,7 +46,7 @@ type compChannel struct {
 
 // CreateCompChannel creates a completion event channel
 // (ibv_create_comp_channel).
-func (c *ctxObj) CreateCompChannel() (verbs.CompChannelOps, error) {
+func (c *ctxObj) CreateCompChannel() (driver.CompChannelOps, error) {
 	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_SEMAPHORE|unix.EFD_CLOEXEC)
 	if err != nil {
 		return nil, err
@@ -140,7 +140,7 @@ func (ch *compChannel) noteLocked(cq *cqObj) {
 const maxSleep = 100 * time.Millisecond
 
 // GetEvent returns the CQ of the next event (ibv_get_cq_event).
-func (ch *compChannel) GetEvent(ctx context.Context, nonblock bool) (verbs.CQOps, error) {
+func (ch *compChannel) GetEvent(ctx context.Context, nonblock bool) (driver.CQOps, error) {
 	var stop func() bool
 	defer func() {
 		if stop != nil {
@@ -257,7 +257,7 @@ func (ch *compChannel) popLocked() *cqObj {
 
 // getEventFd is GetEvent once the fd is exported: the eventfd's count is
 // taken first, then the event.
-func (ch *compChannel) getEventFd(ctx context.Context, nonblock bool) (verbs.CQOps, error) {
+func (ch *compChannel) getEventFd(ctx context.Context, nonblock bool) (driver.CQOps, error) {
 	var buf [8]byte
 	take := func(fd uintptr) (bool, error) {
 		switch e := eventfdIO(unix.SYS_READ, fd, &buf); e {

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // Counter names one counter of a software device. Every counter is one
@@ -30,7 +31,7 @@ func def(name string, scope verbs.CounterScope, metric, reason, help string) Cou
 	return defDesc(verbs.CounterDesc{Name: name, Help: help, Scope: scope, Metric: metric, Reason: reason})
 }
 
-// defShared declares a counter every backend has (verbs.CounterSentPkts
+// defShared declares a counter every backend has (driver.CounterSentPkts
 // …), with what it means on a software device.
 func defShared(d verbs.CounterDesc, help string) Counter {
 	d.Help = help
@@ -50,15 +51,15 @@ const (
 
 // The counters of a software device.
 var (
-	RcvdPkts           = defShared(verbs.CounterRcvdPkts, "Datagrams read from the device's sockets, before any check.")
+	RcvdPkts           = defShared(driver.CounterRcvdPkts, "Datagrams read from the device's sockets, before any check.")
 	RcvdBytes          = def("rcvd_bytes", dev, "received_bytes_total", "", "Bytes of the datagrams read (UDP payload on RoCEv2, the whole packet on IB).")
 	SocketDrops        = def("socket_drops", dev, drp, "socket_buffer", "Datagrams the kernel dropped because a receive socket's buffer was full, before the device read them (the kernel's count of the socket, asked when the counters are read; RoCEv2).")
 	SocketErrors       = def("socket_errors", dev, "socket_errors_total", "", "Errors the kernel reported on a receive socket for an ICMP or ICMPv6 message that quotes its addresses and ports (port unreachable and the like; anyone can send one): counted, and the socket reads on (RoCEv2).")
 	RecvLoopEnds       = def("recv_loop_ends", dev, "receive_loop_ends_total", "", "Receive goroutines that ended on an error while their socket was open, each logged; a unicast socket is closed with its goroutine (RoCEv2).")
 	Delivered          = def("delivered", qp, "delivered_packets_total", "", "Datagrams handed to a QP's receive queue (one per receiving QP).")
-	SentPkts           = defShared(verbs.CounterSentPkts, "Datagrams sent.")
+	SentPkts           = defShared(driver.CounterSentPkts, "Datagrams sent.")
 	SentBytes          = def("sent_bytes", qp, "sent_bytes_total", "", "Bytes sent (UDP payload on RoCEv2, the whole packet on IB).")
-	SendErrors         = defShared(verbs.CounterSendErrors, "Sends the transport refused (the completion has LOC_QP_OP_ERR).")
+	SendErrors         = defShared(driver.CounterSendErrors, "Sends the transport refused (the completion has LOC_QP_OP_ERR).")
 	OversizedSendDrops = def("oversized_send_drops", qp, drp, "oversized_send", "Sends larger than the active MTU, completed without being sent (as rxe does).")
 	SAMADs             = def("sa_mads", dev, "sa_mads_total", "", "MADs for the port's GSI QP handed to the SA client (InfiniBand).")
 	UntrustedDrops     = def("untrusted_drops", dev, drp, "untrusted", "Datagrams from a sender the port does not trust (InfiniBand: not its SM).")

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // cqObj is a completion queue (struct ibv_cq). Poll is non-blocking; Wait
@@ -88,7 +89,7 @@ const (
 
 // CreateCQ creates a CQ with room for at least cqe completions
 // (ibv_create_cq), reporting events to ch when it is not nil.
-func (c *ctxObj) CreateCQ(cqe int, ch verbs.CompChannelOps, vector int) (verbs.CQOps, error) {
+func (c *ctxObj) CreateCQ(cqe int, ch driver.CompChannelOps, vector int) (driver.CQOps, error) {
 	var cch *compChannel
 	if ch != nil {
 		var ok bool

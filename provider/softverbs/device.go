@@ -1,7 +1,7 @@
 // Package softverbs is softrdma's software verbs core, shared by the
 // software providers (provider/rxe, provider/ib): contexts, PDs, MRs, CQs,
 // the UD QP state machine and work queues, address handles. It implements
-// the verbs backend interfaces (verbs.DeviceOps and the rest); a provider
+// the verbs backend interfaces (driver.DeviceOps and the rest); a provider
 // brings only its transport, through Driver.
 package softverbs
 
@@ -12,10 +12,11 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // Device is a software device: a provider's Driver under the verbs core
-// (verbs.DeviceOps, verbs.CounterSource).
+// (driver.DeviceOps, driver.CounterSource).
 type Device struct {
 	drv  Driver
 	ctr  counters
@@ -96,16 +97,16 @@ func (d *Device) put(k objKind) {
 	d.mu.Unlock()
 }
 
-// Name returns the device name (verbs.DeviceOps).
+// Name returns the device name (driver.DeviceOps).
 func (d *Device) Name() string { return d.drv.Name() }
 
-// Attr returns the device capabilities (verbs.DeviceOps).
+// Attr returns the device capabilities (driver.DeviceOps).
 func (d *Device) Attr() verbs.DeviceAttr { return d.drv.Attr() }
 
-// Open opens the device (verbs.DeviceOps).
-func (d *Device) Open() (verbs.ContextOps, error) { return &ctxObj{dev: d}, nil }
+// Open opens the device (driver.DeviceOps).
+func (d *Device) Open() (driver.ContextOps, error) { return &ctxObj{dev: d}, nil }
 
-// ctxObj is an open software device (verbs.ContextOps).
+// ctxObj is an open software device (driver.ContextOps).
 type ctxObj struct {
 	dev *Device
 
@@ -115,7 +116,7 @@ type ctxObj struct {
 	closed bool
 }
 
-// QueryPort returns a port's attributes (verbs.ContextOps).
+// QueryPort returns a port's attributes (driver.ContextOps).
 func (c *ctxObj) QueryPort(port uint8) (verbs.PortAttr, error) {
 	if port == 0 || port > c.dev.drv.Attr().PhysPortCnt {
 		return verbs.PortAttr{}, fmt.Errorf("port %d: %w", port, syscall.EINVAL)
@@ -123,7 +124,7 @@ func (c *ctxObj) QueryPort(port uint8) (verbs.PortAttr, error) {
 	return c.dev.drv.QueryPort(port)
 }
 
-// QueryGIDTable returns a port's GID table (verbs.ContextOps).
+// QueryGIDTable returns a port's GID table (driver.ContextOps).
 func (c *ctxObj) QueryGIDTable(port uint8) ([]verbs.GIDEntry, error) {
 	if port == 0 || port > c.dev.drv.Attr().PhysPortCnt {
 		return nil, fmt.Errorf("port %d: %w", port, syscall.EINVAL)
@@ -145,7 +146,7 @@ func (c *ctxObj) queryGIDEntry(port uint8, index int) (verbs.GIDEntry, error) {
 	return verbs.GIDEntry{}, fmt.Errorf("gid %d/%d: %w", port, index, syscall.ENODATA)
 }
 
-// Close closes the context (verbs.ContextOps). It fails with EBUSY while
+// Close closes the context (driver.ContextOps). It fails with EBUSY while
 // protection domains or CQs of the context exist.
 func (c *ctxObj) Close() error {
 	c.mu.Lock()
@@ -180,13 +181,13 @@ func (c *ctxObj) release(pd, cq int) {
 
 // The software core implements every backend interface of verbs.
 var (
-	_ verbs.DeviceOps  = (*Device)(nil)
-	_ verbs.ContextOps = (*ctxObj)(nil)
-	_ verbs.PDOps      = (*pdObj)(nil)
-	_ verbs.MROps      = (*mrObj)(nil)
-	_ verbs.AHOps      = (*ahObj)(nil)
-	_ verbs.CQOps      = (*cqObj)(nil)
-	_ verbs.QPOps      = (*qpObj)(nil)
+	_ driver.DeviceOps  = (*Device)(nil)
+	_ driver.ContextOps = (*ctxObj)(nil)
+	_ driver.PDOps      = (*pdObj)(nil)
+	_ driver.MROps      = (*mrObj)(nil)
+	_ driver.AHOps      = (*ahObj)(nil)
+	_ driver.CQOps      = (*cqObj)(nil)
+	_ driver.QPOps      = (*qpObj)(nil)
 
-	_ verbs.CounterSource = (*Device)(nil)
+	_ driver.CounterSource = (*Device)(nil)
 )

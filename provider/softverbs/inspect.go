@@ -1,6 +1,9 @@
 package softverbs
 
-import "github.com/softrdma/softrdma/verbs"
+import (
+	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
+)
 
 // TransportInspector is an optional interface of a Driver: it adds what
 // only the transport knows to the core's view of the device (its kind,
@@ -9,7 +12,7 @@ type TransportInspector interface {
 	InspectTransport(r *verbs.DeviceReport)
 }
 
-// Inspect returns the device's view (verbs.Inspector): port 1, GID table,
+// Inspect returns the device's view (driver.Inspector): port 1, GID table,
 // QPs with their attachments and counters, multicast groups, usage, and
 // what the provider adds.
 func (d *Device) Inspect() verbs.DeviceReport {
@@ -43,16 +46,16 @@ func (d *Device) Inspect() verbs.DeviceReport {
 	return r
 }
 
-// Subscribe forwards to the provider's events (verbs.EventSource); a
+// Subscribe forwards to the provider's events (driver.EventSource); a
 // provider without events gives a cancel that does nothing.
 func (d *Device) Subscribe(fn func(verbs.DeviceEvent)) (cancel func()) {
-	if es, ok := d.drv.(verbs.EventSource); ok {
+	if es, ok := d.drv.(driver.EventSource); ok {
 		return es.Subscribe(fn)
 	}
 	return func() {}
 }
 
 var (
-	_ verbs.Inspector   = (*Device)(nil)
-	_ verbs.EventSource = (*Device)(nil)
+	_ driver.Inspector   = (*Device)(nil)
+	_ driver.EventSource = (*Device)(nil)
 )

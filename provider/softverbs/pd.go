@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // pdObj is a protection domain (struct ibv_pd).
@@ -23,7 +24,7 @@ type pdObj struct {
 }
 
 // AllocPD allocates a protection domain (ibv_alloc_pd).
-func (c *ctxObj) AllocPD() (verbs.PDOps, error) {
+func (c *ctxObj) AllocPD() (driver.PDOps, error) {
 	if err := c.dev.take(objPD); err != nil {
 		return nil, err
 	}
@@ -79,7 +80,7 @@ type mrObj struct {
 }
 
 // RegMR registers buf (ibv_reg_mr). Receives need AccessLocalWrite.
-func (pd *pdObj) RegMR(buf []byte, access verbs.Access) (verbs.MROps, error) {
+func (pd *pdObj) RegMR(buf []byte, access verbs.Access) (driver.MROps, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("empty buffer: %w", syscall.EINVAL)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/softrdma/softrdma/logging"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // qpObj is a queue pair (struct ibv_qp). Only UD QPs are supported.
@@ -65,12 +66,12 @@ type recvWQE struct {
 }
 
 // CreateQP creates a queue pair (ibv_create_qp / ibv_create_qp_ex).
-func (pd *pdObj) CreateQP(init *verbs.QPInitAttr) (verbs.QPOps, error) {
+func (pd *pdObj) CreateQP(init *driver.QPInitAttr) (driver.QPOps, error) {
 	if init == nil || init.SendCQ == nil || init.RecvCQ == nil {
 		return nil, fmt.Errorf("missing cq: %w", syscall.EINVAL)
 	}
-	sendCQ, ok1 := init.SendCQ.Ops().(*cqObj)
-	recvCQ, ok2 := init.RecvCQ.Ops().(*cqObj)
+	sendCQ, ok1 := init.SendCQ.(*cqObj)
+	recvCQ, ok2 := init.RecvCQ.(*cqObj)
 	if !ok1 || !ok2 || sendCQ.ctx != pd.ctx || recvCQ.ctx != pd.ctx {
 		return nil, fmt.Errorf("cq of another device: %w", syscall.EINVAL)
 	}

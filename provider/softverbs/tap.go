@@ -7,9 +7,10 @@ import (
 	"sync/atomic"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
-// The frame tap of a software device (verbs.Tapper): providers offer
+// The frame tap of a software device (driver.Tapper): providers offer
 // every frame they send and receive, built only while someone taps.
 
 // taps is a device's tap list; the datapath reads view (nil: none).
@@ -24,7 +25,7 @@ type taps struct {
 // its frames (Ethernet when absent).
 type LinkTyper interface{ LinkType() uint32 }
 
-// LinkType returns the pcap link type of the device's frames (verbs.Tapper).
+// LinkType returns the pcap link type of the device's frames (driver.Tapper).
 func (d *Device) LinkType() uint32 {
 	if lt, ok := d.drv.(LinkTyper); ok {
 		return lt.LinkType()
@@ -33,7 +34,7 @@ func (d *Device) LinkType() uint32 {
 }
 
 // Tap calls fn with every frame the provider offers until cancel
-// (verbs.Tapper).
+// (driver.Tapper).
 func (d *Device) Tap(fn func(verbs.Frame)) (cancel func()) {
 	t := &d.taps
 	t.mu.Lock()
@@ -78,4 +79,4 @@ func (d *Device) Emit(f verbs.Frame) {
 	}
 }
 
-var _ verbs.Tapper = (*Device)(nil)
+var _ driver.Tapper = (*Device)(nil)

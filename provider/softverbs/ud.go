@@ -298,14 +298,14 @@ func (q *qpObj) receives() bool {
 	return s >= verbs.QPSRTR && s <= verbs.QPSSQE
 }
 
-// DeviceCounters returns the device's counters (verbs.CounterSource).
+// DeviceCounters returns the device's counters (driver.CounterSource).
 func (d *Device) DeviceCounters() []uint64 { return d.Counters() }
 
-// CounterSchema returns the schema of software devices (verbs.CounterSource).
+// CounterSchema returns the schema of software devices (driver.CounterSource).
 func (d *Device) CounterSchema() []verbs.CounterDesc { return schema }
 
 // QPCounters returns the counters of the device's QP qpn
-// (verbs.CounterSource); false when it has no such QP.
+// (driver.CounterSource); false when it has no such QP.
 func (d *Device) QPCounters(qpn uint32) ([]uint64, bool) {
 	q, ok := d.qpView.load(qpn)
 	if !ok {

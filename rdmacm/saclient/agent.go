@@ -2,7 +2,7 @@
 // agent: what Linux's ib_core does in sa_query.c and multicast.c, and the
 // IPoIB broadcast membership IPoIB keeps, for every IB port of a host that
 // can send a MAD to its SA and hand back the MADs it receives
-// (verbs.MADPort). It registers itself as a verbs.Client: a program that
+// (driver.MADPort). It registers itself as a verbs.Client: a program that
 // imports rdmacm has it, and For gives a device's agent. Providers do not
 // import it: an IB port offers only the MAD transport.
 //
@@ -28,7 +28,7 @@ import (
 )
 
 // Port is what the agent needs from an IB port (a subset of
-// verbs.MADPort).
+// driver.MADPort).
 type Port interface {
 	// SendSA sends one 256-byte SA MAD to the SA (the SM's LID, QP1).
 	SendSA(mad []byte) error

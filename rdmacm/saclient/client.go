@@ -4,11 +4,12 @@ import (
 	"slices"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // The host's SA client serves every InfiniBand port of the host (the
 // kernel's sa_query.c and multicast.c register an ib_client, and IPoIB
-// joins each port's broadcast group): a port offers verbs.MADPort, the
+// joins each port's broadcast group): a port offers driver.MADPort, the
 // client keeps the port's Agent and, as IPoIB would, its IPoIB broadcast
 // membership. Providers know nothing of it.
 
@@ -29,7 +30,7 @@ func init() { verbs.RegisterClient("saclient", client{}) }
 
 // For returns the SA client and multicast join agent of dev's
 // InfiniBand port; false when dev is not a port with an SA (it offers no
-// verbs.MADPort) or has left its host.
+// driver.MADPort) or has left its host.
 func For(dev *verbs.Device) (*Agent, bool) {
 	st, ok := dev.ClientData(dataKey{}).(*portState)
 	if !ok {
@@ -52,14 +53,14 @@ var agentEvent = map[verbs.AsyncEventType]EventKind{
 // activation did). The agent sees a port event before the device's
 // other subscribers, which subscribe later.
 func (client) Add(dev *verbs.Device) {
-	mp, ok := verbs.Capability[verbs.MADPort](dev)
+	mp, ok := verbs.Capability[driver.MADPort](dev)
 	if !ok {
 		return
 	}
 	timeout, retries := mp.SATimeout()
 	e := New(mp, Config{Timeout: timeout, Retries: retries})
 	st := &portState{e: e, unregister: mp.RegisterMADAgent(e.Receive)}
-	if src, ok := verbs.Capability[verbs.AsyncEventSource](dev); ok {
+	if src, ok := verbs.Capability[driver.AsyncEventSource](dev); ok {
 		st.unsubscribe = src.SubscribeAsync(func(ev verbs.AsyncEvent) {
 			if k, ok := agentEvent[ev.Type]; ok {
 				e.Event(k)

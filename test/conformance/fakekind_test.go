@@ -11,6 +11,7 @@ import (
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -32,16 +33,16 @@ type fakeKind struct{}
 
 type fakeKey struct{}
 
-func (fakeKind) DeviceForAddr(h *verbs.Host, a netip.Addr) (*verbs.Device, error) {
+func (fakeKind) DeviceForAddr(h driver.Host, a netip.Addr) (driver.DeviceOps, error) {
 	if a.Unmap().WithZone("") != fakeAddr {
 		return nil, nil
 	}
 	d := h.Value(fakeKey{}, func() any {
-		d := newFakeDev(h)
+		d := newFakeDev(h.(*verbs.Host))
 		h.OnClose(d.close)
 		return d
 	}).(*fakeDev)
-	return d.vdev, nil
+	return d.core, nil
 }
 
 // AddrOrder comes before the RoCEv2 devices of interfaces (100).
@@ -50,7 +51,7 @@ func (fakeKind) AddrOrder() int { return 50 }
 var registerFakeKind sync.Once
 
 // fakeDev is a device of the fake kind (softverbs.Driver and
-// verbs.NetdevPort). Its wire is a channel: a send to a multicast GID
+// driver.NetdevPort). Its wire is a channel: a send to a multicast GID
 // reaches the device's groups, a send to its own GID the QP named, from a
 // goroutine of the device, as a datagram from a socket would.
 type fakeDev struct {
@@ -147,7 +148,7 @@ func (d *fakeDev) CreateQP(softverbs.DriverQPInit) (softverbs.DriverQP, error) {
 func (d *fakeDev) GroupCreated(*softverbs.Group) error { return nil }
 func (d *fakeDev) GroupDestroyed(*softverbs.Group)     {}
 
-// IncGroup and DecGroup count the CM's IP memberships (verbs.NetdevPort).
+// IncGroup and DecGroup count the CM's IP memberships (driver.NetdevPort).
 func (d *fakeDev) IncGroup(g netip.Addr) error {
 	if !g.IsMulticast() {
 		return fmt.Errorf("fakeroce0: %v is not a multicast address: %w", g, syscall.EINVAL)
@@ -179,9 +180,9 @@ func (d *fakeDev) memberships() int {
 }
 
 // WatchNetdev: the fake interface never changes.
-func (d *fakeDev) WatchNetdev(func(verbs.NetdevEvent)) func() { return func() {} }
+func (d *fakeDev) WatchNetdev(func(driver.NetdevEvent)) func() { return func() {} }
 
-var _ verbs.NetdevPort = (*fakeDev)(nil)
+var _ driver.NetdevPort = (*fakeDev)(nil)
 
 type fakeQP struct {
 	d   *fakeDev
@@ -211,7 +212,7 @@ func TestConformanceFakeKind(t *testing.T) {
 	if c.backend != rdmacm.BackendSoft {
 		t.Skip("the fake kind of device lives in this test process: the kernel run has no such target")
 	}
-	registerFakeKind.Do(func() { verbs.RegisterAddrOwner("fakekind", fakeKind{}) })
+	registerFakeKind.Do(func() { driver.RegisterAddrOwner("fakekind", fakeKind{}) })
 	c.target, c.addr = targetFake, fakeAddr
 	c.unreach, c.unreachSrc, c.inNet, c.noUnreach = netip.Addr{}, fakeAddr, nil, "unreachable destinations are the host's routes, tested on the soft target"
 	s := &suite{config: c}

@@ -7,6 +7,7 @@ package layering
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -19,7 +20,8 @@ const module = "github.com/softrdma/softrdma/"
 // A layer of the stack, bottom first.
 const (
 	ground   = iota // codecs and system calls: nothing of RDMA objects
-	core            // verbs and the seams below the front and providers
+	seam            // verbs/driver: the provider-facing API and the data types verbs aliases
+	core            // verbs and rdmacm/kernelcm: what the front and the providers sit on
 	shared          // what the front and the providers both use
 	sideways        // the front and the providers (columns below)
 	service         // the emulated subnet's service
@@ -28,7 +30,7 @@ const (
 	unknown
 )
 
-var layerNames = [...]string{"ground", "core", "shared", "front/providers", "service", "programs", "harness", "unknown"}
+var layerNames = [...]string{"ground", "driver", "core", "shared", "front/providers", "service", "programs", "harness", "unknown"}
 
 // A column of the sideways layer.
 const (
@@ -55,6 +57,7 @@ var rules = []rule{
 	{"ib/sa", ground, noColumn},
 	{"mcast/internal/proto", ground, noColumn},
 	{"verbs", core, noColumn},
+	{"verbs/driver", seam, noColumn},
 	{"rdmacm/kernelcm", core, noColumn},
 	{"logging", shared, noColumn},
 	{"capture", shared, noColumn},
@@ -115,28 +118,71 @@ func TestImportsPointDown(t *testing.T) {
 		}
 		n++
 		from := strings.TrimPrefix(f[0], module)
-		fl, fc := place(from)
-		if fl == unknown {
-			t.Errorf("%s: no layer (add it to the rules here and to docs/layout.md)", from)
-			continue
-		}
+		var to []string
 		for _, imp := range f[1:] {
-			if !strings.HasPrefix(imp, module) {
-				continue
+			if strings.HasPrefix(imp, module) {
+				to = append(to, strings.TrimPrefix(imp, module))
 			}
-			to := strings.TrimPrefix(imp, module)
-			tl, tc := place(to)
-			switch {
-			case tl == unknown:
-				t.Errorf("%s imports %s, which no rule places", from, to)
-			case tl > fl:
-				t.Errorf("%s (%s) imports %s (%s): an import up the stack", from, layerNames[fl], to, layerNames[tl])
-			case fl == sideways && tl == sideways && fc != tc:
-				t.Errorf("%s imports %s: the front and the providers never import each other", from, to)
-			}
+		}
+		for _, e := range check(from, to) {
+			t.Error(e)
 		}
 	}
 	if n < 20 {
 		t.Fatalf("go list gave %d packages of the module:\n%s", n, out)
+	}
+}
+
+// check returns what is wrong with package from importing the packages
+// to (module-relative): a package no rule places, an import up the stack,
+// across the front and the providers, or into a package no rule places.
+func check(from string, to []string) []string {
+	fl, fc := place(from)
+	if fl == unknown {
+		return []string{from + ": no layer (add it to the rules here and to docs/layout.md)"}
+	}
+	var errs []string
+	for _, imp := range to {
+		tl, tc := place(imp)
+		switch {
+		case tl == unknown:
+			errs = append(errs, fmt.Sprintf("%s imports %s, which no rule places", from, imp))
+		case tl > fl:
+			errs = append(errs, fmt.Sprintf("%s (%s) imports %s (%s): an import up the stack", from, layerNames[fl], imp, layerNames[tl]))
+		case fl == sideways && tl == sideways && fc != tc:
+			errs = append(errs, fmt.Sprintf("%s imports %s: the front and the providers never import each other", from, imp))
+		}
+	}
+	return errs
+}
+
+// TestCheck: the rules catch an import up the stack (verbs/driver
+// importing verbs, verbs importing a provider), across the front and the
+// providers, and of an unplaced package, and let the imports down pass.
+func TestCheck(t *testing.T) {
+	for _, c := range []struct {
+		from string
+		to   []string
+		want string // a substring of the one error; "" for none
+	}{
+		{"verbs", []string{"verbs/driver", "internal/registry", "wire"}, ""},
+		{"verbs/driver", []string{"internal/registry", "wire", "ib/mad"}, ""},
+		{"provider/rxe", []string{"verbs", "verbs/driver", "provider/softverbs"}, ""},
+		{"rdmacm", []string{"verbs", "verbs/driver", "rdmacm/saclient"}, ""},
+		{"verbs/driver", []string{"verbs"}, "verbs/driver (driver) imports verbs (core): an import up the stack"},
+		{"verbs/driver", []string{"provider/softverbs"}, "an import up the stack"},
+		{"verbs", []string{"rdmacm"}, "an import up the stack"},
+		{"internal/registry", []string{"verbs/driver"}, "an import up the stack"},
+		{"rdmacm", []string{"provider/rxe"}, "never import each other"},
+		{"verbs", []string{"nowhere"}, "which no rule places"},
+		{"nowhere", nil, "no layer"},
+	} {
+		errs := check(c.from, c.to)
+		switch {
+		case c.want == "" && len(errs) != 0:
+			t.Errorf("%s → %v: %v, want no error", c.from, c.to, errs)
+		case c.want != "" && (len(errs) != 1 || !strings.Contains(errs[0], c.want)):
+			t.Errorf("%s → %v: %q, want one error with %q", c.from, c.to, errs, c.want)
+		}
 	}
 }

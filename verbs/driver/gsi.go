@@ -1,4 +1,4 @@
-package verbs
+package driver
 
 import (
 	"net/netip"

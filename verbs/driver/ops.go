@@ -1,13 +1,11 @@
-package verbs
+package driver
 
 import "context"
 
 // This file is the device seam: what a backend gives verbs for each of its
-// devices. A backend is softrdma's software verbs core (provider/softverbs,
-// used by the RoCEv2 and InfiniBand software providers) or, in a build
-// that has it, a backend over the kernel's RDMA stack. The public objects
-// (Device, Context, PD, MR, CQ, QP, AH) are thin handles over these
-// interfaces; verbs itself never knows which backend it talks to.
+// devices. verbs' objects (Device, Context, PD, MR, CQ, QP, AH) are thin
+// handles over these interfaces; verbs itself never knows which backend
+// it talks to.
 //
 // A backend checks that the objects handed to it (the CQs of a new QP,
 // the AH of a send) are its own, and fails with EINVAL otherwise.
@@ -49,8 +47,8 @@ type PDOps interface {
 	RegMR(buf []byte, access Access) (MROps, error)
 	// CreateAH creates an address handle.
 	CreateAH(attr *AHAttr) (AHOps, error)
-	// CreateQP creates a queue pair; init's CQs are the public handles,
-	// whose Ops the backend checks are its own.
+	// CreateQP creates a queue pair; the backend checks that init's CQs
+	// are its own.
 	CreateQP(init *QPInitAttr) (QPOps, error)
 	// Dealloc frees the PD; EBUSY while MRs, QPs or AHs exist.
 	Dealloc() error
@@ -70,6 +68,13 @@ type MROps interface {
 type AHOps interface {
 	// Destroy destroys the address handle.
 	Destroy() error
+}
+
+// AH is an address handle as a send request names it (UDWR.AH): a
+// *verbs.AH. Its Ops are a backend's AHOps, nil for a nil *verbs.AH.
+type AH interface {
+	// Ops returns the backend's side of the address handle.
+	Ops() AHOps
 }
 
 // CQOps is a completion queue (struct ibv_cq).
@@ -102,8 +107,8 @@ type QPOps interface {
 	Query() QPAttr
 	// Modify changes attributes and state.
 	Modify(attr *QPAttr, mask QPAttrMask) error
-	// PostSend posts a chain of send work requests; the AHs are public
-	// handles whose Ops the backend checks are its own.
+	// PostSend posts a chain of send work requests; the AHs are verbs'
+	// handles (AH) whose Ops the backend checks are its own.
 	PostSend(wr *SendWR) error
 	// PostRecv posts a chain of receive work requests.
 	PostRecv(wr *RecvWR) error
