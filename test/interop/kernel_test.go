@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/test/nettest"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // Go test binaries run in a guest: built on the host (go test -c) into the
@@ -130,7 +131,9 @@ func (g *guest) runGoTest(t *testing.T, bin string, env []string, args ...string
 	for i, a := range args {
 		quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 	}
-	var vars []string
+	// The guest's namespace, with its interfaces, is the one the test
+	// binary is to use: OwnNetns leaves it there.
+	vars := []string{"'" + testenv.NetnsGiven + "'"}
 	for _, e := range env {
 		vars = append(vars, "'"+strings.ReplaceAll(e, "'", `'\''`)+"'")
 	}

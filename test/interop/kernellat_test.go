@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/softrdma/softrdma/test/nettest"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // TestKernelLatency runs the latency part's multicast ping-pong
@@ -31,7 +32,7 @@ func TestKernelLatency(t *testing.T) {
 	bin := buildGoTestRace(t, "./cmd/softrdma/internal/bench", false)
 	ping, pong := g1.install(t, bin), g2.install(t, bin)
 	peer := func(role, wait, bind, in, out string, extra ...string) string {
-		env := []string{"SOFTRDMA_LAT_PEER=" + role, "SOFTRDMA_LAT_WAIT=" + wait, "SOFTRDMA_LAT_BIND=" + bind,
+		env := []string{testenv.NetnsGiven, "SOFTRDMA_LAT_PEER=" + role, "SOFTRDMA_LAT_WAIT=" + wait, "SOFTRDMA_LAT_BIND=" + bind,
 			"SOFTRDMA_LAT_GROUP=" + in, "SOFTRDMA_LAT_GROUP2=" + out}
 		env = append(env, extra...)
 		return "cd /tmp && exec timeout -s KILL 300 env " + strings.Join(env, " ")

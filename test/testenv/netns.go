@@ -67,6 +67,12 @@ func InNetnsFor(t *testing.T, timeout time.Duration) bool {
 // and InNetns re-runs, do not make another).
 const pkgNetnsVar = Prefix + "TEST_PKG_NETNS"
 
+// NetnsGiven ("NAME=value"), in a test binary's environment, makes
+// OwnNetns leave the binary in the network namespace it was started in: a
+// QEMU guest's, where the interop suite runs test binaries on the guest's
+// interfaces.
+const NetnsGiven = pkgNetnsVar + "=1"
+
 // OwnNetns re-executes the test binary, with its arguments, in a network
 // namespace of its own (unshare -n, with lo up and nothing else); it
 // returns only in that re-execution, or, outside CI, where no namespace
