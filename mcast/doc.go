@@ -39,7 +39,10 @@
 //     what they hold, then a *PeerError with ErrPeerGone. A receiver
 //     silent as long stops counting in its senders' windows.
 //   - Close waits up to Options.Linger until every receiver has acked the
-//     stream and knows it ended, then leaves; it never hangs.
+//     stream and knows it ended, then leaves; it never hangs. A receiver
+//     that closed stops counting at once, and its senders' Close does not
+//     wait for it: it sends nothing after its Leave, and a sender ignores
+//     its Status that arrives after its Leave.
 //   - Options.Unreliable gives raw datagrams instead: one message per UD
 //     datagram of at most MTU bytes, no header, no repair, no order —
 //     what mckey and any other UD program on the group send and receive.

@@ -154,6 +154,7 @@ type Member struct {
 	ready []*inStream
 	evs   []Event
 	due   int64
+	left  bool // Leave ran: the member is done
 	Stats Stats
 }
 
@@ -199,6 +200,7 @@ type outStream struct {
 	rep          []repair
 	rcv          map[uint32]*rcvState
 	evicted      map[uint32]evictMark
+	left         map[uint32]int64 // receivers that left, and when: a Status of theirs is ignored
 	hbDue        int64
 	hbIvl        time.Duration
 	blockedSince int64  // when Write was first refused, 0 when not blocked
@@ -241,6 +243,7 @@ func (m *Member) sender(now int64) *outStream {
 			rep:     make([]repair, w),
 			rcv:     map[uint32]*rcvState{},
 			evicted: map[uint32]evictMark{},
+			left:    map[uint32]int64{},
 			hbIvl:   m.cfg.HeartbeatMin,
 			hbDue:   now,
 		}
@@ -455,6 +458,9 @@ func (m *Member) onStatus(now int64, p Packet) {
 		return
 	}
 	from, ack := p.From(), p.Ack()
+	if _, ok := o.left[from]; ok {
+		return // sent before its Leave, which overtook it
+	}
 	if e, ok := o.evicted[from]; ok {
 		if ack < e.resume {
 			// From before the eviction, or the Evict was lost: again,
@@ -540,13 +546,25 @@ func (m *Member) onNack(now int64, p Packet) {
 	}
 }
 
-func (m *Member) onLeave(p Packet) {
+// onLeave drops a receiver that left. Its session is remembered for
+// PeerTimeout: a Status it sent before its Leave may arrive after it, and
+// must not count it again (a receiver that will never ack the stream's
+// end would hold Drained false until PeerTimeout).
+func (m *Member) onLeave(now int64, p Packet) {
 	o := m.out
 	if o == nil || p.Session() != m.cfg.Session {
 		return
 	}
 	delete(o.rcv, p.From())
+	delete(o.evicted, p.From())
+	if _, ok := o.left[p.From()]; !ok && len(o.left) >= maxLeft {
+		return // a flood of Leaves: remember no more
+	}
+	o.left[p.From()] = now
 }
+
+// maxLeft bounds how many left receivers a sender remembers.
+const maxLeft = 4096
 
 func (m *Member) tickSender(now int64, o *outStream) {
 	for id, r := range o.rcv {
@@ -577,6 +595,11 @@ func (m *Member) tickSender(now int64, o *outStream) {
 	for id, e := range o.evicted {
 		if now-e.at > int64(m.cfg.PeerTimeout) {
 			delete(o.evicted, id)
+		}
+	}
+	for id, at := range o.left {
+		if now-at > int64(m.cfg.PeerTimeout) {
+			delete(o.left, id)
 		}
 	}
 	if now >= o.hbDue {
@@ -1110,8 +1133,8 @@ func (m *Member) Handle(now int64, b []byte) bool {
 		m.Stats.BadPackets++
 		return false
 	}
-	if p.Author() == m.cfg.Session {
-		return true // our own multicast, looped back
+	if p.Author() == m.cfg.Session || m.left {
+		return true // our own multicast, looped back; or we left
 	}
 	switch p.Type() {
 	case TypeData:
@@ -1125,7 +1148,7 @@ func (m *Member) Handle(now int64, b []byte) bool {
 	case TypeEvict:
 		m.onEvict(now, p)
 	case TypeLeave:
-		m.onLeave(p)
+		m.onLeave(now, p)
 	}
 	return true
 }
@@ -1133,6 +1156,9 @@ func (m *Member) Handle(now int64, b []byte) bool {
 // Tick runs the member's timers; Due says when it is next needed.
 func (m *Member) Tick(now int64) {
 	m.due = never
+	if m.left {
+		return
+	}
 	if m.out != nil {
 		m.tickSender(now, m.out)
 	}
@@ -1155,7 +1181,16 @@ func (m *Member) Tick(now int64) {
 }
 
 // Leave tells every sender this member receives from that it is gone.
+// The member is done then: it handles no more packets and runs no more
+// timers, so that nothing it sends follows its Leaves (a Status after a
+// Leave would make the sender count it as a receiver again, one that
+// never acks the stream's end). A second Leave sends nothing.
 func (m *Member) Leave() {
+	if m.left {
+		return
+	}
+	m.left = true
+	m.due = never
 	for s := range m.in {
 		n := PutLeave(m.ctl, s, m.cfg.Session)
 		m.env.Unicast(s, m.ctl[:n])
