@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The gate stands between an endpoint's listener and its HTTP server, so
@@ -162,6 +164,17 @@ func (g *gate) loop() {
 		c, err := g.Listener.Accept()
 		if err != nil {
 			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				// Linux takes the descriptor before it looks at the
+				// queue: with none left, accept fails so even when
+				// no connection waits. Evict only for one that does.
+				if queued, known := waitQueued(g.Listener, queuedPoll); known && !queued {
+					select {
+					case <-g.done:
+						return
+					default:
+						continue
+					}
+				}
 				if exited := evictOldest(); exited != nil {
 					// Accept again once the evicted connection's
 					// descriptor is free, not at once: that would
@@ -246,8 +259,39 @@ func (g *gate) admit(c net.Conn) {
 	}()
 }
 
-// evictWait bounds the wait for an evicted connection's descriptor.
-const evictWait = 100 * time.Millisecond
+// evictWait bounds the wait for an evicted connection's descriptor;
+// queuedPoll, one wait of a gate out of descriptors for a connection to
+// arrive.
+const (
+	evictWait  = 100 * time.Millisecond
+	queuedPoll = 100 * time.Millisecond
+)
+
+// waitQueued waits up to d for a connection to wait in ln's accept queue
+// and reports whether one does; known is false where ln cannot say (not a
+// socket of this process). It blocks a thread, not only a goroutine: it
+// runs only while the process has no descriptor left, when Go's poller
+// cannot wait for the listener (accept fails at once).
+func waitQueued(ln net.Listener, d time.Duration) (queued, known bool) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return false, false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false, false
+	}
+	err = rc.Control(func(fd uintptr) {
+		known = true
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd, int(d/time.Millisecond))
+		queued = err == nil && n > 0 && pfd[0].Revents&unix.POLLIN != 0
+	})
+	if err != nil {
+		return false, false
+	}
+	return queued, known
+}
 
 // evictOldest closes the oldest pending connection of the process and
 // returns the channel closed when its descriptor is free; nil if there
