@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/internal/sys/mmsg"
+	"github.com/softrdma/softrdma/internal/sys/pollfd"
 	"github.com/softrdma/softrdma/provider/softverbs"
 )
 
@@ -138,7 +139,7 @@ func (in *devInput) EndLease() {
 // Wait waits on its own socket; the other inputs go back to their
 // goroutines first, whose deliveries ring the consumer's bell (kick)
 // (softverbs.Input).
-func (in *devInput) Wait(kick int, timeout time.Duration, woke func()) (bool, error) {
+func (in *devInput) Wait(kick *pollfd.Kick, timeout time.Duration, woke func()) (bool, error) {
 	for _, x := range in.others() {
 		if x.br != in.own {
 			x.br.EndLease()

@@ -34,6 +34,10 @@ type compChannel struct {
 	rc syscall.RawConn
 	fd int // f's descriptor (File.Fd would make it blocking)
 
+	// bell is the sleepers' Kick: those in a ppoll of the eventfd see it
+	// readable, those blocked in a source's receive get a signal.
+	bell pollfd.Kick
+
 	mu       sync.Mutex
 	queue    []*cqObj    // pending events, oldest first
 	cqs      int         // CQs using the channel
@@ -57,7 +61,7 @@ func (c *ctxObj) CreateCompChannel() (driver.CompChannelOps, error) {
 		f.Close()
 		return nil, err
 	}
-	ch := &compChannel{f: f, rc: rc, fd: fd}
+	ch := &compChannel{f: f, rc: rc, fd: fd, bell: pollfd.Kick{Fd: fd}}
 	ch.wokeFn = ch.woke
 	return ch, nil
 }
@@ -87,6 +91,9 @@ func (ch *compChannel) addLocked(n uint64) {
 	var b [8]byte
 	binary.NativeEndian.PutUint64(b[:], n)
 	_ = ch.rc.Control(func(fd uintptr) { _ = eventfdIO(unix.SYS_WRITE, fd, &b) })
+	if ch.asleep > 0 {
+		ch.bell.Ring()
+	}
 }
 
 // drainLocked reads the eventfd to zero (ch.mu held): the kicks of a
@@ -226,7 +233,7 @@ func (ch *compChannel) sleep(ctx context.Context, src *Source) (kicked, woke boo
 			timeout = min(timeout, time.Until(d))
 		}
 		var err error
-		if cerr := ch.rc.Control(func(fd uintptr) { kicked, err = src.in.Wait(int(fd), timeout, ch.wokeFn) }); cerr != nil {
+		if cerr := ch.rc.Control(func(uintptr) { kicked, err = src.in.Wait(&ch.bell, timeout, ch.wokeFn) }); cerr != nil {
 			return false, false // closed: GetEvent sees it
 		}
 		if err == nil {

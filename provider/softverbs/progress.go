@@ -2,6 +2,8 @@ package softverbs
 
 import (
 	"time"
+
+	"github.com/softrdma/softrdma/internal/sys/pollfd"
 )
 
 // A Source is an input of a provider's device that a consumer may read
@@ -29,11 +31,11 @@ type Input interface {
 	// EndLease gives the input back to the provider's goroutine at once:
 	// for a consumer about to wait for its deliveries.
 	EndLease()
-	// Wait blocks the calling thread until the input or the file
-	// descriptor kick is readable or timeout passes, then calls woke,
-	// makes progress (as Progress) and reports whether kick is readable;
-	// err: the input is closed (no progress).
-	Wait(kick int, timeout time.Duration, woke func()) (kicked bool, err error)
+	// Wait blocks the calling thread until the input is readable, kick
+	// rings (its eventfd is readable, or Ring signalled the thread) or
+	// timeout passes, then calls woke, makes progress (as Progress) and
+	// reports whether kick rang; err: the input is closed (no progress).
+	Wait(kick *pollfd.Kick, timeout time.Duration, woke func()) (kicked bool, err error)
 }
 
 // NewSource returns the source of in.

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrdma/softrdma/internal/sys/pollfd"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -34,8 +35,8 @@ func (p *pipeInput) Progress() {
 func (p *pipeInput) ReadNow()  { p.Progress() }
 func (p *pipeInput) EndLease() {}
 
-func (p *pipeInput) Wait(kick int, timeout time.Duration, woke func()) (bool, error) {
-	fds := []unix.PollFd{{Fd: int32(p.r), Events: unix.POLLIN}, {Fd: int32(kick), Events: unix.POLLIN}}
+func (p *pipeInput) Wait(kick *pollfd.Kick, timeout time.Duration, woke func()) (bool, error) {
+	fds := []unix.PollFd{{Fd: int32(p.r), Events: unix.POLLIN}, {Fd: int32(kick.Fd), Events: unix.POLLIN}}
 	unix.Poll(fds, int(timeout/time.Millisecond))
 	if woke != nil {
 		woke()

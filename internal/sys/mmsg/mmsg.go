@@ -186,6 +186,13 @@ type Reader struct {
 	uses   atomic.Uint64 // Progress calls and ended Waits: the lease's clock
 	paused atomic.Bool   // the socket is out of the netpoller (set under pmu)
 
+	// Wait's blocking receive (blocking.go), for one waiter at a time:
+	// the one holding mu.
+	noBlock  atomic.Bool    // the socket cannot block: waiters ppoll
+	blocking bool           // its O_NONBLOCK is cleared (mu held)
+	rcvtimeo time.Duration  // its SO_RCVTIMEO; 0: to set (mu held)
+	sl       pollfd.Sleeper // the blocked waiter, for its Kick (mu held)
+
 	pmu     sync.Mutex  // orders the changes of read interest, and the lease
 	lease   *time.Timer // puts the socket back (leaseOver)
 	seen    uint64      // uses at the lease's last look
@@ -516,26 +523,39 @@ func (r *Reader) drainLocked(fd uintptr, one bool) int {
 // than this for a waiter that was not woken.
 const maxWait = 100 * time.Millisecond
 
-// Wait blocks the calling thread in ppoll(2) until the socket or the file
-// descriptor kick is readable, timeout (at most 100 ms) passes or a signal
-// arrives; then it calls woke (if not nil), makes progress (as Progress)
-// and reports whether kick is readable. It is the wait of a consumer that
-// reads the socket itself, woken by the kernel directly: a blocking system
-// call, not Go's netpoller, so that a datagram wakes one thread — the
-// consumer's — and no goroutine hand-off follows. While a goroutine waits
-// here, Serve's goroutine leaves the socket to it: a socket that can take
-// its readability out of the netpoller (rawudp.Conn) does, for as long as
-// goroutines wait and leaseTime after, so that Serve's thread is not even
-// woken.
+// Wait blocks the calling thread until the socket has a datagram, kick
+// rings, timeout (at most 100 ms) passes or a signal arrives; then it
+// calls woke (if not nil), makes progress (as Progress) and reports
+// whether kick rang. It is the wait of a consumer that reads the socket
+// itself, woken by the kernel directly: a blocking system call, not Go's
+// netpoller, so that a datagram wakes one thread — the consumer's — and no
+// goroutine hand-off follows. The first waiter of a socket that can leave
+// the netpoller (rawudp.Conn) blocks in the receive itself, one system
+// call (see blocking.go); others block in ppoll(2) on the socket and
+// kick's eventfd, then read. While a goroutine waits here, Serve's
+// goroutine leaves the socket to it: a rawudp.Conn leaves the netpoller
+// for as long as goroutines wait and leaseTime after, so that Serve's
+// thread is not even woken.
 // err is non-nil when the socket is closed. The socket stays open (a close
 // waits) until Wait returns: close it after a shutdown(SHUT_RD), which
 // wakes its waiters.
-func (r *Reader) Wait(kick int, timeout time.Duration, woke func()) (kicked bool, err error) {
+func (r *Reader) Wait(kick *pollfd.Kick, timeout time.Duration, woke func()) (kicked bool, err error) {
 	timeout = min(max(timeout, 0), maxWait)
 	r.sleep(1)
 	err = r.raw.Control(func(fd uintptr) {
+		if timeout > 0 && r.pauser != nil && !r.endOnEmpty && !r.noBlock.Load() && r.mu.TryLock() {
+			r.pending.Store(false)
+			if r.serve != nil && r.fatal.Load() == 0 && r.blockingLocked(fd, timeout) {
+				kicked = r.waitLocked(fd, kick, woke)
+				return
+			}
+			r.mu.Unlock()
+			if r.pending.Load() {
+				r.progress(fd, false, false)
+			}
+		}
 		ts := unix.NsecToTimespec(int64(timeout))
-		_, kicked = pollfd.Wait2(int(fd), kick, &ts)
+		_, kicked = pollfd.Wait2(int(fd), kick.Fd, &ts)
 		if woke != nil {
 			woke()
 		}

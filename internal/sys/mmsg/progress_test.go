@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/internal/sys/mmsg"
+	"github.com/softrdma/softrdma/internal/sys/pollfd"
 	"github.com/softrdma/softrdma/internal/sys/rawudp"
 )
 
@@ -59,14 +60,22 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func eventFd(t *testing.T) int {
+// newKick returns a Kick on a new eventfd.
+func newKick(t *testing.T) *pollfd.Kick {
 	t.Helper()
 	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(fd) })
-	return fd
+	return &pollfd.Kick{Fd: fd}
+}
+
+// ring writes the kick's eventfd and rings it, as a completion channel
+// does.
+func ring(k *pollfd.Kick) {
+	unix.Write(k.Fd, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+	k.Ring()
 }
 
 // TestProgressAndWait: a consumer's Progress and Wait read the socket on
@@ -82,7 +91,7 @@ func TestProgressAndWait(t *testing.T) {
 	// waits for the consumer, who reads it in Wait.
 	r.Progress()
 	send()
-	kick := eventFd(t)
+	kick := newKick(t)
 	woke := false
 	kicked, err := r.Wait(kick, 10*time.Second, func() { woke = true })
 	if err != nil || kicked || !woke {
@@ -92,16 +101,23 @@ func TestProgressAndWait(t *testing.T) {
 		t.Fatalf("after Wait on data: %d datagrams handled, want 2", n)
 	}
 
-	// A kick ends a Wait without data.
+	// A kick ends a Wait without data (that the signal ends the blocked
+	// receive itself, not its timeout, pollfd's TestKickEndsReceive shows).
 	go func() {
 		time.Sleep(20 * time.Millisecond)
-		unix.Write(kick, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+		ring(kick)
 	}()
 	if kicked, err := r.Wait(kick, 10*time.Second, nil); err != nil || !kicked {
 		t.Fatalf("Wait on a kick: kicked %v, err %v", kicked, err)
 	}
 	var b [8]byte
-	unix.Read(kick, b[:])
+	unix.Read(kick.Fd, b[:])
+	// A kick rung with nobody waiting ends the next Wait at once.
+	ring(kick)
+	if kicked, err := r.Wait(kick, 10*time.Second, nil); err != nil || !kicked {
+		t.Fatalf("Wait after a kick: kicked %v, err %v", kicked, err)
+	}
+	unix.Read(kick.Fd, b[:])
 
 	// A timeout ends it too.
 	start := time.Now()
@@ -125,7 +141,7 @@ func TestProgressAndWait(t *testing.T) {
 // waiter, so that the close that follows does not wait for it.
 func TestWaitWokenByShutdown(t *testing.T) {
 	r, rc, _, _ := served(t)
-	kick := eventFd(t)
+	kick := newKick(t)
 	done := make(chan error, 1)
 	go func() {
 		_, err := r.Wait(kick, 10*time.Second, nil)
