@@ -200,7 +200,7 @@ func (d *Device) receiveLoop() {
 	}
 	// The fabric socket is the source of what the port delivers: a
 	// consumer whose CQ it fills reads it itself (softverbs.Source).
-	rx.burst.Src = softverbs.NewSource(r)
+	rx.burst.Src = softverbs.NewRelayedSource(r)
 	handle := func(n int) { d.handleBatch(r, n, rx) }
 	for {
 		// Serve reads batches as rxe's receivers do: no recvmmsg that

@@ -180,7 +180,7 @@ func (cq *cqObj) Poll(wc []verbs.WC) (int, error) {
 		if cq.pollable.Load() {
 			return cq.poll(wc)
 		}
-		if cq.empty.Add(1)&yieldEvery == 0 {
+		if cq.empty.Add(1)&src.yieldMask == 0 {
 			// A program polling in a loop holds a core; now and then it
 			// lets another process on that core run (softsm's switch,
 			// the peer): with no one else there it costs one system call.
@@ -190,8 +190,12 @@ func (cq *cqObj) Poll(wc []verbs.WC) (int, error) {
 	return 0, nil
 }
 
-// yieldEvery+1 is how many empty polls of a CQ pass between two yields.
-const yieldEvery = 255
+// yieldEvery+1 is how many empty polls of a CQ pass between two yields;
+// relayedYieldEvery+1 on a source another process relays (NewRelayedSource).
+const (
+	yieldEvery        = 255
+	relayedYieldEvery = 15
+)
 
 // setPollable updates pollable (cq.mu held).
 func (cq *cqObj) setPollable() {

@@ -15,7 +15,12 @@ import (
 //
 // A provider sets Burst.Src to the source of the datagrams it delivers
 // with the Burst; each CQ remembers the source of its last completion.
-type Source struct{ in Input }
+type Source struct {
+	in Input
+	// yieldMask+1 is how many empty polls of a CQ on this source pass
+	// between two yields of the polling thread's core (cqObj.Poll).
+	yieldMask uint32
+}
 
 // Input is what a provider's input offers (mmsg.Reader does).
 type Input interface {
@@ -39,4 +44,14 @@ type Input interface {
 }
 
 // NewSource returns the source of in.
-func NewSource(in Input) *Source { return &Source{in: in} }
+func NewSource(in Input) *Source { return &Source{in: in, yieldMask: yieldEvery} }
+
+// NewRelayedSource returns the source of in for a device whose every
+// datagram another process on the host relays (the emulated IB subnet's
+// switch, softsm): a consumer polling it in a loop yields its core every
+// 16 empty polls instead of 256, so that the relay, which its datagrams
+// wait for, gets a core sooner. Measured with two busy pollers and softsm
+// on 2 cores: the round trip's p99 540–630 µs → 140–180 µs (its p50 stays
+// about 75 µs); on RoCEv2, where nothing relays, yielding that often made
+// the p99 worse.
+func NewRelayedSource(in Input) *Source { return &Source{in: in, yieldMask: relayedYieldEvery} }

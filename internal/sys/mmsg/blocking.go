@@ -93,12 +93,7 @@ func (r *Reader) waitLocked(fd uintptr, kick *pollfd.Kick, woke func()) (kicked 
 // leaves the rest to the next Wait or Progress, or the lease's end, as
 // Progress does.
 func (r *Reader) recvBlocking(fd uintptr) bool {
-	b := r.b
-	if b == nil {
-		b = r.pool.Get()
-		r.b = b
-	}
-	b.reset()
+	b := r.batch()
 	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.Hdrs[0])),
 		uintptr(len(b.Hdrs)), unix.MSG_WAITFORONE, 0, 0)
 	switch e {

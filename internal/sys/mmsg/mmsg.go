@@ -239,12 +239,7 @@ func newReader(conn syscall.Conn, p *Pool, b *Batch) (*Reader, error) {
 // a few sysmon rounds every wake-up (0.1–0.2 µs per datagram in the
 // bench's receivers).
 func (r *Reader) recvmmsg(fd uintptr) bool {
-	b := r.b
-	if b == nil {
-		b = r.pool.Get()
-		r.b = b
-	}
-	b.reset()
+	b := r.batch()
 	n, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.Hdrs[0])),
 		uintptr(len(b.Hdrs)), unix.MSG_DONTWAIT, 0, 0)
 	if e == unix.EAGAIN {
@@ -261,6 +256,16 @@ func (r *Reader) recvmmsg(fd uintptr) bool {
 		r.cutAtEnd(b)
 	}
 	return true
+}
+
+// batch returns the batch to read into next, reset (r.mu held): the
+// reader's own, or one from the pool.
+func (r *Reader) batch() *Batch {
+	if r.b == nil {
+		r.b = r.pool.Get()
+	}
+	r.b.reset()
+	return r.b
 }
 
 // EndOnEmpty makes the reader of a connected SOCK_SEQPACKET socket take an
