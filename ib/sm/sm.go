@@ -439,7 +439,7 @@ type SM struct {
 	rmppXfers, rmppRetrans, rmppTimeouts      atomic.Uint64
 	rmppAborts                                atomic.Uint64
 	saThrottled, tableTooLarge, tableBusy     atomic.Uint64
-	saDrop                                    atomic.Bool // Config.SADrop, changeable with SetSADrop
+	saDrop                                    atomic.Bool // Config.SADrop
 	sendErrors                                atomic.Uint64
 	sockDropsSeen                             atomic.Uint32 // the fabric socket's kernel drops at the last look (logSocketDrops)
 	rcvbuf                                    int           // the fabric socket's receive buffer
