@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
 	"runtime"
@@ -278,6 +277,7 @@ type cmPeer struct {
 	rwr     verbs.RecvWR
 	rsge    [1]verbs.SGE
 	wc      [1]verbs.WC
+	stall   *stallWatch // the blocking waits' timeout
 }
 
 // cmRecvSlots is the number of receive WRs a peer keeps posted.
@@ -327,6 +327,9 @@ func newCMPeer(bind, in, out netip.Addr, size int, poll bool) (_ *cmPeer, err er
 	p.swr = verbs.SendWR{SGList: p.sge[:], Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
 		UD: verbs.UDWR{AH: p.ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: p.qkey}}
 	p.rwr.SGList = p.rsge[:]
+	if !poll {
+		p.stall = newStallWatch()
+	}
 	return p, nil
 }
 
@@ -348,9 +351,11 @@ func (p *cmPeer) send(seq uint64) error {
 			}
 		}
 	} else {
-		ctx, cancel := context.WithTimeout(context.Background(), rttTimeout)
+		ctx := p.stall.begin()
 		wc, err := p.id.GetSendComp(ctx)
-		cancel()
+		if p.stall.end(ctx) && err != nil {
+			return fmt.Errorf("no send completion in %v", rttTimeout)
+		}
 		if err != nil {
 			return err
 		}
@@ -381,12 +386,11 @@ func (p *cmPeer) recv() (uint64, bool, error) {
 			}
 		}
 	} else {
-		ctx, cancel := context.WithTimeout(context.Background(), rttTimeout)
+		ctx := p.stall.begin()
 		var err error
 		wc, err = p.id.GetRecvComp(ctx)
-		cancel()
-		if errors.Is(err, context.DeadlineExceeded) {
-			return 0, false, nil
+		if p.stall.end(ctx) && err != nil {
+			return 0, false, nil // timed out
 		}
 		if err != nil {
 			return 0, false, err
@@ -408,6 +412,9 @@ func (p *cmPeer) recv() (uint64, bool, error) {
 }
 
 func (p *cmPeer) close() {
+	if p.stall != nil {
+		p.stall.close()
+	}
 	for _, g := range p.joined {
 		p.id.LeaveMulticast(rdmacm.UDPAddr(g))
 	}
