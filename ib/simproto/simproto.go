@@ -18,6 +18,10 @@
 //	                  client's data socket before it answers CONNECT;
 //	                  Request datagrams go both ways on this pair
 //
+// Every name ends in a NUL byte, which is part of the abstract name:
+// umad2sim and ibsim count the terminating NUL of the formatted string
+// in the address length. The name functions here include it.
+//
 // A client that finds a server socket missing (ECONNREFUSED) tries again
 // every 2 s, forever. ibsim's UDP mode (IBSIM_SERVER_NAME) is not
 // described here.
@@ -97,16 +101,16 @@ const (
 
 // CtlName is the server's control socket name (abstract: without the
 // leading NUL) for socket base name base.
-func CtlName(base string) string { return base + ":ctl" }
+func CtlName(base string) string { return base + ":ctl\x00" }
 
 // ClientCtlName is the control socket name of the client with pid.
-func ClientCtlName(base string, pid uint32) string { return fmt.Sprintf("%s:ctl%d", base, pid) }
+func ClientCtlName(base string, pid uint32) string { return fmt.Sprintf("%s:ctl%d\x00", base, pid) }
 
 // InName is the data socket name of the client with pid.
-func InName(base string, pid uint32) string { return fmt.Sprintf("%s:in%d", base, pid) }
+func InName(base string, pid uint32) string { return fmt.Sprintf("%s:in%d\x00", base, pid) }
 
 // OutName is the server's data socket name for client id.
-func OutName(base string, id int) string { return fmt.Sprintf("%s:out%d", base, id) }
+func OutName(base string, id int) string { return fmt.Sprintf("%s:out%d\x00", base, id) }
 
 var native = binary.NativeEndian
 

@@ -53,7 +53,7 @@ func (f *Fabric) handle(at *port, s mad.SMP) uint16 {
 		if set {
 			st = f.setPortInfo(p, mad.PortInfo(d))
 		}
-		f.portInfo(d, p)
+		f.portInfo(d, p, at)
 		return st
 	case mad.AttrPKeyTable:
 		p := at
@@ -173,11 +173,14 @@ func (f *Fabric) nodeInfo(d []byte, at *port) {
 	ni.SetLocalPortNum(at.num)
 }
 
-// portInfo fills p's PortInfo. A switch's external ports show port 0's
-// M_Key, GIDPrefix, LID, MasterSMLID and LMC (they have none of their
-// own).
-func (f *Fabric) portInfo(d []byte, p *port) {
+// portInfo fills p's PortInfo for an SMP that came by port at:
+// LocalPortNum is at's number (IBA 14.2.5.6: the port the SMP came in
+// by; OpenSM skips the switch port it equals as the one leading back to
+// itself). A switch's external ports show port 0's M_Key, GIDPrefix,
+// LID, MasterSMLID and LMC (they have none of their own).
+func (f *Fabric) portInfo(d []byte, p, at *port) {
 	copy(d, p.pi[:])
+	mad.PortInfo(d).SetLocalPortNum(at.num)
 	if p.node.sw != nil && p.num != 0 {
 		p0 := p.node.ports[0].pi[:]
 		copy(d[0:20], p0[0:20])

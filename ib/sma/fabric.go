@@ -386,7 +386,7 @@ func (f *Fabric) HostPortInfo() []byte {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b := make([]byte, mad.SMPDataLen)
-	f.portInfo(b, f.host.ports[1])
+	f.portInfo(b, f.host.ports[1], f.host.ports[1])
 	return b
 }
 

@@ -159,7 +159,10 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		s.control(c, from)
 		s.ctl.SetWriteDeadline(time.Now().Add(writeWait))
-		if _, werr := s.ctl.WriteToUnix(c, from); werr != nil {
+		// Go reports an abstract name up to its first NUL after the
+		// leading one; umad2sim's names end in a NUL (simproto).
+		to := &net.UnixAddr{Net: "unixgram", Name: from.Name + "\x00"}
+		if _, werr := s.ctl.WriteToUnix(c, to); werr != nil {
 			s.logf("sma: control answer to %s: %v", from.Name, werr)
 		}
 	}

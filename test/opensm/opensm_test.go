@@ -199,6 +199,7 @@ func startOpenSM(t *testing.T, dir, base string) []string {
 		t.Fatal(err)
 	}
 	defer out.Close()
+	t.Logf("OpenSM log: %s", osmLog)
 	// -V as in test/saoracle: every log line flushed (and umad2sim's
 	// threads paced: without it OpenSM's first sweep loses answers now
 	// and then under Debian's umad2sim).
@@ -215,7 +216,7 @@ func startOpenSM(t *testing.T, dir, base string) []string {
 			t.Logf("opensm output:\n%s\nOpenSM log (end):\n%s", o, b)
 		}
 	})
-	waitFor(t, 60*time.Second, "OpenSM's SUBNET UP", func() (bool, string) {
+	waitFor(t, 8*time.Second, "OpenSM's SUBNET UP", func() (bool, string) {
 		b, _ := os.ReadFile(osmLog)
 		return strings.Contains(string(b), "SUBNET UP"), fmt.Sprintf("%d bytes of log", len(b))
 	})
@@ -227,6 +228,9 @@ func startOpenSM(t *testing.T, dir, base string) []string {
 func TestOpenSMManagesSoftsm(t *testing.T) {
 	prereqs(t)
 	dir := t.TempDir()
+	if d := os.Getenv("SOFTRDMA_TEST_OPENSM_DIR"); d != "" {
+		dir = d // keep OpenSM's files to read
+	}
 	start := time.Now()
 	s, guids := startSM(t, 3)
 	f, base := serve(t, s)
