@@ -309,10 +309,27 @@ func (f *Fabric) refreshLocked(now time.Time) {
 	list := f.cfg.Ports.CAPorts()
 	seen := make(map[uint64]bool, len(list))
 	for _, cp := range list {
-		if cp.GUID == 0 || cp.GUID == f.sw.guid || cp.GUID == f.host.guid || cp.GUID == f.host.ports[1].guid {
+		if cp.GUID != 0 && cp.GUID != f.sw.guid && cp.GUID != f.host.guid && cp.GUID != f.host.ports[1].guid {
+			seen[cp.GUID] = true
+		}
+	}
+	for guid, n := range f.cas {
+		if seen[guid] {
 			continue
 		}
-		seen[cp.GUID] = true
+		p := n.ports[1]
+		if sp := p.peer; sp != nil {
+			f.logf("sma: CA port %#x left switch port %d", guid, sp.num)
+			unlink(sp)
+			mad.SwitchInfo(f.sw.sw.info[:]).SetPortStateChange(true)
+		}
+		delete(f.cas, guid)
+		f.full = false
+	}
+	for _, cp := range list {
+		if !seen[cp.GUID] {
+			continue
+		}
 		if n, ok := f.cas[cp.GUID]; ok {
 			n.desc = cp.NodeDesc
 			continue
@@ -331,19 +348,6 @@ func (f *Fabric) refreshLocked(now time.Time) {
 		link(sp, n.ports[1])
 		mad.SwitchInfo(f.sw.sw.info[:]).SetPortStateChange(true)
 		f.logf("sma: CA port %#x (%q) on switch port %d", cp.GUID, cp.NodeDesc, sp.num)
-	}
-	for guid, n := range f.cas {
-		if seen[guid] {
-			continue
-		}
-		p := n.ports[1]
-		if sp := p.peer; sp != nil {
-			f.logf("sma: CA port %#x left switch port %d", guid, sp.num)
-			unlink(sp)
-			mad.SwitchInfo(f.sw.sw.info[:]).SetPortStateChange(true)
-		}
-		delete(f.cas, guid)
-		f.full = false
 	}
 }
 
