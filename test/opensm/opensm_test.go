@@ -11,7 +11,8 @@
 // opensm and libumad2sim.so (ibnetdiscover for its last part), and skips
 // (fails under CI=true) when one is missing. Every process it starts talks
 // over abstract unix sockets of the package's own network namespace, and
-// loopback UDP only.
+// loopback UDP only. SOFTRDMA_TEST_OPENSM_DIR=DIR keeps OpenSM's log and
+// files in DIR instead of a temporary directory.
 package opensm
 
 import (
@@ -254,6 +255,7 @@ func TestOpenSMManagesSoftsm(t *testing.T) {
 	lft := f.LFT()
 	t.Logf("switch %#x LID %d, LinearFDBTop %d; SM host %#x LID %d (switch port %d) %v",
 		sw.GUID, sw.LID, sw.LinearFDBTop, host.GUID, host.LID, host.SwitchPort, host.States)
+	t.Logf("switch LFT (LID: port) %v", lftString(lft))
 	lids := map[uint16]string{}
 	check := func(name string, lid uint16, port int) {
 		t.Helper()
@@ -329,4 +331,15 @@ func ibnetdiscover(t *testing.T, dir string, env []string, swGUID uint64, guids 
 			t.Errorf("ibnetdiscover's topology lacks %q", w)
 		}
 	}
+}
+
+// lftString lists an LFT's routed entries as LID:port.
+func lftString(lft []byte) string {
+	var b strings.Builder
+	for lid, p := range lft {
+		if p != 0xFF {
+			fmt.Fprintf(&b, " %d:%d", lid, p)
+		}
+	}
+	return strings.TrimSpace(b.String())
 }
