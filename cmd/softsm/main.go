@@ -14,7 +14,16 @@
 //	       [-max-ports-per-source N] [-max-groups-per-port N]
 //	       [-max-groups-per-source N]
 //	       [-max-memberships-per-port N] [-max-table-records N]
-//	       [-key-file FILE] [-v]
+//	       [-key-file FILE] [-sm-umad2sim NAME] [-v]
+//
+// With -sm-umad2sim NAME, softsm also serves ibsim's server protocol on
+// abstract unix sockets NAME:ctl, NAME:out<n> (package ib/sma): an
+// unmodified OpenSM run with LD_PRELOAD=libumad2sim.so and
+// IBSIM_SOCKNAME=NAME manages a model of the subnet (softsm's switch, a
+// CA of its own on switch port 1, one CA per attached port) and softsm
+// keeps what it sets; softsm's own SM stays in charge of LIDs and
+// forwarding. Only this user's processes are served (the sockets'
+// SCM_CREDENTIALS). Off by default.
 //
 // When its sockets are bound it prints one line to stdout,
 //
@@ -117,6 +126,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/sm"
+	"github.com/softrdma/softrdma/ib/sma"
 )
 
 func main() {
@@ -155,6 +165,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		prefix  string
 		verbose bool
 		timeout time.Duration
+		simName string
 	)
 	fs.StringVar(&cfg.Listen, "listen", fabric.DefaultListen, "fabric UDP `address` the ports attach to")
 	fs.StringVar(&cfg.SAListen, "sa-listen", "", "turn on the raw SA port (diagnostics, softrdma saquery) at UDP `address`, e.g. "+fabric.DefaultSAListen+
@@ -175,6 +186,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxGroupsPerSource, "max-groups-per-source", sm.DefaultMaxGroupsPerSource(0), "most groups the ports of one source address may have created together that still exist (`n`; negative: no cap); one more create is answered 0x0100")
 	fs.IntVar(&cfg.MaxMembershipsPerPort, "max-memberships-per-port", sm.DefaultMaxMembershipsPerPort, "most groups one port may be a member of (`n`; negative: no cap); one more join is answered 0x0100")
 	fs.IntVar(&cfg.MaxTableRecords, "max-table-records", sm.DefaultMaxTableRecords, "most records of one SA answer (`n`; negative: no cap); a query that would answer more, or examine 4 × as many candidates, is answered 0x0100")
+	fs.StringVar(&simName, "sm-umad2sim", "", "serve ibsim's protocol on abstract unix sockets `name`:ctl… so that OpenSM under libumad2sim.so (IBSIM_SOCKNAME=name) manages a model of the subnet (this user's processes only)")
 	fs.BoolVar(&verbose, "v", false, "log attaches, detaches, SA requests and drops to stderr")
 	keyFile := fs.String("key-file", os.Getenv(fabric.EnvKeyFile), "authenticate the SM to the ports with the key in `file` (mode 600, owned by this user or root; default $"+fabric.EnvKeyFile+")")
 	if err := fs.Parse(args); err != nil {
@@ -232,6 +244,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "softsm: epoch %#x, send-only support %v, %d pre-registered ports, fabric socket buffer %d bytes\n",
 			s.Epoch(), cfg.SendOnlySupport, len(ports), s.Stats().SocketBuffer)
 		fmt.Fprintf(stderr, "softsm: limits: %s\n", limits(cfg))
+	}
+	if simName != "" {
+		f := sma.New(sma.Config{Ports: s, Logf: cfg.Logf})
+		srv, err := sma.Listen(f, sma.ServerConfig{Base: simName, Logf: cfg.Logf})
+		if err != nil {
+			fmt.Fprintf(stderr, "softsm: -sm-umad2sim: %v\n", err)
+			s.Close()
+			return 1
+		}
+		served := make(chan error, 1)
+		go func() { served <- srv.Run(ctx) }()
+		defer func() {
+			srv.Close()
+			if err := <-served; err != nil {
+				fmt.Fprintf(stderr, "softsm: -sm-umad2sim: %v\n", err)
+			}
+		}()
 	}
 	ran := make(chan struct{})
 	defer close(ran)

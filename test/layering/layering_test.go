@@ -55,6 +55,8 @@ var rules = []rule{
 	{"ib/mad", ground, noColumn},
 	{"ib/fabric", ground, noColumn},
 	{"ib/sa", ground, noColumn},
+	{"ib/simproto", ground, noColumn},
+	{"ib/sma", ground, noColumn},
 	{"mcast/internal/proto", ground, noColumn},
 	{"verbs", core, noColumn},
 	{"verbs/driver", seam, noColumn},

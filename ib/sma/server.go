@@ -1,0 +1,422 @@
+package sma
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/ib/simproto"
+)
+
+// ServerConfig configures a Server.
+type ServerConfig struct {
+	// Base is the socket name prefix, the clients' IBSIM_SOCKNAME (""
+	// → simproto.DefaultBase, ibsim's default).
+	Base string
+	// UIDs are the users whose clients are served (nil: the server's
+	// own user only). Abstract unix sockets have no permissions: every
+	// process of the network namespace can send to them, so every
+	// datagram's sender is checked (SCM_CREDENTIALS) and the others'
+	// are dropped.
+	UIDs []uint32
+	// Logf, if set, gets one line per client event and per dropped
+	// datagram.
+	Logf func(format string, args ...any)
+}
+
+// writeWait bounds a send to a client whose socket queue is full.
+const writeWait = time.Second
+
+// Server serves ibsim's server protocol (package simproto) to
+// libumad2sim.so clients: OpenSM, ibnetdiscover or any libibumad program
+// run with LD_PRELOAD=libumad2sim.so and IBSIM_SOCKNAME=Base. Every
+// client attaches to the SM host (SIM_HOST unset, HostName or the SM
+// host's NodeDescription; any other node is refused: the CAs are
+// softsm's ports, of other processes) and its MADs go to the Fabric.
+// Answers go back to the sender; a request for the SM host's SM
+// (SMInfo, a GMP to its QP0/1) goes to the client that opened the issm
+// device, a request for another QP to the client that connected with it,
+// and a response to the client whose id its TID carries (bits 63..48,
+// stamped on every request as ibsim does). Datagrams that are not a
+// whole Ctl or Request, or come from another user than
+// ServerConfig.UIDs, are dropped.
+type Server struct {
+	f    *Fabric
+	cfg  ServerConfig
+	ctl  *net.UnixConn
+	uids []uint32
+
+	mu      sync.Mutex
+	clients [simproto.MaxClients]*client
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+// client is a connected umad2sim client.
+type client struct {
+	id      int
+	pid     uint32
+	ctlAddr string // its control socket's name ("@...")
+	qp      uint32
+	issm    bool
+	conn    *net.UnixConn // <Base>:out<id>, connected to <Base>:in<pid>
+}
+
+// Listen binds the control socket <Base>:ctl (abstract) for f.
+func Listen(f *Fabric, cfg ServerConfig) (*Server, error) {
+	if cfg.Base == "" {
+		cfg.Base = simproto.DefaultBase
+	}
+	uids := cfg.UIDs
+	if uids == nil {
+		uids = []uint32{uint32(os.Getuid())}
+	}
+	c, err := listenAbstract(simproto.CtlName(cfg.Base), "")
+	if err != nil {
+		return nil, err
+	}
+	return &Server{f: f, cfg: cfg, ctl: c, uids: uids}, nil
+}
+
+// listenAbstract binds the abstract unix datagram socket name (and
+// connects it to peer, when not empty) with SO_PASSCRED on.
+func listenAbstract(name, peer string) (*net.UnixConn, error) {
+	laddr := &net.UnixAddr{Net: "unixgram", Name: "@" + name}
+	var (
+		c   *net.UnixConn
+		err error
+	)
+	if peer == "" {
+		c, err = net.ListenUnixgram("unixgram", laddr)
+	} else {
+		c, err = net.DialUnix("unixgram", laddr, &net.UnixAddr{Net: "unixgram", Name: "@" + peer})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sma: socket %q: %w", name, err)
+	}
+	rc, err := c.SyscallConn()
+	if err == nil {
+		cerr := rc.Control(func(fd uintptr) {
+			err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
+		})
+		if cerr != nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("sma: SO_PASSCRED on %q: %w", name, err)
+	}
+	return c, nil
+}
+
+func (s *Server) logf(format string, args ...any) {
+	if s.cfg.Logf != nil {
+		s.cfg.Logf(format, args...)
+	}
+}
+
+// Base returns the socket name prefix clients need (IBSIM_SOCKNAME).
+func (s *Server) Base() string { return s.cfg.Base }
+
+// Run serves until ctx ends or Close; it returns when every client's
+// goroutine ended.
+func (s *Server) Run(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+	buf := make([]byte, simproto.CtlLen+1)
+	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred))
+	var err error
+	for {
+		n, oobn, _, from, rerr := s.ctl.ReadMsgUnix(buf, oob)
+		if rerr != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if !closed {
+				err = rerr
+			}
+			break
+		}
+		if !s.credOK(oob[:oobn]) || n != simproto.CtlLen || from == nil || from.Name == "" {
+			s.logf("sma: control datagram dropped (%d bytes, from %v)", n, from)
+			continue
+		}
+		c := simproto.Ctl(buf[:n])
+		if c.Magic() != simproto.Magic {
+			s.logf("sma: control datagram with bad magic %#x dropped", c.Magic())
+			continue
+		}
+		s.control(c, from)
+		s.ctl.SetWriteDeadline(time.Now().Add(writeWait))
+		// Go reports an abstract name up to its first NUL after the
+		// leading one; umad2sim's names end in a NUL (simproto).
+		to := &net.UnixAddr{Net: "unixgram", Name: from.Name + "\x00"}
+		if _, werr := s.ctl.WriteToUnix(c, to); werr != nil {
+			s.logf("sma: control answer to %s: %v", from.Name, werr)
+		}
+	}
+	s.Close()
+	s.wg.Wait()
+	return err
+}
+
+// Close stops the server: its sockets close and the clients are
+// forgotten.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	for i, c := range s.clients {
+		if c != nil {
+			c.conn.Close()
+			s.clients[i] = nil
+		}
+	}
+	return s.ctl.Close()
+}
+
+// credOK reports whether a datagram's SCM_CREDENTIALS name a user the
+// server serves.
+func (s *Server) credOK(oob []byte) bool {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return false
+	}
+	for i := range msgs {
+		if cred, err := unix.ParseUnixCredentials(&msgs[i]); err == nil {
+			return slices.Contains(s.uids, cred.Uid)
+		}
+	}
+	return false
+}
+
+// control handles one control message and turns c into its answer.
+func (s *Server) control(c simproto.Ctl, from *net.UnixAddr) {
+	typ := c.Type()
+	d := c.Data()
+	if typ == simproto.TypeConnect {
+		if !s.connect(simproto.ClientInfo(d[:simproto.ClientInfoLen]), from.Name) {
+			c.SetType(simproto.TypeError)
+		}
+		return
+	}
+	s.mu.Lock()
+	var cl *client
+	if id := c.ClientID(); id < simproto.MaxClients {
+		cl = s.clients[id]
+	}
+	if cl == nil || cl.ctlAddr != from.Name {
+		s.mu.Unlock()
+		c.SetType(simproto.TypeError)
+		return
+	}
+	if typ == simproto.TypeDisconnect {
+		s.dropLocked(cl, "disconnected")
+		s.mu.Unlock()
+		return
+	}
+	if typ == simproto.TypeSetIsSM {
+		cl.issm = binary.NativeEndian.Uint32(d) != 0
+		sm := false
+		for _, o := range s.clients {
+			sm = sm || (o != nil && o.issm)
+		}
+		s.mu.Unlock()
+		s.f.SetHostIsSM(sm)
+		return
+	}
+	s.mu.Unlock()
+	switch typ {
+	case simproto.TypeGetVendor:
+		clear(d)
+		v := simproto.Vendor(d)
+		v.SetPartID(0x5f7d)
+		v.SetHWVer(1)
+		v.SetFWVer(1)
+	case simproto.TypeGetNodeInfo:
+		copy(d, s.f.HostNodeInfo())
+	case simproto.TypeGetPortInfo: // one port: whatever d[0] asks
+		copy(d, s.f.HostPortInfo())
+	case simproto.TypeGetPKeys:
+		copy(d, s.f.HostPKeys())
+	case simproto.TypeGetGUID:
+		clear(d)
+		binary.NativeEndian.PutUint64(d, s.f.cfg.HostGUID)
+	case simproto.TypeGetGID:
+		pi := mad.PortInfo(s.f.HostPortInfo())
+		clear(d)
+		binary.BigEndian.PutUint64(d, pi.GIDPrefix())
+		binary.BigEndian.PutUint64(d[8:], s.f.cfg.HostGUID+1)
+	case simproto.TypeGetPort:
+		pi := mad.PortInfo(s.f.HostPortInfo())
+		clear(d)
+		binary.NativeEndian.PutUint16(d, pi.LID())
+		d[2] = pi.PortState()
+	default:
+		c.SetType(simproto.TypeError)
+	}
+}
+
+// connect attaches a client to the SM host; ci becomes the answer.
+func (s *Server) connect(ci simproto.ClientInfo, ctlAddr string) bool {
+	pid := ci.ID()
+	if node := ci.NodeID(); node != "" && node != HostName {
+		s.logf("sma: client pid %d asks for node %q: only %q takes clients", pid, node, HostName)
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	id := -1
+	for i, c := range s.clients {
+		if c == nil && id < 0 {
+			id = i
+		}
+		if c != nil && ci.IsSM() && c.issm {
+			s.logf("sma: client pid %d: the SM host has an SM (client %d)", pid, c.id)
+			return false
+		}
+	}
+	if id < 0 {
+		s.logf("sma: client pid %d: all %d client slots taken", pid, simproto.MaxClients)
+		return false
+	}
+	conn, err := listenAbstract(simproto.OutName(s.cfg.Base, id), simproto.InName(s.cfg.Base, pid))
+	if err != nil {
+		s.logf("sma: client pid %d: %v", pid, err)
+		return false
+	}
+	c := &client{id: id, pid: pid, ctlAddr: ctlAddr, qp: ci.QP(), issm: ci.IsSM(), conn: conn}
+	s.clients[id] = c
+	ci.SetID(uint32(id))
+	ci.SetNodeID(HostName)
+	s.logf("sma: client %d (pid %d) attached to %s", id, pid, HostName)
+	s.wg.Add(1)
+	go s.serveClient(c)
+	return true
+}
+
+// dropLocked forgets a client.
+func (s *Server) dropLocked(c *client, why string) {
+	if s.clients[c.id] != c {
+		return
+	}
+	s.clients[c.id] = nil
+	c.conn.Close()
+	s.logf("sma: client %d (pid %d) %s", c.id, c.pid, why)
+	if c.issm {
+		s.f.SetHostIsSM(false) // lock order: s.mu, then the Fabric's
+	}
+}
+
+// serveClient reads a client's MADs until its socket closes.
+func (s *Server) serveClient(c *client) {
+	defer s.wg.Done()
+	buf := make([]byte, simproto.RequestLen+1)
+	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred))
+	for {
+		n, oobn, _, _, err := c.conn.ReadMsgUnix(buf, oob)
+		if err != nil {
+			return
+		}
+		if !s.credOK(oob[:oobn]) || n != simproto.RequestLen {
+			s.logf("sma: client %d: datagram dropped (%d bytes)", c.id, n)
+			continue
+		}
+		s.dispatch(c, simproto.Request(buf[:n]))
+	}
+}
+
+// dispatch routes one MAD of client c.
+func (s *Server) dispatch(c *client, r simproto.Request) {
+	m := mad.MAD(r.MAD())
+	if m.IsResponse() {
+		if to := s.client(int(m.TID() >> 48)); to != nil {
+			s.send(to, r)
+		}
+		return
+	}
+	m.SetTID(m.TID()&(1<<48-1) | uint64(c.id)<<48)
+	orig := slices.Clone(r)
+	switch s.f.Process(r) {
+	case Reply:
+		s.send(c, r)
+	case Timeout:
+		s.timeout(c, orig)
+	case Consumed:
+	case ToHost:
+		if to := s.hostClient(m.MgmtClass(), r.DQP()); to != nil {
+			s.send(to, r)
+		} else {
+			s.timeout(c, orig)
+		}
+	}
+}
+
+// timeout gives r back to c as a send whose answer never came.
+func (s *Server) timeout(c *client, r simproto.Request) {
+	r.SetStatus(simproto.StatusTimeout)
+	s.send(c, r)
+}
+
+// client returns the client with id, or nil.
+func (s *Server) client(id int) *client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id < 0 || id >= len(s.clients) {
+		return nil
+	}
+	return s.clients[id]
+}
+
+// hostClient returns the client a request for the SM host goes to: the
+// SM for SMPs and QP0/QP1, else the client of QP dqp.
+func (s *Server) hostClient(class uint8, dqp uint32) *client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.clients {
+		if c == nil {
+			continue
+		}
+		if class == mad.ClassSubnDR || class == mad.ClassSubnLID || dqp <= 1 {
+			if c.issm {
+				return c
+			}
+		} else if c.qp == dqp {
+			return c
+		}
+	}
+	return nil
+}
+
+// send writes r to client c; a client whose socket is gone is forgotten.
+func (s *Server) send(c *client, r simproto.Request) {
+	c.conn.SetWriteDeadline(time.Now().Add(writeWait))
+	_, err := c.conn.Write(r)
+	if err == nil {
+		return
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOTCONN) {
+		s.mu.Lock()
+		s.dropLocked(c, "is gone")
+		s.mu.Unlock()
+		return
+	}
+	s.logf("sma: client %d: send: %v", c.id, err)
+}
