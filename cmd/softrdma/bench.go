@@ -77,6 +77,7 @@ the JSON lines).
 	latWaits := fs.String("lat-waits", "", "latency: waits, comma-separated: block (rdma_get_recv_comp), poll (ibv_poll_cq loop) (default both)")
 	latLinks := fs.String("lat-links", "", "latency: links, comma-separated: lo, veth (two network namespaces, root), ib (the emulated subnet) (default all)")
 	latRounds := fs.Int("lat-rounds", 0, "latency: timed round trips per run (default 3000)")
+	fs.BoolVar(&cfg.LatPin, "lat-pin", cfg.LatPin, "latency: run the pinger and the ponger on a CPU each, as two hosts (false: where the scheduler puts them, sometimes both on one core)")
 	capiDev := fs.String("capi-dev", "rxe_lo", "capi: the device of both paths")
 	capiIters := fs.Int("capi-iters", 200000, "capi: ITERS of capibench (calls per case)")
 	capiSecs := fs.Int("capi-secs", 2, "capi: perftest's -D and the Go twin's run time, in whole seconds")

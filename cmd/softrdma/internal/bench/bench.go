@@ -128,7 +128,9 @@ type Config struct {
 	// mode. LatLo runs the loopback cases, LatVeth the veth cases (root),
 	// LatIB the IB subnet's (against RoCEv2 on loopback).
 	// LatEnv is added to the environment of the ping and pong processes
-	// (none by default: a program as a user runs it).
+	// (none by default: a program as a user runs it). LatPin runs the
+	// pinger and the ponger on a CPU each, as two hosts would (pin.go;
+	// nothing is pinned where the bench may use fewer than two CPUs).
 	LatSizes  []int
 	LatWaits  []string
 	LatRounds int
@@ -137,6 +139,7 @@ type Config struct {
 	LatVeth   bool
 	LatIB     bool
 	LatEnv    []string
+	LatPin    bool
 
 	// The reliable part (PartReliable): RelReceivers receiver processes,
 	// RelSizes message sizes, RelLoss injected loss rates in per mille
@@ -200,6 +203,7 @@ func DefaultConfig() Config {
 		LatLo:       true,
 		LatVeth:     true,
 		LatIB:       true,
+		LatPin:      true,
 
 		RelReceivers: []int{1, 2, 4},
 		RelSizes:     []int{64, 1024, 65536},

@@ -134,7 +134,10 @@ type rxProc struct {
 	stderr bytes.Buffer
 }
 
-func startRxProc(argv, env []string) (*rxProc, error) {
+func startRxProc(argv, env []string) (*rxProc, error) { return startRxProcOn(argv, env, -1) }
+
+// startRxProcOn is startRxProc with the process pinned to cpu (< 0: not).
+func startRxProcOn(argv, env []string, cpu int) (*rxProc, error) {
 	p := &rxProc{lines: make(chan []byte, 4)}
 	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Env = append(os.Environ(), env...)
@@ -147,7 +150,7 @@ func startRxProc(argv, env []string) (*rxProc, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := p.cmd.Start(); err != nil {
+	if err := startOn(p.cmd, cpu); err != nil {
 		return nil, err
 	}
 	go func() {

@@ -70,13 +70,20 @@ func (l *latLink) close() {
 }
 
 // latProcs starts the pinger and ponger processes, with prefix (e.g. ip
-// netns exec NS) before each's command.
+// netns exec NS) before each's command, each on a CPU of its own when
+// cfg.LatPin (pin.go).
 func latProcs(cfg *Config, l *latLink, pingPrefix, pongPrefix []string) error {
+	pingCPU, pongCPU := -1, -1
+	if cfg.LatPin {
+		if a, b, ok := latCPUs(); ok {
+			pingCPU, pongCPU = a, b
+		}
+	}
 	var err error
-	if l.ping, err = startRxProc(append(slices.Clone(pingPrefix), cfg.RxCommand...), cfg.LatEnv); err != nil {
+	if l.ping, err = startRxProcOn(append(slices.Clone(pingPrefix), cfg.RxCommand...), cfg.LatEnv, pingCPU); err != nil {
 		return err
 	}
-	if l.pong, err = startRxProc(append(slices.Clone(pongPrefix), cfg.RxCommand...), cfg.LatEnv); err != nil {
+	if l.pong, err = startRxProcOn(append(slices.Clone(pongPrefix), cfg.RxCommand...), cfg.LatEnv, pongCPU); err != nil {
 		return err
 	}
 	return nil
@@ -211,6 +218,11 @@ func runLatency(cfg *Config, w *writer, rep *Report) error {
 	w.tablef("\nlatency: multicast ping-pong between two processes, %d round trips per run after %d warm-up, %d runs per mode, interleaved\n",
 		cfg.LatRounds, cfg.LatWarmup, cfg.Repeats)
 	w.tablef("  block: blocking recvfrom / rdma_get_recv_comp; poll: busy MSG_DONTWAIT recvfrom / ibv_poll_cq loop\n")
+	if a, b, ok := latCPUs(); cfg.LatPin && ok {
+		w.tablef("  the pinger on CPU %d, the ponger on CPU %d (both modes; -lat-pin=false: where the scheduler puts them)\n", a, b)
+	} else {
+		w.tablef("  the processes where the scheduler puts them\n")
+	}
 	w.tablef("  %-5s %-5s %-5s %5s | %-5s %8s %8s %8s | %8s %8s %8s | %6s %6s %6s\n",
 		"link", "mode", "wait", "size", "base", "p50 µs", "p99 µs", "p99.9", "p50 µs", "p99 µs", "p99.9", "×p50", "×p99", "×p99.9")
 	print := func(r LatencyResult) {
