@@ -3,6 +3,7 @@ package rdmacm
 import (
 	"context"
 	"fmt"
+	"sync"
 	"syscall"
 
 	"github.com/softrdma/softrdma/verbs"
@@ -29,7 +30,32 @@ func (id *ID) PostRecv(wrid uint64, mr *verbs.MR, off, length int) (err error) {
 	if qp == nil || mr == nil {
 		return syscall.EINVAL
 	}
-	return qp.PostRecv(&verbs.RecvWR{WRID: wrid, SGList: []verbs.SGE{mr.SGE(off, length)}})
+	w := getPostWR()
+	defer putPostWR(w)
+	w.sge[0] = mr.SGE(off, length)
+	w.recv = verbs.RecvWR{WRID: wrid, SGList: w.sge[:]}
+	return qp.PostRecv(&w.recv)
+}
+
+// postWR is the work request rdma_post_recv or rdma_post_ud_send fills:
+// a WR handed to the QP (an interface, the provider's) escapes, so one
+// made per call would cost a heap allocation each time, on every
+// message. The QP takes what it needs before the post returns (verbs:
+// the caller may reuse a WR then), so the WR goes back to the pool.
+type postWR struct {
+	recv verbs.RecvWR
+	send verbs.SendWR
+	sge  [1]verbs.SGE
+}
+
+var postWRs = sync.Pool{New: func() any { return new(postWR) }}
+
+func getPostWR() *postWR { return postWRs.Get().(*postWR) }
+
+// putPostWR returns w to the pool, holding no MR or AH alive there.
+func putPostWR(w *postWR) {
+	*w = postWR{}
+	postWRs.Put(w)
 }
 
 // PostUDSend posts one UD send of length bytes at offset off of mr to the
@@ -40,14 +66,17 @@ func (id *ID) PostUDSend(wrid uint64, mr *verbs.MR, off, length int, flags verbs
 	if qp == nil || mr == nil || ah == nil {
 		return syscall.EINVAL
 	}
-	wr := verbs.SendWR{
+	w := getPostWR()
+	defer putPostWR(w)
+	w.sge[0] = mr.SGE(off, length)
+	w.send = verbs.SendWR{
 		WRID:   wrid,
-		SGList: []verbs.SGE{mr.SGE(off, length)},
+		SGList: w.sge[:],
 		Opcode: verbs.WRSend,
 		Flags:  flags,
 		UD:     verbs.UDWR{AH: ah, RemoteQPN: remoteQPN, RemoteQKey: UDPQKey},
 	}
-	return qp.PostSend(&wr)
+	return qp.PostSend(&w.send)
 }
 
 // GetRecvComp waits for one receive completion (rdma_get_recv_comp). Like

@@ -40,8 +40,9 @@ type receiver struct {
 
 	// burst defers the CQ wake-ups of a batch's deliveries to its end
 	// and keeps the locks of a run of deliveries to one QP.
-	burst softverbs.Burst
-	bp    *softverbs.Burst // &burst for batched reads, nil otherwise
+	burst   softverbs.Burst
+	bp      *softverbs.Burst // &burst for batched reads, nil otherwise
+	batches uint32           // batches handled, for the refresh of burst.HoldLocks
 
 	fwd forwarder
 }
@@ -96,8 +97,14 @@ func (r *receiver) handleBatch(n int) {
 	// With one P no consumer runs while this goroutine delivers: holding
 	// a QP's locks across the batch then costs nobody anything. With more,
 	// a consumer polling on another core would wait for the batch's end
-	// and repost late.
-	r.burst.HoldLocks = runtime.GOMAXPROCS(0) == 1
+	// and repost late. GOMAXPROCS takes the scheduler's lock, and a
+	// consumer reading its socket itself handles a batch of one datagram
+	// per message: asked every 256 batches (it changes when the program
+	// or the runtime, following the cgroup's CPU limit, changes it).
+	if r.batches&255 == 0 {
+		r.burst.HoldLocks = runtime.GOMAXPROCS(0) == 1
+	}
+	r.batches++
 	// Counted received before any is handled, so that no outcome counter
 	// (delivered, a drop) is ever ahead of rcvd_pkts.
 	var bytes uint64
