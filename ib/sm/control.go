@@ -161,6 +161,10 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 			s.refuse(c.GUID, c.Nonce, from, err)
 			return
 		}
+		if s.ext != nil {
+			s.extAttached(c.GUID, c.Nonce, from, rereg, c.Credits)
+			return
+		}
 		reply := fabric.EncodeControl(s.sign(&fabric.Control{
 			Type: fabric.TypePortInfo, GUID: c.GUID, LID: lid, SMLID: fabric.SMLID,
 			SubnetPrefix: s.prefix, PKeys: []uint16{fabric.DefaultPKey}, Epoch: s.epoch,

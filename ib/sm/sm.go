@@ -315,6 +315,13 @@ type Config struct {
 	// Logf, if set, receives one line per event (attach, detach, SA
 	// request, drop reason).
 	Logf func(format string, args ...any)
+	// Manager is who manages the subnet: ManagerSoftsm ("" too: this
+	// SM assigns the LIDs, its SA answers, the switch forwards by its
+	// tables) or ManagerOpenSM (OpenSM does all three: see opensm.go;
+	// SAListen must be empty, and SADelay and SADrop do nothing).
+	Manager string
+	// OpenSM configures ManagerOpenSM.
+	OpenSM OpenSMConfig
 	// Key, if set, is the subnet's key (fabric.ReadKeyFile): every
 	// port_info and refused carries a MAC under it over the nonce of the
 	// attach it answers (fabric.ControlMAC), so that a port configured
@@ -341,6 +348,8 @@ type port struct {
 	pending []ctlMsg
 	// SA request budgets of the port (SARequestRate, TableRate).
 	saBudget, tableBudget bucket
+	// What the port was told in OpenSM mode.
+	ext extPort
 }
 
 // limitedLog logs one kind of event at most once a second, with the
@@ -361,6 +370,7 @@ type SM struct {
 	fabric  *rawudp.Conn // out of the netpoller for writing: see internal/sys/rawudp
 	rawSA   *net.UDPConn
 	timeout time.Duration
+	ext     *extSM // OpenSM in charge (nil: softsm's own SM)
 
 	mu     sync.Mutex
 	sa     *sa.SA
@@ -477,6 +487,12 @@ func New(cfg Config) (*SM, error) {
 			return nil, heldError(s.cfg.SAListen, err)
 		}
 	}
+	if s.cfg.Manager == ManagerOpenSM {
+		if s.ext, err = s.newExt(s.cfg.OpenSM); err != nil {
+			s.fabric.Close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -491,6 +507,16 @@ func newState(cfg Config) (*SM, error) {
 	}
 	if cfg.SMGUID == 0 {
 		cfg.SMGUID = DefaultSMGUID
+	}
+	switch cfg.Manager {
+	case "", ManagerSoftsm:
+		cfg.Manager = ManagerSoftsm
+	case ManagerOpenSM:
+		if cfg.SAListen != "" {
+			return nil, fmt.Errorf("sm: the raw SA port is softsm's SA: not with OpenSM in charge")
+		}
+	default:
+		return nil, fmt.Errorf("sm: manager %q: want %q or %q", cfg.Manager, ManagerSoftsm, ManagerOpenSM)
 	}
 	if cfg.PortTimeout < 0 {
 		return nil, fmt.Errorf("sm: port timeout %v: must not be negative", cfg.PortTimeout)
@@ -685,6 +711,12 @@ func (s *SM) Run(ctx context.Context) error {
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); errc <- s.rawSALoop() }()
 	}
+	if s.ext != nil {
+		if err := s.startExt(); err != nil {
+			s.Close()
+			return err
+		}
+	}
 	var err error
 	select {
 	case <-ctx.Done():
@@ -712,8 +744,12 @@ func (s *SM) Close() error {
 		if s.rawSA != nil {
 			s.rawSA.Close()
 		}
+		if s.ext != nil {
+			s.stopExt()
+		}
 	})
 	s.wg.Wait()
+	s.removeExtDir()
 	s.saveIfDirty(time.Time{})
 	return nil
 }

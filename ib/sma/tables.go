@@ -96,4 +96,3 @@ func (f *Fabric) publishLocked() {
 	default:
 	}
 }
-
