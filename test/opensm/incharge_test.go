@@ -298,3 +298,47 @@ func (e *ep) recv(t *testing.T, n int) []string {
 	}
 	return got
 }
+
+// TestOpenSMInChargeLateAttach: a port that attaches after OpenSM's
+// SUBNET UP gets a LID from OpenSM (the model's switch sets
+// PortStateChange; OpenSM's light sweep, every second, finds it), and
+// OpenSM's tables drop it when it detaches.
+func TestOpenSMInChargeLateAttach(t *testing.T) {
+	prereqs(t)
+	s, devs := startInCharge(t, 1)
+	select {
+	case <-s.OpenSMUp():
+	case <-time.After(30 * time.Second):
+		t.Fatal("no SUBNET UP in OpenSM's log within 30s")
+	}
+	f := s.Model()
+	start := time.Now()
+	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr("127.0.0.9"), ActivateTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			d.Close()
+		}
+	})
+	v, _ := f.Port(d.GUID())
+	lft := f.LFT()
+	t.Logf("port %#x attached after SUBNET UP: Active with LID %d (OpenSM's %d, SM LID %d) after %v, on switch port %d; LFT %s",
+		d.GUID(), d.LID(), v.LID, d.SMLID(), time.Since(start).Round(time.Millisecond), v.SwitchPort, lftString(lft))
+	if d.LID() != v.LID || d.SMLID() != f.Host().LID || int(v.LID) >= len(lft) || int(lft[v.LID]) != v.SwitchPort {
+		t.Errorf("port %#x: LID %d SM LID %d; OpenSM's view %+v, its port's LID %d", d.GUID(), d.LID(), d.SMLID(), v, f.Host().LID)
+	}
+	if d.LID() == devs[0].LID() {
+		t.Errorf("both ports have LID %d", d.LID())
+	}
+	lid := v.LID
+	d.Close()
+	closed = true
+	waitFor(t, 15*time.Second, "OpenSM's LFT without the port that detached", func() (bool, string) {
+		lft := f.LFT()
+		return int(lid) >= len(lft) || lft[lid] == 0xFF, fmt.Sprintf("LFT %s", lftString(lft))
+	})
+	t.Logf("after the detach: LFT %s", lftString(f.LFT()))
+}
