@@ -207,7 +207,7 @@ func TestServerRelay(t *testing.T) {
 	}
 	// The CA answers the Report: back to the SM by the TID.
 	resp := slices.Clone(rp.r)
-	mad.MAD(resp.MAD()).SetMethod(mad.MethodReport|mad.MethodResp)
+	mad.MAD(resp.MAD()).SetMethod(mad.MethodReport | mad.MethodResp)
 	if err := srv.FromPort(0xa2, resp); err != nil {
 		t.Fatal(err)
 	}
