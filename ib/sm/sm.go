@@ -119,6 +119,17 @@
 // acts for the port whose GUID is the record's PortGID: whoever can reach
 // the raw port can join and leave for any port.
 //
+// Manager: all of the above is softsm's own SM (Config.Manager
+// ManagerSoftsm, the default). With ManagerOpenSM, Debian's OpenSM runs
+// the subnet (opensm.go): the SM starts it under libumad2sim.so against
+// package ib/sma's model, a port's attach is answered once OpenSM made
+// the port Active (with OpenSM's LID for it and OpenSM's own LID as
+// SMLID), the ports' SA MADs are relayed to OpenSM's SA and its answers
+// back, and the switch forwards unicast and multicast by the forwarding
+// tables OpenSM programs (same credits, same head-of-queue rules; a
+// multicast packet never goes back to its sender). The attach rules,
+// address validation and control and SA request budgets stay as above.
+//
 // RMPP: a GetTableResp (always RMPP-active) is sent as the kernel's MAD
 // layer sends it for OpenSM (mad_rmpp.c): segment 1 first, then no segment
 // above the receiver's NewWindowLast; the receiver's ACKs (type ACK, method
