@@ -15,6 +15,21 @@
 //	       [-max-groups-per-source N]
 //	       [-max-memberships-per-port N] [-max-table-records N]
 //	       [-key-file FILE] [-sm-umad2sim NAME] [-v]
+//	       [-sm softsm|opensm [-opensm-dir DIR] [-opensm-sweep N]]
+//
+// With -sm opensm, Debian's unmodified OpenSM manages the subnet: softsm
+// starts /usr/sbin/opensm (or opensm in PATH) under ibsim's
+// libumad2sim.so against a model of its subnet (package ib/sma) on
+// abstract unix sockets of a private random name, with its files in a
+// private temporary directory (or -opensm-dir), and kills it when it
+// stops. A port's attach is answered once OpenSM made the port Active,
+// with the LID OpenSM gave it and OpenSM's LID as the SM's; the ports'
+// SA requests go to OpenSM's SA and its answers back; the switch forwards
+// by the forwarding tables OpenSM programs. -sa-listen, -sm-umad2sim and
+// the SA's own options (-sa-delay, -sa-drop, -no-sendonly-support, the SA
+// quotas) do not apply. softsm refuses to start, saying what is missing,
+// without opensm (apt-get install opensm) or libumad2sim.so (apt-get
+// install libumad2sim0). See package ib/sm (opensm.go).
 //
 // With -sm-umad2sim NAME, softsm also serves ibsim's server protocol on
 // abstract unix sockets NAME:ctl, NAME:out<n> (package ib/sma): an
@@ -166,6 +181,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		verbose bool
 		timeout time.Duration
 		simName string
+		osmDir  string
+		osmSwp  int
 	)
 	fs.StringVar(&cfg.Listen, "listen", fabric.DefaultListen, "fabric UDP `address` the ports attach to")
 	fs.StringVar(&cfg.SAListen, "sa-listen", "", "turn on the raw SA port (diagnostics, softrdma saquery) at UDP `address`, e.g. "+fabric.DefaultSAListen+
@@ -187,6 +204,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxMembershipsPerPort, "max-memberships-per-port", sm.DefaultMaxMembershipsPerPort, "most groups one port may be a member of (`n`; negative: no cap); one more join is answered 0x0100")
 	fs.IntVar(&cfg.MaxTableRecords, "max-table-records", sm.DefaultMaxTableRecords, "most records of one SA answer (`n`; negative: no cap); a query that would answer more, or examine 4 × as many candidates, is answered 0x0100")
 	fs.StringVar(&simName, "sm-umad2sim", "", "serve ibsim's protocol on abstract unix sockets `name`:ctl… so that OpenSM under libumad2sim.so (IBSIM_SOCKNAME=name) manages a model of the subnet (this user's processes only)")
+	fs.StringVar(&cfg.Manager, "sm", sm.ManagerSoftsm, "who manages the subnet: `softsm` (its own SM and SA) or opensm (starts OpenSM under libumad2sim.so and hands it LIDs, SA and forwarding tables)")
+	fs.StringVar(&osmDir, "opensm-dir", "", "with -sm opensm: keep OpenSM's configuration, log (osm.log) and caches in `dir` (default: a private temporary directory, removed at exit)")
+	fs.IntVar(&osmSwp, "opensm-sweep", 1, "with -sm opensm: OpenSM's sweep interval in `seconds` (how soon it finds a port that attached)")
 	fs.BoolVar(&verbose, "v", false, "log attaches, detaches, SA requests and drops to stderr")
 	keyFile := fs.String("key-file", os.Getenv(fabric.EnvKeyFile), "authenticate the SM to the ports with the key in `file` (mode 600, owned by this user or root; default $"+fabric.EnvKeyFile+")")
 	if err := fs.Parse(args); err != nil {
@@ -218,6 +238,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+	if cfg.Manager == sm.ManagerOpenSM && simName != "" {
+		fmt.Fprintf(stderr, "softsm: -sm-umad2sim serves a model to an OpenSM of your own; with -sm opensm softsm runs its own\n")
+		return 2
+	}
+	cfg.OpenSM = sm.OpenSMConfig{Dir: osmDir, SweepInterval: osmSwp, Verbose: verbose}
 	cfg.SubnetPrefix = p
 	cfg.Ports = ports
 	cfg.SendOnlySupport = !noSend

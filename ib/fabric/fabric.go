@@ -76,8 +76,10 @@
 // | pad | ICRC | VCRC, exactly as on an IB link (see wire.ICRCIB and
 // wire.VCRC). EncodeUD builds one, Parse checks and splits one.
 //
-// SA MADs travel as UD packets to DLID SMLID, BTH DestQP 1, DETH Q_Key
-// 0x80010000, payload one 256-byte MAD; the answer comes from SLID SMLID /
+// SA MADs travel as UD packets to the SM LID of the port's last port_info
+// (SMLID with softsm's own SM; OpenSM's port's LID when OpenSM manages
+// the subnet, ib/sm's ManagerOpenSM), BTH DestQP 1, DETH Q_Key
+// 0x80010000, payload one 256-byte MAD; the answer comes from that SM LID /
 // source QP 1 to the requester's LID and QP, with a GRH (GIDs swapped) when
 // the request had one.
 package fabric

@@ -161,6 +161,10 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 			s.refuse(c.GUID, c.Nonce, from, err)
 			return
 		}
+		if s.ext != nil {
+			s.extAttached(c.GUID, c.Nonce, from, rereg, c.Credits)
+			return
+		}
 		reply := fabric.EncodeControl(s.sign(&fabric.Control{
 			Type: fabric.TypePortInfo, GUID: c.GUID, LID: lid, SMLID: fabric.SMLID,
 			SubnetPrefix: s.prefix, PKeys: []uint16{fabric.DefaultPKey}, Epoch: s.epoch,
@@ -176,6 +180,11 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 		if p := s.byAddr[from]; p != nil && (c.GUID == 0 || c.GUID == p.guid) {
 			s.logf("port %#x (LID %d) detached", p.guid, p.lid)
 			s.detachLocked(p)
+			if s.ext != nil {
+				// The model's link goes down now: OpenSM's next light
+				// sweep sees PortStateChange.
+				defer s.ext.fab.Refresh()
+			}
 		} else {
 			s.foreignDetach.Add(1)
 			s.limitedf(&s.logForeign, time.Now(), "detach of %#x from %v ignored: not the port's address", c.GUID, from)

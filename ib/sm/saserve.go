@@ -59,6 +59,10 @@ func (b *bucket) allow(now time.Time, burst, rate float64) bool {
 // from SLID 1 / QP1 to the requester's SLID and source QP, with the GIDs
 // swapped when the request had a GRH. Caller holds mu.
 func (s *SM) saFromFabric(b []byte, p *port) {
+	if s.ext != nil {
+		s.relayFromFabric(b, p)
+		return
+	}
 	var pkt fabric.Packet
 	if err := fabric.Parse(b, &pkt); err != nil {
 		p.c.drops.Add(1)

@@ -119,6 +119,17 @@
 // acts for the port whose GUID is the record's PortGID: whoever can reach
 // the raw port can join and leave for any port.
 //
+// Manager: all of the above is softsm's own SM (Config.Manager
+// ManagerSoftsm, the default). With ManagerOpenSM, Debian's OpenSM runs
+// the subnet (opensm.go): the SM starts it under libumad2sim.so against
+// package ib/sma's model, a port's attach is answered once OpenSM made
+// the port Active (with OpenSM's LID for it and OpenSM's own LID as
+// SMLID), the ports' SA MADs are relayed to OpenSM's SA and its answers
+// back, and the switch forwards unicast and multicast by the forwarding
+// tables OpenSM programs (same credits, same head-of-queue rules; a
+// multicast packet never goes back to its sender). The attach rules,
+// address validation and control and SA request budgets stay as above.
+//
 // RMPP: a GetTableResp (always RMPP-active) is sent as the kernel's MAD
 // layer sends it for OpenSM (mad_rmpp.c): segment 1 first, then no segment
 // above the receiver's NewWindowLast; the receiver's ACKs (type ACK, method
@@ -315,6 +326,13 @@ type Config struct {
 	// Logf, if set, receives one line per event (attach, detach, SA
 	// request, drop reason).
 	Logf func(format string, args ...any)
+	// Manager is who manages the subnet: ManagerSoftsm ("" too: this
+	// SM assigns the LIDs, its SA answers, the switch forwards by its
+	// tables) or ManagerOpenSM (OpenSM does all three: see opensm.go;
+	// SAListen must be empty, and SADelay and SADrop do nothing).
+	Manager string
+	// OpenSM configures ManagerOpenSM.
+	OpenSM OpenSMConfig
 	// Key, if set, is the subnet's key (fabric.ReadKeyFile): every
 	// port_info and refused carries a MAC under it over the nonce of the
 	// attach it answers (fabric.ControlMAC), so that a port configured
@@ -341,6 +359,8 @@ type port struct {
 	pending []ctlMsg
 	// SA request budgets of the port (SARequestRate, TableRate).
 	saBudget, tableBudget bucket
+	// What the port was told in OpenSM mode.
+	ext extPort
 }
 
 // limitedLog logs one kind of event at most once a second, with the
@@ -361,6 +381,7 @@ type SM struct {
 	fabric  *rawudp.Conn // out of the netpoller for writing: see internal/sys/rawudp
 	rawSA   *net.UDPConn
 	timeout time.Duration
+	ext     *extSM // OpenSM in charge (nil: softsm's own SM)
 
 	mu     sync.Mutex
 	sa     *sa.SA
@@ -477,6 +498,12 @@ func New(cfg Config) (*SM, error) {
 			return nil, heldError(s.cfg.SAListen, err)
 		}
 	}
+	if s.cfg.Manager == ManagerOpenSM {
+		if s.ext, err = s.newExt(s.cfg.OpenSM); err != nil {
+			s.fabric.Close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -491,6 +518,16 @@ func newState(cfg Config) (*SM, error) {
 	}
 	if cfg.SMGUID == 0 {
 		cfg.SMGUID = DefaultSMGUID
+	}
+	switch cfg.Manager {
+	case "", ManagerSoftsm:
+		cfg.Manager = ManagerSoftsm
+	case ManagerOpenSM:
+		if cfg.SAListen != "" {
+			return nil, fmt.Errorf("sm: the raw SA port is softsm's SA: not with OpenSM in charge")
+		}
+	default:
+		return nil, fmt.Errorf("sm: manager %q: want %q or %q", cfg.Manager, ManagerSoftsm, ManagerOpenSM)
 	}
 	if cfg.PortTimeout < 0 {
 		return nil, fmt.Errorf("sm: port timeout %v: must not be negative", cfg.PortTimeout)
@@ -685,6 +722,12 @@ func (s *SM) Run(ctx context.Context) error {
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); errc <- s.rawSALoop() }()
 	}
+	if s.ext != nil {
+		if err := s.startExt(); err != nil {
+			s.Close()
+			return err
+		}
+	}
 	var err error
 	select {
 	case <-ctx.Done():
@@ -712,8 +755,12 @@ func (s *SM) Close() error {
 		if s.rawSA != nil {
 			s.rawSA.Close()
 		}
+		if s.ext != nil {
+			s.stopExt()
+		}
 	})
 	s.wg.Wait()
+	s.removeExtDir()
 	s.saveIfDirty(time.Time{})
 	return nil
 }

@@ -14,7 +14,11 @@ func (s *SM) CAPorts() []sma.Port {
 	defer s.mu.Unlock()
 	ps := make([]sma.Port, 0, len(s.byAddr))
 	for _, p := range s.byAddr {
-		ps = append(ps, sma.Port{GUID: p.guid, NodeDesc: p.desc, LID: p.lid})
+		lid := p.lid
+		if s.ext != nil {
+			lid = 0 // OpenSM assigns every LID
+		}
+		ps = append(ps, sma.Port{GUID: p.guid, NodeDesc: p.desc, LID: lid})
 	}
 	slices.SortFunc(ps, func(a, b sma.Port) int { return int(a.LID) - int(b.LID) })
 	return ps

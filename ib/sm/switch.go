@@ -455,7 +455,7 @@ func (s *SM) packetIn(b []byte, from netip.AddrPort, trunc bool) {
 	// A packet for the SM is a management packet (VL15 on IB): it does
 	// not wait in the input queue behind data packets that wait for
 	// credit (a leave behind a head blocked on a stalled port timed out).
-	if l, err := fabric.CheckLink(b); err == nil && l.DLID() == fabric.SMLID {
+	if l, err := fabric.CheckLink(b); err == nil && s.toSM(l.DLID()) {
 		s.saFromFabric(b, p)
 		// It took a credit: the forwarder's visit grants it back (a port
 		// whose data never queues would otherwise run out of credit after
@@ -579,9 +579,11 @@ func (s *SM) forwardHead(p *port, now time.Time, o *outBatch) (done bool, retry 
 		dlid := l.DLID()
 		ls.pend = ls.pend[:0]
 		switch {
-		case dlid == fabric.SMLID:
+		case s.toSM(dlid):
 			s.saFromFabric(b, p)
 			return true, time.Time{}
+		case s.ext != nil:
+			s.extDestinations(p, dlid)
 		case wire.IsMulticastLID(dlid):
 			s.rebuildMFT()
 			for _, d := range s.mft[dlid] {

@@ -56,6 +56,7 @@ import (
 	"encoding/binary"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/softrdma/softrdma/ib/mad"
@@ -161,6 +162,10 @@ type Fabric struct {
 	refresh  time.Time
 	full     bool // some port found no free switch port (logged once)
 	hostIsSM bool
+	// dirty: something changed since the last Tables snapshot.
+	dirty   bool
+	tables  atomic.Pointer[Tables]
+	changes chan struct{}
 }
 
 // New returns the subnet with the CA ports cfg.Ports lists now.
@@ -178,7 +183,7 @@ func New(cfg Config) *Fabric {
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = DefaultRefresh
 	}
-	f := &Fabric{cfg: cfg, cas: map[uint64]*node{}}
+	f := &Fabric{cfg: cfg, cas: map[uint64]*node{}, changes: make(chan struct{}, 1)}
 	n := cfg.SwitchPorts
 	sw := &node{typ: mad.NodeSwitch, guid: cfg.SwitchGUID, desc: SwitchDesc, sw: &switchState{
 		lft: slices.Repeat([]byte{0xFF}, LinearFDBCap),
@@ -209,6 +214,7 @@ func New(cfg Config) *Fabric {
 	f.host = newCA(cfg.HostGUID, cfg.HostGUID+1, HostName)
 	link(sw.ports[1], f.host.ports[1])
 	f.refreshLocked(time.Now())
+	f.publishLocked()
 	return f
 }
 
@@ -292,6 +298,7 @@ func (f *Fabric) Refresh() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.refreshLocked(time.Now())
+	f.publishLocked()
 }
 
 // maybeRefresh reads the list of CA ports when Config.Refresh passed.
@@ -322,6 +329,7 @@ func (f *Fabric) refreshLocked(now time.Time) {
 			f.logf("sma: CA port %#x left switch port %d", guid, sp.num)
 			unlink(sp)
 			mad.SwitchInfo(f.sw.sw.info[:]).SetPortStateChange(true)
+			f.dirty = true
 		}
 		delete(f.cas, guid)
 		f.full = false
@@ -347,6 +355,7 @@ func (f *Fabric) refreshLocked(now time.Time) {
 		f.cas[cp.GUID] = n
 		link(sp, n.ports[1])
 		mad.SwitchInfo(f.sw.sw.info[:]).SetPortStateChange(true)
+		f.dirty = true
 		f.logf("sma: CA port %#x (%q) on switch port %d", cp.GUID, cp.NodeDesc, sp.num)
 	}
 }

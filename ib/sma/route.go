@@ -55,7 +55,11 @@ func (f *Fabric) Process(r simproto.Request) Verdict {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	defer f.publishLocked() // before the unlock
 	f.maybeRefresh(time.Now())
+	if m.Method() == mad.MethodSet {
+		f.dirty = true
+	}
 	src := f.host.ports[1]
 	s := mad.SMP(m)
 	var at *port
@@ -188,4 +192,35 @@ func (f *Fabric) routeLID(dlid uint16, src *port) *port {
 		out = nd.ports[e]
 	}
 	return nil
+}
+
+// RouteGMP says where a GMP (a MAD of a class other than the SM's) to
+// dlid goes from the CA port fromGUID (0: from the SM host), routed by
+// the switch's linear forwarding table: to the SM host (host), to a CA
+// port (its GUID), or nowhere (ok false: no such CA port, no route).
+// srcLID is the sending port's LID.
+func (f *Fabric) RouteGMP(fromGUID uint64, dlid uint16) (guid uint64, host bool, srcLID uint16, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	defer f.publishLocked()
+	f.maybeRefresh(time.Now())
+	src := f.host.ports[1]
+	if fromGUID != 0 {
+		n := f.cas[fromGUID]
+		if n == nil {
+			return 0, false, 0, false
+		}
+		src = n.ports[1]
+	}
+	at := f.routeLID(dlid, src)
+	if at == nil {
+		return 0, false, lidOf(src), false
+	}
+	if at.node == f.host {
+		return 0, true, lidOf(src), true
+	}
+	if at.node.typ != mad.NodeCA {
+		return 0, false, lidOf(src), false // no GMP agents on the switch
+	}
+	return at.guid, false, lidOf(src), true
 }

@@ -32,6 +32,12 @@ type ServerConfig struct {
 	// Logf, if set, gets one line per client event and per dropped
 	// datagram.
 	Logf func(format string, args ...any)
+	// ToPort, if set, takes the GMPs the SM host's clients send to a CA
+	// port (the SA's answers and Reports, routed by the switch's linear
+	// forwarding table; the Request's addressing as the CA would receive
+	// it: SLID the SM host's LID); r is the caller's only during the
+	// call. Without it such GMPs time out (no GMP agents on the CAs).
+	ToPort func(guid uint64, r simproto.Request)
 }
 
 // writeWait bounds a send to a client whose socket queue is full.
@@ -346,6 +352,12 @@ func (s *Server) serveClient(c *client) {
 // dispatch routes one MAD of client c.
 func (s *Server) dispatch(c *client, r simproto.Request) {
 	m := mad.MAD(r.MAD())
+	if s.cfg.ToPort != nil && m.BaseVersion() == mad.BaseVersion &&
+		m.MgmtClass() != mad.ClassSubnDR && m.MgmtClass() != mad.ClassSubnLID {
+		if s.gmp(c, r) {
+			return
+		}
+	}
 	if m.IsResponse() {
 		if to := s.client(int(m.TID() >> 48)); to != nil {
 			s.send(to, r)
@@ -367,6 +379,72 @@ func (s *Server) dispatch(c *client, r simproto.Request) {
 			s.timeout(c, orig)
 		}
 	}
+}
+
+// gmp hands a GMP of client c that the switch routes to a CA port to
+// ToPort and reports whether it did; a request that goes nowhere times
+// out (reported done too). Everything else is dispatch's.
+func (s *Server) gmp(c *client, r simproto.Request) bool {
+	m := mad.MAD(r.MAD())
+	guid, host, srcLID, ok := s.f.RouteGMP(0, r.DLID())
+	switch {
+	case host:
+		return false
+	case !ok:
+		if m.IsResponse() {
+			return false // by its TID, as before
+		}
+		s.timeout(c, slices.Clone(r))
+		return true
+	}
+	if r.SLID() == 0 {
+		r.SetSLID(srcLID)
+	}
+	if !m.IsResponse() {
+		// Stamped as every request of a client: the CA's answer comes
+		// back by it (FromPort).
+		m.SetTID(m.TID()&(1<<48-1) | uint64(c.id)<<48)
+	}
+	r.SetStatus(0)
+	s.cfg.ToPort(guid, r)
+	return true
+}
+
+// FromPort takes a GMP that the CA port guid sends (r's MAD and
+// addressing as the SM host's client is to receive it: SLID the port's
+// LID, SQP its QP; DLID and DQP where it goes). A request that the
+// switch's linear forwarding table routes to the SM host goes to the
+// client of its destination QP (QP0 and QP1: the SM host's SM, OpenSM,
+// whose SA answers at QP1); a response goes to the client whose id its
+// TID carries (the requester of a Report). Anything else is dropped and
+// FromPort reports why.
+func (s *Server) FromPort(guid uint64, r simproto.Request) error {
+	if len(r) != simproto.RequestLen {
+		return fmt.Errorf("sma: a GMP of %d bytes", len(r))
+	}
+	m := mad.MAD(r.MAD())
+	if m.BaseVersion() != mad.BaseVersion || m.MgmtClass() == mad.ClassSubnDR || m.MgmtClass() == mad.ClassSubnLID {
+		return fmt.Errorf("sma: not a GMP (base version %d, class %#x)", m.BaseVersion(), m.MgmtClass())
+	}
+	if m.IsResponse() {
+		to := s.client(int(m.TID() >> 48))
+		if to == nil {
+			return fmt.Errorf("sma: response for no client (TID %#x)", m.TID())
+		}
+		s.send(to, r)
+		return nil
+	}
+	_, host, _, ok := s.f.RouteGMP(guid, r.DLID())
+	if !ok || !host {
+		return fmt.Errorf("sma: GMP from %#x to LID %d: no route to the SM host", guid, r.DLID())
+	}
+	to := s.hostClient(m.MgmtClass(), r.DQP())
+	if to == nil {
+		return fmt.Errorf("sma: GMP from %#x to QP %d: no client of the SM host takes it", guid, r.DQP())
+	}
+	r.SetStatus(0)
+	s.send(to, r)
+	return nil
 }
 
 // timeout gives r back to c as a send whose answer never came.

@@ -36,6 +36,7 @@ import (
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/ib/sma"
 	"github.com/softrdma/softrdma/test/testenv"
+	"github.com/softrdma/softrdma/verbs"
 )
 
 // Env is the variable that, set to 1, runs the test.
@@ -47,7 +48,15 @@ const umad2sim = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so"
 func TestMain(m *testing.M) {
 	testenv.OwnNetns() // lo and the abstract unix sockets to this package alone
 	testenv.ClearSoftRDMA()
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	verbs.DefaultHost().Close()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "opensm: leaked goroutines:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 func prereqs(t *testing.T) {

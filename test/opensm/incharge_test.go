@@ -1,0 +1,344 @@
+package opensm
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/softrdma/softrdma/ib/sm"
+	"github.com/softrdma/softrdma/provider/ib"
+	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// startInCharge runs an in-process SM with OpenSM in charge (the SM
+// starts opensm itself) and opens n IB ports of this process, IPoIB
+// addresses 127.0.0.2… (each waits until OpenSM made it Active).
+func startInCharge(t *testing.T, n int) (*sm.SM, []*ib.Device) {
+	t.Helper()
+	cfg := sm.Config{Listen: "127.0.0.1:0", Manager: sm.ManagerOpenSM, Logf: t.Logf,
+		OpenSM: sm.OpenSMConfig{Dir: os.Getenv("SOFTRDMA_TEST_OPENSM_DIR"), Verbose: true}}
+	s, err := sm.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("softsm: %v", err)
+		}
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(s.OpenSMDir() + "/osm.log")
+			if len(b) > 20000 {
+				b = b[len(b)-20000:]
+			}
+			t.Logf("OpenSM log (end):\n%s", b)
+		}
+	})
+	devs := make([]*ib.Device, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			devs[i], errs[i] = ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.AddrFrom4([4]byte{127, 0, 0, byte(2 + i)}),
+				ActivateTimeout: 60 * time.Second})
+		}()
+	}
+	wg.Wait()
+	for i, d := range devs {
+		if d != nil {
+			t.Cleanup(func() { d.Close() })
+		}
+		if errs[i] != nil {
+			t.Fatalf("port %d: %v", i, errs[i])
+		}
+	}
+	t.Logf("%d ports Active by OpenSM after %v", n, time.Since(start).Round(time.Millisecond))
+	return s, devs
+}
+
+// TestOpenSMInCharge: with OpenSM in charge of softsm's subnet, the
+// ports' LIDs are OpenSM's, their SA is OpenSM's (joins, a send-only
+// join, a leave) and the switch forwards by the tables OpenSM programs.
+func TestOpenSMInCharge(t *testing.T) {
+	prereqs(t)
+	s, devs := startInCharge(t, 3)
+	f := s.Model()
+	host := f.Host()
+	lft := f.LFT()
+	t.Logf("OpenSM's port: LID %d; LFT %s", host.LID, lftString(lft))
+	sp := map[uint64]int{}
+	for _, d := range devs {
+		v, ok := f.Port(d.GUID())
+		if !ok {
+			t.Fatalf("port %#x: not in the model", d.GUID())
+		}
+		sp[d.GUID()] = v.SwitchPort
+		t.Logf("port %s %#x: switch port %d, LID %d (OpenSM's %d), SM LID %d (OpenSM's port %d)", d.Name(), d.GUID(), v.SwitchPort, d.LID(), v.LID, d.SMLID(), host.LID)
+		if d.LID() != v.LID || d.SMLID() != host.LID || v.SMLID != host.LID {
+			t.Errorf("port %#x: LID %d SM LID %d; OpenSM set LID %d SM LID %d, its port has %d", d.GUID(), d.LID(), d.SMLID(), v.LID, v.SMLID, host.LID)
+		}
+		if int(v.LID) >= len(lft) || int(lft[v.LID]) != v.SwitchPort {
+			t.Errorf("port %#x: OpenSM's LFT does not lead LID %d to switch port %d", d.GUID(), v.LID, v.SwitchPort)
+		}
+	}
+
+	ch, err := rdmacm.CreateEventChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ch.Close() })
+	eps := make([]*ep, len(devs))
+	for i := range devs {
+		id, err := rdmacm.CreateID(ch, nil, rdmacm.PS_UDP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := id.BindAddr(rdmacm.UDPAddr(netip.AddrFrom4([4]byte{127, 0, 0, byte(2 + i)}))); err != nil {
+			t.Fatal(err)
+		}
+		eps[i] = endpoint(t, id, 8)
+	}
+	a, b, c := eps[0], eps[1], eps[2]
+	g := netip.MustParseAddr("230.4.5.6")
+	pa := joined(t, ch, a.id, g, rdmacm.MCJoinFlagFullMember)
+	pb := joined(t, ch, b.id, g, rdmacm.MCJoinFlagFullMember)
+	pc := joined(t, ch, c.id, g, rdmacm.MCJoinFlagSendOnlyFullMember)
+	mlid := pa.AHAttr.DLID
+	if pb.AHAttr.DLID != mlid || pc.AHAttr.DLID != mlid || mlid < 0xC000 {
+		t.Fatalf("MLIDs in the join answers: %#x %#x %#x", mlid, pb.AHAttr.DLID, pc.AHAttr.DLID)
+	}
+	// OpenSM 3.3.23 builds a group's spanning tree over every member
+	// port, send-only ones too: its MFT holds the full members' switch
+	// ports and the send-only member's (whose HCA drops what it gets: no
+	// QP of it is attached), and no other CA port.
+	full := []int{sp[devs[0].GUID()], sp[devs[1].GUID()]}
+	members := append(slices.Clone(full), sp[devs[2].GUID()])
+	slices.Sort(full)
+	slices.Sort(members)
+	waitFor(t, 10*time.Second, "OpenSM's MFT holds the members' switch ports", func() (bool, string) {
+		got := f.MFT(mlid)
+		return slices.Equal(caPorts(got), members), fmt.Sprintf("MFT[%#x] = %v, want the CA ports %v", mlid, got, members)
+	})
+	t.Logf("OpenSM chose MLID %#x for %v (MGID %v); MFT mask: switch ports %v (full members on %v, the send-only member on %d)",
+		mlid, g, pa.AHAttr.GRH.DGID, f.MFT(mlid), full, sp[devs[2].GUID()])
+
+	c.send(t, pc, "from the send-only port", 1)
+	for i, e := range []*ep{a, b} {
+		got := e.recv(t, 1)
+		t.Logf("full member %d received %q", i, got)
+		if got[0] != "from the send-only port 0" {
+			t.Errorf("full member %d received %q", i, got)
+		}
+	}
+
+	// b leaves: OpenSM's MFT loses its switch port, and the switch sends
+	// it nothing more.
+	if err := b.id.LeaveMulticast(rdmacm.UDPAddr(g)); err != nil {
+		t.Fatal(err)
+	}
+	bPort := sp[devs[1].GUID()]
+	waitFor(t, 10*time.Second, "OpenSM's MFT without the member that left", func() (bool, string) {
+		got := f.MFT(mlid)
+		return !slices.Contains(got, bPort) && slices.Contains(got, sp[devs[0].GUID()]), fmt.Sprintf("MFT[%#x] = %v", mlid, got)
+	})
+	t.Logf("after the leave: MFT[%#x] = switch ports %v", mlid, f.MFT(mlid))
+	before := txOf(s, devs[1].GUID())
+	c.send(t, pc, "after the leave", 1)
+	if got := a.recv(t, 1); got[0] != "after the leave 0" {
+		t.Errorf("full member received %q", got)
+	}
+	// The switch sends a multicast packet to every port of its mask
+	// together: once a has it, b would have been sent it too.
+	if after := txOf(s, devs[1].GUID()); after != before {
+		t.Errorf("the port that left got %d packets from the switch after its leave", after-before)
+	}
+	if n := b.id.RecvCQ().Len(); n != 0 {
+		t.Errorf("the port that left received %d datagrams", n)
+	}
+	if n := c.id.RecvCQ().Len(); n != 0 {
+		t.Errorf("the send-only member received %d datagrams", n)
+	}
+}
+
+// caPorts drops the switch's own port 0 and OpenSM's port 1 from a list
+// of switch ports.
+func caPorts(ps []int) []int {
+	var out []int
+	for _, p := range ps {
+		if p >= 2 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// txOf returns how many packets the switch sent the port guid.
+func txOf(s *sm.SM, guid uint64) uint64 {
+	for _, p := range s.Stats().Ports {
+		if p.GUID == guid {
+			return p.TxPackets
+		}
+	}
+	return 0
+}
+
+// joined joins g and returns the acked JOIN event's parameters.
+func joined(t *testing.T, ch *rdmacm.EventChannel, id *rdmacm.ID, g netip.Addr, flags uint32) rdmacm.UDParam {
+	t.Helper()
+	if err := id.JoinMulticastEx(&rdmacm.JoinMCAttrEx{
+		CompMask: rdmacm.JoinMCAttrAddress | rdmacm.JoinMCAttrJoinFlags, JoinFlags: flags, Addr: rdmacm.UDPAddr(g),
+	}, nil); err != nil {
+		t.Fatalf("join %v (flags %d): %v", g, flags, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ev, err := ch.GetEvent(ctx)
+	if err != nil {
+		t.Fatalf("join %v: %v", g, err)
+	}
+	defer ev.Ack()
+	if ev.Event != rdmacm.EventMulticastJoin || ev.ID != id {
+		t.Fatalf("join %v: event %v (status %d, err %v), want MULTICAST_JOIN of the id", g, ev.Event, ev.Status, ev.Err)
+	}
+	return ev.Param
+}
+
+// ep is a UD endpoint: the id's QP, a receive ring and a send buffer.
+type ep struct {
+	id       *rdmacm.ID
+	rmr, smr *verbs.MR
+	rbuf     []byte
+}
+
+const slot = verbs.GRHLen + 256
+
+// endpoint creates the id's QP and posts n receives.
+func endpoint(t *testing.T, id *rdmacm.ID, n int) *ep {
+	t.Helper()
+	if err := id.CreateQP(nil, &verbs.QPInitAttr{Cap: verbs.QPCap{MaxSendWR: n, MaxRecvWR: n, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+		t.Fatalf("create qp: %v", err)
+	}
+	e := &ep{id: id, rbuf: make([]byte, n*slot)}
+	var err error
+	if e.rmr, err = id.RegMsgs(e.rbuf); err != nil {
+		t.Fatal(err)
+	}
+	if e.smr, err = id.RegMsgs(make([]byte, 256)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		id.DestroyQP()
+		id.Destroy()
+		e.rmr.Dereg()
+		e.smr.Dereg()
+	})
+	for i := range n {
+		if err := id.PostRecv(uint64(i), e.rmr, i*slot, slot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return e
+}
+
+// send sends n messages "<tag> i" to the group of p.
+func (e *ep) send(t *testing.T, p rdmacm.UDParam, tag string, n int) {
+	t.Helper()
+	ah, err := e.id.PD().CreateAH(&p.AHAttr)
+	if err != nil {
+		t.Fatalf("create ah: %v", err)
+	}
+	defer ah.Destroy()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range n {
+		msg := fmt.Appendf(nil, "%s %d", tag, i)
+		copy(e.smr.Buf(), msg)
+		if err := e.id.PostUDSend(uint64(i), e.smr, 0, len(msg), verbs.SendSignaled, ah, p.QPNum); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+		wc, err := e.id.GetSendComp(ctx)
+		if err != nil || wc.Status != verbs.WCSuccess {
+			t.Fatalf("send completion: %v %v", wc.Status, err)
+		}
+	}
+}
+
+// recv waits for n messages and returns their payloads.
+func (e *ep) recv(t *testing.T, n int) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var got []string
+	for range n {
+		wc, err := e.id.GetRecvComp(ctx)
+		if err != nil {
+			t.Fatalf("receive %d of %d: %v (got %q)", len(got)+1, n, err, got)
+		}
+		if wc.Status != verbs.WCSuccess {
+			t.Fatalf("receive: %v", wc.Status)
+		}
+		off := int(wc.WRID) * slot
+		got = append(got, strings.Clone(string(e.rbuf[off+verbs.GRHLen:off+int(wc.ByteLen)])))
+		e.id.PostRecv(wc.WRID, e.rmr, off, slot)
+	}
+	return got
+}
+
+// TestOpenSMInChargeLateAttach: a port that attaches after OpenSM's
+// SUBNET UP gets a LID from OpenSM (the model's switch sets
+// PortStateChange; OpenSM's light sweep, every second, finds it), and
+// OpenSM's tables drop it when it detaches.
+func TestOpenSMInChargeLateAttach(t *testing.T) {
+	prereqs(t)
+	s, devs := startInCharge(t, 1)
+	select {
+	case <-s.OpenSMUp():
+	case <-time.After(30 * time.Second):
+		t.Fatal("no SUBNET UP in OpenSM's log within 30s")
+	}
+	f := s.Model()
+	start := time.Now()
+	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr("127.0.0.9"), ActivateTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			d.Close()
+		}
+	})
+	v, _ := f.Port(d.GUID())
+	lft := f.LFT()
+	t.Logf("port %#x attached after SUBNET UP: Active with LID %d (OpenSM's %d, SM LID %d) after %v, on switch port %d; LFT %s",
+		d.GUID(), d.LID(), v.LID, d.SMLID(), time.Since(start).Round(time.Millisecond), v.SwitchPort, lftString(lft))
+	if d.LID() != v.LID || d.SMLID() != f.Host().LID || int(v.LID) >= len(lft) || int(lft[v.LID]) != v.SwitchPort {
+		t.Errorf("port %#x: LID %d SM LID %d; OpenSM's view %+v, its port's LID %d", d.GUID(), d.LID(), d.SMLID(), v, f.Host().LID)
+	}
+	if d.LID() == devs[0].LID() {
+		t.Errorf("both ports have LID %d", d.LID())
+	}
+	lid := v.LID
+	d.Close()
+	closed = true
+	waitFor(t, 15*time.Second, "OpenSM's LFT without the port that detached", func() (bool, string) {
+		lft := f.LFT()
+		return int(lid) >= len(lft) || lft[lid] == 0xFF, fmt.Sprintf("LFT %s", lftString(lft))
+	})
+	t.Logf("after the detach: LFT %s", lftString(f.LFT()))
+}
