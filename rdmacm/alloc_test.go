@@ -1,6 +1,7 @@
 package rdmacm
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -8,9 +9,10 @@ import (
 )
 
 // TestDataPathAllocs: rdma_post_recv and rdma_post_ud_send, a multicast
-// message to the id's own group and both completions polled, allocate
-// nothing in the steady state (a WR made per call would escape into the
-// provider: one allocation per message).
+// message to the id's own group and both completions polled or waited
+// for, allocate nothing in the steady state (a WR, a WC, a closure or a
+// context.AfterFunc made per call would: ten allocations a message
+// before).
 func TestDataPathAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's sync.Pool drops what it is given: measured without -race (.ci/run)")
@@ -65,11 +67,32 @@ func TestDataPathAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for range 50 {
-		round()
+	// The same with the blocking waits, rdma_get_send_comp and
+	// rdma_get_recv_comp, under one context that can end (a Done: the
+	// channel's cancellation watch, the sleep on the device's socket).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	roundBlocking := func() {
+		if err := id.PostUDSend(1, smr, 0, len(msg), verbs.SendSignaled, ah, qpn); err != nil {
+			t.Fatal(err)
+		}
+		if wc, err := id.GetSendComp(ctx); err != nil || wc.Status != verbs.WCSuccess {
+			t.Fatalf("send completion: %v %v", wc.Status, err)
+		}
+		if wc, err := id.GetRecvComp(ctx); err != nil || wc.Status != verbs.WCSuccess {
+			t.Fatalf("receive completion: %v %v", wc.Status, err)
+		}
+		if err := id.PostRecv(0, mr, 0, size); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if a := testing.AllocsPerRun(500, round); a != 0 {
-		t.Errorf("%.2f allocations per message, want 0", a)
+	for name, f := range map[string]func(){"poll": round, "block": roundBlocking} {
+		for range 50 {
+			f()
+		}
+		if a := testing.AllocsPerRun(500, f); a != 0 {
+			t.Errorf("%s: %.2f allocations per message, want 0", name, a)
+		}
 	}
 	if err := id.LeaveMulticast(g); err != nil {
 		t.Fatal(err)

@@ -37,6 +37,8 @@ func (id *ID) PostRecv(wrid uint64, mr *verbs.MR, off, length int) (err error) {
 	return qp.PostRecv(&w.recv)
 }
 
+var getCompWCs = sync.Pool{New: func() any { return new([1]verbs.WC) }}
+
 // postWR is the work request rdma_post_recv or rdma_post_ud_send fills:
 // a WR handed to the QP (an interface, the provider's) escapes, so one
 // made per call would cost a heap allocation each time, on every
@@ -97,10 +99,13 @@ func (id *ID) GetSendComp(ctx context.Context) (_ verbs.WC, err error) {
 // waited for through its channel, each event acknowledged; a CQ without
 // one is waited for with Wait.
 func getComp(ctx context.Context, cq *verbs.CQ) (verbs.WC, error) {
-	var wc [1]verbs.WC
 	if cq == nil {
-		return wc[0], fmt.Errorf("no cq: %w", syscall.EINVAL)
+		return verbs.WC{}, fmt.Errorf("no cq: %w", syscall.EINVAL)
 	}
+	// The WC handed to the CQ (its provider's, an interface) escapes: one
+	// of a pool, not a heap allocation per call.
+	wc := getCompWCs.Get().(*[1]verbs.WC)
+	defer getCompWCs.Put(wc)
 	ch := cq.Channel()
 	for {
 		// What is queued; no progress on an empty CQ (Len, and a Poll of

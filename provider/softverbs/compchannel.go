@@ -46,6 +46,14 @@ type compChannel struct {
 	asleep   int    // goroutines sleeping in GetEvent that an event must kick
 	hint     *cqObj // a CQ of the channel with a source, where sleepers sleep
 	wokeFn   func()
+	kickFn   func()
+
+	// The context whose end kicks the sleepers through a registration
+	// of the channel's (watchLocked): its Done, the registration's stop,
+	// and the sleepers relying on it.
+	watched    <-chan struct{}
+	watchStop  func() bool
+	watchUsers int
 }
 
 // CreateCompChannel creates a completion event channel
@@ -62,7 +70,7 @@ func (c *ctxObj) CreateCompChannel() (driver.CompChannelOps, error) {
 		return nil, err
 	}
 	ch := &compChannel{f: f, rc: rc, fd: fd, bell: pollfd.Kick{Fd: fd}}
-	ch.wokeFn = ch.woke
+	ch.wokeFn, ch.kickFn = ch.woke, ch.kick
 	return ch, nil
 }
 
@@ -148,10 +156,18 @@ const maxSleep = 100 * time.Millisecond
 
 // GetEvent returns the CQ of the next event (ibv_get_cq_event).
 func (ch *compChannel) GetEvent(ctx context.Context, nonblock bool) (driver.CQOps, error) {
-	var stop func() bool
+	var (
+		stop   func() bool // this call's own AfterFunc
+		shared bool        // counted in ch.watchUsers
+	)
 	defer func() {
 		if stop != nil {
 			stop()
+		}
+		if shared {
+			ch.mu.Lock()
+			ch.watchUsers--
+			ch.mu.Unlock()
 		}
 	}()
 	progressed := false
@@ -189,11 +205,11 @@ func (ch *compChannel) GetEvent(ctx context.Context, nonblock bool) (driver.CQOp
 			ch.mu.Unlock()
 			return nil, err
 		}
+		if stop == nil && !shared {
+			stop, shared = ch.watchLocked(ctx)
+		}
 		ch.asleep++
 		ch.mu.Unlock()
-		if stop == nil && ctx.Done() != nil {
-			stop = context.AfterFunc(ctx, ch.kick)
-		}
 		kicked, woke := ch.sleep(ctx, src)
 		ch.mu.Lock()
 		if !woke {
@@ -204,6 +220,35 @@ func (ch *compChannel) GetEvent(ctx context.Context, nonblock bool) (driver.CQOp
 		}
 		ch.mu.Unlock()
 	}
+}
+
+// watchLocked makes the end of ctx kick the channel's sleepers (ch.mu
+// held). context.AfterFunc costs two allocations and a record in the
+// parent's cancellation list each time, and a program that waits again
+// and again mostly does so with one context (one for the run, or for the
+// connection): so the channel keeps one registration standing, for the
+// context it watches, and a wait with that context, or with another when
+// no sleeper relies on the standing one (which it then replaces), uses it
+// (shared: count it out of ch.watchUsers when done). A wait with yet
+// another context while some sleeper relies on the standing one gets an
+// AfterFunc of its own (own: stop it when done). Destroy stops the
+// standing one. A context without Done needs nothing.
+func (ch *compChannel) watchLocked(ctx context.Context) (own func() bool, shared bool) {
+	done := ctx.Done()
+	switch {
+	case done == nil:
+		return nil, false
+	case ch.watched == done:
+	case ch.watchUsers == 0:
+		if ch.watchStop != nil {
+			ch.watchStop()
+		}
+		ch.watched, ch.watchStop = done, context.AfterFunc(ctx, ch.kickFn)
+	default:
+		return context.AfterFunc(ctx, ch.kickFn), false
+	}
+	ch.watchUsers++
+	return nil, true
 }
 
 // kick wakes the channel's sleepers (a context ended).
@@ -232,8 +277,13 @@ func (ch *compChannel) sleep(ctx context.Context, src *Source) (kicked, woke boo
 		if d, ok := ctx.Deadline(); ok {
 			timeout = min(timeout, time.Until(d))
 		}
-		var err error
-		if cerr := ch.rc.Control(func(uintptr) { kicked, err = src.in.Wait(&ch.bell, timeout, ch.wokeFn) }); cerr != nil {
+		c := sleepCalls.Get().(*sleepCall)
+		c.ch, c.src, c.timeout = ch, src, timeout
+		cerr := ch.rc.Control(c.fn)
+		kicked, err := c.kicked, c.err
+		*c = sleepCall{fn: c.fn}
+		sleepCalls.Put(c)
+		if cerr != nil {
 			return false, false // closed: GetEvent sees it
 		}
 		if err == nil {
@@ -251,6 +301,28 @@ func (ch *compChannel) sleep(ctx context.Context, src *Source) (kicked, woke boo
 		return eventfdIO(unix.SYS_READ, fd, &b) != unix.EAGAIN
 	})
 	return true, false
+}
+
+// sleepCall is one sleep on a source, for the function it runs under the
+// channel's Control: a closure made per sleep would be a heap allocation
+// on every wait (it escapes into the RawConn).
+type sleepCall struct {
+	ch      *compChannel
+	src     *Source
+	timeout time.Duration
+	kicked  bool
+	err     error
+	fn      func(uintptr) // run, bound once
+}
+
+var sleepCalls = sync.Pool{New: func() any {
+	c := new(sleepCall)
+	c.fn = c.run
+	return c
+}}
+
+func (c *sleepCall) run(uintptr) {
+	c.kicked, c.err = c.src.in.Wait(&c.ch.bell, c.timeout, c.ch.wokeFn)
 }
 
 // popLocked takes the oldest event (ch.mu held, the queue not empty).
@@ -343,6 +415,10 @@ func (ch *compChannel) Destroy() error {
 		ch.addLocked(1)
 	}
 	ch.closed = true
+	if ch.watchStop != nil {
+		ch.watchStop() // the context keeps no reference to the channel
+		ch.watched, ch.watchStop = nil, nil
+	}
 	ch.mu.Unlock()
 	return ch.f.Close()
 }

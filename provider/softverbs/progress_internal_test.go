@@ -3,6 +3,8 @@ package softverbs
 import (
 	"context"
 	"errors"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,8 +17,9 @@ import (
 // pipeInput is an Input over a pipe: each byte written to it is a
 // datagram that Progress turns into a completion of cq.
 type pipeInput struct {
-	r, w int
-	cq   *cqObj
+	r, w  int
+	cq    *cqObj
+	kicks atomic.Int32 // Waits a kick ended
 }
 
 func (p *pipeInput) Progress() {
@@ -32,8 +35,11 @@ func (p *pipeInput) Progress() {
 	}
 }
 
-func (p *pipeInput) ReadNow()  { p.Progress() }
-func (p *pipeInput) EndLease() {}
+func (p *pipeInput) ReadNow() { p.Progress() }
+
+// kicked returns the number of Waits a kick ended.
+func (p *pipeInput) kicked() int32 { return p.kicks.Load() }
+func (p *pipeInput) EndLease()     {}
 
 func (p *pipeInput) Wait(kick *pollfd.Kick, timeout time.Duration, woke func()) (bool, error) {
 	fds := []unix.PollFd{{Fd: int32(p.r), Events: unix.POLLIN}, {Fd: int32(kick.Fd), Events: unix.POLLIN}}
@@ -42,6 +48,9 @@ func (p *pipeInput) Wait(kick *pollfd.Kick, timeout time.Duration, woke func()) 
 		woke()
 	}
 	p.Progress()
+	if fds[1].Revents != 0 {
+		p.kicks.Add(1)
+	}
 	return fds[1].Revents != 0, nil
 }
 
@@ -163,5 +172,130 @@ func TestChannelFdCountsQueued(t *testing.T) {
 	}
 	if n, _ := unix.Poll(fds, 0); n != 0 {
 		t.Fatal("the fd is readable with no event queued")
+	}
+}
+
+// TestChannelWatchesContexts: the end of a context kicks the sleepers
+// waiting with it — through the channel's standing registration (the
+// context it watches) or, for another context while a sleeper relies on
+// the standing one, through one of the wait's own — and the kick, not the
+// sleep's timeout, ends their wait; waiting again with the watched
+// context registers nothing new; Destroy drops the standing registration.
+func TestChannelWatchesContexts(t *testing.T) {
+	ch, cq, in := channelEnv(t)
+	cch := cq.Ops().(*cqObj).ch
+	watch := func() (done <-chan struct{}, users int) {
+		cch.mu.Lock()
+		defer cch.mu.Unlock()
+		return cch.watched, cch.watchUsers
+	}
+	waitAsleep := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			cch.mu.Lock()
+			asleep := cch.asleep
+			cch.mu.Unlock()
+			if asleep == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d sleepers, want %d", asleep, n)
+			}
+			runtime.Gosched()
+		}
+	}
+	cancelled := func(what string, res <-chan error, kicksBefore int32) {
+		t.Helper()
+		if err := within(t, what, res); !errors.Is(err, context.Canceled) {
+			t.Fatalf("%s: %v, want context.Canceled", what, err)
+		}
+		if in.kicked() <= kicksBefore {
+			t.Fatalf("%s: the wait ended without a kick (its sleep's timeout)", what)
+		}
+	}
+
+	// A waits alone with ctxA: the standing registration; its end kicks A.
+	ctxA, cancelA := context.WithCancel(context.Background())
+	defer cancelA()
+	cq.ReqNotify(false)
+	resA := getEvent(ctxA, ch)
+	waitAsleep(1)
+	if done, users := watch(); done != ctxA.Done() || users != 1 {
+		t.Fatalf("watching %v with %d users, want ctxA's Done with 1", done, users)
+	}
+	k := in.kicked()
+	cancelA()
+	cancelled("A's context", resA, k)
+	if _, users := watch(); users != 0 {
+		t.Fatalf("%d users after A returned", users)
+	}
+
+	// D waits with ctxD (it replaces the standing registration: nobody
+	// relies on A's); B, meanwhile, with ctxB: one of its own, whose end
+	// kicks B (no other registration can have kicked then).
+	ctxD, cancelD := context.WithCancel(context.Background())
+	defer cancelD()
+	ctxB, cancelB := context.WithCancel(context.Background())
+	defer cancelB()
+	cq.ReqNotify(false)
+	resD := getEvent(ctxD, ch)
+	waitAsleep(1)
+	resB := getEvent(ctxB, ch)
+	waitAsleep(2)
+	if done, users := watch(); done != ctxD.Done() || users != 1 {
+		t.Fatalf("with B asleep: watching %v with %d users, want ctxD's Done with 1", done, users)
+	}
+	k = in.kicked()
+	cancelB()
+	cancelled("B's context", resB, k)
+	select {
+	case err := <-resD:
+		t.Fatalf("D returned with B's end: %v", err)
+	default:
+	}
+	// (B's kick may have woken D too, which then slept again: D's own
+	// kick count cannot be told apart here; the next part checks it.)
+	cancelD()
+	if err := within(t, "D's context", resD); !errors.Is(err, context.Canceled) {
+		t.Fatalf("D: %v, want context.Canceled", err)
+	}
+
+	// Waiting again and again with one context keeps watching it; its end
+	// kicks the sleeper.
+	ctxC, cancelC := context.WithCancel(context.Background())
+	defer cancelC()
+	for i := range 3 {
+		cq.ReqNotify(false)
+		res := getEvent(ctxC, ch)
+		waitAsleep(1)
+		unix.Write(in.w, []byte{1}) // a datagram ends this wait
+		if err := within(t, "data on the source", res); err != nil {
+			t.Fatal(err)
+		}
+		var wc [1]verbs.WC
+		cq.Poll(wc[:])
+		// (That no new registration is made, rdmacm's
+		// TestDataPathAllocs shows: an AfterFunc allocates.)
+		if done, users := watch(); done != ctxC.Done() || users != 0 {
+			t.Fatalf("wait %d: watching %v with %d users, want ctxC's Done with 0", i, done, users)
+		}
+	}
+	cq.ReqNotify(false)
+	res := getEvent(ctxC, ch)
+	waitAsleep(1)
+	k = in.kicked()
+	cancelC()
+	cancelled("the watched context", res, k)
+
+	// Destroy drops it.
+	cq.Destroy()
+	if err := ch.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	cch.mu.Lock()
+	defer cch.mu.Unlock()
+	if cch.watchStop != nil || cch.watched != nil {
+		t.Fatal("a destroyed channel still watches a context")
 	}
 }

@@ -545,31 +545,57 @@ const maxWait = 100 * time.Millisecond
 // waits) until Wait returns: close it after a shutdown(SHUT_RD), which
 // wakes its waiters.
 func (r *Reader) Wait(kick *pollfd.Kick, timeout time.Duration, woke func()) (kicked bool, err error) {
-	timeout = min(max(timeout, 0), maxWait)
+	c := waitCalls.Get().(*waitCall)
+	c.r, c.kick, c.timeout, c.woke = r, kick, min(max(timeout, 0), maxWait), woke
 	r.sleep(1)
-	err = r.raw.Control(func(fd uintptr) {
-		if timeout > 0 && r.pauser != nil && !r.endOnEmpty && !r.noBlock.Load() && r.mu.TryLock() {
-			r.pending.Store(false)
-			if r.serve != nil && r.fatal.Load() == 0 && r.blockingLocked(fd, timeout) {
-				kicked = r.waitLocked(fd, kick, woke)
-				return
-			}
-			r.mu.Unlock()
-			if r.pending.Load() {
-				r.progress(fd, false, false)
-			}
-		}
-		ts := unix.NsecToTimespec(int64(timeout))
-		_, kicked = pollfd.Wait2(int(fd), kick.Fd, &ts)
-		if woke != nil {
-			woke()
-		}
-		r.progress(fd, r.pauser != nil, false)
-	})
+	err = r.raw.Control(c.fn)
 	// Serve reads again after the lease; a datagram that came after the
 	// progress above wakes it as the socket goes back into the netpoller.
 	r.sleep(-1)
+	kicked = c.kicked
+	*c = waitCall{fn: c.fn}
+	waitCalls.Put(c)
 	return kicked, err
+}
+
+// waitCall is one Wait's arguments and result, for the function it runs
+// under the socket's Control: a closure made per call would be a heap
+// allocation on every wait (it escapes into the RawConn).
+type waitCall struct {
+	r       *Reader
+	kick    *pollfd.Kick
+	timeout time.Duration
+	woke    func()
+	kicked  bool
+	fn      func(fd uintptr) // run, bound once
+}
+
+var waitCalls = sync.Pool{New: func() any {
+	c := new(waitCall)
+	c.fn = c.run
+	return c
+}}
+
+// run is Wait's body, with the socket's descriptor.
+func (c *waitCall) run(fd uintptr) {
+	r, timeout := c.r, c.timeout
+	if timeout > 0 && r.pauser != nil && !r.endOnEmpty && !r.noBlock.Load() && r.mu.TryLock() {
+		r.pending.Store(false)
+		if r.serve != nil && r.fatal.Load() == 0 && r.blockingLocked(fd, timeout) {
+			c.kicked = r.waitLocked(fd, c.kick, c.woke)
+			return
+		}
+		r.mu.Unlock()
+		if r.pending.Load() {
+			r.progress(fd, false, false)
+		}
+	}
+	ts := unix.NsecToTimespec(int64(timeout))
+	_, c.kicked = pollfd.Wait2(int(fd), c.kick.Fd, &ts)
+	if c.woke != nil {
+		c.woke()
+	}
+	r.progress(fd, r.pauser != nil, false)
 }
 
 // leaseTime is how long a socket that can leave the netpoller stays out

@@ -27,6 +27,8 @@ func BenchmarkPingPongInProcess(b *testing.B) {
 	}{
 		{"udp", func(in, out netip.Addr) (pingPeer, error) { return newUDPPeer(lo, in, out, 4797, 64, true) }},
 		{"rdma", func(in, out netip.Addr) (pingPeer, error) { return newCMPeer(lo, in, out, 64, true) }},
+		{"udp-block", func(in, out netip.Addr) (pingPeer, error) { return newUDPPeer(lo, in, out, 4796, 64, false) }},
+		{"rdma-block", func(in, out netip.Addr) (pingPeer, error) { return newCMPeer(lo, in, out, 64, false) }},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			p, err := c.peer(g1, g2)
