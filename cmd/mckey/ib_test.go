@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 var (
@@ -45,10 +47,37 @@ func subnetProc(t *testing.T, extra ...string) (*proc, string) {
 	if softsmErr != nil {
 		t.Fatal(softsmErr)
 	}
-	args := append([]string{"-listen", "127.0.0.1:0", "-sa-listen", "127.0.0.1:0"}, extra...)
-	sm := start(t, "softsm", softsmBin, args...)
+	args := []string{"-listen", "127.0.0.1:0"}
+	osm := testenv.SMArgs(t) // SOFTRDMA_TEST_SM=opensm: OpenSM in charge
+	if osm == nil {
+		args = append(args, "-sa-listen", "127.0.0.1:0")
+	} else {
+		args = append(append(args, osm...), "-v") // -v: its "OpenSM: SUBNET UP" line
+	}
+	sm := start(t, "softsm", softsmBin, append(args, extra...)...)
 	// waitLine fails the test if softsm does not start.
-	return sm, sm.waitLine(regexp.MustCompile(`^softsm: listening fabric (\S+) sa (\S+)`), lineTimeout)[1]
+	addr := sm.waitLine(regexp.MustCompile(`^softsm: listening fabric (\S+) sa (\S+)`), lineTimeout)[1]
+	if osm != nil {
+		// softsm stops OpenSM and removes its files on SIGTERM (start's
+		// cleanup, which runs after this one, kills what is left).
+		t.Cleanup(func() {
+			syscall.Kill(sm.cmd.Process.Pid, syscall.SIGTERM)
+			select {
+			case <-sm.done:
+			case <-time.After(10 * time.Second):
+			}
+		})
+		// Ports attach once OpenSM's subnet is up: each is made Active at
+		// OpenSM's next light sweep (a second), well within mckey's wait.
+		deadline := time.Now().Add(testenv.OpenSMActivate)
+		for !strings.Contains(sm.stderr.String(), "OpenSM: SUBNET UP") {
+			if time.Now().After(deadline) {
+				t.Fatalf("softsm -sm opensm: no SUBNET UP within %v: %s", testenv.OpenSMActivate, sm.stderr.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return sm, addr
 }
 
 // onIB runs mckey with SOFTRDMA_SM set.
@@ -102,6 +131,7 @@ func TestIBAssignedGroup(t *testing.T) {
 // member support fails at join time with EOPNOTSUPP.
 func TestIBSendOnlyNeedsSM(t *testing.T) {
 	t.Parallel()
+	testenv.SkipOnOpenSM(t, "-no-sendonly-support turns off softsm's own SA's send-only full member support; OpenSM 3.3.23's SA always has it (its ClassPortInfo sets IsSendOnlyFullMemberSupported and the join succeeds)")
 	sm := subnet(t, "-no-sendonly-support")
 	r := start(t, "sender", "/usr/bin/env", onIB(sm, "-m", "230.4.5.6", "-b", "127.0.1.6", "-s", "-o", "--join-pause", "100ms")...)
 	code := r.wait(exitTimeout)
@@ -241,6 +271,13 @@ func TestIBStalledReceiver(t *testing.T) {
 // resumed, gets exactly the others.
 func TestIBSenderStallSaysSo(t *testing.T) {
 	t.Parallel()
+	// The receiver stays stopped from before the sender's port attaches
+	// until the sender's link stall (4 s) ends; its port, resumed, takes
+	// an SM silent for 5 s for a lost SM (PortError: its joins end with
+	// ENETRESET). softsm makes the sender's port Active at its attach;
+	// OpenSM at its next light sweep, up to a second later, which takes
+	// the stop past those 5 s.
+	testenv.SkipOnOpenSM(t, "OpenSM makes the sender's port Active at its next light sweep (up to 1 s after the attach; softsm at once), which takes the receiver's SIGSTOP past provider/ib's 5 s silent-SM limit: the resumed receiver's port reports PortError and its join ends with ENETRESET before the accounting this test checks")
 	smp, sm := subnetProc(t, "-v", "-hoq-life", "1h", "-port-timeout", "1m")
 	const n = 2000
 	rx := start(t, "receiver", "/usr/bin/env", onIB(sm, "-m", "230.1.2.6", "-b", "127.0.1.12", "-C", strconv.Itoa(n), "-S", "64",

@@ -82,8 +82,13 @@ the JSON lines).
 	capiIters := fs.Int("capi-iters", 200000, "capi: ITERS of capibench (calls per case)")
 	capiSecs := fs.Int("capi-secs", 2, "capi: perftest's -D and the Go twin's run time, in whole seconds")
 	capiLibdir := fs.String("capi-libdir", os.Getenv("SOFTRDMA_LIBDIR"), "capi: the libraries' directory (default: as softrdma exec finds or builds them)")
+	ibSM := fs.String("ib-sm", "softsm", "ib and the latency ib link: who manages the emulated subnet, softsm (its own SM) or opensm (OpenSM in charge: needs opensm and libumad2sim.so, see docs/opensm.md)")
 	rel := relFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *ibSM != "softsm" && *ibSM != "opensm" {
+		fmt.Fprintf(stderr, "bench: -ib-sm: unknown subnet manager %q (softsm, opensm)\n", *ibSM)
 		return 2
 	}
 	if *quick {
@@ -142,7 +147,7 @@ the JSON lines).
 		fmt.Fprintln(stderr, "bench: -batch must be 1..1024, -rate ≥ 0 and -slots 64..65536")
 		return 2
 	}
-	cfg.Batch, cfg.Rate, cfg.Slots = *batch, *rate, *slots
+	cfg.Batch, cfg.Rate, cfg.Slots, cfg.IBSM = *batch, *rate, *slots, *ibSM
 	if err := latencyFlags(&cfg, *latSizes, *latWaits, *latLinks, *latRounds); err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 2

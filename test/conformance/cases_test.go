@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/test/testenv"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -399,6 +400,17 @@ func (s *suite) blockSelfLB(t *testing.T) string {
 // joinLeaveRace: ids of several goroutines join and leave one group at
 // once; every join gets its event and every leave succeeds.
 func (s *suite) joinLeaveRace(t *testing.T) string {
+	if s.target == targetSoftIB {
+		// The workers' ids share one port, so its SA membership is the
+		// union of their join states (0x1 and 0x8 alternate). OpenSM
+		// 3.3.23 keeps a port's remaining bits after a Delete only if
+		// they hold FullMember or another port is a full member
+		// (osm_mgrp_remove_port): the Delete of 0x1 from 0x9 by the
+		// group's only port removes the port and the group, and the
+		// next Delete (0x8) is answered ERR_REQ_INVALID, which
+		// rdma_leave_multicast returns here as EINVAL. softsm keeps 0x8.
+		testenv.SkipOnOpenSM(t, "a FullMember Delete by a group's only full member port also ends its SendOnlyFullMember bit on OpenSM 3.3.23 (osm_mgrp_remove_port), so a concurrent id's later leave of that bit is refused (EINVAL); softsm keeps the bit")
+	}
 	g := s.group(t)
 	const workers, rounds = 4, 10
 	errs := make(chan error, workers)

@@ -85,11 +85,12 @@ func makeRoutelessNetns() (name, why string) {
 const routelessSrc = "10.79.0.1"
 
 // startSubnet starts an in-process subnet manager (softsm's, with
-// send-only join support) and opens an IB port of this process with IPoIB
-// address local; both end with the test.
+// send-only join support, or OpenSM in charge under
+// SOFTRDMA_TEST_SM=opensm: testenv.SMConfig) and opens an IB port of this
+// process with IPoIB address local; both end with the test.
 func startSubnet(t *testing.T, local netip.Addr) {
 	t.Helper()
-	s, err := sm.New(sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true})
+	s, err := sm.New(testenv.SMConfig(t, sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +98,8 @@ func startSubnet(t *testing.T, local netip.Addr) {
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: local})
+	testenv.WaitSMUp(t, s)
+	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: local, ActivateTimeout: testenv.OpenSMActivate})
 	if err != nil {
 		t.Fatal(err)
 	}

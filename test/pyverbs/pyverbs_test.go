@@ -70,13 +70,18 @@ func TestPyverbsOnSoftrdma(t *testing.T) {
 
 // TestPyverbsOnSoftrdmaIB runs them on softib0, an InfiniBand port
 // (SOFTRDMA_IB_PORTS=127.0.3.1) on the emulated subnet of a softsm the
-// test runs (package ib/sm) on loopback.
+// test runs (package ib/sm) on loopback, with OpenSM in charge under
+// SOFTRDMA_TEST_SM=opensm (the same outcomes expected).
 func TestPyverbsOnSoftrdmaIB(t *testing.T) {
 	d := build(t)
 	if !testenv.InNetns(t) {
 		return
 	}
-	s, err := sm.New(sm.Config{Listen: "127.0.0.1:0", SAListen: "127.0.0.1:0"})
+	cfg := sm.Config{Listen: "127.0.0.1:0"}
+	if !testenv.OnOpenSM() { // the raw SA port is softsm's SA
+		cfg.SAListen = "127.0.0.1:0"
+	}
+	s, err := sm.New(testenv.SMConfig(t, cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +89,7 @@ func TestPyverbsOnSoftrdmaIB(t *testing.T) {
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
+	testenv.WaitSMUp(t, s)
 	runSuite(t, d, SoftrdmaIB, "softib0", "SOFTRDMA_SM="+s.FabricAddr().String(), "SOFTRDMA_IB_PORTS=127.0.3.1")
 }
 

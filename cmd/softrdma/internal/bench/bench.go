@@ -121,6 +121,12 @@ type Config struct {
 	IBJoins int
 	// IBCreate is the number of groups the SA alone creates.
 	IBCreate int
+	// IBSM is who manages the subnet of the IB part and of the IB latency
+	// link (ib/sm's Config.Manager): softsm's own SM ("" or "softsm") or
+	// OpenSM in charge ("opensm", which needs opensm and libumad2sim.so).
+	// The SA's create measurement (IBCreate) is softsm's SA code alone
+	// either way.
+	IBSM string
 
 	// LatSizes are the payload sizes of the latency part, LatWaits its
 	// wait modes (WaitBlock, WaitPoll); each case makes LatRounds timed

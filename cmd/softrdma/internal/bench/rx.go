@@ -28,11 +28,14 @@ type rxRequest struct {
 	// Op is "start" (join Group in Mode and count what arrives, then
 	// reply), "count" (reply with the datagrams counted so far), "stop"
 	// (stop counting, leave, reply with the counts) or "exit".
-	Op    string `json:"op"`
-	Mode  string `json:"mode,omitempty"` // "udp", "rdma" (RoCEv2) or "ib"
-	Group string `json:"group,omitempty"`
-	Bind  string `json:"bind,omitempty"`
-	Size  int    `json:"size,omitempty"`
+	Op string `json:"op"`
+	// Manager is who manages the subnet an "sm" starts (ib/sm's
+	// Config.Manager: "" or "softsm", "opensm").
+	Manager string `json:"manager,omitempty"`
+	Mode    string `json:"mode,omitempty"` // "udp", "rdma" (RoCEv2) or "ib"
+	Group   string `json:"group,omitempty"`
+	Bind    string `json:"bind,omitempty"`
+	Size    int    `json:"size,omitempty"`
 	// Slots is the number of receive WRs an rdma receiver keeps posted.
 	Slots int `json:"slots,omitempty"`
 	// SM is the subnet manager's fabric address of an "ib" receiver: the
@@ -151,7 +154,7 @@ func RunReceiver(in io.Reader, out io.Writer) error {
 		case "sm":
 			if sub == nil {
 				var err error
-				if sub, err = startSubnet(); err != nil {
+				if sub, err = startSubnet(req.Manager); err != nil {
 					rep.Err = err.Error()
 					break
 				}
