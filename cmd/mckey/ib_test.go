@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrdma/softrdma/test/testenv"
+	"github.com/softrdma/softrdma/test/testsm"
 )
 
 var (
@@ -48,7 +48,7 @@ func subnetProc(t *testing.T, extra ...string) (*proc, string) {
 		t.Fatal(softsmErr)
 	}
 	args := []string{"-listen", "127.0.0.1:0"}
-	osm := testenv.SMArgs(t) // SOFTRDMA_TEST_SM=opensm: OpenSM in charge
+	osm := testsm.SMArgs(t) // SOFTRDMA_TEST_SM=opensm: OpenSM in charge
 	if osm == nil {
 		args = append(args, "-sa-listen", "127.0.0.1:0")
 	} else {
@@ -69,10 +69,10 @@ func subnetProc(t *testing.T, extra ...string) (*proc, string) {
 		})
 		// Ports attach once OpenSM's subnet is up: each is made Active at
 		// OpenSM's next light sweep (a second), well within mckey's wait.
-		deadline := time.Now().Add(testenv.OpenSMActivate)
+		deadline := time.Now().Add(testsm.OpenSMActivate)
 		for !strings.Contains(sm.stderr.String(), "OpenSM: SUBNET UP") {
 			if time.Now().After(deadline) {
-				t.Fatalf("softsm -sm opensm: no SUBNET UP within %v: %s", testenv.OpenSMActivate, sm.stderr.String())
+				t.Fatalf("softsm -sm opensm: no SUBNET UP within %v: %s", testsm.OpenSMActivate, sm.stderr.String())
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -131,7 +131,7 @@ func TestIBAssignedGroup(t *testing.T) {
 // member support fails at join time with EOPNOTSUPP.
 func TestIBSendOnlyNeedsSM(t *testing.T) {
 	t.Parallel()
-	testenv.SkipOnOpenSM(t, "-no-sendonly-support turns off softsm's own SA's send-only full member support; OpenSM 3.3.23's SA always has it (its ClassPortInfo sets IsSendOnlyFullMemberSupported and the join succeeds)")
+	testsm.SkipOnOpenSM(t, "-no-sendonly-support turns off softsm's own SA's send-only full member support; OpenSM 3.3.23's SA always has it (its ClassPortInfo sets IsSendOnlyFullMemberSupported and the join succeeds)")
 	sm := subnet(t, "-no-sendonly-support")
 	r := start(t, "sender", "/usr/bin/env", onIB(sm, "-m", "230.4.5.6", "-b", "127.0.1.6", "-s", "-o", "--join-pause", "100ms")...)
 	code := r.wait(exitTimeout)
@@ -277,7 +277,7 @@ func TestIBSenderStallSaysSo(t *testing.T) {
 	// ENETRESET). softsm makes the sender's port Active at its attach;
 	// OpenSM at its next light sweep, up to a second later, which takes
 	// the stop past those 5 s.
-	testenv.SkipOnOpenSM(t, "OpenSM makes the sender's port Active at its next light sweep (up to 1 s after the attach; softsm at once), which takes the receiver's SIGSTOP past provider/ib's 5 s silent-SM limit: the resumed receiver's port reports PortError and its join ends with ENETRESET before the accounting this test checks")
+	testsm.SkipOnOpenSM(t, "OpenSM makes the sender's port Active at its next light sweep (up to 1 s after the attach; softsm at once), which takes the receiver's SIGSTOP past provider/ib's 5 s silent-SM limit: the resumed receiver's port reports PortError and its join ends with ENETRESET before the accounting this test checks")
 	smp, sm := subnetProc(t, "-v", "-hoq-life", "1h", "-port-timeout", "1m")
 	const n = 2000
 	rx := start(t, "receiver", "/usr/bin/env", onIB(sm, "-m", "230.1.2.6", "-b", "127.0.1.12", "-C", strconv.Itoa(n), "-S", "64",

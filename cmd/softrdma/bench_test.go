@@ -14,6 +14,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/test/testenv"
+	"github.com/softrdma/softrdma/test/testsm"
 )
 
 // TestBenchQuick builds the binary and runs `softrdma bench -quick -json`
@@ -30,7 +31,7 @@ func TestBenchQuick(t *testing.T) {
 	defer cancel()
 	args := []string{"bench", "-quick", "-json"}
 	kindsWanted := []string{"fanout", "icrc", "join", "groups", "qp", "allocs", "ib_fanout", "sa", "latency", "target"}
-	if testenv.SM(t) == sm.ManagerOpenSM {
+	if testsm.SM(t) == sm.ManagerOpenSM {
 		// SOFTRDMA_TEST_SM=opensm: the parts that start a subnet manager,
 		// OpenSM in charge (the others run in the softsm run).
 		args = append(args, "-ib-sm", "opensm", "-parts", "ib,latency", "-lat-links", "ib")

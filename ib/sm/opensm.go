@@ -109,6 +109,8 @@ type extSM struct {
 	up       chan struct{} // closed when OpenSM logs SUBNET UP
 	upOnce   sync.Once
 	logRelay limitedLog
+	// Packets for which OpenSM's tables name no port (softsm -v).
+	logNoRoute limitedLog
 }
 
 // extPort is what the SM told a port in OpenSM mode. Guarded by SM.mu.

@@ -598,6 +598,11 @@ func (s *SM) forwardHead(p *port, now time.Time, o *outBatch) (done bool, retry 
 		}
 		if len(ls.pend) == 0 {
 			p.c.drops.Add(1)
+			if s.ext != nil {
+				// Real: a join OpenSM answered before it set the
+				// switch's tables, a port that left.
+				s.limitedf(&s.ext.logNoRoute, now, "packet of port %#x to DLID %#x: dropped, no port for it in OpenSM's forwarding tables", p.guid, dlid)
+			}
 			return true, time.Time{}
 		}
 		ls.pendSince = append(ls.pendSince[:0], make([]time.Time, len(ls.pend))...)

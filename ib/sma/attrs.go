@@ -311,6 +311,9 @@ func (f *Fabric) mftBlock(d []byte, block, pos int, set bool) {
 			if *e == nil {
 				*e = make([]uint16, npos)
 			}
+			if old := (*e)[pos]; old != v {
+				f.logf("sma: MFT %#04x ports %d-%d: %#04x -> %#04x", 0xC000+block*32+i, 16*pos, 16*pos+15, old, v)
+			}
 			(*e)[pos] = v
 		}
 		var v uint16

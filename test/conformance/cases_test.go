@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/rdmacm"
-	"github.com/softrdma/softrdma/test/testenv"
+	"github.com/softrdma/softrdma/test/testsm"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -409,7 +409,7 @@ func (s *suite) joinLeaveRace(t *testing.T) string {
 		// group's only port removes the port and the group, and the
 		// next Delete (0x8) is answered ERR_REQ_INVALID, which
 		// rdma_leave_multicast returns here as EINVAL. softsm keeps 0x8.
-		testenv.SkipOnOpenSM(t, "a FullMember Delete by a group's only full member port also ends its SendOnlyFullMember bit on OpenSM 3.3.23 (osm_mgrp_remove_port), so a concurrent id's later leave of that bit is refused (EINVAL); softsm keeps the bit")
+		testsm.SkipOnOpenSM(t, "a FullMember Delete by a group's only full member port also ends its SendOnlyFullMember bit on OpenSM 3.3.23 (osm_mgrp_remove_port), so a concurrent id's later leave of that bit is refused (EINVAL); softsm keeps the bit")
 	}
 	g := s.group(t)
 	const workers, rounds = 4, 10

@@ -16,6 +16,7 @@ import (
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/test/nettest"
 	"github.com/softrdma/softrdma/test/testenv"
+	"github.com/softrdma/softrdma/test/testsm"
 	"github.com/softrdma/softrdma/verbs"
 	"go.uber.org/goleak"
 )
@@ -86,11 +87,11 @@ const routelessSrc = "10.79.0.1"
 
 // startSubnet starts an in-process subnet manager (softsm's, with
 // send-only join support, or OpenSM in charge under
-// SOFTRDMA_TEST_SM=opensm: testenv.SMConfig) and opens an IB port of this
+// SOFTRDMA_TEST_SM=opensm: testsm.SMConfig) and opens an IB port of this
 // process with IPoIB address local; both end with the test.
 func startSubnet(t *testing.T, local netip.Addr) {
 	t.Helper()
-	s, err := sm.New(testenv.SMConfig(t, sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true}))
+	s, err := sm.New(testsm.SMConfig(t, sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,8 +99,8 @@ func startSubnet(t *testing.T, local netip.Addr) {
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	testenv.WaitSMUp(t, s)
-	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: local, ActivateTimeout: testenv.OpenSMActivate})
+	testsm.WaitSMUp(t, s)
+	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: local, ActivateTimeout: testsm.OpenSMActivate})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/test/testenv"
+	"github.com/softrdma/softrdma/test/testsm"
 )
 
 // dirVar carries the folder of the softrdma binary, its libraries and the
@@ -78,10 +79,10 @@ func TestPyverbsOnSoftrdmaIB(t *testing.T) {
 		return
 	}
 	cfg := sm.Config{Listen: "127.0.0.1:0"}
-	if !testenv.OnOpenSM() { // the raw SA port is softsm's SA
+	if !testsm.OnOpenSM() { // the raw SA port is softsm's SA
 		cfg.SAListen = "127.0.0.1:0"
 	}
-	s, err := sm.New(testenv.SMConfig(t, cfg))
+	s, err := sm.New(testsm.SMConfig(t, cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +90,7 @@ func TestPyverbsOnSoftrdmaIB(t *testing.T) {
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	testenv.WaitSMUp(t, s)
+	testsm.WaitSMUp(t, s)
 	runSuite(t, d, SoftrdmaIB, "softib0", "SOFTRDMA_SM="+s.FabricAddr().String(), "SOFTRDMA_IB_PORTS=127.0.3.1")
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/test/testenv"
+	"github.com/softrdma/softrdma/test/testsm"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,7 +46,7 @@ func TestQuick(t *testing.T) {
 	cfg.RxEnv = []string{rxEnv}
 	cfg.LatEnv = []string{rxEnv}
 	kindsWanted := []string{"fanout", "icrc", "join", "groups", "qp", "allocs", "ib_fanout", "sa", "latency", "target"}
-	if cfg.IBSM = testenv.SM(t); cfg.IBSM == sm.ManagerOpenSM {
+	if cfg.IBSM = testsm.SM(t); cfg.IBSM == sm.ManagerOpenSM {
 		// SOFTRDMA_TEST_SM=opensm: the parts that start a subnet manager
 		// (the other parts run in the softsm run and have no SM).
 		cfg.Parts, cfg.LatLo, cfg.LatVeth, cfg.LatIB = []string{PartIB, PartLatency}, false, false, true

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/ib/sm"
-	"github.com/softrdma/softrdma/test/testenv"
+	"github.com/softrdma/softrdma/test/testsm"
 )
 
 // TestSASmoke runs the SA measurement of the IB part against a softsm in
@@ -16,7 +16,7 @@ import (
 // over the fabric on an IB port, the RoCEv2 baseline, and the SA alone
 // creating groups; its target lines are printed. It asserts no timing.
 func TestSASmoke(t *testing.T) {
-	manager := testenv.SM(t)
+	manager := testsm.SM(t)
 	sub, err := startSubnet(manager)
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,7 @@
-package testenv
+// Package testsm selects the subnet manager of the tests that start one
+// on the emulated InfiniBand subnet (SMEnv): softsm's own or OpenSM in
+// charge. Apart from package testenv, which ib/sm's own tests import.
+package testsm
 
 import (
 	"context"
@@ -9,6 +12,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/ib/sm"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // SMEnv names the variable that selects the subnet manager of every test
@@ -43,7 +47,7 @@ func SM(t testing.TB) string {
 		return sm.ManagerSoftsm
 	case sm.ManagerOpenSM:
 		if why := missingOpenSM(); why != "" {
-			Require(t, "%s=opensm: %s", SMEnv, why)
+			testenv.Require(t, "%s=opensm: %s", SMEnv, why)
 		}
 		return sm.ManagerOpenSM
 	default:
