@@ -172,7 +172,7 @@ func TestIBSARejectExitsZero(t *testing.T) {
 // ib/sm.)
 func TestIBBurstLossless(t *testing.T) {
 	t.Parallel()
-	sm := subnet(t, "-v", "-hoq-life", "1h")
+	smp, sm := subnetProc(t, "-v", "-hoq-life", "1h")
 
 	rx := start(t, "receiver", "/usr/bin/env", onIB(sm, "-m", "230.1.2.4", "-b", "127.0.1.8", "-C", "10000", "-S", "64",
 		"--join-pause", "500ms", "--timeout", "10s", "--verify")...)
@@ -185,7 +185,7 @@ func TestIBBurstLossless(t *testing.T) {
 		}
 	}
 	if got := strings.Join(rx.allLines(), "\n"); !strings.Contains(got, "mckey: verified 10000 messages") {
-		t.Errorf("receiver output:\n%s", got)
+		t.Errorf("receiver output:\n%s\nsoftsm -v:\n%s", got, smp.stderr.String())
 	}
 }
 

@@ -10,8 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -106,6 +108,7 @@ type extSM struct {
 	drops    uint64 // relay queue full (under SM.mu)
 	cmd      *exec.Cmd
 	exited   chan struct{}
+	started  atomic.Bool   // OpenSM was started (then exited closes when it ends)
 	up       chan struct{} // closed when OpenSM logs SUBNET UP
 	upOnce   sync.Once
 	logRelay limitedLog
@@ -250,24 +253,48 @@ func (s *SM) startOpenSM() error {
 	cmd.Dir, cmd.Stdout, cmd.Stderr = x.dir, out, out
 	cmd.Env = append(os.Environ(), "IBSIM_SOCKNAME="+x.cfg.Socket, "OSM_TMP_DIR="+x.dir, "OSM_CACHE_DIR="+x.dir, "LD_PRELOAD="+x.cfg.Umad2sim)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("sm: start OpenSM: %w", err)
-	}
-	x.cmd = cmd
-	s.logf("OpenSM (pid %d) manages the subnet: socket %q, files in %s", cmd.Process.Pid, x.cfg.Socket, x.dir)
-	s.wg.Add(2)
-	go func() {
-		defer s.wg.Done()
-		err := cmd.Wait()
+	if err := startLocked(cmd, &s.wg, func(err error) {
 		close(x.exited)
 		select {
 		case <-s.quit:
 		default:
 			s.logf("OpenSM exited: %v (see %s)", err, x.logPath())
 		}
-	}()
+	}); err != nil {
+		return fmt.Errorf("sm: start OpenSM: %w", err)
+	}
+	x.cmd = cmd
+	x.started.Store(true)
+	s.logf("OpenSM (pid %d) manages the subnet: socket %q, files in %s", cmd.Process.Pid, x.cfg.Socket, x.dir)
+	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.watchSubnetUp() }()
 	return nil
+}
+
+// startLocked starts cmd, whose parent-death signal (Pdeathsig) must come
+// only when this process ends, and calls exited with Wait's result when
+// cmd ends (wg counts the waiting goroutine). The signal comes when the
+// thread that started the child ends, not the process, and the Go runtime
+// ends a thread whose goroutine exits locked to it (one that entered a
+// network namespace, say): any thread may be the one a Start ran on, and
+// OpenSM was killed mid-run that way (every SA request timed out from then
+// on). So a goroutine locked to its thread starts cmd and waits for it:
+// its thread runs nothing else and lives as long as cmd.
+func startLocked(cmd *exec.Cmd, wg *sync.WaitGroup, exited func(error)) error {
+	started := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		exited(cmd.Wait())
+	}()
+	return <-started
 }
 
 func (x *extSM) logPath() string { return filepath.Join(x.dir, "osm.log") }
@@ -335,6 +362,20 @@ func (s *SM) stopExt() {
 func (s *SM) removeExtDir() {
 	if x := s.ext; x != nil && x.rmDir && x.dir != "" {
 		os.RemoveAll(x.dir)
+	}
+}
+
+// OpenSMRunning reports whether the OpenSM the SM started runs (false
+// unless Config.Manager is ManagerOpenSM and Run started it).
+func (s *SM) OpenSMRunning() bool {
+	if s.ext == nil || !s.ext.started.Load() {
+		return false
+	}
+	select {
+	case <-s.ext.exited:
+		return false
+	default:
+		return true
 	}
 }
 
