@@ -617,11 +617,14 @@ func (s *SM) toPort(guid uint64, r simproto.Request) {
 }
 
 // extDestinations puts the ports a packet from p to dlid goes to by
-// OpenSM's tables into p's pending list: the unicast DLID's switch port,
+// OpenSM's tables t (those in force when it arrived; nil: the current
+// ones) into p's pending list: the unicast DLID's switch port,
 // or the multicast DLID's mask but p's own port. Switch ports 0 and 1
 // (the switch, OpenSM's host) lead to no port of the SM. Caller holds mu.
-func (s *SM) extDestinations(p *port, dlid uint16) {
-	t := s.ext.fab.Tables()
+func (s *SM) extDestinations(p *port, dlid uint16, t *sma.Tables) {
+	if t == nil {
+		t = s.ext.fab.Tables()
+	}
 	ls := &p.ls
 	if wire.IsMulticastLID(dlid) {
 		for w, mask := range t.MulticastMask(dlid) {

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/softrdma/softrdma/ib/sma"
 )
 
 // TestManagerConfig: a manager other than softsm's or OpenSM is refused;
@@ -134,5 +136,29 @@ func TestStartLockedOutlivesThreads(t *testing.T) {
 	wg.Wait()
 	if err := <-exited; err == nil || !strings.Contains(err.Error(), "killed") {
 		t.Fatalf("after Kill: %v", err)
+	}
+}
+
+// TestQueueKeepsArrivalTables: a packet queued with OpenSM in charge
+// keeps the tables in force when it arrived until it leaves the queue
+// (a switch routes a packet at its arrival), and a packet of softsm's own
+// SM keeps none.
+func TestQueueKeepsArrivalTables(t *testing.T) {
+	var q inQueue
+	t1, t2 := &sma.Tables{}, &sma.Tables{}
+	b1, b2, b3 := &[]byte{1}, &[]byte{2}, &[]byte{3}
+	q.push(b1, t1)
+	q.push(b2, t2)
+	q.push(b3, nil)
+	for i, want := range []*sma.Tables{t1, t2, nil} {
+		if got := q.frontTables(); got != want {
+			t.Fatalf("packet %d: tables %p, want %p", i, got, want)
+		}
+		q.pop()
+	}
+	var own inQueue
+	own.push(b1, nil)
+	if own.tabs != nil || own.frontTables() != nil {
+		t.Fatal("softsm's own SM: tables kept")
 	}
 }

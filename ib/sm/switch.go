@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/ib/sma"
 	"github.com/softrdma/softrdma/internal/sys/mmsg"
 	"github.com/softrdma/softrdma/internal/sys/rawudp"
 	"github.com/softrdma/softrdma/wire"
@@ -171,30 +172,53 @@ func markerAddr(local netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(a, local.Port())
 }
 
-// inQueue is a port's input queue: a ring of packets.
+// inQueue is a port's input queue: a ring of packets, and with OpenSM in
+// charge the forwarding tables in force when each arrived (tabs).
 type inQueue struct {
 	pkts []*[]byte
+	tabs []*sma.Tables
 	head int
 	n    int
 }
 
-func (q *inQueue) push(b *[]byte) bool {
+// push queues b, which arrived while t were the switch's tables (nil:
+// softsm's own SM, whose tables the forwarder reads at the head).
+func (q *inQueue) push(b *[]byte, t *sma.Tables) bool {
 	if q.n == queueCap {
 		return false
 	}
 	if q.pkts == nil {
 		q.pkts = make([]*[]byte, queueCap)
 	}
-	q.pkts[(q.head+q.n)%queueCap] = b
+	i := (q.head + q.n) % queueCap
+	q.pkts[i] = b
+	if t != nil {
+		if q.tabs == nil {
+			q.tabs = make([]*sma.Tables, queueCap)
+		}
+		q.tabs[i] = t
+	}
 	q.n++
 	return true
 }
 
 func (q *inQueue) front() []byte { return *q.pkts[q.head] }
 
+// frontTables returns the tables the head packet arrived under (nil: none
+// kept).
+func (q *inQueue) frontTables() *sma.Tables {
+	if q.tabs == nil {
+		return nil
+	}
+	return q.tabs[q.head]
+}
+
 func (q *inQueue) pop() *[]byte {
 	b := q.pkts[q.head]
 	q.pkts[q.head] = nil
+	if q.tabs != nil {
+		q.tabs[q.head] = nil
+	}
 	q.head = (q.head + 1) % queueCap
 	q.n--
 	return b
@@ -465,7 +489,16 @@ func (s *SM) packetIn(b []byte, from netip.AddrPort, trunc bool) {
 	}
 	bp := packetPool.Get().(*[]byte)
 	*bp = append((*bp)[:0], b...)
-	p.ls.in.push(bp)
+	var t *sma.Tables
+	if s.ext != nil {
+		// A switch routes a packet when it arrives: with OpenSM in
+		// charge, the tables in force now decide where it goes, however
+		// OpenSM changes them while it waits for credit (OpenSM clears a
+		// group's entry when one member is left, and a burst still queued
+		// from the sender that just left would be lost).
+		t = s.ext.fab.Tables()
+	}
+	p.ls.in.push(bp, t)
 	s.activate(p)
 }
 
@@ -583,7 +616,7 @@ func (s *SM) forwardHead(p *port, now time.Time, o *outBatch) (done bool, retry 
 			s.saFromFabric(b, p)
 			return true, time.Time{}
 		case s.ext != nil:
-			s.extDestinations(p, dlid)
+			s.extDestinations(p, dlid, ls.in.frontTables())
 		case wire.IsMulticastLID(dlid):
 			s.rebuildMFT()
 			for _, d := range s.mft[dlid] {
