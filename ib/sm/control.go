@@ -372,7 +372,11 @@ func (s *SM) attach(guid uint64, desc string, from netip.AddrPort, credits int) 
 		desc = cutUTF8(desc, MaxNodeDesc)
 	}
 	if rereg {
-		s.logf("port %#x attached at %v: LID %d %q", guid, from, p.lid, desc)
+		if s.ext != nil {
+			s.logf("port %#x attached at %v: %q, its LID OpenSM's", guid, from, desc)
+		} else {
+			s.logf("port %#x attached at %v: LID %d %q", guid, from, p.lid, desc)
+		}
 		p.addr = from
 		s.byAddr[from] = p
 		s.perSource[from.Addr().Unmap()]++

@@ -453,7 +453,10 @@ func (s *SM) extPortInfoLocked(p *port, v sma.PortView) []byte {
 	if rereg && p.ext.sent {
 		p.ls.link.Reset(min(max(p.ext.credits, 0), fabric.MaxWindow), s.win)
 	}
-	if p.ext.lid != 0 && p.ext.lid != v.LID {
+	switch {
+	case !p.ext.sent:
+		s.logf("port %#x: Active, LID %d (OpenSM's), SM LID %d", p.guid, v.LID, v.SMLID)
+	case p.ext.lid != v.LID:
 		s.logf("port %#x: OpenSM moved it from LID %d to LID %d", p.guid, p.ext.lid, v.LID)
 	}
 	p.ext.sent, p.ext.rereg = true, false

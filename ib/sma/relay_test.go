@@ -122,7 +122,7 @@ func saMAD(method uint8, dlid, slid uint16, dqp, sqp uint32, tid uint64) simprot
 
 // TestServerRelay: a CA's SA request reaches the SM host's SM; the SM's
 // answer and its Reports go to ToPort; the CA's answer to a Report comes
-// back to the SM by the TID.
+// back to the SM by the TID, once, and no other CA's.
 func TestServerRelay(t *testing.T) {
 	f := New(Config{Ports: cas, SwitchPorts: 8})
 	routed(t, f)
@@ -205,13 +205,20 @@ func TestServerRelay(t *testing.T) {
 	if rp.guid != 0xa2 || mad.MAD(rp.r.MAD()).TID()>>48 != uint64(sm.id) {
 		t.Fatalf("report to %#x tid %#x", rp.guid, mad.MAD(rp.r.MAD()).TID())
 	}
-	// The CA answers the Report: back to the SM by the TID.
+	// The CA answers the Report: back to the SM by the TID. Another CA's
+	// answer to it, before, and a second answer, after, are refused.
 	resp := slices.Clone(rp.r)
 	mad.MAD(resp.MAD()).SetMethod(mad.MethodReport | mad.MethodResp)
-	if err := srv.FromPort(0xa2, resp); err != nil {
+	if err := srv.FromPort(0xa1, slices.Clone(resp)); err == nil {
+		t.Error("a CA's answer to a Report another CA was sent: relayed")
+	}
+	if err := srv.FromPort(0xa2, slices.Clone(resp)); err != nil {
 		t.Fatal(err)
 	}
 	if r := sm.recv(); mad.MAD(r.MAD()).Method() != mad.MethodReport|mad.MethodResp {
 		t.Fatalf("the Report's answer: method %#x", mad.MAD(r.MAD()).Method())
+	}
+	if err := srv.FromPort(0xa2, resp); err == nil {
+		t.Error("a second answer to the same Report: relayed")
 	}
 }

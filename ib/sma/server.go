@@ -66,7 +66,25 @@ type Server struct {
 	clients [simproto.MaxClients]*client
 	closed  bool
 	wg      sync.WaitGroup
+	// The requests relayed to CA ports that wait for their answers (a
+	// Report waits for its ReportResp): by TID, the CA asked and when.
+	// Only that CA's answer goes back (FromPort), once.
+	asked map[uint64]askedCA
 }
+
+// askedCA is a request relayed to a CA port.
+type askedCA struct {
+	guid uint64
+	at   time.Time
+}
+
+// Bounds of Server.asked: an entry lasts askedTTL at most (an SM gives up
+// on an answer long before), and at most maxAsked wait at once (beyond,
+// the answer to a further request is refused: fail closed).
+const (
+	askedTTL = time.Minute
+	maxAsked = 4096
+)
 
 // client is a connected umad2sim client.
 type client struct {
@@ -402,8 +420,9 @@ func (s *Server) gmp(c *client, r simproto.Request) bool {
 	}
 	if !m.IsResponse() {
 		// Stamped as every request of a client: the CA's answer comes
-		// back by it (FromPort).
+		// back by it (FromPort), from that CA only.
 		m.SetTID(m.TID()&(1<<48-1) | uint64(c.id)<<48)
+		s.noteAsked(m.TID(), guid)
 	}
 	r.SetStatus(0)
 	s.cfg.ToPort(guid, r)
@@ -427,6 +446,12 @@ func (s *Server) FromPort(guid uint64, r simproto.Request) error {
 		return fmt.Errorf("sma: not a GMP (base version %d, class %#x)", m.BaseVersion(), m.MgmtClass())
 	}
 	if m.IsResponse() {
+		if !s.takeAsked(m.TID(), guid) {
+			// Another port's answer, or one to nothing asked: a port could
+			// otherwise answer for another (a Report's subscriber would
+			// then never see the Report, whose SM stops sending it).
+			return fmt.Errorf("sma: response of %#x to no request of its own (TID %#x)", guid, m.TID())
+		}
 		to := s.client(int(m.TID() >> 48))
 		if to == nil {
 			return fmt.Errorf("sma: response for no client (TID %#x)", m.TID())
@@ -445,6 +470,40 @@ func (s *Server) FromPort(guid uint64, r simproto.Request) error {
 	r.SetStatus(0)
 	s.send(to, r)
 	return nil
+}
+
+// noteAsked records that the request tid went to the CA port guid.
+func (s *Server) noteAsked(tid, guid uint64) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.asked == nil {
+		s.asked = make(map[uint64]askedCA)
+	}
+	if _, ok := s.asked[tid]; !ok && len(s.asked) >= maxAsked {
+		for k, a := range s.asked {
+			if now.Sub(a.at) > askedTTL {
+				delete(s.asked, k)
+			}
+		}
+		if len(s.asked) >= maxAsked {
+			return
+		}
+	}
+	s.asked[tid] = askedCA{guid, now}
+}
+
+// takeAsked reports whether the CA port guid was asked the request tid
+// (within askedTTL), and forgets it.
+func (s *Server) takeAsked(tid, guid uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.asked[tid]
+	if !ok || a.guid != guid {
+		return false
+	}
+	delete(s.asked, tid)
+	return time.Since(a.at) <= askedTTL
 }
 
 // timeout gives r back to c as a send whose answer never came.
