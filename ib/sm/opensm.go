@@ -552,17 +552,21 @@ func (s *SM) relayFromFabric(b []byte, p *port) {
 	}
 	p.c.sa.Add(1)
 	req := mad.MAD(ud.Payload[:mad.Len])
-	if !isRMPPControl(req) {
-		srcAddr := p.addr.Addr().Unmap()
-		src := s.saSources[srcAddr]
-		if src == nil {
-			src = &saSource{}
-			s.saSources[srcAddr] = src
-		}
-		guid := p.guid
-		if !s.saAllow(&p.saBudget, &p.tableBudget, src, s.sa.Broad(req), func() string { return fmt.Sprintf("port %#x (%v)", guid, p.addr) }) {
-			return
-		}
+	if isRMPPControl(req) {
+		// The ACK of an answer softsm framed for OpenSM (toPort): the
+		// MAD layer's business, which softsm plays here; OpenSM's SA would
+		// take it for a request.
+		return
+	}
+	srcAddr := p.addr.Addr().Unmap()
+	src := s.saSources[srcAddr]
+	if src == nil {
+		src = &saSource{}
+		s.saSources[srcAddr] = src
+	}
+	guid := p.guid
+	if !s.saAllow(&p.saBudget, &p.tableBudget, src, s.sa.Broad(req), func() string { return fmt.Sprintf("port %#x (%v)", guid, p.addr) }) {
+		return
 	}
 	r := simproto.Request(make([]byte, simproto.RequestLen))
 	r.SetDLID(pkt.LRH.DLID())
@@ -608,7 +612,21 @@ func (s *SM) toPort(guid uint64, r simproto.Request) {
 		UD: wire.UDHeader{PKey: fabric.DefaultPKey, DestQP: r.DQP(), QKey: fabric.SAQKey, SrcQP: r.SQP(), PSN: s.psn & 0xFFFFFF},
 	}
 	s.psn++
-	m := r.MAD()[:mad.Len]
+	m := mad.MAD(r.MAD()[:mad.Len])
+	if m.RMPPFlags()&mad.RMPPFlagActive != 0 && m.RMPPType() == 0 && m.IsResponse() {
+		// An RMPP-active answer of OpenSM (a GetTableResp), which its
+		// libibumad leaves to the kernel's MAD layer to segment and frame:
+		// under umad2sim softsm is that layer. ibsim's protocol carries the
+		// first 256 bytes of a MAD, so an answer of one segment (at most
+		// 200 bytes of records) is framed as the kernel frames it; a longer
+		// one cannot come through whole.
+		n := r.Length()
+		if n < mad.SAHeaderEnd || n > mad.Len {
+			s.limitedf(&s.ext.logRelay, time.Now(), "OpenSM's RMPP answer of %d bytes to %#x: umad2sim carries %d: dropped", n, guid, mad.Len)
+			return
+		}
+		m = mad.RMPPSegments(m, m[mad.SAHeaderEnd:n])[0]
+	}
 	out := make([]byte, fabric.PacketLen(len(m), false, false))
 	fabric.EncodeUD(out, &h, m)
 	d.ls.link.Sent(1)

@@ -14,6 +14,7 @@ import (
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -341,4 +342,67 @@ func TestOpenSMInChargeLateAttach(t *testing.T) {
 		return int(lid) >= len(lft) || lft[lid] == 0xFF, fmt.Sprintf("LFT %s", lftString(lft))
 	})
 	t.Logf("after the detach: LFT %s", lftString(f.LFT()))
+}
+
+// TestOpenSMGetTable: a GetTable of MCMemberRecords from a port of
+// softsm's subnet reaches OpenSM's SA and its RMPP-active answer comes back
+// framed as the kernel's MAD layer frames it (softsm plays that layer for
+// OpenSM under umad2sim): to a requester without the SM_Key OpenSM answers
+// its own records only (PortGID zeroed), here its membership of the IPoIB
+// broadcast group and of a group three ports joined (one segment), with
+// the MLIDs of the joins.
+func TestOpenSMGetTable(t *testing.T) {
+	prereqs(t)
+	_, devs := startInCharge(t, 3)
+	ch, err := rdmacm.CreateEventChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ch.Close() })
+	g := netip.MustParseAddr("230.4.5.8")
+	var ids []*rdmacm.ID
+	var mlid uint16
+	for i := range devs {
+		id, err := rdmacm.CreateID(ch, nil, rdmacm.PS_UDP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { id.Destroy() })
+		if err := id.BindAddr(rdmacm.UDPAddr(netip.AddrFrom4([4]byte{127, 0, 0, byte(2 + i)}))); err != nil {
+			t.Fatal(err)
+		}
+		endpoint(t, id, 1)
+		mlid = joined(t, ch, id, g, rdmacm.MCJoinFlagFullMember).AHAttr.DLID
+		ids = append(ids, id)
+	}
+	agent, ok := saclient.For(ids[0].Verbs().Device())
+	if !ok {
+		t.Fatal("no SA client for the port")
+	}
+	recs, err := agent.GetTable(saclient.GroupRecord{}, 0)
+	if err != nil {
+		t.Fatalf("GetTable through OpenSM: %v", err)
+	}
+	t.Logf("GetTable(MCMemberRecord) through OpenSM: %d records", len(recs))
+	// (OpenSM zeroes the PortGID of what it answers a requester without
+	// the SM_Key.)
+	byGroup := map[verbs.GID]uint16{}
+	for _, r := range recs {
+		byGroup[r.MGID] = r.MLID
+	}
+	bc, ok := byGroup[saclient.IPoIBBroadcastMGID]
+	if !ok || len(byGroup) != 2 || len(recs) != 2 {
+		t.Fatalf("records by MGID %v (%d in all), want one of the broadcast group and one of %v", byGroup, len(recs), g)
+	}
+	for mgid, l := range byGroup {
+		if mgid != saclient.IPoIBBroadcastMGID && l != mlid {
+			t.Errorf("%v's record: MLID %#x, want the join's %#x", mgid, l, mlid)
+		}
+	}
+	t.Logf("the broadcast group's MLID %#x, %v's %#x", bc, g, mlid)
+	for _, id := range ids {
+		if err := id.LeaveMulticast(rdmacm.UDPAddr(g)); err != nil {
+			t.Logf("leave: %v", err)
+		}
+	}
 }
