@@ -3,8 +3,9 @@
 //
 // Every IB port is a UDP socket of a client process; the SM listens on a
 // fabric UDP address (DefaultListen). A datagram on the fabric is a
-// CONTROL message, an IB PACKET, or a 6-byte FLOW CONTROL packet (the
-// links are lossless: credit-based flow control, see flow.go).
+// CONTROL message, an IB PACKET, a 6-byte FLOW CONTROL packet (the links
+// are lossless: credit-based flow control, see flow.go), or a DIRECT
+// forwarding message (direct.go).
 //
 // A CONTROL message is the 5-byte prefix Magic ("SRSM" + the protocol
 // version, Version), then a JSON object (Control). An IB packet never
@@ -25,7 +26,8 @@
 //	           MTU 4 (2048), Rate 3 (10 Gb/s), State "active",
 //	           ClientReregister when the SM registered the port anew
 //	           (first attach, or after it forgot the port), Session and
-//	           SMGUID, and MAC when the SM has a key (auth.go)
+//	           SMGUID, MAC when the SM has a key (auth.go), and Direct
+//	           when the SM forwards directly (direct.go)
 //	refused    SM → port, the answer to an attach the SM refuses: GUID
 //	           (the attach's) and Reason: ReasonGUIDInUse when the GUID
 //	           is registered at another live address, ReasonNoLID when
@@ -56,7 +58,8 @@
 // like an IB fabric.
 //
 // A port takes datagrams only from the SM's fabric address (the SM is also
-// the switch), a refused only when it names the port's GUID (a port that
+// the switch) and, with direct forwarding, IB and flow control packets
+// from the peers the SM gave it (direct.go); a refused only when it names the port's GUID (a port that
 // is still waiting for its first port_info gives up at once; an active
 // port ignores it and notices a silent SM by its keepalives), a retry
 // only when it names the port's GUID and carries a cookie of at most
@@ -214,6 +217,9 @@ type Control struct {
 	// MAC (port_info and refused of a keyed SM) authenticates the
 	// message: ControlMAC over the nonce of the attach it answers.
 	MAC []byte `json:"mac,omitempty"`
+	// Direct (port_info) says that the SM forwards directly: the port
+	// asks it for routes (see direct.go).
+	Direct bool `json:"direct,omitempty"`
 }
 
 // ErrNotControl reports a datagram without the Magic prefix.

@@ -170,7 +170,7 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 			SubnetPrefix: s.prefix, PKeys: []uint16{fabric.DefaultPKey}, Epoch: s.epoch,
 			MTU: fabric.PortMTU, Rate: fabric.PortRate, State: fabric.StateActive,
 			ClientReregister: rereg, Credits: win,
-			Session: s.session(from, c.GUID), SMGUID: s.cfg.SMGUID,
+			Session: s.session(from, c.GUID), SMGUID: s.cfg.SMGUID, Direct: s.cfg.Direct,
 		}, c.Nonce))
 		if _, err := s.fabric.WriteToUDPAddrPort(reply, from); err != nil {
 			s.logf("port_info to %v: %v", from, err)
@@ -384,6 +384,11 @@ func (s *SM) attach(guid uint64, desc string, from netip.AddrPort, credits int) 
 		credits = min(max(credits, 0), fabric.MaxWindow)
 		p.ls.link.Reset(credits, s.win)
 		p.ls.stallCount, p.ls.dropUntil = 0, time.Time{}
+		if s.cfg.Direct {
+			// Routes to the LID (a port that went, or none) change.
+			s.dchanged = append(s.dchanged, p.lid)
+			s.directChanged(now)
+		}
 	}
 	if !s.sa.HasPort(guid) {
 		s.sa.AddPort(sa.Port{GUID: guid, LID: p.lid, MTU: fabric.PortMTU, Rate: fabric.PortRate})
@@ -420,6 +425,9 @@ func (s *SM) resizeWindows() {
 // were not pre-registered are forgotten (their LID stays reserved).
 func (s *SM) detachLocked(p *port) {
 	if p.attached() {
+		if s.cfg.Direct {
+			s.directGone(p, time.Now())
+		}
 		delete(s.byAddr, p.addr)
 		src := p.addr.Addr().Unmap()
 		if s.perSource[src]--; s.perSource[src] <= 0 {
@@ -444,6 +452,10 @@ func (s *SM) detachLocked(p *port) {
 		delete(s.byLID, p.lid)
 		s.lids.forget(p.guid)
 	}
+	if s.cfg.Direct {
+		s.rebuildMFT() // the groups it left: their routes change
+		s.directChanged(time.Now())
+	}
 }
 
 // rebuildMFT brings the multicast forwarding table up to date: the
@@ -457,6 +469,9 @@ func (s *SM) rebuildMFT() {
 	}
 	if s.mft != nil {
 		for _, mlid := range s.sa.TakeChanged() {
+			if len(s.dsubs[mlid]) > 0 {
+				s.dchanged = append(s.dchanged, mlid) // direct.go
+			}
 			if guids, ok := s.sa.MulticastEntry(mlid); ok {
 				s.mft[mlid] = s.portsOf(guids)
 			} else {

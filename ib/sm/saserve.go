@@ -231,11 +231,13 @@ func (s *SM) saLater(f func()) {
 	if s.cfg.SADelay <= 0 {
 		f()
 		s.rebuildMFT()
+		s.directChanged(time.Now())
 		return
 	}
 	s.after(s.cfg.SADelay, func() {
 		f()
 		s.rebuildMFT()
+		s.directChanged(time.Now())
 	})
 }
 

@@ -333,6 +333,10 @@ type Config struct {
 	Manager string
 	// OpenSM configures ManagerOpenSM.
 	OpenSM OpenSMConfig
+	// Direct makes the ports forward among themselves by the routes the
+	// SM gives them, without a hop through the switch (see direct.go and
+	// ib/fabric's direct.go). Not with ManagerOpenSM.
+	Direct bool
 	// Key, if set, is the subnet's key (fabric.ReadKeyFile): every
 	// port_info and refused carries a MAC under it over the nonce of the
 	// attach it answers (fabric.ControlMAC), so that a port configured
@@ -361,6 +365,8 @@ type port struct {
 	saBudget, tableBudget bucket
 	// What the port was told in OpenSM mode.
 	ext extPort
+	// Its direct forwarding state (direct.go).
+	dir directPort
 }
 
 // limitedLog logs one kind of event at most once a second, with the
@@ -446,6 +452,17 @@ type SM struct {
 	markSent  [markerRing]time.Time
 	caught    time.Time
 	expiryAt  time.Time
+	// Direct forwarding (direct.go): the pairings, the ports holding
+	// each DLID's route, the ports whose routes are ready to go out once
+	// the batch they waited for went out (dready) and those to put on
+	// the visit list after forwardLocked (dlate), the DLIDs whose
+	// destinations changed, and forwarding: forwardLocked runs.
+	dpairs     map[pairKey]*pairing
+	dsubs      map[uint16]map[*port]struct{}
+	dready     []*port
+	dlate      []*port
+	dchanged   []uint16
+	forwarding bool
 	// Control messages waiting for the control goroutine: the attached
 	// ports' (each port's own, served round robin) and the rest's.
 	ctlPorts fifo[*port]
@@ -549,6 +566,8 @@ func newState(cfg Config) (*SM, error) {
 		timers:  make(map[*time.Timer]struct{}),
 		rmpp:    make(map[rmppKey]*rmppXfer),
 		rmppPer: make(map[rmppKey]int),
+		dpairs:  make(map[pairKey]*pairing),
+		dsubs:   make(map[uint16]map[*port]struct{}),
 		work:    make(chan struct{}, 1),
 		quit:    make(chan struct{}),
 

@@ -365,6 +365,8 @@ func (s *SM) fabricLoop() error {
 			from := mmsg.AddrPort(name)
 			switch {
 			case s.markerIn(data, from):
+			case fabric.IsDirect(data):
+				s.directIn(data, from, now)
 			case fabric.IsControl(data):
 				s.controlIn(data, from, now)
 			case fabric.IsFlow(data):
@@ -373,6 +375,7 @@ func (s *SM) fabricLoop() error {
 				s.packetIn(data, from, trunc)
 			}
 		}
+		s.directChanged(now)
 		s.mu.Unlock()
 		if next := s.pump(o, raw); !next.IsZero() {
 			s.kick()
@@ -400,8 +403,12 @@ func (s *SM) pump(o *outBatch, raw syscall.RawConn) (next time.Time) {
 			return time.Time{}
 		}
 		progress, deadline := s.forwardLocked(time.Now(), o)
+		direct := len(s.dready) > 0 || len(s.dlate) > 0 || len(s.dchanged) > 0
 		s.mu.Unlock()
 		s.flush(o, raw)
+		if direct {
+			s.directAfterFlush()
+		}
 		if !progress {
 			return deadline
 		}
@@ -543,6 +550,8 @@ func (s *SM) forwardLoop() {
 // list when it has nothing left to do, and the ports a full batch left
 // unvisited come first next time. Caller holds mu.
 func (s *SM) forwardLocked(now time.Time, o *outBatch) (progress bool, next time.Time) {
+	s.forwarding = true
+	defer func() { s.forwarding = false }()
 	later := func(t time.Time) {
 		if next.IsZero() || t.Before(next) {
 			next = t
@@ -585,7 +594,13 @@ func (s *SM) forwardLocked(now time.Time, o *outBatch) (progress bool, next time
 		if ls.link.On && !o.full() && ls.link.Grant(s.win-ls.in.n, max(s.win/4, 1)) {
 			o.addFlow(ls.link.Flow(fabric.FlowOpNormal), p.addr)
 		}
-		if ls.in.n > 0 || ls.wantFlow || (ls.link.On && ls.link.Due(s.win-ls.in.n, max(s.win/4, 1))) {
+		if p.dir.due && ls.in.n == 0 {
+			// The switch holds none of p's packets once o went out:
+			// its routes may go then (direct.go).
+			p.dir.due = false
+			s.dready = append(s.dready, p)
+		}
+		if ls.in.n > 0 || ls.wantFlow || p.dir.due || (ls.link.On && ls.link.Due(s.win-ls.in.n, max(s.win/4, 1))) {
 			ports[kept] = p
 			kept++
 		} else {

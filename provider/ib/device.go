@@ -161,7 +161,22 @@ type Device struct {
 	linkCh  chan struct{} // closed when credit comes
 	stalled bool
 	lastReq time.Time
-	rxWin   int // the port's receive window, in packets
+	rxWin   int // the port's receive window at the switch, in packets
+
+	// Direct forwarding (direct.go): its state (dmu), the peers by
+	// address for the receive goroutine, and the port's markers (their
+	// token, the last sent under lmu, the last read, markCh closed and
+	// renewed under lmu when one is read), sent to itself (self; selfDst
+	// as the socket sends to it).
+	dmu       sync.Mutex
+	dir       directState
+	peers     atomic.Pointer[map[netip.AddrPort]*peerLink]
+	markToken [16]byte
+	markSeq   uint64
+	markSeen  atomic.Uint64
+	markCh    chan struct{}
+	self      netip.AddrPort
+	selfDst   netip.AddrPort
 
 	// auth is what the port knows of its SM's identity (smauth.go; under
 	// mu); smTrusted is set while the SM at smAddr is authenticated: IB
@@ -214,8 +229,13 @@ func Open(cfg Config) (*Device, error) {
 		qpns: map[uint32]bool{}, nextQPN: 2,
 		done: make(chan struct{}), events: make(chan PortEvent, 16),
 		linkCh: make(chan struct{}),
-		rxWin:  fabric.Window(socketBuffer(conn), 1),
 	}
+	rcvbuf := socketBuffer(conn)
+	d.rxWin = switchWindow(rcvbuf)
+	d.initDirect(rcvbuf)
+	la := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	d.self = netip.AddrPortFrom(la.Addr().Unmap(), la.Port())
+	d.selfDst = d.sendAddr(d.self)
 	smIP := d.smAddr.Addr()
 	if !cfg.Local.Is4() && smIP.Is4() {
 		smIP = netip.AddrFrom16(smIP.As16()) // an IPv6 socket sends to IPv4 as mapped
@@ -522,6 +542,7 @@ func (d *Device) portInfo(c *fabric.Control) {
 		// The SM registered the port anew: both ends count from 0.
 		d.resetLink(min(max(c.Credits, 0), fabric.MaxWindow))
 	}
+	d.directConfig(c.Direct, c.Session, c.SMLID, first || epochChanged)
 	var kind PortEventKind
 	switch {
 	case first:

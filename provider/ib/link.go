@@ -32,6 +32,17 @@ func socketBuffer(c *rawudp.Conn) int {
 	return v
 }
 
+// switchWindow is the window the port grants the switch for a receive
+// buffer of rcvbuf bytes: what the buffer holds beside the windows of the
+// direct peers it may take (fabric.DirectRoom).
+func switchWindow(rcvbuf int) int {
+	w := fabric.Window(rcvbuf, 1)
+	if room := rcvbuf/fabric.PacketBufferCost - fabric.DirectRoom(rcvbuf)*fabric.DirectWindow; w > room {
+		w = max(room, fabric.MinWindow)
+	}
+	return w
+}
+
 // resetLink starts the link's counts anew with peerWindow credits from
 // the switch (0: no flow control). Receive goroutine.
 func (d *Device) resetLink(peerWindow int) {

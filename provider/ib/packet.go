@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"runtime"
 	"syscall"
 	"time"
@@ -47,12 +48,23 @@ func (q *qp) Send(s *softverbs.UDSend) error {
 		return err
 	}
 	d := q.dev
-	if _, err := d.xmit(1, func(int, int) (int, error) {
+	dlid := s.AH.DLID
+	if r := d.routeFor(dlid); r != nil {
+		d.xmitDirect(1, r, func(_ int, to netip.AddrPort) error {
+			_, err := d.conn.WriteToUDPAddrPort(pkt, to)
+			return err
+		}, nil)
+		q.tap(pkt)
+		return nil
+	}
+	_, err = d.xmit(1, func(int, int) (int, error) {
 		if _, err := d.conn.WriteToUDPAddrPort(pkt, d.smDst); err != nil {
 			return 0, err
 		}
 		return 1, nil
-	}); err != nil {
+	})
+	d.switchSent(dlid)
+	if err != nil {
 		return fmt.Errorf("ib: send: %w", err)
 	}
 	q.tap(pkt)
@@ -78,16 +90,45 @@ func (q *qp) SendBatch(ss []softverbs.UDSend, errs []error) {
 		if err != nil || pkt == nil {
 			continue
 		}
-		b.pkts[k], b.idx[k] = pkt, i
+		b.pkts[k], b.idx[k], b.dlid[k] = pkt, i, ss[i].AH.DLID
 		k++
 	}
 	d := q.dev
 	raw, err := d.conn.SyscallConn()
-	sent := 0
-	if err == nil {
-		b.g.GSO = d.gso
-		sent, err = d.xmit(k, func(from, to int) (int, error) {
-			for _, pkt := range b.pkts[from:to] {
+	if err != nil {
+		for _, i := range b.idx[:k] {
+			errs[i] = fmt.Errorf("ib: send: %w", err)
+		}
+		k = 0
+	}
+	b.g.GSO = d.gso
+	// Runs of one DLID, each directly or through the switch, in order.
+	for from := 0; from < k; {
+		dlid := b.dlid[from]
+		to := from + 1
+		for to < k && b.dlid[to] == dlid {
+			to++
+		}
+		if r := d.routeFor(dlid); r != nil {
+			pkts := b.pkts[from:to]
+			flush := func() {
+				if refused, _ := b.g.Send(raw); refused > 0 {
+					d.core.Count(softverbs.DirectDiscards, uint64(refused))
+				}
+			}
+			d.xmitDirect(len(pkts), r, func(i int, to netip.AddrPort) error {
+				if b.g.Full() {
+					flush()
+				}
+				b.g.Add(pkts[i], to, false)
+				return nil
+			}, flush)
+			from = to
+			continue
+		}
+		pkts := b.pkts[from:to]
+		sent, err := d.xmit(len(pkts), func(from, to int) (int, error) {
+			for _, pkt := range pkts[from:to] {
 				b.g.Add(pkt, d.smDst, false)
 			}
 			refused, err := b.g.Send(raw)
@@ -99,13 +140,16 @@ func (q *qp) SendBatch(ss []softverbs.UDSend, errs []error) {
 			}
 			return to - from, nil
 		})
-	}
-	if err != nil {
-		// The packets from the first refused one on count as failed (a
-		// sendmmsg error does not say which of a GSO message's failed).
-		for _, i := range b.idx[sent:k] {
-			errs[i] = fmt.Errorf("ib: send: %w", err)
+		d.switchSent(dlid)
+		if err != nil {
+			// The packets from the first refused one on count as failed
+			// (a sendmmsg error does not say which of a GSO message's
+			// failed).
+			for _, i := range b.idx[from+sent : to] {
+				errs[i] = fmt.Errorf("ib: send: %w", err)
+			}
 		}
+		from = to
 	}
 	for _, pkt := range b.pkts[:k] {
 		q.tap(pkt)
@@ -164,6 +208,7 @@ func (q *qp) tap(pkt []byte) {
 type sendBatch struct {
 	pkts [softverbs.MaxSendBatch][]byte
 	idx  [softverbs.MaxSendBatch]int
+	dlid [softverbs.MaxSendBatch]uint16
 	g    *mmsg.GSOBatch
 }
 
@@ -221,11 +266,17 @@ func (d *Device) receiveLoop() {
 func (d *Device) handleBatch(r *mmsg.Reader, n int, rx *receiveScratch) {
 	for i := range n {
 		b, name, _, trunc := r.Datagram(i)
-		if !d.fromSM(mmsg.AddrPort(name)) {
-			d.core.Count(softverbs.UntrustedDrops, 1)
+		if from := mmsg.AddrPort(name); !d.fromSM(from) {
+			switch pl := d.peerAt(from); {
+			case pl != nil:
+				d.peerDatagram(b, pl, trunc, rx)
+			case d.markerIn(b, from):
+			default:
+				d.core.Count(softverbs.UntrustedDrops, 1)
+			}
 			continue
 		}
-		isControl := fabric.IsControl(b)
+		isControl := fabric.IsControl(b) || fabric.IsDirect(b)
 		if !isControl && !d.smTrusted.Load() {
 			// The SM at the address is not authenticated (smauth.go).
 			d.core.Count(softverbs.UntrustedDrops, 1)
@@ -237,7 +288,11 @@ func (d *Device) handleBatch(r *mmsg.Reader, n int, rx *receiveScratch) {
 				d.core.Count(softverbs.ControlDrops, 1)
 				continue
 			}
-			d.control(b)
+			if fabric.IsDirect(b) {
+				d.directIn(b)
+			} else {
+				d.control(b)
+			}
 		case fabric.IsFlow(b):
 			d.flowIn(b)
 		default:

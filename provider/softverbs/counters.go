@@ -19,7 +19,8 @@ import (
 // (NotReadyDrops … CQFullDrops). RcvdForwarded refines RcvdPkts (the owner
 // reads a forwarded datagram again and counts it as any other). On
 // InfiniBand, datagrams from a sender other than the SM count only in
-// UntrustedDrops, and the SM's control messages are not packets: a
+// UntrustedDrops (with direct forwarding, the peers the SM gave the port
+// count as the switch), and the SM's control messages are not packets: a
 // rejected one counts only in ControlDrops.
 type Counter int
 
@@ -89,6 +90,8 @@ var (
 	CQFullDrops        = def("cq_full_drops", qp, drp, "cq_full", "Datagrams dropped because the receive CQ was full.")
 	LinkWaits          = def("link_waits", dev, "link_waits_total", "", "Sends that waited for credit from the switch: the link held the sender back (InfiniBand flow control).")
 	LinkStallDrops     = def("link_stall_drops", dev, drp, "link_stall", "Packets not sent because the link to the switch stayed without credit for the stall timeout (InfiniBand).")
+	DirectSends        = def("direct_sends", dev, "direct_sent_packets_total", "", "Packets sent straight to a destination port, one per destination, not through the switch (InfiniBand direct forwarding).")
+	DirectDiscards     = def("direct_discards", dev, drp, "direct_discard", "Packets not sent to a destination port directly: it gave no credit for the switch's head-of-queue lifetime, or it was stalled, or the send failed (InfiniBand direct forwarding).")
 )
 
 // Schema returns the counter schema of software devices, indexed by

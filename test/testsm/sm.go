@@ -20,7 +20,9 @@ import (
 // softsm's own SM, SA and switch tables (the default); "opensm", OpenSM in
 // charge of the subnet (ib/sm's ManagerOpenSM, softsm -sm opensm), which
 // needs opensm and ibsim's libumad2sim.so. .ci/run runs the IB tests once
-// more with SOFTRDMA_TEST_SM=opensm. The tests' helpers that start an SM
+// more with SOFTRDMA_TEST_SM=opensm, and once with "direct": softsm's own SM
+// with direct forwarding (sm.Config.Direct, softsm -direct), the ports
+// sending to each other without the switch's hop. The tests' helpers that start an SM
 // consult it (SMConfig, SMArgs), so that the same test code runs on both;
 // a test that asserts what only softsm's SM does skips on OpenSM
 // (SkipOnOpenSM), saying what differs.
@@ -43,7 +45,7 @@ const OpenSMActivate = 60 * time.Second
 func SM(t testing.TB) string {
 	t.Helper()
 	switch v := os.Getenv(SMEnv); v {
-	case "", sm.ManagerSoftsm:
+	case "", sm.ManagerSoftsm, Direct:
 		return sm.ManagerSoftsm
 	case sm.ManagerOpenSM:
 		if why := missingOpenSM(); why != "" {
@@ -51,10 +53,16 @@ func SM(t testing.TB) string {
 		}
 		return sm.ManagerOpenSM
 	default:
-		t.Fatalf("%s=%q: want %q or %q", SMEnv, v, sm.ManagerSoftsm, sm.ManagerOpenSM)
+		t.Fatalf("%s=%q: want %q, %q or %q", SMEnv, v, sm.ManagerSoftsm, Direct, sm.ManagerOpenSM)
 		return ""
 	}
 }
+
+// Direct is SMEnv's value for softsm's own SM with direct forwarding.
+const Direct = "direct"
+
+// OnDirect reports whether SMEnv asks for direct forwarding.
+func OnDirect() bool { return os.Getenv(SMEnv) == Direct }
 
 // OnOpenSM reports whether SMEnv puts OpenSM in charge of the tests'
 // subnets (without checking its prerequisites: SM does).
@@ -75,7 +83,8 @@ func missingOpenSM() string {
 	return ""
 }
 
-// SMConfig returns cfg with the manager SMEnv selects (SM): under OpenSM,
+// SMConfig returns cfg with the manager SMEnv selects (SM), and Direct
+// set when SMEnv asks for direct forwarding: under OpenSM,
 // Manager is sm.ManagerOpenSM and OpenSM's files go to a directory of the
 // test's under OpenSMDirEnv when it is set. Under OpenSM a cfg with
 // softsm's raw SA port (SAListen) fails the test: the raw port is
@@ -83,6 +92,7 @@ func missingOpenSM() string {
 func SMConfig(t testing.TB, cfg sm.Config) sm.Config {
 	t.Helper()
 	cfg.Manager = SM(t)
+	cfg.Direct = cfg.Direct || OnDirect()
 	if cfg.Manager == sm.ManagerOpenSM {
 		if cfg.SAListen != "" {
 			t.Fatalf("%s=opensm: the raw SA port (SAListen) is softsm's SA; the test must not ask for it on OpenSM", SMEnv)
@@ -96,11 +106,14 @@ func SMConfig(t testing.TB, cfg sm.Config) sm.Config {
 }
 
 // SMArgs returns the softsm flags that select SMEnv's manager (nil for
-// softsm's own SM; "-sm opensm" under OpenSM, with -opensm-dir under
+// softsm's own SM, "-direct" with direct forwarding; "-sm opensm" under OpenSM, with -opensm-dir under
 // OpenSMDirEnv).
 func SMArgs(t testing.TB) []string {
 	t.Helper()
 	if SM(t) != sm.ManagerOpenSM {
+		if OnDirect() {
+			return []string{"-direct"}
+		}
 		return nil
 	}
 	args := []string{"-sm", sm.ManagerOpenSM}

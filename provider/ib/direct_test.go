@@ -1,0 +1,166 @@
+package ib_test
+
+import (
+	"context"
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/ib/sm"
+	"github.com/softrdma/softrdma/provider/softverbs"
+	"github.com/softrdma/softrdma/verbs"
+)
+
+// startSMWith starts an SM of cfg on a free loopback port.
+func startSMWith(t *testing.T, cfg sm.Config) *sm.SM {
+	t.Helper()
+	cfg.Listen = "127.0.0.1:0"
+	s, err := sm.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return s
+}
+
+// sendSeq posts one datagram carrying seq to ah / qpn.
+func (p *port) sendSeq(t *testing.T, ah *verbs.AH, qpn uint32, seq uint32) {
+	t.Helper()
+	binary.BigEndian.PutUint32(p.mr.Buf()[8*(40+64)-64:], seq)
+	wr := verbs.SendWR{Opcode: verbs.WRSend, SGList: []verbs.SGE{p.mr.SGE(8*(40+64)-64, 16)},
+		UD: verbs.UDWR{AH: ah, RemoteQPN: qpn, RemoteQKey: 0x01234567}}
+	if err := p.qp.PostSend(&wr); err != nil {
+		t.Fatal(err)
+	}
+	var wc [8]verbs.WC
+	p.cq.Poll(wc[:]) // the send completions
+}
+
+// recvSeq waits for the next datagram and returns the seq it carries (the
+// receive WR is posted again).
+func (p *port) recvSeq(t *testing.T, grh bool) uint32 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for {
+		var wc [1]verbs.WC
+		if n, _ := p.cq.Poll(wc[:]); n == 1 {
+			if wc[0].Status != verbs.WCSuccess || wc[0].Opcode != verbs.WCOpRecv {
+				continue // a send completion
+			}
+			i := int(wc[0].WRID)
+			off := i*(40+64) + 40
+			v := binary.BigEndian.Uint32(p.mr.Buf()[off:])
+			if err := p.qp.PostRecv(&verbs.RecvWR{WRID: wc[0].WRID, SGList: []verbs.SGE{p.mr.SGE(i*(40+64), 40+64)}}); err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+		if err := p.cq.Wait(ctx); err != nil {
+			t.Fatalf("port LID %d: no datagram: %v", p.dev.LID(), err)
+		}
+	}
+}
+
+// TestDirectForwarding: with direct forwarding (sm.Config.Direct) a
+// sender's first packets to a DLID go through the switch, then it sends
+// to the destination ports itself (its DirectSends grows by one per
+// destination and packet, the switch forwards nothing more of it), in
+// order and nothing lost; a member's leave reaches the route, and a
+// unicast DLID goes directly too.
+func TestDirectForwarding(t *testing.T) {
+	s := startSMWith(t, sm.Config{SendOnlySupport: true, Direct: true})
+	a, b, sender := openPort(t, s, "127.0.3.1"), openPort(t, s, "127.0.3.2"), openPort(t, s, "127.0.3.3")
+	mgid, _ := verbs.ParseGID("ff12:4001:ffff::d1")
+	_, rec := a.join(t, mgid, mad.JoinFullMember)
+	bm, _ := b.join(t, mgid, mad.JoinFullMember)
+	sender.join(t, mgid, mad.JoinSendOnlyFullMember)
+	for _, p := range []*port{a, b} {
+		if err := p.qp.AttachMcast(mgid, rec.MLID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ah, err := sender.pd.CreateAH(&verbs.AHAttr{IsGlobal: true, PortNum: 1, DLID: rec.MLID, GRH: verbs.GlobalRoute{DGID: mgid, HopLimit: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ah.Destroy()
+	direct := func() uint64 { return sender.dev.Counters().Get(softverbs.DirectSends) }
+	fwd := func() uint64 {
+		for _, ps := range s.Stats().Ports {
+			if ps.GUID == sender.dev.GUID() {
+				return ps.Forwarded
+			}
+		}
+		return 0
+	}
+	// Ping-pong pace: each datagram received by both before the next.
+	seq := uint32(0)
+	step := func(to ...*port) {
+		seq++
+		sender.sendSeq(t, ah, verbs.MulticastQPN, seq)
+		for _, p := range to {
+			if got := p.recvSeq(t, true); got != seq {
+				t.Fatalf("port LID %d received %d, want %d (order or loss)", p.dev.LID(), got, seq)
+			}
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for direct() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no direct send after %d datagrams (switch forwarded %d)", seq, fwd())
+		}
+		step(a, b)
+	}
+	viaSwitch, d0 := fwd(), direct()
+	t.Logf("direct after %d datagrams (the switch forwarded %d copies)", seq, viaSwitch)
+	for range 20 {
+		step(a, b)
+	}
+	if got := direct() - d0; got != 40 {
+		t.Errorf("DirectSends grew by %d for 20 datagrams to 2 ports, want 40", got)
+	}
+	if f := fwd(); f != viaSwitch {
+		t.Errorf("the switch forwarded %d more copies of the sender's", f-viaSwitch)
+	}
+	// b leaves: the route loses it.
+	if err := saAgent(t, b.dev).Leave(bm); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		before := direct()
+		step(a)
+		if direct()-before == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the route still has the port that left")
+		}
+	}
+	// Unicast: the sender to a's QP.
+	uah, err := sender.pd.CreateAH(&verbs.AHAttr{PortNum: 1, DLID: a.dev.LID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uah.Destroy()
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		before := direct()
+		seq++
+		sender.sendSeq(t, uah, a.qp.Num(), seq)
+		if got := a.recvSeq(t, false); got != seq {
+			t.Fatalf("unicast: received %d, want %d", got, seq)
+		}
+		if direct()-before == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("unicast: no direct send")
+		}
+	}
+}
