@@ -170,6 +170,7 @@ type Device struct {
 	// as the socket sends to it).
 	dmu       sync.Mutex
 	dir       directState
+	directOn  atomic.Bool // dir.on, for the receive loop
 	peers     atomic.Pointer[map[netip.AddrPort]*peerLink]
 	markToken [16]byte
 	markSeq   uint64

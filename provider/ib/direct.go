@@ -120,6 +120,7 @@ func (d *Device) directConfig(on bool, session []byte, smLID uint16, reset bool)
 		d.publishPeersLocked()
 	}
 	d.dir.on, d.dir.session, d.dir.smLID = on, append([]byte(nil), session...), smLID
+	d.directOn.Store(on)
 }
 
 // publishPeersLocked makes the peers visible to the receive goroutine.

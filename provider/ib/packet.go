@@ -226,6 +226,9 @@ type receiveScratch struct {
 	// (&burst in the receive loop; nil elsewhere: a wake-up each).
 	bp    *softverbs.Burst
 	burst softverbs.Burst
+	// The receive loop's sources: relayed by the switch, or not (direct
+	// forwarding).
+	relayed, own *softverbs.Source
 }
 
 // recvBatch is the number of datagrams one recvmmsg of the receive loop
@@ -244,8 +247,11 @@ func (d *Device) receiveLoop() {
 		return
 	}
 	// The fabric socket is the source of what the port delivers: a
-	// consumer whose CQ it fills reads it itself (softverbs.Source).
-	rx.burst.Src = softverbs.NewRelayedSource(r)
+	// consumer whose CQ it fills reads it itself (softverbs.Source). What
+	// the switch relays waits for softsm's process; with direct
+	// forwarding nothing relays the port's data.
+	rx.relayed, rx.own = softverbs.NewRelayedSource(r), softverbs.NewSource(r)
+	rx.burst.Src = rx.relayed
 	handle := func(n int) { d.handleBatch(r, n, rx) }
 	for {
 		// Serve reads batches as rxe's receivers do: no recvmmsg that
@@ -264,6 +270,11 @@ func (d *Device) receiveLoop() {
 
 // handleBatch handles the n datagrams of one batch of the receive loop.
 func (d *Device) handleBatch(r *mmsg.Reader, n int, rx *receiveScratch) {
+	if d.directOn.Load() {
+		rx.burst.Src = rx.own
+	} else {
+		rx.burst.Src = rx.relayed
+	}
 	for i := range n {
 		b, name, _, trunc := r.Datagram(i)
 		if from := mmsg.AddrPort(name); !d.fromSM(from) {
