@@ -3,11 +3,16 @@ package ib_test
 import (
 	"context"
 	"encoding/binary"
+	"net"
+	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/sm"
+	"github.com/softrdma/softrdma/provider/ib"
+	"github.com/softrdma/softrdma/wire"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -162,5 +167,93 @@ func TestDirectForwarding(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("unicast: no direct send")
 		}
+	}
+}
+
+// TestDirectPeerGone: once a peer's port detached, its address is
+// nobody's peer any more: a socket that binds it then (another process)
+// gets nothing delivered, its packets count as untrusted.
+func TestDirectPeerGone(t *testing.T) {
+	s := startSMWith(t, sm.Config{Direct: true})
+	a := openPort(t, s, "127.0.3.11")
+	bd, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr("127.0.3.12")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var aAddr, bAddr netip.AddrPort
+	for _, ps := range s.Stats().Ports {
+		switch ps.GUID {
+		case a.dev.GUID():
+			aAddr = ps.Addr
+		case bd.GUID():
+			bAddr = ps.Addr
+		}
+	}
+	// b sends to a until it does so directly: the two are peers.
+	ctx, _ := bd.Verbs().Open()
+	pd, _ := ctx.AllocPD()
+	cq, _ := ctx.CreateCQ(64)
+	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTypeUD, Cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []struct {
+		a verbs.QPAttr
+		m verbs.QPAttrMask
+	}{
+		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 0x01234567}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
+		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
+		{verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState | verbs.QPAttrSQPSN},
+	} {
+		if err := qp.Modify(&st.a, st.m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mr, _ := pd.RegMR(make([]byte, 64), verbs.AccessLocalWrite)
+	ah, err := pd.CreateAH(&verbs.AHAttr{PortNum: 1, DLID: a.dev.LID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr := verbs.SendWR{Opcode: verbs.WRSend, SGList: []verbs.SGE{mr.SGE(0, 16)}, UD: verbs.UDWR{AH: ah, RemoteQPN: a.qp.Num(), RemoteQKey: 0x01234567}}
+	deadline := time.Now().Add(5 * time.Second)
+	for bd.Counters().Get(softverbs.DirectSends) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("b never sent directly")
+		}
+		if err := qp.PostSend(&wr); err != nil {
+			t.Fatal(err)
+		}
+		a.recvSeq(t, false)
+		var wc [8]verbs.WC
+		cq.Poll(wc[:])
+	}
+	blid := bd.LID()
+	ah.Destroy()
+	qp.Destroy()
+	mr.Dereg()
+	cq.Destroy()
+	pd.Dealloc()
+	ctx.Close()
+	bd.Close()
+	// Another socket on b's address sends a's QP b's packet.
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(bAddr))
+	if err != nil {
+		t.Fatalf("bind b's address: %v", err)
+	}
+	defer c.Close()
+	buf := make([]byte, 256)
+	n := fabric.EncodeUD(buf, &fabric.UDPacket{DLID: a.dev.LID(), SLID: blid,
+		UD: wire.UDHeader{PKey: 0xffff, DestQP: a.qp.Num(), QKey: 0x01234567, SrcQP: 2}}, make([]byte, 16))
+	untrusted := func() uint64 { return a.dev.Counters().Get(softverbs.UntrustedDrops) }
+	before := untrusted()
+	deadline = time.Now().Add(5 * time.Second)
+	for untrusted() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("the packet from the gone peer's address was never refused")
+		}
+		if _, err := c.WriteToUDPAddrPort(buf[:n], aAddr); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond) // pace: the SM's peer_gone is on its way
 	}
 }
