@@ -83,17 +83,13 @@ the JSON lines).
 	capiSecs := fs.Int("capi-secs", 2, "capi: perftest's -D and the Go twin's run time, in whole seconds")
 	capiLibdir := fs.String("capi-libdir", os.Getenv("SOFTRDMA_LIBDIR"), "capi: the libraries' directory (default: as softrdma exec finds or builds them)")
 	ibSM := fs.String("ib-sm", "softsm", "ib and the latency ib link: who manages the emulated subnet, softsm (its own SM) or opensm (OpenSM in charge: needs opensm and libumad2sim.so, see docs/opensm.md)")
-	ibDirect := fs.Bool("ib-direct", false, "ib and the latency ib link: direct forwarding (softsm -direct): the ports send to each other by the SM's routes, without the switch's hop")
+	ibViaSwitch := fs.Bool("ib-via-switch", false, "ib and the latency ib link: every data packet through softsm's switch (softsm -via-switch), no direct forwarding")
 	rel := relFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *ibSM != "softsm" && *ibSM != "opensm" {
 		fmt.Fprintf(stderr, "bench: -ib-sm: unknown subnet manager %q (softsm, opensm)\n", *ibSM)
-		return 2
-	}
-	if *ibDirect && *ibSM == "opensm" {
-		fmt.Fprintf(stderr, "bench: -ib-direct is softsm's own SM's, not OpenSM's\n")
 		return 2
 	}
 	if *quick {
@@ -152,7 +148,7 @@ the JSON lines).
 		fmt.Fprintln(stderr, "bench: -batch must be 1..1024, -rate ≥ 0 and -slots 64..65536")
 		return 2
 	}
-	cfg.Batch, cfg.Rate, cfg.Slots, cfg.IBSM, cfg.IBDirect = *batch, *rate, *slots, *ibSM, *ibDirect
+	cfg.Batch, cfg.Rate, cfg.Slots, cfg.IBSM, cfg.IBViaSwitch = *batch, *rate, *slots, *ibSM, *ibViaSwitch
 	if err := latencyFlags(&cfg, *latSizes, *latWaits, *latLinks, *latRounds); err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 2

@@ -10,7 +10,7 @@
 //	softsm [-listen 127.0.0.1:4792] [-sa-listen 127.0.0.1:4793 [-sa-allow-remote]]
 //	       [-port GUID]... [-state FILE] [-no-sendonly-support]
 //	       [-sa-delay D | -sa-timeout D] [-sa-drop] [-subnet-prefix P]
-//	       [-port-timeout D] [-hoq-life D] [-vl-stall-count N] [-direct]
+//	       [-port-timeout D] [-hoq-life D] [-vl-stall-count N] [-via-switch]
 //	       [-max-ports-per-source N] [-max-groups-per-port N]
 //	       [-max-groups-per-source N]
 //	       [-max-memberships-per-port N] [-max-table-records N]
@@ -198,7 +198,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.PortTimeout, "port-timeout", fabric.PortTimeout, "forget a port silent for `duration` (longer than the ports' 1s keepalive)")
 	fs.DurationVar(&cfg.HOQLife, "hoq-life", sm.DefaultHOQLife, "how long a packet may wait for a port that gives no credit before it is discarded for that port (IB head-of-queue lifetime)")
 	fs.IntVar(&cfg.VLStallCount, "vl-stall-count", sm.DefaultVLStallCount, "packets in a row discarded for a port before all its packets are discarded for 8 × -hoq-life")
-	fs.BoolVar(&cfg.Direct, "direct", false, "direct forwarding: the ports send to each other by the routes the SM gives them, without the hop through the switch (softsm's own SM only)")
+	fs.BoolVar(&cfg.ViaSwitch, "via-switch", false, "send every data packet through the switch (by default the ports send to each other by the routes the SM gives them, without the switch's hop; with -sm opensm always through the switch)")
 	fs.IntVar(&cfg.MaxPortsPerSource, "max-ports-per-source", sm.DefaultMaxPortsPerSource, "most ports attached from one source IP address (`n`; negative: no cap); one more attach is refused (source_limit)")
 	fs.IntVar(&cfg.MaxGroupsPerPort, "max-groups-per-port", sm.DefaultMaxGroupsPerPort, "most groups one port may have created that still exist (`n`; negative: no cap); one more create is answered 0x0100")
 	fs.IntVar(&cfg.MaxGroupsPerSource, "max-groups-per-source", sm.DefaultMaxGroupsPerSource(0), "most groups the ports of one source address may have created together that still exist (`n`; negative: no cap); one more create is answered 0x0100")
@@ -238,10 +238,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "softsm: %v\n", err)
 			return 2
 		}
-	}
-	if cfg.Manager == sm.ManagerOpenSM && cfg.Direct {
-		fmt.Fprintf(stderr, "softsm: -direct is softsm's own SM's: with -sm opensm the switch forwards by OpenSM's tables\n")
-		return 2
 	}
 	if cfg.Manager == sm.ManagerOpenSM && simName != "" {
 		fmt.Fprintf(stderr, "softsm: -sm-umad2sim serves a model to an OpenSM of your own; with -sm opensm softsm runs its own\n")

@@ -10,8 +10,9 @@ import (
 // Direct forwarding. Every packet through the switch costs a wake-up of
 // the SM's process and a copy, which RoCEv2 does not pay: on a loaded
 // host that is most of a round trip. A fabric's switches forward by the
-// tables the SM gives them; with direct forwarding (sm.Config.Direct,
-// softsm -direct; port_info's Direct) the SM gives each port the part of
+// tables the SM gives them; with direct forwarding (softsm's own SM's
+// default, off with sm.Config.ViaSwitch, softsm -via-switch; port_info's
+// Direct) the SM gives each port the part of
 // the tables it sends by, and the port sends a packet to its destination
 // ports itself. DIRECT messages are binary (DirectMagic, a type byte, the
 // fields big-endian), small and handled in order with the packets:
@@ -23,10 +24,12 @@ import (
 //	             destination ports, each a peer of the port (none: send
 //	             through the switch); an update whenever they change
 //	peer         SM → port: Peers[0], a port this one may send to directly
-//	             and take packets from: both ends start a link of
-//	             DirectWindow credits each way (see Link), counts at 0
+//	             and take packets from: both ends start a link (see
+//	             Link), counts at 0, and each grants the other a window of
+//	             its receive buffer (DirectWindow), which the other learns
+//	             from the answer to its first OpRequest
 //	peer_ok      port → SM: PeerGUID, OK: the port took the peer, or has
-//	             no room for it (DirectRoom)
+//	             no room for it (DirectWindow)
 //	peer_gone    SM → port: PeerGUID is no longer a peer (it left, or the
 //	             pairing failed): its packets are dropped from now on
 //
@@ -67,9 +70,9 @@ const (
 
 // Direct forwarding sizes.
 const (
-	// DirectWindow is the window each end of a direct link grants the
-	// other, in packets.
-	DirectWindow = 16
+	// MaxDirectWindow is the largest window a port grants a peer, in
+	// packets (a flow control packet every quarter of it).
+	MaxDirectWindow = 64
 	// MaxRoutePeers is the most destination ports a route lists; a DLID
 	// with more goes through the switch.
 	MaxRoutePeers = 512
@@ -177,8 +180,17 @@ func DecodeDirect(b []byte, m *Direct) error {
 	return nil
 }
 
-// DirectRoom is how many direct peers a port whose receive buffer is
-// rcvbuf bytes takes: their windows may fill half of it.
-func DirectRoom(rcvbuf int) int {
-	return rcvbuf / PacketBufferCost / 2 / DirectWindow
+// DirectBudget is how many packets of a receive buffer of rcvbuf bytes
+// the windows of a port's direct peers may take together: half of it.
+func DirectBudget(rcvbuf int) int { return rcvbuf / PacketBufferCost / 2 }
+
+// DirectWindow is the window a port grants its next peer when its peers'
+// windows take used packets of budget (DirectBudget): a quarter of what
+// is left, at most MaxDirectWindow; 0 (below MinWindow) means no room.
+func DirectWindow(budget, used int) int {
+	w := min((budget-used)/4, MaxDirectWindow)
+	if w < MinWindow {
+		return 0
+	}
+	return w
 }

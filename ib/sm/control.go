@@ -170,7 +170,7 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 			SubnetPrefix: s.prefix, PKeys: []uint16{fabric.DefaultPKey}, Epoch: s.epoch,
 			MTU: fabric.PortMTU, Rate: fabric.PortRate, State: fabric.StateActive,
 			ClientReregister: rereg, Credits: win,
-			Session: s.session(from, c.GUID), SMGUID: s.cfg.SMGUID, Direct: s.cfg.Direct,
+			Session: s.session(from, c.GUID), SMGUID: s.cfg.SMGUID, Direct: s.direct(),
 		}, c.Nonce))
 		if _, err := s.fabric.WriteToUDPAddrPort(reply, from); err != nil {
 			s.logf("port_info to %v: %v", from, err)
@@ -384,7 +384,7 @@ func (s *SM) attach(guid uint64, desc string, from netip.AddrPort, credits int) 
 		credits = min(max(credits, 0), fabric.MaxWindow)
 		p.ls.link.Reset(credits, s.win)
 		p.ls.stallCount, p.ls.dropUntil = 0, time.Time{}
-		if s.cfg.Direct {
+		if s.direct() {
 			// Routes to the LID (a port that went, or none) change.
 			s.dchanged = append(s.dchanged, p.lid)
 			s.directChanged(now)
@@ -425,7 +425,7 @@ func (s *SM) resizeWindows() {
 // were not pre-registered are forgotten (their LID stays reserved).
 func (s *SM) detachLocked(p *port) {
 	if p.attached() {
-		if s.cfg.Direct {
+		if s.direct() {
 			s.directGone(p, time.Now())
 		}
 		delete(s.byAddr, p.addr)
@@ -452,7 +452,7 @@ func (s *SM) detachLocked(p *port) {
 		delete(s.byLID, p.lid)
 		s.lids.forget(p.guid)
 	}
-	if s.cfg.Direct {
+	if s.direct() {
 		s.rebuildMFT() // the groups it left: their routes change
 		s.directChanged(time.Now())
 	}

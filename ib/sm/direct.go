@@ -9,7 +9,8 @@ import (
 	"github.com/softrdma/softrdma/wire"
 )
 
-// Direct forwarding (Config.Direct; see ib/fabric's direct.go): the SM
+// Direct forwarding (the default; Config.ViaSwitch turns it off, and
+// OpenSM in charge has none; see ib/fabric's direct.go): the SM
 // gives a port, on its query, the destination ports of a DLID, and the
 // port sends to them itself. The SM pairs the port with each destination
 // first (both take the other, or the route stays with the switch), and
@@ -102,6 +103,9 @@ func (s *SM) directIn(b []byte, from netip.AddrPort, now time.Time) {
 	}
 }
 
+// direct reports whether the SM forwards directly.
+func (s *SM) direct() bool { return !s.cfg.ViaSwitch && s.ext == nil }
+
 // directSession is the Session token the SM's messages to p carry.
 func (s *SM) directSession(p *port) []byte { return s.session(p.addr, p.guid) }
 
@@ -115,7 +119,7 @@ func (s *SM) sendDirect(p *port, m *fabric.Direct) {
 
 // routeQuery takes p's query for dlid. Caller holds mu.
 func (s *SM) routeQuery(p *port, seq uint32, dlid uint16, now time.Time) {
-	if !s.cfg.Direct || s.ext != nil || dlid == 0 || s.toSM(dlid) || dlid == wire.PermissiveLID ||
+	if !s.direct() || dlid == 0 || s.toSM(dlid) || dlid == wire.PermissiveLID ||
 		(p.dir.routes[dlid] == nil && len(p.dir.routes) >= maxRoutesPerPort) {
 		// Through the switch: at once, nothing to keep in order.
 		s.sendDirect(p, &fabric.Direct{Type: fabric.DirectRoute, Seq: seq, DLID: dlid})

@@ -333,10 +333,12 @@ type Config struct {
 	Manager string
 	// OpenSM configures ManagerOpenSM.
 	OpenSM OpenSMConfig
-	// Direct makes the ports forward among themselves by the routes the
-	// SM gives them, without a hop through the switch (see direct.go and
-	// ib/fabric's direct.go). Not with ManagerOpenSM.
-	Direct bool
+	// ViaSwitch sends every data packet through the switch. By default
+	// softsm's own SM forwards directly: the ports send to each other by
+	// the routes it gives them, without the switch's hop (see direct.go
+	// and ib/fabric's direct.go). With ManagerOpenSM every packet goes
+	// through the switch, by OpenSM's tables.
+	ViaSwitch bool
 	// Key, if set, is the subnet's key (fabric.ReadKeyFile): every
 	// port_info and refused carries a MAC under it over the nonce of the
 	// attach it answers (fabric.ControlMAC), so that a port configured

@@ -16,7 +16,8 @@ import (
 // directly (port_info's Direct), the port asks it for the destination
 // ports of a DLID after its first packet to it (which goes through the
 // switch), and once it has them sends to them itself, each with a link
-// of its own (fabric.DirectWindow credits each way). The port takes an
+// of its own (each end grants the other a window of its receive buffer:
+// fabric.DirectWindow). The port takes an
 // answer only when it sent nothing to the DLID through the switch since
 // the query, so its packets to a DLID stay in order; it takes packets and
 // flow control from the peers the SM gave it only. A packet waiting for a
@@ -39,6 +40,11 @@ const (
 	// switchBackoff is how long a port sends a DLID through the switch
 	// after the SM answered that it is to.
 	switchBackoff = time.Second
+	// holdMax is how long a send waits for the answer to its DLID's query
+	// instead of going through the switch (which would make the answer
+	// stale); holdBackoff how long after a wait in vain sends do not wait.
+	holdMax     = time.Millisecond
+	holdBackoff = 100 * time.Millisecond
 	// maxDLIDs is the most DLIDs a port keeps direct forwarding state of.
 	maxDLIDs = 4096
 	// markerLen is the length of the port's markers: a token and a
@@ -57,6 +63,7 @@ type peerLink struct {
 	gone atomic.Bool
 
 	link       fabric.Link
+	win        int // the window the port grants the peer
 	stallCount int
 	dropUntil  time.Time
 	lastReq    time.Time
@@ -77,8 +84,9 @@ type dlidState struct {
 	sentSince bool      // a packet went through the switch since
 	inflight  int       // sends through the switch under way
 	route     *directRoute
-	// noDirectUntil: the SM said "through the switch".
-	noDirectUntil time.Time
+	// noDirectUntil: the SM said "through the switch"; noHoldUntil: a
+	// send waited for an answer in vain.
+	noDirectUntil, noHoldUntil time.Time
 }
 
 // directState is the port's direct forwarding state. Guarded by
@@ -91,15 +99,18 @@ type directState struct {
 	byGUID    map[uint64]*peerLink
 	seq       uint32
 	lastQuery time.Time
-	room      int // the most peers (fabric.DirectRoom)
+	routeCh   chan struct{} // closed and renewed when a route comes
+	budget    int // what the peers' windows may take (fabric.DirectBudget)
+	used      int // what they take
 	msg       fabric.Direct
 }
 
 // initDirect sets up the port's direct forwarding for a receive buffer of
 // rcvbuf bytes.
 func (d *Device) initDirect(rcvbuf int) {
-	d.dir.room = fabric.DirectRoom(rcvbuf)
+	d.dir.budget = fabric.DirectBudget(rcvbuf)
 	d.dir.dlids = make(map[uint16]*dlidState)
+	d.dir.routeCh = make(chan struct{})
 	d.dir.byGUID = make(map[uint64]*peerLink)
 	rand.Read(d.markToken[:])
 	d.markCh = make(chan struct{})
@@ -117,6 +128,7 @@ func (d *Device) directConfig(on bool, session []byte, smLID uint16, reset bool)
 		}
 		clear(d.dir.byGUID)
 		clear(d.dir.dlids)
+		d.dir.used = 0
 		d.publishPeersLocked()
 	}
 	d.dir.on, d.dir.session, d.dir.smLID = on, append([]byte(nil), session...), smLID
@@ -143,7 +155,10 @@ func (d *Device) peerAt(from netip.AddrPort) *peerLink {
 }
 
 // routeFor returns dlid's direct route, or nil: the packet goes through
-// the switch and the caller reports it with switchSent.
+// the switch and the caller reports it with switchSent. While the
+// DLID's query waits for its answer a send waits for it (at most
+// holdMax after the query), so that a stream of sends does not make
+// every answer stale.
 func (d *Device) routeFor(dlid uint16) *directRoute {
 	d.dmu.Lock()
 	defer d.dmu.Unlock()
@@ -157,6 +172,35 @@ func (d *Device) routeFor(dlid uint16) *directRoute {
 		}
 		st = &dlidState{}
 		d.dir.dlids[dlid] = st
+	}
+	var t *time.Timer
+	for st.route == nil && st.seq != 0 && !st.sentSince && st.inflight == 0 {
+		now := time.Now()
+		left := st.queriedAt.Add(holdMax).Sub(now)
+		if now.Before(st.noHoldUntil) {
+			break
+		}
+		if left <= 0 {
+			st.noHoldUntil = now.Add(holdBackoff)
+			break
+		}
+		if t == nil {
+			t = time.NewTimer(left)
+			defer t.Stop()
+		} else {
+			t.Reset(left)
+		}
+		ch := d.dir.routeCh
+		d.dmu.Unlock()
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-d.done:
+		}
+		d.dmu.Lock()
+		if st = d.dir.dlids[dlid]; st == nil || !d.dir.on {
+			return nil // forgotten meanwhile (the SM registered the port anew)
+		}
 	}
 	if st.route != nil {
 		return st.route
@@ -224,8 +268,7 @@ func (d *Device) directIn(b []byte) {
 		d.peerIn(m)
 	case fabric.DirectPeerGone:
 		if pl := d.dir.byGUID[m.PeerGUID]; pl != nil {
-			pl.gone.Store(true)
-			delete(d.dir.byGUID, m.PeerGUID)
+			d.dropPeerLocked(pl)
 			d.publishPeersLocked()
 		}
 	default:
@@ -238,6 +281,8 @@ func (d *Device) directIn(b []byte) {
 // for a DLID sent directly already, or one that goes back to the switch.
 // dmu is held.
 func (d *Device) routeIn(m *fabric.Direct) {
+	close(d.dir.routeCh) // sends waiting for an answer look
+	d.dir.routeCh = make(chan struct{})
 	st := d.dir.dlids[m.DLID]
 	if st == nil {
 		return
@@ -284,30 +329,46 @@ func (d *Device) routeIn(m *fabric.Direct) {
 	st.route = r
 }
 
-// peerIn takes a peer message: the port takes the peer when it has room
-// and answers either way. dmu is held.
+// peerIn takes a peer message: the port takes the peer when its buffer
+// has room for a window of it and answers the SM either way. The peer
+// learns the window when it first asks for credit (its first direct send
+// finds none and asks at once): a flow control packet sent now could
+// reach it before its own peer message, from an address it does not
+// know yet. dmu is held.
 func (d *Device) peerIn(m *fabric.Direct) {
 	if len(m.Peers) != 1 || !m.Peers[0].Addr.IsValid() {
 		d.core.Count(softverbs.ControlDrops, 1)
 		return
 	}
 	p := m.Peers[0]
-	ok := true
-	switch pl := d.dir.byGUID[p.GUID]; {
-	case pl != nil && pl.addr == p.Addr:
+	pl := d.dir.byGUID[p.GUID]
+	if pl != nil && pl.addr == p.Addr {
 		// Asked again (an answer was lost): the link stands.
-	case pl == nil && len(d.dir.byGUID) >= d.dir.room:
-		ok = false
-	default:
-		if pl != nil {
-			pl.gone.Store(true)
-		}
-		npl := &peerLink{guid: p.GUID, lid: p.LID, addr: p.Addr, dst: d.sendAddr(p.Addr)}
-		npl.link.Reset(fabric.DirectWindow, fabric.DirectWindow)
-		d.dir.byGUID[p.GUID] = npl
+		d.sendDirect(&fabric.Direct{Type: fabric.DirectPeerOK, PeerGUID: p.GUID, OK: true})
+		return
+	}
+	if pl != nil {
+		d.dropPeerLocked(pl)
+	}
+	w := fabric.DirectWindow(d.dir.budget, d.dir.used)
+	if w > 0 {
+		pl = &peerLink{guid: p.GUID, lid: p.LID, addr: p.Addr, dst: d.sendAddr(p.Addr), win: w}
+		// Both ends count from 0; the peer's credit comes with its
+		// answer to our first request.
+		pl.link = fabric.Link{On: true, Granted: uint16(w)}
+		d.dir.byGUID[p.GUID] = pl
+		d.dir.used += w
 		d.publishPeersLocked()
 	}
-	d.sendDirect(&fabric.Direct{Type: fabric.DirectPeerOK, PeerGUID: p.GUID, OK: ok})
+	d.sendDirect(&fabric.Direct{Type: fabric.DirectPeerOK, PeerGUID: p.GUID, OK: w > 0})
+}
+
+// dropPeerLocked forgets a peer; its window is free again. dmu is held
+// (the caller publishes the peers).
+func (d *Device) dropPeerLocked(pl *peerLink) {
+	pl.gone.Store(true)
+	delete(d.dir.byGUID, pl.guid)
+	d.dir.used -= pl.win
 }
 
 // sendAddr is a as the port's socket sends to it (an IPv6 socket sends
@@ -335,7 +396,7 @@ func (d *Device) peerDatagram(b []byte, pl *peerLink, trunc bool, rx *receiveScr
 		}
 		if f.Op == fabric.FlowOpRequest {
 			var fb [fabric.FlowLen]byte
-			d.conn.WriteToUDPAddrPort(fabric.EncodeFlow(fb[:], pl.link.Answer(fabric.DirectWindow)), pl.dst)
+			d.conn.WriteToUDPAddrPort(fabric.EncodeFlow(fb[:], pl.link.Answer(pl.win)), pl.dst)
 		}
 		d.lmu.Unlock()
 	case fabric.IsControl(b), fabric.IsDirect(b):
@@ -348,9 +409,9 @@ func (d *Device) peerDatagram(b []byte, pl *peerLink, trunc bool, rx *receiveScr
 			d.handlePacket(b, nil, rx)
 		}
 		pl.link.Took(1)
-		if pl.link.Due(fabric.DirectWindow, fabric.DirectWindow/4) {
+		if pl.link.Due(pl.win, pl.win/4) {
 			d.lmu.Lock()
-			if pl.link.Grant(fabric.DirectWindow, fabric.DirectWindow/4) {
+			if pl.link.Grant(pl.win, pl.win/4) {
 				var fb [fabric.FlowLen]byte
 				d.conn.WriteToUDPAddrPort(fabric.EncodeFlow(fb[:], pl.link.Flow(fabric.FlowOpNormal)), pl.dst)
 			}
@@ -370,8 +431,10 @@ func (d *Device) xmitDirect(n int, r *directRoute, send func(i int, to netip.Add
 	if flush != nil {
 		defer flush()
 	}
-	for i := range n {
-		for _, pl := range r.peers {
+	// Peer by peer, each peer's packets in order: a run of packets to one
+	// peer goes as one GSO send.
+	for _, pl := range r.peers {
+		for i := range n {
 			if pl.gone.Load() || !d.peerCredit(pl, r, flush) {
 				continue
 			}
@@ -390,15 +453,18 @@ func (d *Device) xmitDirect(n int, r *directRoute, send func(i int, to netip.Add
 // goes (false: discarded for pl, counted); flush (if any) sends what is
 // staged before it waits. lmu is held; it is let go while waiting.
 func (d *Device) peerCredit(pl *peerLink, r *directRoute, flush func()) bool {
-	now := time.Now()
-	if now.Before(pl.dropUntil) {
-		d.core.Count(softverbs.DirectDiscards, 1)
-		return false
+	if !pl.dropUntil.IsZero() {
+		if time.Now().Before(pl.dropUntil) {
+			d.core.Count(softverbs.DirectDiscards, 1)
+			return false
+		}
+		pl.dropUntil = time.Time{}
 	}
 	if pl.link.Credits() > 0 {
 		pl.stallCount = 0
 		return true
 	}
+	now := time.Now()
 	d.core.Count(softverbs.LinkWaits, 1)
 	if flush != nil {
 		flush() // what has credit goes before the wait

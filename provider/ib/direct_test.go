@@ -12,9 +12,9 @@ import (
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
-	"github.com/softrdma/softrdma/wire"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/wire"
 )
 
 // startSMWith starts an SM of cfg on a free loopback port.
@@ -71,14 +71,14 @@ func (p *port) recvSeq(t *testing.T, grh bool) uint32 {
 	}
 }
 
-// TestDirectForwarding: with direct forwarding (sm.Config.Direct) a
+// TestDirectForwarding: with direct forwarding (softsm's default) a
 // sender's first packets to a DLID go through the switch, then it sends
 // to the destination ports itself (its DirectSends grows by one per
 // destination and packet, the switch forwards nothing more of it), in
 // order and nothing lost; a member's leave reaches the route, and a
 // unicast DLID goes directly too.
 func TestDirectForwarding(t *testing.T) {
-	s := startSMWith(t, sm.Config{SendOnlySupport: true, Direct: true})
+	s := startSMWith(t, sm.Config{SendOnlySupport: true})
 	a, b, sender := openPort(t, s, "127.0.3.1"), openPort(t, s, "127.0.3.2"), openPort(t, s, "127.0.3.3")
 	mgid, _ := verbs.ParseGID("ff12:4001:ffff::d1")
 	_, rec := a.join(t, mgid, mad.JoinFullMember)
@@ -174,7 +174,7 @@ func TestDirectForwarding(t *testing.T) {
 // nobody's peer any more: a socket that binds it then (another process)
 // gets nothing delivered, its packets count as untrusted.
 func TestDirectPeerGone(t *testing.T) {
-	s := startSMWith(t, sm.Config{Direct: true})
+	s := startSMWith(t, sm.Config{})
 	a := openPort(t, s, "127.0.3.11")
 	bd, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr("127.0.3.12")})
 	if err != nil {

@@ -34,10 +34,10 @@ func socketBuffer(c *rawudp.Conn) int {
 
 // switchWindow is the window the port grants the switch for a receive
 // buffer of rcvbuf bytes: what the buffer holds beside the windows of the
-// direct peers it may take (fabric.DirectRoom).
+// direct peers may take (fabric.DirectBudget).
 func switchWindow(rcvbuf int) int {
 	w := fabric.Window(rcvbuf, 1)
-	if room := rcvbuf/fabric.PacketBufferCost - fabric.DirectRoom(rcvbuf)*fabric.DirectWindow; w > room {
+	if room := rcvbuf/fabric.PacketBufferCost - fabric.DirectBudget(rcvbuf); w > room {
 		w = max(room, fabric.MinWindow)
 	}
 	return w

@@ -20,9 +20,9 @@ import (
 // softsm's own SM, SA and switch tables (the default); "opensm", OpenSM in
 // charge of the subnet (ib/sm's ManagerOpenSM, softsm -sm opensm), which
 // needs opensm and ibsim's libumad2sim.so. .ci/run runs the IB tests once
-// more with SOFTRDMA_TEST_SM=opensm, and once with "direct": softsm's own SM
-// with direct forwarding (sm.Config.Direct, softsm -direct), the ports
-// sending to each other without the switch's hop. The tests' helpers that start an SM
+// more with SOFTRDMA_TEST_SM=opensm, and once with "switch": softsm's own SM
+// without direct forwarding (sm.Config.ViaSwitch, softsm -via-switch),
+// every data packet through the switch. The tests' helpers that start an SM
 // consult it (SMConfig, SMArgs), so that the same test code runs on both;
 // a test that asserts what only softsm's SM does skips on OpenSM
 // (SkipOnOpenSM), saying what differs.
@@ -45,7 +45,7 @@ const OpenSMActivate = 60 * time.Second
 func SM(t testing.TB) string {
 	t.Helper()
 	switch v := os.Getenv(SMEnv); v {
-	case "", sm.ManagerSoftsm, Direct:
+	case "", sm.ManagerSoftsm, ViaSwitch:
 		return sm.ManagerSoftsm
 	case sm.ManagerOpenSM:
 		if why := missingOpenSM(); why != "" {
@@ -53,16 +53,18 @@ func SM(t testing.TB) string {
 		}
 		return sm.ManagerOpenSM
 	default:
-		t.Fatalf("%s=%q: want %q, %q or %q", SMEnv, v, sm.ManagerSoftsm, Direct, sm.ManagerOpenSM)
+		t.Fatalf("%s=%q: want %q, %q or %q", SMEnv, v, sm.ManagerSoftsm, ViaSwitch, sm.ManagerOpenSM)
 		return ""
 	}
 }
 
-// Direct is SMEnv's value for softsm's own SM with direct forwarding.
-const Direct = "direct"
+// ViaSwitch is SMEnv's value for softsm's own SM without direct
+// forwarding: every data packet through the switch.
+const ViaSwitch = "switch"
 
-// OnDirect reports whether SMEnv asks for direct forwarding.
-func OnDirect() bool { return os.Getenv(SMEnv) == Direct }
+// OnViaSwitch reports whether SMEnv asks for every packet through the
+// switch.
+func OnViaSwitch() bool { return os.Getenv(SMEnv) == ViaSwitch }
 
 // OnOpenSM reports whether SMEnv puts OpenSM in charge of the tests'
 // subnets (without checking its prerequisites: SM does).
@@ -83,8 +85,8 @@ func missingOpenSM() string {
 	return ""
 }
 
-// SMConfig returns cfg with the manager SMEnv selects (SM), and Direct
-// set when SMEnv asks for direct forwarding: under OpenSM,
+// SMConfig returns cfg with the manager SMEnv selects (SM), and
+// ViaSwitch set when SMEnv asks for it: under OpenSM,
 // Manager is sm.ManagerOpenSM and OpenSM's files go to a directory of the
 // test's under OpenSMDirEnv when it is set. Under OpenSM a cfg with
 // softsm's raw SA port (SAListen) fails the test: the raw port is
@@ -92,7 +94,7 @@ func missingOpenSM() string {
 func SMConfig(t testing.TB, cfg sm.Config) sm.Config {
 	t.Helper()
 	cfg.Manager = SM(t)
-	cfg.Direct = cfg.Direct || OnDirect()
+	cfg.ViaSwitch = cfg.ViaSwitch || OnViaSwitch()
 	if cfg.Manager == sm.ManagerOpenSM {
 		if cfg.SAListen != "" {
 			t.Fatalf("%s=opensm: the raw SA port (SAListen) is softsm's SA; the test must not ask for it on OpenSM", SMEnv)
@@ -106,13 +108,13 @@ func SMConfig(t testing.TB, cfg sm.Config) sm.Config {
 }
 
 // SMArgs returns the softsm flags that select SMEnv's manager (nil for
-// softsm's own SM, "-direct" with direct forwarding; "-sm opensm" under OpenSM, with -opensm-dir under
+// softsm's own SM, "-via-switch" without direct forwarding; "-sm opensm" under OpenSM, with -opensm-dir under
 // OpenSMDirEnv).
 func SMArgs(t testing.TB) []string {
 	t.Helper()
 	if SM(t) != sm.ManagerOpenSM {
-		if OnDirect() {
-			return []string{"-direct"}
+		if OnViaSwitch() {
+			return []string{"-via-switch"}
 		}
 		return nil
 	}

@@ -10,7 +10,8 @@
 //
 //	sender    posts A→B sends in chains of 1 to 8 (every eighth message
 //	          signaled, every third inline from the stack), each carrying
-//	          its sequence number, keeping at most WINDOW unreceived;
+//	          its sequence number, keeping at most WINDOW unreceived and
+//	          the send queue from filling;
 //	receiver  polls B's receive CQ and reposts each buffer (in chains of
 //	          up to 4), checking the sequence numbers come in order;
 //	completer polls A's send CQ, which only the sender's posts fill,
@@ -40,7 +41,7 @@ static struct ibv_cq *scq_a, *rcq_a, *scq_b, *rcq_b;
 static struct ibv_qp *qa, *qb;
 static char *rbuf, *sbuf;
 static struct ibv_mr *rmr, *smr;
-static volatile int received, failed;
+static volatile int received, completed, failed;
 static int fails;
 
 #define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "FAIL " __VA_ARGS__); fprintf(stderr, "\n"); fails++; } } while (0)
@@ -243,6 +244,7 @@ static void *completer(void *arg)
 					(unsigned long)wc[i].wr_id, wc[i].status, (unsigned long)want);
 				failed = 1;
 			}
+			__atomic_store_n(&completed, (int)want + 1, __ATOMIC_RELEASE);
 			want += 8;
 		}
 	}
@@ -262,7 +264,12 @@ static void *sender(void *arg)
 		int n = 1 + (r = r * 1103515245 + 12345) % 8;
 		if (n > N - (int)seq)
 			n = N - seq;
-		if ((int)(seq - __atomic_load_n(&received, __ATOMIC_ACQUIRE)) + n > WINDOW) {
+		// At most WINDOW unreceived, and the send queue never full: its
+		// slots come back with the signaled completions the completer
+		// polls (a completer off the CPU while the other two run on must
+		// not make a post fail with ENOMEM).
+		if ((int)(seq - __atomic_load_n(&received, __ATOMIC_ACQUIRE)) + n > WINDOW ||
+		    (int)(seq - __atomic_load_n(&completed, __ATOMIC_ACQUIRE)) + n > 2 * SLOTS) {
 			if (now_s() > end) {
 				fprintf(stderr, "FAIL sender: no room in 60 s\n");
 				failed = 1;

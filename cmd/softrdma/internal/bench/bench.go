@@ -127,10 +127,9 @@ type Config struct {
 	// The SA's create measurement (IBCreate) is softsm's SA code alone
 	// either way.
 	IBSM string
-	// IBDirect turns on direct forwarding in softsm's subnet (ib/sm's
-	// Config.Direct): the ports send to each other without the switch's
-	// hop.
-	IBDirect bool
+	// IBViaSwitch sends every data packet of softsm's subnet through
+	// the switch (ib/sm's Config.ViaSwitch): no direct forwarding.
+	IBViaSwitch bool
 
 	// LatSizes are the payload sizes of the latency part, LatWaits its
 	// wait modes (WaitBlock, WaitPoll); each case makes LatRounds timed

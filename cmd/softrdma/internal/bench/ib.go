@@ -38,8 +38,8 @@ type subnet struct {
 // sm.ManagerSoftsm) or OpenSM in charge (sm.ManagerOpenSM, Config.IBSM),
 // then waits for OpenSM's SUBNET UP (ports attaching after it are made
 // Active at OpenSM's next light sweep).
-func startSubnet(manager string, direct bool) (*subnet, error) {
-	s, err := sm.New(sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true, Manager: manager, Direct: direct})
+func startSubnet(manager string, viaSwitch bool) (*subnet, error) {
+	s, err := sm.New(sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true, Manager: manager, ViaSwitch: viaSwitch})
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +177,7 @@ func (f *fanout) startIB() error {
 		return fmt.Errorf("start subnet manager: %w", err)
 	}
 	f.ib = &ibSender{sm: p}
-	rep, err := p.call(rxRequest{Op: "sm", Manager: f.cfg.IBSM, Direct: f.cfg.IBDirect})
+	rep, err := p.call(rxRequest{Op: "sm", Manager: f.cfg.IBSM, ViaSwitch: f.cfg.IBViaSwitch})
 	if err != nil {
 		return fmt.Errorf("subnet manager: %w", err)
 	}

@@ -289,7 +289,7 @@ func runLatency(cfg *Config, w *writer, rep *Report) error {
 		return fmt.Errorf("start subnet manager: %w", err)
 	}
 	defer smp.close()
-	smr, err := smp.call(rxRequest{Op: "sm", Manager: cfg.IBSM, Direct: cfg.IBDirect})
+	smr, err := smp.call(rxRequest{Op: "sm", Manager: cfg.IBSM, ViaSwitch: cfg.IBViaSwitch})
 	if err != nil {
 		return err
 	}

@@ -32,13 +32,13 @@ type rxRequest struct {
 	// Manager is who manages the subnet an "sm" starts (ib/sm's
 	// Config.Manager: "" or "softsm", "opensm").
 	Manager string `json:"manager,omitempty"`
-	// Direct turns direct forwarding on in the subnet an "sm" starts
-	// (ib/sm's Config.Direct).
-	Direct bool `json:"direct,omitempty"`
-	Mode    string `json:"mode,omitempty"` // "udp", "rdma" (RoCEv2) or "ib"
-	Group   string `json:"group,omitempty"`
-	Bind    string `json:"bind,omitempty"`
-	Size    int    `json:"size,omitempty"`
+	// ViaSwitch turns direct forwarding off in the subnet an "sm"
+	// starts (ib/sm's Config.ViaSwitch).
+	ViaSwitch bool   `json:"via_switch,omitempty"`
+	Mode      string `json:"mode,omitempty"` // "udp", "rdma" (RoCEv2) or "ib"
+	Group     string `json:"group,omitempty"`
+	Bind      string `json:"bind,omitempty"`
+	Size      int    `json:"size,omitempty"`
 	// Slots is the number of receive WRs an rdma receiver keeps posted.
 	Slots int `json:"slots,omitempty"`
 	// SM is the subnet manager's fabric address of an "ib" receiver: the
@@ -157,7 +157,7 @@ func RunReceiver(in io.Reader, out io.Writer) error {
 		case "sm":
 			if sub == nil {
 				var err error
-				if sub, err = startSubnet(req.Manager, req.Direct); err != nil {
+				if sub, err = startSubnet(req.Manager, req.ViaSwitch); err != nil {
 					rep.Err = err.Error()
 					break
 				}
