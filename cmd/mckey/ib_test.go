@@ -48,16 +48,18 @@ func subnetProc(t *testing.T, extra ...string) (*proc, string) {
 		t.Fatal(softsmErr)
 	}
 	args := []string{"-listen", "127.0.0.1:0"}
-	osm := testsm.SMArgs(t) // SOFTRDMA_TEST_SM=opensm: OpenSM in charge
-	if osm == nil {
+	testsm.SM(t) // its prerequisites
+	osm := testsm.OnOpenSM() // SOFTRDMA_TEST_SM=opensm: OpenSM in charge
+	args = append(args, testsm.SMArgs(t)...)
+	if !osm {
 		args = append(args, "-sa-listen", "127.0.0.1:0")
 	} else {
-		args = append(append(args, osm...), "-v") // -v: its "OpenSM: SUBNET UP" line
+		args = append(args, "-v") // -v: its "OpenSM: SUBNET UP" line
 	}
 	sm := start(t, "softsm", softsmBin, append(args, extra...)...)
 	// waitLine fails the test if softsm does not start.
 	addr := sm.waitLine(regexp.MustCompile(`^softsm: listening fabric (\S+) sa (\S+)`), lineTimeout)[1]
-	if osm != nil {
+	if osm {
 		// softsm stops OpenSM and removes its files on SIGTERM (start's
 		// cleanup, which runs after this one, kills what is left).
 		t.Cleanup(func() {

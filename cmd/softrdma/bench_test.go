@@ -36,6 +36,11 @@ func TestBenchQuick(t *testing.T) {
 		// OpenSM in charge (the others run in the softsm run).
 		args = append(args, "-ib-sm", "opensm", "-parts", "ib,latency", "-lat-links", "ib")
 		kindsWanted = []string{"ib_fanout", "sa", "latency", "target"}
+	} else if testsm.OnViaSwitch() {
+		// SOFTRDMA_TEST_SM=switch: the same parts, every packet through
+		// softsm's switch.
+		args = append(args, "-ib-via-switch", "-parts", "ib,latency", "-lat-links", "ib")
+		kindsWanted = []string{"ib_fanout", "sa", "latency", "target"}
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	var stderr bytes.Buffer

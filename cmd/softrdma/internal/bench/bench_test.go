@@ -46,9 +46,11 @@ func TestQuick(t *testing.T) {
 	cfg.RxEnv = []string{rxEnv}
 	cfg.LatEnv = []string{rxEnv}
 	kindsWanted := []string{"fanout", "icrc", "join", "groups", "qp", "allocs", "ib_fanout", "sa", "latency", "target"}
-	if cfg.IBSM = testsm.SM(t); cfg.IBSM == sm.ManagerOpenSM {
-		// SOFTRDMA_TEST_SM=opensm: the parts that start a subnet manager
-		// (the other parts run in the softsm run and have no SM).
+	cfg.IBViaSwitch = testsm.OnViaSwitch()
+	if cfg.IBSM = testsm.SM(t); cfg.IBSM == sm.ManagerOpenSM || cfg.IBViaSwitch {
+		// SOFTRDMA_TEST_SM=opensm or switch: the parts that start a
+		// subnet manager (the other parts run in the default run and have
+		// no SM).
 		cfg.Parts, cfg.LatLo, cfg.LatVeth, cfg.LatIB = []string{PartIB, PartLatency}, false, false, true
 		kindsWanted = []string{"ib_fanout", "sa", "latency", "target"}
 	}
@@ -65,7 +67,7 @@ func TestQuick(t *testing.T) {
 			t.Errorf("no %q line", k)
 		}
 	}
-	if cfg.IBSM != sm.ManagerOpenSM {
+	if cfg.IBSM != sm.ManagerOpenSM && !cfg.IBViaSwitch {
 		if f := rep.Fanout[0]; f.UDPMsgsPerS <= 0 || f.RDMAMsgsPerS <= 0 {
 			t.Errorf("fan-out delivered nothing: %+v", f)
 		}

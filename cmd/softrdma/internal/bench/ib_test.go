@@ -17,7 +17,7 @@ import (
 // creating groups; its target lines are printed. It asserts no timing.
 func TestSASmoke(t *testing.T) {
 	manager := testsm.SM(t)
-	sub, err := startSubnet(manager, false)
+	sub, err := startSubnet(manager, testsm.OnViaSwitch())
 	if err != nil {
 		t.Fatal(err)
 	}
