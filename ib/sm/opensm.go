@@ -554,6 +554,9 @@ func (s *SM) relayFromFabric(b []byte, p *port) {
 		return
 	}
 	p.c.sa.Add(1)
+	if s.saDrop.Load() {
+		return // SADrop: the SA falls silent, as softsm's own does
+	}
 	req := mad.MAD(ud.Payload[:mad.Len])
 	if isRMPPControl(req) {
 		// The ACK of an answer softsm framed for OpenSM (toPort): the
