@@ -23,8 +23,15 @@ import (
 // addresses 127.0.0.2… (each waits until OpenSM made it Active).
 func startInCharge(t *testing.T, n int) (*sm.SM, []*ib.Device) {
 	t.Helper()
-	cfg := sm.Config{Listen: "127.0.0.1:0", Manager: sm.ManagerOpenSM, Logf: t.Logf,
-		OpenSM: sm.OpenSMConfig{Dir: os.Getenv("SOFTRDMA_TEST_OPENSM_DIR"), Verbose: true}}
+	return startInChargeWith(t, n, sm.OpenSMConfig{})
+}
+
+// startInChargeWith is startInCharge with OpenSM's configuration osm
+// (its Dir and Verbose are the test's).
+func startInChargeWith(t *testing.T, n int, osm sm.OpenSMConfig) (*sm.SM, []*ib.Device) {
+	t.Helper()
+	osm.Dir, osm.Verbose = os.Getenv("SOFTRDMA_TEST_OPENSM_DIR"), true
+	cfg := sm.Config{Listen: "127.0.0.1:0", Manager: sm.ManagerOpenSM, Logf: t.Logf, OpenSM: osm}
 	s, err := sm.New(cfg)
 	if err != nil {
 		t.Fatal(err)
