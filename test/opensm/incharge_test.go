@@ -355,8 +355,8 @@ func TestOpenSMInChargeLateAttach(t *testing.T) {
 // softsm's subnet reaches OpenSM's SA and its RMPP-active answer comes back
 // framed as the kernel's MAD layer frames it (softsm plays that layer for
 // OpenSM under umad2sim): to a requester without the SM_Key OpenSM answers
-// its own records only (PortGID zeroed), here its membership of the IPoIB
-// broadcast group and of a group three ports joined (one segment), with
+// one record a group (PortGID, JoinState and ProxyJoin zeroed), here the
+// IPoIB broadcast group and a group three ports joined (one segment), with
 // the MLIDs of the joins.
 func TestOpenSMGetTable(t *testing.T) {
 	prereqs(t)
