@@ -316,7 +316,7 @@ func TestReliableIB(t *testing.T) {
 	if !testenv.InNetns(t) {
 		return
 	}
-	s, err := sm.New(testsm.SMConfig(t, sm.Config{Listen: "127.0.0.1:0"})) // SOFTRDMA_TEST_SM=opensm: OpenSM in charge
+	s, err := sm.New(testsm.SMConfig(t, sm.Config{Listen: "127.0.0.1:0", Logf: t.Logf})) // SOFTRDMA_TEST_SM=opensm: OpenSM in charge
 	if err != nil {
 		t.Fatal(err)
 	}
