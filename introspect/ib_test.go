@@ -11,13 +11,14 @@ import (
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/rdmacm/saclient"
+	"github.com/softrdma/softrdma/test/testsm"
 	"github.com/softrdma/softrdma/verbs"
 )
 
 // TestIBPort: an emulated InfiniBand port (an in-process SM) appears in
 // the snapshot with its LIDs, GID and counters, and in /metrics.
 func TestIBPort(t *testing.T) {
-	s, err := sm.New(sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true})
+	s, err := sm.New(testsm.SMConfig(t, sm.Config{Listen: "127.0.0.1:0", SendOnlySupport: true})) // SOFTRDMA_TEST_SM=opensm: OpenSM in charge
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,7 +26,12 @@ func TestIBPort(t *testing.T) {
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	p, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr("127.0.0.1")})
+	testsm.WaitSMUp(t, s)
+	cfg := ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr("127.0.0.1")}
+	if testsm.OnOpenSM() {
+		cfg.ActivateTimeout = testsm.OpenSMActivate // Active at OpenSM's next sweep
+	}
+	p, err := ib.Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/provider/rxe"
 	"github.com/softrdma/softrdma/test/testenv"
+	"github.com/softrdma/softrdma/test/testsm"
 )
 
 func TestMain(m *testing.M) {
@@ -315,7 +316,7 @@ func TestReliableIB(t *testing.T) {
 	if !testenv.InNetns(t) {
 		return
 	}
-	s, err := sm.New(sm.Config{Listen: "127.0.0.1:0"})
+	s, err := sm.New(testsm.SMConfig(t, sm.Config{Listen: "127.0.0.1:0", Logf: t.Logf})) // SOFTRDMA_TEST_SM=opensm: OpenSM in charge
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,13 +324,18 @@ func TestReliableIB(t *testing.T) {
 	sdone := make(chan struct{})
 	go func() { s.Run(sctx); close(sdone) }()
 	defer func() { scancel(); <-sdone }()
+	testsm.WaitSMUp(t, s)
+	var activate time.Duration // provider/ib's default
+	if testsm.OnOpenSM() {
+		activate = testsm.OpenSMActivate // Active at OpenSM's next sweep
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var conns []*mcast.Conn
 	group := randomGroup()
 	for i := range 3 {
 		local := netip.AddrFrom4([4]byte{127, 0, 9, byte(40 + i)})
-		port, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: local})
+		port, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: local, ActivateTimeout: activate})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
+	"github.com/softrdma/softrdma/test/testsm"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -85,18 +86,6 @@ func TestIBSADeleteMixedStates(t *testing.T) {
 	port := openPort(t, n, "127.0.0.9", ib.Config{})
 	_, full := ibID(t, "127.0.0.9", PS_UDP)
 	_, so := ibID(t, "127.0.0.9", PS_UDP)
-	state := func(mgid string) (uint8, bool) {
-		for _, grp := range n.sm.Groups() {
-			if grp.Rec.MGID.String() == mgid {
-				for _, m := range grp.Members {
-					if m.PortGID == port.PortGID() {
-						return m.JoinState, true
-					}
-				}
-			}
-		}
-		return 0, false
-	}
 	const fullBit, sendOnlyBit = 0x1, 0x8
 	for _, c := range []struct {
 		mgid         string
@@ -106,17 +95,22 @@ func TestIBSADeleteMixedStates(t *testing.T) {
 		{"ff12:4001:ffff::609:101", full, so, sendOnlyBit},
 		{"ff12:4001:ffff::609:102", so, full, fullBit},
 	} {
-		g := ibGroup(t, c.mgid)
-		joinWith(t, full, g, MCJoinFlagFullMember, "full")
-		joinWith(t, so, g, MCJoinFlagSendOnlyFullMember, "so")
-		eventually(t, "JoinState 0x9 at the SA", func() bool { s, ok := state(c.mgid); return ok && s == fullBit|sendOnlyBit })
-		if err := c.first.LeaveMulticast(g); err != nil {
-			t.Fatal(err)
-		}
-		eventually(t, "only the state no local id needs removed", func() bool { s, ok := state(c.mgid); return ok && s == c.left })
-		if err := c.other.LeaveMulticast(g); err != nil {
-			t.Fatal(err)
-		}
-		eventually(t, "the port's membership removed after the last leave", func() bool { _, ok := state(c.mgid); return !ok })
+		t.Run(c.mgid, func(t *testing.T) {
+			if c.left == sendOnlyBit {
+				testsm.SkipOnOpenSM(t, "a FullMember Delete by a group's only full member port also ends its SendOnlyFullMember bit on OpenSM 3.3.23 (osm_mgrp_remove_port): the port's membership and the group go, and the send-only id's later leave is refused (EINVAL); softsm keeps the 0x8 bit")
+			}
+			g := ibGroup(t, c.mgid)
+			joinWith(t, full, g, MCJoinFlagFullMember, "full")
+			joinWith(t, so, g, MCJoinFlagSendOnlyFullMember, "so")
+			eventually(t, "JoinState 0x9 at the SA", func() bool { s, ok := n.joinState(t, port, c.mgid); return ok && s == fullBit|sendOnlyBit })
+			if err := c.first.LeaveMulticast(g); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "only the state no local id needs removed", func() bool { s, ok := n.joinState(t, port, c.mgid); return ok && s == c.left })
+			if err := c.other.LeaveMulticast(g); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the port's membership removed after the last leave", func() bool { _, ok := n.joinState(t, port, c.mgid); return !ok })
+		})
 	}
 }

@@ -3,15 +3,19 @@ package rdmacm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/rdmacm/saclient"
+	"github.com/softrdma/softrdma/test/testsm"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -27,7 +31,7 @@ func startSM(t *testing.T, cfg sm.Config) *subnet {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}
-	s, err := sm.New(cfg)
+	s, err := sm.New(testsm.SMConfig(t, cfg)) // SOFTRDMA_TEST_SM=opensm: OpenSM in charge
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,6 +39,7 @@ func startSM(t *testing.T, cfg sm.Config) *subnet {
 	n := &subnet{sm: s, cancel: cancel, done: make(chan struct{})}
 	go func() { s.Run(ctx); close(n.done) }()
 	t.Cleanup(n.stop)
+	testsm.WaitSMUp(t, s)
 	return n
 }
 
@@ -48,12 +53,87 @@ func openPort(t *testing.T, n *subnet, local string, cfg ib.Config) *ib.Device {
 	t.Helper()
 	cfg.SM = n.sm.FabricAddr().String()
 	cfg.Local = netip.MustParseAddr(local)
+	if cfg.ActivateTimeout == 0 && testsm.OnOpenSM() {
+		cfg.ActivateTimeout = testsm.OpenSMActivate // Active at OpenSM's next sweep
+	}
 	d, err := ib.Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
 	return d
+}
+
+// joinState returns the port's JoinState in the group mgid as the SA
+// has it, and whether the port is a member: softsm's SA table, or with
+// OpenSM in charge OpenSM's answers to the port's GetTable(MCMemberRecord)
+// of that MGID and its own PortGID (a GetTable with the MGID is not a
+// broad query, which softsm would throttle). OpenSM zeroes PortGID and
+// JoinState in what it answers a requester without the SM_Key (IBA p923,
+// mcmr_query_mgrp) but matches a comp-masked JoinState exactly
+// (mcmr_by_comp_mask): the state is the one such a query finds.
+func (n *subnet) joinState(t *testing.T, port *ib.Device, mgid string) (uint8, bool) {
+	t.Helper()
+	g, err := verbs.ParseGID(mgid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.sm.Model() == nil {
+		for _, grp := range n.sm.Groups() {
+			if grp.Rec.MGID == g {
+				for _, m := range grp.Members {
+					if m.PortGID == port.PortGID() {
+						return m.JoinState, true
+					}
+				}
+			}
+		}
+		return 0, false
+	}
+	agent, ok := saclient.For(port.Verbs())
+	if !ok {
+		t.Fatalf("no SA client for port %s", port.Name())
+	}
+	ask := func(state uint8, mask uint64) bool {
+		recs, err := agent.GetTable(saclient.GroupRecord{MGID: g, PortGID: port.PortGID(), JoinState: state}, mad.CompMGID|mad.CompPortGID|mask)
+		if err != nil {
+			t.Fatalf("GetTable(MCMemberRecord %v) through OpenSM: %v", g, err)
+		}
+		return len(recs) > 0
+	}
+	if !ask(0, 0) {
+		return 0, false
+	}
+	for _, state := range []uint8{0x1, 0x8, 0x9, 0x2, 0x3, 0x4, 0x5, 0x6, 0x7, 0xA, 0xB, 0xC, 0xD, 0xE, 0xF} {
+		if ask(state, mad.CompJoinState) {
+			return state, true
+		}
+	}
+	t.Fatalf("OpenSM has port %s in %v with no JoinState", port.Name(), g)
+	return 0, false
+}
+
+// forwarded waits, with OpenSM in charge, until OpenSM's multicast
+// forwarding table leads mlid to the switch port of every port in to.
+// OpenSM answers a join before it programs the switch (it routes the
+// group afterwards, as on a real fabric), so a datagram sent at once can
+// find no port for it; softsm's own SM sets its table before it answers.
+func (n *subnet) forwarded(t *testing.T, mlid uint16, to ...*ib.Device) {
+	t.Helper()
+	f := n.sm.Model()
+	if f == nil {
+		return
+	}
+	eventually(t, fmt.Sprintf("OpenSM's MFT leads MLID %#x to the members", mlid), func() bool {
+		mft := f.MFT(mlid)
+		for _, d := range to {
+			v, ok := f.Port(d.GUID())
+			if !ok || !slices.Contains(mft, v.SwitchPort) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func ibID(t *testing.T, local string, ps PortSpace) (*EventChannel, *ID) {
@@ -83,8 +163,8 @@ func nextEvent(t *testing.T, ch *EventChannel) *Event {
 
 func TestIBJoinAndTraffic(t *testing.T) {
 	n := startSM(t, sm.Config{SendOnlySupport: true})
-	openPort(t, n, "127.0.0.2", ib.Config{})
-	openPort(t, n, "127.0.0.3", ib.Config{})
+	rxPort := openPort(t, n, "127.0.0.2", ib.Config{})
+	txPort := openPort(t, n, "127.0.0.3", ib.Config{})
 	g := UDPAddr(netip.MustParseAddr("230.1.2.3"))
 
 	rch, rx := ibID(t, "127.0.0.2", PS_UDP)
@@ -122,6 +202,7 @@ func TestIBJoinAndTraffic(t *testing.T) {
 	}
 	defer ah.Destroy()
 	ev.Ack()
+	n.forwarded(t, mlid, rxPort)
 	copy(tmr.Buf(), "over InfiniBand")
 	if err := tx.PostUDSend(1, tmr, 0, 15, verbs.SendSignaled, ah, MulticastQPN); err != nil {
 		t.Fatal(err)
@@ -153,6 +234,11 @@ func TestIBJoinAndTraffic(t *testing.T) {
 	}
 	// The last full member left: the SA deletes the group.
 	eventually(t, "the group is deleted after the last leave", func() bool {
+		if n.sm.Model() != nil { // OpenSM in charge: neither port is a member
+			_, rxIn := n.joinState(t, rxPort, p.AHAttr.GRH.DGID.String())
+			_, txIn := n.joinState(t, txPort, p.AHAttr.GRH.DGID.String())
+			return !rxIn && !txIn
+		}
 		for _, grp := range n.sm.Groups() {
 			if grp.Rec.MGID == p.AHAttr.GRH.DGID {
 				return false
@@ -175,6 +261,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 // TestIBSendOnlyWithoutSMSupport: EOPNOTSUPP at join time.
 func TestIBSendOnlyWithoutSMSupport(t *testing.T) {
+	testsm.SkipOnOpenSM(t, "SendOnlySupport: false turns off softsm's own SA's send-only full member support; OpenSM 3.3.23's SA always has it (its ClassPortInfo sets IsSendOnlyFullMemberSupported and the join succeeds)")
 	n := startSM(t, sm.Config{SendOnlySupport: false})
 	openPort(t, n, "127.0.0.4", ib.Config{})
 	ch, id := ibID(t, "127.0.0.4", PS_UDP)
@@ -227,6 +314,12 @@ func TestIBRejectAndSharedMembership(t *testing.T) {
 	}
 	mgid := port.PortGID()
 	members := func() (int, bool) {
+		if n.sm.Model() != nil { // OpenSM in charge: the port's own record
+			if _, ok := n.joinState(t, port, "ff12:4001:ffff::607:707"); ok {
+				return 1, true
+			}
+			return 0, false
+		}
 		for _, grp := range n.sm.Groups() {
 			if grp.Rec.MGID.String() == "ff12:4001:ffff::607:707" {
 				k := 0

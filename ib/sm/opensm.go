@@ -73,8 +73,9 @@ const (
 	DefaultUmad2simPath = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so"
 )
 
-// relayQueue is the most SA MADs waiting to be relayed to OpenSM.
-const relayQueue = 1024
+// OpenSMRelayQueue is how many SA MADs of ports may wait to be handed to
+// OpenSM (OpenSM in charge); one more is dropped (Stats.OpenSMRelayDrops).
+const OpenSMRelayQueue = 1024
 
 // OpenSMConfig configures ManagerOpenSM.
 type OpenSMConfig struct {
@@ -99,19 +100,21 @@ type OpenSMConfig struct {
 
 // extSM is the SM's side of OpenSM in charge.
 type extSM struct {
-	cfg      OpenSMConfig
-	fab      *sma.Fabric
-	srv      *sma.Server
-	dir      string
-	rmDir    bool
-	relay    chan relayJob
-	drops    uint64 // relay queue full (under SM.mu)
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	started  atomic.Bool   // OpenSM was started (then exited closes when it ends)
-	up       chan struct{} // closed when OpenSM logs SUBNET UP
-	upOnce   sync.Once
-	logRelay limitedLog
+	cfg   OpenSMConfig
+	fab   *sma.Fabric
+	srv   *sma.Server
+	dir   string
+	rmDir bool
+	relay chan relayJob
+	// relayDrops counts the ports' SA MADs dropped because OpenSMRelayQueue of
+	// them waited for OpenSM already (Stats.OpenSMRelayDrops).
+	relayDrops atomic.Uint64
+	cmd        *exec.Cmd
+	exited     chan struct{}
+	started    atomic.Bool   // OpenSM was started (then exited closes when it ends)
+	up         chan struct{} // closed when OpenSM logs SUBNET UP
+	upOnce     sync.Once
+	logRelay   limitedLog
 	// Packets for which OpenSM's tables name no port (softsm -v).
 	logNoRoute limitedLog
 }
@@ -174,7 +177,7 @@ func (s *SM) newExt(cfg OpenSMConfig) (*extSM, error) {
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = 1
 	}
-	x := &extSM{cfg: cfg, relay: make(chan relayJob, relayQueue), exited: make(chan struct{}), up: make(chan struct{})}
+	x := &extSM{cfg: cfg, relay: make(chan relayJob, OpenSMRelayQueue), exited: make(chan struct{}), up: make(chan struct{})}
 	x.fab = sma.New(sma.Config{Ports: s, Logf: s.cfg.Logf})
 	srv, err := sma.Listen(x.fab, sma.ServerConfig{Base: cfg.Socket, Logf: s.cfg.Logf, ToPort: s.toPort})
 	if err != nil {
@@ -551,6 +554,9 @@ func (s *SM) relayFromFabric(b []byte, p *port) {
 		return
 	}
 	p.c.sa.Add(1)
+	if s.saDrop.Load() {
+		return // SADrop: the SA falls silent, as softsm's own does
+	}
 	req := mad.MAD(ud.Payload[:mad.Len])
 	if isRMPPControl(req) {
 		// The ACK of an answer softsm framed for OpenSM (toPort): the
@@ -578,8 +584,8 @@ func (s *SM) relayFromFabric(b []byte, p *port) {
 	select {
 	case s.ext.relay <- relayJob{guid: p.guid, r: r}:
 	default:
-		s.ext.drops++
-		s.limitedf(&s.ext.logRelay, time.Now(), "SA MAD from %#x: dropped, %d wait for OpenSM already", p.guid, relayQueue)
+		s.ext.relayDrops.Add(1)
+		s.limitedf(&s.ext.logRelay, time.Now(), "SA MAD from %#x: dropped, %d wait for OpenSM already", p.guid, OpenSMRelayQueue)
 	}
 }
 

@@ -329,7 +329,8 @@ type Config struct {
 	// Manager is who manages the subnet: ManagerSoftsm ("" too: this
 	// SM assigns the LIDs, its SA answers, the switch forwards by its
 	// tables) or ManagerOpenSM (OpenSM does all three: see opensm.go;
-	// SAListen must be empty, and SADelay and SADrop do nothing).
+	// SAListen must be empty, and SADelay does nothing; SADrop keeps
+	// the ports' SA MADs from OpenSM, so that its SA falls silent).
 	Manager string
 	// OpenSM configures ManagerOpenSM.
 	OpenSM OpenSMConfig
@@ -687,7 +688,8 @@ func listenUDP(addr string) (*net.UDPConn, error) {
 
 // SetSADrop makes the SA stop (true) or resume (false) answering SA MADs
 // while the SM runs: Config.SADrop (softsm -sa-drop) at run time, for
-// trying how a program copes when its SA falls silent mid-run.
+// trying how a program copes when its SA falls silent mid-run. With
+// OpenSM in charge the ports' SA MADs are not relayed to OpenSM meanwhile.
 func (s *SM) SetSADrop(drop bool) { s.saDrop.Store(drop) }
 
 // FabricAddr returns the bound fabric address.

@@ -108,6 +108,12 @@ type Stats struct {
 	// drop count, asked when Stats is called): packets, credits and
 	// control messages lost on the way into the switch.
 	SocketDrops uint64
+	// OpenSMRelayDrops counts SA MADs of ports dropped on their way to
+	// OpenSM because OpenSMRelayQueue of them waited to be handed to it already
+	// (OpenSM in charge only: an OpenSM that reads nothing, stopped or
+	// busy, holds the queue up; logged with -v). The port's SA client
+	// sends again after its timeout. Always 0 with softsm's own SM.
+	OpenSMRelayDrops uint64
 }
 
 type portCounters struct {
@@ -138,6 +144,9 @@ func (s *SM) Stats() Stats {
 		RMPPTransfers: s.rmppXfers.Load(), RMPPRetransmits: s.rmppRetrans.Load(), RMPPTimeouts: s.rmppTimeouts.Load(), RMPPAborts: s.rmppAborts.Load(),
 		SAThrottled: s.saThrottled.Load(), TableTooLarge: s.tableTooLarge.Load(), TableBusy: s.tableBusy.Load(),
 		SocketBuffer: s.rcvbuf, SendErrors: s.sendErrors.Load(), SocketDrops: uint64(s.socketDrops())}
+	if s.ext != nil {
+		st.OpenSMRelayDrops = s.ext.relayDrops.Load()
+	}
 	for _, p := range s.sortedPorts() {
 		st.Ports = append(st.Ports, PortStats{
 			GUID: p.guid, LID: p.lid, NodeDesc: p.desc, Attached: p.attached(), Addr: p.addr, PreRegistered: p.pre,

@@ -10,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/test/testenv"
+	"github.com/softrdma/softrdma/verbs"
 )
 
 const exitChildEnv = "IBTEST_EXIT_CHILD" // not SOFTRDMA_: TestMains clear those
@@ -50,8 +53,9 @@ func TestExitLeavesNothing(t *testing.T) {
 	}
 	var guid uint64
 	var mlid uint16
+	var mgidStr string
 	for _, l := range lines {
-		fmt.Sscanf(l, "joined guid %x mlid %x", &guid, &mlid)
+		fmt.Sscanf(l, "joined guid %x mlid %x mgid %s", &guid, &mlid, &mgidStr)
 	}
 	if guid == 0 || mlid < 0xc001 {
 		t.Fatalf("the child did not join: %q", lines)
@@ -64,6 +68,25 @@ func TestExitLeavesNothing(t *testing.T) {
 	}
 	if !attached {
 		t.Fatalf("the SM no longer has the child's port %#x attached: the check would prove nothing", guid)
+	}
+	if s.Model() != nil {
+		// OpenSM in charge: the exited process was the group's only
+		// member, so OpenSM's SA still has the group if its membership
+		// stayed; a GetTable of the MGID from a port of this process
+		// (sharing the P_Key) finds it then.
+		mgid, err := verbs.ParseGID(mgidStr)
+		if err != nil {
+			t.Fatalf("the child's MGID %q: %v", mgidStr, err)
+		}
+		p := openPort(t, s, "127.0.3.21")
+		recs, err := saAgent(t, p.dev).GetTable(saclient.GroupRecord{MGID: mgid}, mad.CompMGID)
+		if err != nil {
+			t.Fatalf("GetTable of %v through OpenSM: %v", mgid, err)
+		}
+		if len(recs) != 0 {
+			t.Fatalf("OpenSM's SA still has the group %v the exited process joined alone (MLID %#x)", mgid, recs[0].MLID)
+		}
+		return
 	}
 	for _, g := range s.Groups() {
 		for _, m := range g.Members {
@@ -100,13 +123,13 @@ func exitChild() {
 	if ev.Event != rdmacm.EventMulticastJoin {
 		fail(fmt.Errorf("event %v status %d", ev.Event, ev.Status))
 	}
-	mlid := ev.Param.AHAttr.DLID
+	mlid, mgid := ev.Param.AHAttr.DLID, ev.Param.AHAttr.GRH.DGID
 	ev.Ack()
 	port := ib.ForAddr(netip.MustParseAddr("127.0.3.20"))
 	if port == nil {
 		fail(fmt.Errorf("no IB port for 127.0.3.20"))
 	}
-	fmt.Printf("joined guid %x mlid %x\n", port.GUID(), mlid)
+	fmt.Printf("joined guid %x mlid %x mgid %v\n", port.GUID(), mlid, mgid)
 	if err := id.Destroy(); err != nil {
 		fail(err)
 	}

@@ -31,3 +31,32 @@ func (e *Agent) QueryPath(req mad.PathRecord, mask uint64) (mad.PathRecord, erro
 	}
 	return append(mad.PathRecord(nil), a.PathRecord()...), nil
 }
+
+// Query sends one SA request of method Get, Set or Delete for the
+// attribute attr, with the component mask and record (copied into the SA
+// data; at most mad.Len-mad.SAHeaderEnd bytes), and returns a copy of the
+// SA's answer MAD (256 bytes) whatever its MAD status, which the caller
+// reads: a ClassPortInfo Get, an InformInfo Set (a subscription to the
+// SA's Reports, which arrive on the port's QP1 as Report MADs the agent
+// does not take), or any record the agent has no method for. It waits as
+// QueryPath does: ETIMEDOUT after the retries, ENODEV once the agent is
+// closed; another method (GetTable: see GetTable) is refused with EINVAL.
+func (e *Agent) Query(method uint8, attr uint16, mask uint64, record []byte) (mad.MAD, error) {
+	switch method {
+	case mad.MethodGet, mad.MethodSet, mad.MethodDelete:
+	default:
+		return nil, fmt.Errorf("mcast: SA Query of method %#x: %w", method, syscall.EINVAL)
+	}
+	if len(record) > mad.Len-mad.SAHeaderEnd {
+		return nil, fmt.Errorf("mcast: SA Query record of %d bytes: %w", len(record), syscall.EINVAL)
+	}
+	c := e.sa
+	tid := c.newTID()
+	m := mad.NewSARequest(method, attr, tid, mask)
+	copy(m.SAData(), record)
+	resp, err := c.roundTrip(tid, attr, m)
+	if err != nil {
+		return nil, err
+	}
+	return mad.MAD(resp.m), nil
+}

@@ -38,3 +38,24 @@ func TestQueryPath(t *testing.T) {
 		t.Errorf("silent SA: %v, want ETIMEDOUT", err)
 	}
 }
+
+// TestQuery sends a ClassPortInfo Get through Query and gets the SA's
+// answer whole; a GetTable is refused before anything is sent, and a
+// Get the SA does not answer (attribute 0x0039) times out.
+func TestQuery(t *testing.T) {
+	p := newFakePort(t, Config{Timeout: 50 * time.Millisecond, Retries: 1})
+	a, err := p.e.Query(mad.MethodGet, mad.AttrClassPortInfo, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Method() != mad.MethodGetResp || a.AttrID() != mad.AttrClassPortInfo || a.Status() != mad.StatusOK ||
+		a.ClassPortInfo().ClassVersion() != 2 || a.ClassPortInfo().CapabilityMask()&mad.CapMaskUDMulticast == 0 {
+		t.Errorf("ClassPortInfo answer: method %#x attr %#x status %#x, CPI % x", a.Method(), a.AttrID(), a.Status(), []byte(a.ClassPortInfo()))
+	}
+	if _, err := p.e.Query(mad.MethodGetTable, mad.AttrMCMemberRecord, 0, nil); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("GetTable through Query: %v, want EINVAL", err)
+	}
+	if _, err := p.e.Query(mad.MethodGet, 0x0039, 0, nil); !errors.Is(err, syscall.ETIMEDOUT) {
+		t.Errorf("unanswered attribute: %v, want ETIMEDOUT", err)
+	}
+}

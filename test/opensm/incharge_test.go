@@ -23,8 +23,15 @@ import (
 // addresses 127.0.0.2… (each waits until OpenSM made it Active).
 func startInCharge(t *testing.T, n int) (*sm.SM, []*ib.Device) {
 	t.Helper()
-	cfg := sm.Config{Listen: "127.0.0.1:0", Manager: sm.ManagerOpenSM, Logf: t.Logf,
-		OpenSM: sm.OpenSMConfig{Dir: os.Getenv("SOFTRDMA_TEST_OPENSM_DIR"), Verbose: true}}
+	return startInChargeWith(t, n, sm.OpenSMConfig{})
+}
+
+// startInChargeWith is startInCharge with OpenSM's configuration osm
+// (its Dir and Verbose are the test's).
+func startInChargeWith(t *testing.T, n int, osm sm.OpenSMConfig) (*sm.SM, []*ib.Device) {
+	t.Helper()
+	osm.Dir, osm.Verbose = os.Getenv("SOFTRDMA_TEST_OPENSM_DIR"), true
+	cfg := sm.Config{Listen: "127.0.0.1:0", Manager: sm.ManagerOpenSM, Logf: t.Logf, OpenSM: osm}
 	s, err := sm.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -348,8 +355,8 @@ func TestOpenSMInChargeLateAttach(t *testing.T) {
 // softsm's subnet reaches OpenSM's SA and its RMPP-active answer comes back
 // framed as the kernel's MAD layer frames it (softsm plays that layer for
 // OpenSM under umad2sim): to a requester without the SM_Key OpenSM answers
-// its own records only (PortGID zeroed), here its membership of the IPoIB
-// broadcast group and of a group three ports joined (one segment), with
+// one record a group (PortGID, JoinState and ProxyJoin zeroed), here the
+// IPoIB broadcast group and a group three ports joined (one segment), with
 // the MLIDs of the joins.
 func TestOpenSMGetTable(t *testing.T) {
 	prereqs(t)
