@@ -3,8 +3,11 @@ package ib_test
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -255,5 +258,126 @@ func TestDirectPeerGone(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(time.Millisecond) // pace: the SM's peer_gone is on its way
+	}
+}
+
+// TestDirectStreamInOrder: a sender that streams to a group as fast as
+// its receiver takes it goes from the switch to direct forwarding while
+// it streams, and the receiver gets every datagram once, in order: what
+// went through the switch before the route came is not overtaken by what
+// then went directly.
+func TestDirectStreamInOrder(t *testing.T) {
+	s := startSMWith(t, sm.Config{SendOnlySupport: true})
+	const n, window, slots = 20000, 256, 512
+	rx, sender := openPort(t, s, "127.0.3.21"), openPort(t, s, "127.0.3.22")
+	// The receiver's own QP with room for a window of datagrams.
+	ctx, _ := rx.dev.Verbs().Open()
+	defer ctx.Close()
+	pd, _ := ctx.AllocPD()
+	defer pd.Dealloc()
+	cq, _ := ctx.CreateCQ(2 * slots)
+	defer cq.Destroy()
+	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTypeUD, Cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: slots}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qp.Destroy()
+	for _, st := range []struct {
+		a verbs.QPAttr
+		m verbs.QPAttrMask
+	}{
+		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 0x01234567}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
+		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
+		{verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState | verbs.QPAttrSQPSN},
+	} {
+		if err := qp.Modify(&st.a, st.m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const sz = 40 + 64
+	mr, _ := pd.RegMR(make([]byte, slots*sz), verbs.AccessLocalWrite)
+	defer mr.Dereg()
+	for i := range slots {
+		if err := qp.PostRecv(&verbs.RecvWR{WRID: uint64(i), SGList: []verbs.SGE{mr.SGE(i*sz, sz)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mgid, _ := verbs.ParseGID("ff12:4001:ffff::d2")
+	_, rec := rx.join(t, mgid, mad.JoinFullMember)
+	sender.join(t, mgid, mad.JoinSendOnlyFullMember)
+	if err := qp.AttachMcast(mgid, rec.MLID); err != nil {
+		t.Fatal(err)
+	}
+	ah, err := sender.pd.CreateAH(&verbs.AHAttr{IsGlobal: true, PortNum: 1, DLID: rec.MLID, GRH: verbs.GlobalRoute{DGID: mgid, HopLimit: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ah.Destroy()
+	var received atomic.Uint32
+	errc := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		var wc [64]verbs.WC
+		for want := uint32(1); want <= n; {
+			k, err := cq.Poll(wc[:])
+			if err != nil {
+				errc <- err
+				return
+			}
+			if k == 0 {
+				if err := cq.Wait(wctx); err != nil {
+					errc <- fmt.Errorf("waiting for datagram %d: %w", want, err)
+					return
+				}
+				continue
+			}
+			for _, c := range wc[:k] {
+				i := int(c.WRID)
+				if got := binary.BigEndian.Uint32(mr.Buf()[i*sz+40:]); c.Status != verbs.WCSuccess || got != want {
+					errc <- fmt.Errorf("datagram %d: got %d (status %v)", want, got, c.Status)
+					return
+				}
+				want++
+				received.Store(want - 1)
+				if err := qp.PostRecv(&verbs.RecvWR{WRID: c.WRID, SGList: []verbs.SGE{mr.SGE(i*sz, sz)}}); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}
+		errc <- nil
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for seq := uint32(1); seq <= n; seq++ {
+		for seq-received.Load() > window {
+			if time.Now().After(deadline) {
+				t.Fatalf("the receiver is stuck at %d", received.Load())
+			}
+			select {
+			case err := <-errc:
+				t.Fatal(err)
+			default:
+			}
+			runtime.Gosched()
+		}
+		sender.sendSeq(t, ah, verbs.MulticastQPN, seq)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	c := sender.dev.Counters()
+	var fwd uint64
+	for _, ps := range s.Stats().Ports {
+		if ps.GUID == sender.dev.GUID() {
+			fwd = ps.Forwarded
+		}
+	}
+	t.Logf("%d datagrams in order: %d through the switch, %d directly, %d direct discards", n, fwd, c.Get(softverbs.DirectSends), c.Get(softverbs.DirectDiscards))
+	if fwd == 0 || c.Get(softverbs.DirectSends) == 0 || fwd+c.Get(softverbs.DirectSends) != n {
+		t.Errorf("switch %d + direct %d, want both and %d in all", fwd, c.Get(softverbs.DirectSends), n)
+	}
+	if d := rx.dev.Counters().Get(softverbs.NoRecvWRDrops); d != 0 {
+		t.Errorf("%d datagrams found no receive WR", d)
 	}
 }
