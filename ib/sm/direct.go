@@ -90,7 +90,7 @@ func (s *SM) directIn(b []byte, from netip.AddrPort, now time.Time) {
 	}
 	var m fabric.Direct
 	if err := fabric.DecodeDirect(b, &m); err != nil || !p.dir.budget.allow(now, directBurst, directRate) {
-		p.c.drops.Add(1)
+		s.dDrops.Add(1)
 		return
 	}
 	switch m.Type {
@@ -99,7 +99,7 @@ func (s *SM) directIn(b []byte, from netip.AddrPort, now time.Time) {
 	case fabric.DirectPeerOK:
 		s.peerAnswer(p, m.PeerGUID, m.OK, now)
 	default:
-		p.c.drops.Add(1)
+		s.dDrops.Add(1)
 	}
 }
 
@@ -122,6 +122,7 @@ func (s *SM) routeQuery(p *port, seq uint32, dlid uint16, now time.Time) {
 	if !s.direct() || dlid == 0 || s.toSM(dlid) || dlid == wire.PermissiveLID ||
 		(p.dir.routes[dlid] == nil && len(p.dir.routes) >= maxRoutesPerPort) {
 		// Through the switch: at once, nothing to keep in order.
+		s.dRoutes.Add(1)
 		s.sendDirect(p, &fabric.Direct{Type: fabric.DirectRoute, Seq: seq, DLID: dlid})
 		return
 	}
@@ -248,6 +249,7 @@ func (s *SM) peerAnswer(p *port, guid uint64, ok bool, now time.Time) {
 		return
 	}
 	if !ok {
+		s.dRefused.Add(1)
 		pr.refused, pr.at = true, now
 		s.unpair(p, q)
 		s.dpairs[k] = pr // refused: kept for pairRefused
@@ -260,6 +262,7 @@ func (s *SM) peerAnswer(p *port, guid uint64, ok bool, now time.Time) {
 		if !pr.done() {
 			return
 		}
+		s.dPairs.Add(1)
 	}
 	for _, x := range []*port{p, q} {
 		for dlid, r := range x.dir.routes {
@@ -355,6 +358,7 @@ func (s *SM) routeMessages(out []routeMsg) []routeMsg {
 			}
 			r.sent, r.told, r.want = r.next, true, false
 			out = append(out, routeMsg{to: p.addr, b: fabric.AppendDirect(nil, &m)})
+			s.dRoutes.Add(1)
 		}
 	}
 	clear(s.dready)

@@ -474,6 +474,7 @@ type SM struct {
 	ctlWake  chan struct{}
 
 	unknownSrc, rawReqs, rawDrops             atomic.Uint64
+	dRoutes, dPairs, dRefused, dDrops         atomic.Uint64
 	refusedAttach, foreignDetach, noLIDAttach atomic.Uint64
 	sourceLimit, throttled, ctlDrops          atomic.Uint64
 	retries, badCookies, unpadded, oldVersion atomic.Uint64

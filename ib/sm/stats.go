@@ -114,6 +114,13 @@ type Stats struct {
 	// busy, holds the queue up; logged with -v). The port's SA client
 	// sends again after its timeout. Always 0 with softsm's own SM.
 	OpenSMRelayDrops uint64
+	// Direct forwarding (direct.go): DirectRoutes counts route messages
+	// sent to ports (answers and updates); DirectPairs pairings both
+	// ports took; DirectRefusedPairs pairings a port had no room for
+	// (their routes stay with the switch); DirectDrops direct forwarding
+	// messages of ports dropped: malformed, of a type a port does not
+	// send, or beyond the port's budget (directBurst, directRate).
+	DirectRoutes, DirectPairs, DirectRefusedPairs, DirectDrops uint64
 }
 
 type portCounters struct {
@@ -143,7 +150,8 @@ func (s *SM) Stats() Stats {
 		GroupQuotaRefusals: q.Groups, MembershipQuotaRefusals: q.Memberships,
 		RMPPTransfers: s.rmppXfers.Load(), RMPPRetransmits: s.rmppRetrans.Load(), RMPPTimeouts: s.rmppTimeouts.Load(), RMPPAborts: s.rmppAborts.Load(),
 		SAThrottled: s.saThrottled.Load(), TableTooLarge: s.tableTooLarge.Load(), TableBusy: s.tableBusy.Load(),
-		SocketBuffer: s.rcvbuf, SendErrors: s.sendErrors.Load(), SocketDrops: uint64(s.socketDrops())}
+		SocketBuffer: s.rcvbuf, SendErrors: s.sendErrors.Load(), SocketDrops: uint64(s.socketDrops()),
+		DirectRoutes: s.dRoutes.Load(), DirectPairs: s.dPairs.Load(), DirectRefusedPairs: s.dRefused.Load(), DirectDrops: s.dDrops.Load()}
 	if s.ext != nil {
 		st.OpenSMRelayDrops = s.ext.relayDrops.Load()
 	}
