@@ -41,8 +41,10 @@ const (
 type directPort struct {
 	// routes are the DLIDs the port asked routes of.
 	routes map[uint16]*directRoute
-	// peers are the ports paired (or being paired) with it, by GUID.
-	peers map[uint64]bool
+	// peers are the ports paired (or being paired) with it, by GUID;
+	// refused those a pairing with failed, and when (pairRefused).
+	peers   map[uint64]bool
+	refused map[uint64]time.Time
 	// due: a route waits to be sent once the switch holds none of the
 	// port's packets.
 	due    bool
@@ -73,9 +75,8 @@ func keyOf(x, y uint64) pairKey {
 
 // pairing is the state of a pair: each end's answer.
 type pairing struct {
-	ok      [2]bool
-	refused bool
-	at      time.Time
+	ok [2]bool
+	at time.Time
 }
 
 func (pr *pairing) done() bool { return pr.ok[0] && pr.ok[1] }
@@ -195,13 +196,18 @@ func (s *SM) pairedRoute(p *port, ds []*port, now time.Time) (next []uint64, wai
 	}
 	next = make([]uint64, 0, len(ds))
 	for _, d := range ds {
+		if at, ok := p.dir.refused[d.guid]; ok {
+			if now.Sub(at) < pairRefused {
+				return nil, false
+			}
+			delete(p.dir.refused, d.guid)
+			delete(d.dir.refused, p.guid)
+		}
 		pr := s.dpairs[keyOf(p.guid, d.guid)]
 		switch {
-		case pr == nil, pr.refused && now.Sub(pr.at) >= pairRefused:
+		case pr == nil:
 			s.pair(p, d, now)
 			waiting = true
-		case pr.refused:
-			return nil, false
 		case !pr.done():
 			if now.Sub(pr.at) >= pairResend {
 				s.pair(p, d, now)
@@ -245,14 +251,19 @@ func (s *SM) peerAnswer(p *port, guid uint64, ok bool, now time.Time) {
 	k := keyOf(p.guid, guid)
 	pr := s.dpairs[k]
 	q := s.byGUID[guid]
-	if pr == nil || q == nil || !q.attached() || pr.refused {
+	if pr == nil || q == nil || !q.attached() {
 		return
 	}
 	if !ok {
+		// Refused: kept by both ports for pairRefused.
 		s.dRefused.Add(1)
-		pr.refused, pr.at = true, now
 		s.unpair(p, q)
-		s.dpairs[k] = pr // refused: kept for pairRefused
+		for _, x := range [][2]*port{{p, q}, {q, p}} {
+			if x[0].dir.refused == nil {
+				x[0].dir.refused = make(map[uint64]time.Time)
+			}
+			x[0].dir.refused[x[1].guid] = now
+		}
 	} else {
 		if p.guid == k.a {
 			pr.ok[0] = true
@@ -295,6 +306,11 @@ func (s *SM) directGone(p *port, now time.Time) {
 			s.unpair(p, q)
 		} else {
 			delete(s.dpairs, keyOf(p.guid, guid))
+		}
+	}
+	for guid := range p.dir.refused {
+		if q := s.byGUID[guid]; q != nil {
+			delete(q.dir.refused, p.guid)
 		}
 	}
 	for dlid := range p.dir.routes {

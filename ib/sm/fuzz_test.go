@@ -102,6 +102,15 @@ func smSteps(t testing.TB, s *SM, addrs []netip.AddrPort, guids []uint64, in []b
 				b = append([]byte(fabric.Magic), b...)
 			case 2:
 				b = append([]byte("SRSM\x01"), b...)
+			case 3: // a direct forwarding message (a query or a peer answer)
+				m := fabric.Direct{Type: fabric.DirectRouteQuery, Seq: uint32(x), DLID: uint16(n)%8 + 1}
+				if n%3 == 0 {
+					m.DLID = 0xC000 + uint16(x%4)
+				}
+				if n%2 == 1 {
+					m = fabric.Direct{Type: fabric.DirectPeerOK, PeerGUID: guids[int(x)%len(guids)], OK: x&4 != 0}
+				}
+				b = fabric.AppendDirect(nil, &m)
 			}
 			s.handlePacket(b, a)
 			if fabric.IsControl(b) {
@@ -198,6 +207,37 @@ func checkSM(t testing.TB, s *SM) {
 	}
 	if w := fabric.Window(s.rcvbuf, len(s.byAddr)); s.win != w && len(s.byAddr) > 0 {
 		t.Fatalf("window %d, want %d", s.win, w)
+	}
+	// Direct forwarding: the route holders of each DLID are the ports
+	// holding its route, all attached; a pairing's ends are peers of each
+	// other (or it was refused).
+	for dlid, subs := range s.dsubs {
+		for p := range subs {
+			if !p.attached() || p.dir.routes[dlid] == nil {
+				t.Fatalf("DLID %#x: route holder %#x attached %v, holds it %v", dlid, p.guid, p.attached(), p.dir.routes[dlid] != nil)
+			}
+		}
+	}
+	for _, p := range s.byGUID {
+		if !p.attached() && (len(p.dir.routes) > 0 || len(p.dir.peers) > 0 || len(p.dir.refused) > 0) {
+			t.Fatalf("detached port %#x keeps %d routes, %d peers, %d refusals", p.guid, len(p.dir.routes), len(p.dir.peers), len(p.dir.refused))
+		}
+		for g := range p.dir.refused {
+			if q := s.byGUID[g]; q == nil || !q.attached() {
+				t.Fatalf("port %#x keeps a refusal of %#x, which is gone", p.guid, g)
+			}
+		}
+		for dlid := range p.dir.routes {
+			if _, ok := s.dsubs[dlid][p]; !ok {
+				t.Fatalf("port %#x holds DLID %#x's route but is not listed", p.guid, dlid)
+			}
+		}
+	}
+	for k := range s.dpairs {
+		a, b := s.byGUID[k.a], s.byGUID[k.b]
+		if a == nil || b == nil || !a.dir.peers[k.b] || !b.dir.peers[k.a] {
+			t.Fatalf("pairing %#x–%#x: not peers of each other", k.a, k.b)
+		}
 	}
 	for _, g := range s.sa.Groups() {
 		if !wire.IsMulticastLID(g.Rec.MLID) {

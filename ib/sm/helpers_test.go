@@ -483,8 +483,9 @@ func payloadOf(t *testing.T, b []byte) []byte {
 	return pkt.UD.Payload
 }
 
-// handlePacket takes one datagram as the reader does (an IB packet or a
-// flow control packet from from) and forwards what it can at once.
+// handlePacket takes one datagram as the reader does (an IB packet, a
+// flow control packet or a direct forwarding message from from) and
+// forwards what it can at once.
 func (s *SM) handlePacket(b []byte, from netip.AddrPort) {
 	raw, err := s.fabric.SyscallConn()
 	if err != nil {
@@ -492,11 +493,15 @@ func (s *SM) handlePacket(b []byte, from netip.AddrPort) {
 	}
 	o := s.newOutBatch()
 	s.mu.Lock()
-	if fabric.IsFlow(b) {
+	switch {
+	case fabric.IsDirect(b):
+		s.directIn(b, from, time.Now())
+	case fabric.IsFlow(b):
 		s.flowIn(b, from, time.Now())
-	} else {
+	default:
 		s.packetIn(b, from, false)
 	}
+	s.directChanged(time.Now())
 	s.mu.Unlock()
 	s.pump(o, raw)
 }

@@ -1,10 +1,13 @@
 package ib
 
 import (
+	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/softrdma/softrdma/ib/fabric"
 	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/internal/sys/rawudp"
 	"github.com/softrdma/softrdma/provider/softverbs"
 	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/verbs"
@@ -20,6 +23,16 @@ func fuzzDevice() (d *Device, stop func()) {
 		done: make(chan struct{}), events: make(chan PortEvent, 16), linkCh: make(chan struct{}),
 	}
 	d.core = softverbs.New(d)
+	// A socket for what the handlers send (to an unbound loopback port).
+	conn, err := rawudp.ListenUDP("udp", "127.0.0.1:0", nil)
+	if err != nil {
+		panic(err)
+	}
+	d.conn, d.smDst = conn, netip.MustParseAddrPort("127.0.0.1:9")
+	// Direct forwarding on, with an all-zero session token: the fuzzer's
+	// direct messages carry it unless it mutates them.
+	d.initDirect(1 << 20)
+	d.directConfig(true, make([]byte, fabric.SessionLen), 1, false)
 	// No SM address: the port trusts it by address, without the warning
 	// of an unauthenticated remote SM.
 	d.auth.warned = true
@@ -28,7 +41,7 @@ func fuzzDevice() (d *Device, stop func()) {
 	d.RegisterMADAgent(e.Receive)
 	d.wg.Add(1)
 	go d.eventLoop()
-	return d, func() { close(d.done); e.Close(); d.wg.Wait(); d.core.Close() }
+	return d, func() { close(d.done); e.Close(); d.wg.Wait(); d.core.Close(); conn.Close() }
 }
 
 // fuzzPort sends the SA client's MADs nowhere.
@@ -54,13 +67,31 @@ func FuzzHandlers(f *testing.F) {
 	p.Global, p.DLID, p.UD.DestQP = true, 0xC001, wire.MulticastQPN
 	b = make([]byte, fabric.PacketLen(8, false, true))
 	f.Add(b[:fabric.EncodeUD(b, &p, []byte("12345678"))])
+	peer := fabric.Peer{GUID: 7, LID: 3, Addr: netip.MustParseAddrPort("127.0.0.1:9")}
+	f.Add(fabric.AppendDirect(nil, &fabric.Direct{Type: fabric.DirectPeer, Peers: []fabric.Peer{peer}}))
+	f.Add(fabric.AppendDirect(nil, &fabric.Direct{Type: fabric.DirectRoute, Seq: 1, DLID: 3, HOQLife: time.Second, VLStallCount: 7, Peers: []fabric.Peer{peer}}))
+	f.Add(fabric.AppendDirect(nil, &fabric.Direct{Type: fabric.DirectPeerGone, PeerGUID: 7}))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		d, stop := fuzzDevice()
 		defer stop()
 		var rx receiveScratch
 		// A datagram may be both: first as itself, then with the magic.
 		for _, b := range [][]byte{in, append([]byte(fabric.Magic), in...)} {
-			if fabric.IsControl(b) {
+			if fabric.IsDirect(b) {
+				// The port's query for DLID 3 is out, so a route may
+				// answer it.
+				d.dmu.Lock()
+				d.dir.dlids[3] = &dlidState{seq: 1}
+				d.dmu.Unlock()
+				d.directIn(b)
+				d.dmu.Lock()
+				for _, pl := range d.dir.byGUID {
+					if pl.win <= 0 || d.dir.used > d.dir.budget {
+						t.Fatalf("peer %#x window %d, peers use %d of %d", pl.guid, pl.win, d.dir.used, d.dir.budget)
+					}
+				}
+				d.dmu.Unlock()
+			} else if fabric.IsControl(b) {
 				d.control(b)
 			} else {
 				d.handlePacket(b, nil, &rx)
