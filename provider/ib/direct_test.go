@@ -23,15 +23,7 @@ import (
 // startSMWith starts an SM of cfg on a free loopback port.
 func startSMWith(t *testing.T, cfg sm.Config) *sm.SM {
 	t.Helper()
-	cfg.Listen = "127.0.0.1:0"
-	s, err := sm.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	s, _ := stoppableSM(t, cfg)
 	return s
 }
 
@@ -196,22 +188,7 @@ func TestDirectPeerGone(t *testing.T) {
 	ctx, _ := bd.Verbs().Open()
 	pd, _ := ctx.AllocPD()
 	cq, _ := ctx.CreateCQ(64)
-	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTypeUD, Cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 8}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, st := range []struct {
-		a verbs.QPAttr
-		m verbs.QPAttrMask
-	}{
-		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 0x01234567}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
-		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
-		{verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState | verbs.QPAttrSQPSN},
-	} {
-		if err := qp.Modify(&st.a, st.m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	qp := udQP(t, pd, cq, 8)
 	mr, _ := pd.RegMR(make([]byte, 64), verbs.AccessLocalWrite)
 	ah, err := pd.CreateAH(&verbs.AHAttr{PortNum: 1, DLID: a.dev.LID()})
 	if err != nil {
@@ -277,23 +254,8 @@ func TestDirectStreamInOrder(t *testing.T) {
 	defer pd.Dealloc()
 	cq, _ := ctx.CreateCQ(2 * slots)
 	defer cq.Destroy()
-	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTypeUD, Cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: slots}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	qp := udQP(t, pd, cq, slots)
 	defer qp.Destroy()
-	for _, st := range []struct {
-		a verbs.QPAttr
-		m verbs.QPAttrMask
-	}{
-		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 0x01234567}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
-		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
-		{verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState | verbs.QPAttrSQPSN},
-	} {
-		if err := qp.Modify(&st.a, st.m); err != nil {
-			t.Fatal(err)
-		}
-	}
 	const sz = 40 + 64
 	mr, _ := pd.RegMR(make([]byte, slots*sz), verbs.AccessLocalWrite)
 	defer mr.Dereg()

@@ -110,22 +110,7 @@ func openPort(t *testing.T, s *sm.SM, local string) *port {
 	ctx, _ := d.Verbs().Open()
 	pd, _ := ctx.AllocPD()
 	cq, _ := ctx.CreateCQ(64)
-	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTypeUD, Cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 8}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []struct {
-		a verbs.QPAttr
-		m verbs.QPAttrMask
-	}{
-		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 0x01234567}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
-		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
-		{verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState | verbs.QPAttrSQPSN},
-	} {
-		if err := qp.Modify(&s.a, s.m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	qp := udQP(t, pd, cq, 8)
 	mr, _ := pd.RegMR(make([]byte, 8*(40+64)), verbs.AccessLocalWrite)
 	for i := 0; i < 8; i++ {
 		if err := qp.PostRecv(&verbs.RecvWR{WRID: uint64(i), SGList: []verbs.SGE{mr.SGE(i*(40+64), 40+64)}}); err != nil {
@@ -141,6 +126,29 @@ func openPort(t *testing.T, s *sm.SM, local string) *port {
 		d.Close()
 	})
 	return &port{dev: d, pd: pd, cq: cq, qp: qp, mr: mr}
+}
+
+// udQP creates a UD QP on cq with room for maxRecv receive WRs, Q_Key
+// 0x01234567, and brings it to RTS.
+func udQP(t *testing.T, pd *verbs.PD, cq *verbs.CQ, maxRecv int) *verbs.QP {
+	t.Helper()
+	qp, err := pd.CreateQP(&verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTypeUD, Cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: maxRecv}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []struct {
+		a verbs.QPAttr
+		m verbs.QPAttrMask
+	}{
+		{verbs.QPAttr{State: verbs.QPSInit, PortNum: 1, QKey: 0x01234567}, verbs.QPAttrState | verbs.QPAttrPKeyIdx | verbs.QPAttrPort | verbs.QPAttrQKey},
+		{verbs.QPAttr{State: verbs.QPSRTR}, verbs.QPAttrState},
+		{verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState | verbs.QPAttrSQPSN},
+	} {
+		if err := qp.Modify(&s.a, s.m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return qp
 }
 
 // join joins the port to mgid with a JoinState and waits for the answer.
