@@ -402,12 +402,7 @@ func (d *Device) peerDatagram(b []byte, pl *peerLink, trunc bool, rx *receiveScr
 	case fabric.IsControl(b), fabric.IsDirect(b):
 		d.core.Count(softverbs.UntrustedDrops, 1) // only the SM sends those
 	default:
-		if trunc {
-			d.core.Count(softverbs.RcvdPkts, 1)
-			d.core.Count(softverbs.OversizedRecvDrops, 1)
-		} else {
-			d.handlePacket(b, nil, rx)
-		}
+		d.dataIn(b, trunc, rx)
 		pl.link.Took(1)
 		if pl.link.Due(pl.win, pl.win/4) {
 			d.lmu.Lock()

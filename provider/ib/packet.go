@@ -307,12 +307,7 @@ func (d *Device) handleBatch(r *mmsg.Reader, n int, rx *receiveScratch) {
 		case fabric.IsFlow(b):
 			d.flowIn(b)
 		default:
-			if trunc {
-				d.core.Count(softverbs.RcvdPkts, 1)
-				d.core.Count(softverbs.OversizedRecvDrops, 1)
-			} else {
-				d.handlePacket(b, nil, rx)
-			}
+			d.dataIn(b, trunc, rx)
 			d.took()
 		}
 	}
@@ -322,6 +317,17 @@ func (d *Device) handleBatch(r *mmsg.Reader, n int, rx *receiveScratch) {
 		// repost receive WRs) before the next batch, as rxe does.
 		runtime.Gosched()
 	}
+}
+
+// dataIn takes an IB packet the socket read (truncated: longer than the
+// port reads, counted and dropped).
+func (d *Device) dataIn(b []byte, trunc bool, rx *receiveScratch) {
+	if trunc {
+		d.core.Count(softverbs.RcvdPkts, 1)
+		d.core.Count(softverbs.OversizedRecvDrops, 1)
+		return
+	}
+	d.handlePacket(b, nil, rx)
 }
 
 // handlePacket checks one IB packet and hands it to the SA client or the
