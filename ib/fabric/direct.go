@@ -27,9 +27,12 @@ import (
 //	             and take packets from: both ends start a link (see
 //	             Link), counts at 0, and each grants the other a window of
 //	             its receive buffer (DirectWindow), which the other learns
-//	             from the answer to its first OpRequest
-//	peer_ok      port → SM: PeerGUID, OK: the port took the peer, or has
-//	             no room for it (DirectWindow)
+//	             from the answer to its first OpRequest. OK asks the port
+//	             to probe: to send OpRequests until the peer answers,
+//	             which proves that the two reach each other directly
+//	peer_ok      port → SM: PeerGUID, OK: the port took the peer (after
+//	             the probe's answer, when it probes), or has no room for
+//	             it (DirectWindow), or its probe went unanswered
 //	peer_gone    SM → port: PeerGUID is no longer a peer (it left, or the
 //	             pairing failed): its packets are dropped from now on
 //
@@ -99,8 +102,8 @@ type Direct struct {
 	// Seq numbers a query; its route answer carries it (0: an update).
 	Seq  uint32
 	DLID uint16
-	// PeerGUID (peer_ok, peer_gone) names the peer; OK (peer_ok) says
-	// whether the port took it.
+	// PeerGUID (peer_ok, peer_gone) names the peer; OK says whether the
+	// port took it (peer_ok), or asks the port to probe the peer (peer).
 	PeerGUID uint64
 	OK       bool
 	// HOQLife and VLStallCount (route) are the switch's head-of-queue

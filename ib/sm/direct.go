@@ -241,8 +241,10 @@ func (s *SM) pair(p, d *port, now time.Time) {
 		d.dir.peers = make(map[uint64]bool)
 	}
 	p.dir.peers[d.guid], d.dir.peers[p.guid] = true, true
-	s.sendDirect(p, &fabric.Direct{Type: fabric.DirectPeer, Peers: []fabric.Peer{{GUID: d.guid, LID: d.lid, Addr: d.addr}}})
+	// d first: p probes d (OK), whose answer proves the two reach each
+	// other, and d takes p's probe only once it took p.
 	s.sendDirect(d, &fabric.Direct{Type: fabric.DirectPeer, Peers: []fabric.Peer{{GUID: p.guid, LID: p.lid, Addr: p.addr}}})
+	s.sendDirect(p, &fabric.Direct{Type: fabric.DirectPeer, OK: true, Peers: []fabric.Peer{{GUID: d.guid, LID: d.lid, Addr: d.addr}}})
 }
 
 // peerAnswer takes p's answer to a peer message about guid. Caller

@@ -61,6 +61,11 @@ type peerLink struct {
 	addr netip.AddrPort // as the SM gave it: the receive side's key
 	dst  netip.AddrPort // as the socket sends to it
 	gone atomic.Bool
+	// probing: the port asks the peer for credit until it answers (the
+	// pairing's proof that the two reach each other); probes counts the
+	// requests (the probe's timer goroutine only).
+	probing atomic.Bool
+	probes  int
 
 	link       fabric.Link
 	win        int // the window the port grants the peer
@@ -100,8 +105,8 @@ type directState struct {
 	seq       uint32
 	lastQuery time.Time
 	routeCh   chan struct{} // closed and renewed when a route comes
-	budget    int // what the peers' windows may take (fabric.DirectBudget)
-	used      int // what they take
+	budget    int           // what the peers' windows may take (fabric.DirectBudget)
+	used      int           // what they take
 	msg       fabric.Direct
 }
 
@@ -330,11 +335,14 @@ func (d *Device) routeIn(m *fabric.Direct) {
 }
 
 // peerIn takes a peer message: the port takes the peer when its buffer
-// has room for a window of it and answers the SM either way. The peer
-// learns the window when it first asks for credit (its first direct send
-// finds none and asks at once): a flow control packet sent now could
-// reach it before its own peer message, from an address it does not
-// know yet. dmu is held.
+// has room for a window of it. The port the message asks to probe (OK)
+// proves that the two reach each other directly first: it asks the peer
+// for credit (FlowOpRequest) every FlowRefresh until the peer's answer
+// comes (then it says yes to the SM, and has the peer's window) or
+// probeTries went unanswered (a firewall or route between the two ports
+// that the SM's paths do not have: no, and the route stays with the
+// switch). The other port says yes at once; it learns its window for the
+// peer from the answer to its own first request. dmu is held.
 func (d *Device) peerIn(m *fabric.Direct) {
 	if len(m.Peers) != 1 || !m.Peers[0].Addr.IsValid() {
 		d.core.Count(softverbs.ControlDrops, 1)
@@ -343,24 +351,67 @@ func (d *Device) peerIn(m *fabric.Direct) {
 	p := m.Peers[0]
 	pl := d.dir.byGUID[p.GUID]
 	if pl != nil && pl.addr == p.Addr {
-		// Asked again (an answer was lost): the link stands.
-		d.sendDirect(&fabric.Direct{Type: fabric.DirectPeerOK, PeerGUID: p.GUID, OK: true})
+		// Asked again (an answer was lost): the link stands; a probe
+		// still under way answers when it ends.
+		if !pl.probing.Load() {
+			d.sendDirect(&fabric.Direct{Type: fabric.DirectPeerOK, PeerGUID: p.GUID, OK: true})
+		}
 		return
 	}
 	if pl != nil {
 		d.dropPeerLocked(pl)
 	}
 	w := fabric.DirectWindow(d.dir.budget, d.dir.used)
-	if w > 0 {
-		pl = &peerLink{guid: p.GUID, lid: p.LID, addr: p.Addr, dst: d.sendAddr(p.Addr), win: w}
-		// Both ends count from 0; the peer's credit comes with its
-		// answer to our first request.
-		pl.link = fabric.Link{On: true, Granted: uint16(w)}
-		d.dir.byGUID[p.GUID] = pl
-		d.dir.used += w
-		d.publishPeersLocked()
+	if w == 0 {
+		d.sendDirect(&fabric.Direct{Type: fabric.DirectPeerOK, PeerGUID: p.GUID})
+		return
 	}
-	d.sendDirect(&fabric.Direct{Type: fabric.DirectPeerOK, PeerGUID: p.GUID, OK: w > 0})
+	pl = &peerLink{guid: p.GUID, lid: p.LID, addr: p.Addr, dst: d.sendAddr(p.Addr), win: w}
+	// Both ends count from 0; the peer's credit comes with its answer to
+	// a request.
+	pl.link = fabric.Link{On: true, Granted: uint16(w)}
+	d.dir.byGUID[p.GUID] = pl
+	d.dir.used += w
+	d.publishPeersLocked()
+	if !m.OK {
+		d.sendDirect(&fabric.Direct{Type: fabric.DirectPeerOK, PeerGUID: p.GUID, OK: true})
+		return
+	}
+	pl.probing.Store(true)
+	d.probe(pl)
+}
+
+// probeTries is how many requests a probe sends, FlowRefresh apart,
+// before it gives up on a peer.
+const probeTries = 50
+
+// probe asks pl for credit, and again every FlowRefresh while no answer
+// came (peerDatagram ends the probe), probeTries times; then the port
+// tells the SM it does not take the peer.
+func (d *Device) probe(pl *peerLink) {
+	select {
+	case <-d.done:
+		return
+	default:
+	}
+	if !pl.probing.Load() || pl.gone.Load() {
+		return
+	}
+	if pl.probes++; pl.probes > probeTries {
+		d.dmu.Lock()
+		if pl.probing.CompareAndSwap(true, false) && d.dir.byGUID[pl.guid] == pl {
+			d.dropPeerLocked(pl)
+			d.publishPeersLocked()
+			d.sendDirect(&fabric.Direct{Type: fabric.DirectPeerOK, PeerGUID: pl.guid})
+		}
+		d.dmu.Unlock()
+		return
+	}
+	d.lmu.Lock()
+	var fb [fabric.FlowLen]byte
+	d.conn.WriteToUDPAddrPort(fabric.EncodeFlow(fb[:], pl.link.Flow(fabric.FlowOpRequest)), pl.dst)
+	d.lmu.Unlock()
+	time.AfterFunc(fabric.FlowRefresh, func() { d.probe(pl) })
 }
 
 // dropPeerLocked forgets a peer; its window is free again. dmu is held
@@ -393,6 +444,10 @@ func (d *Device) peerDatagram(b []byte, pl *peerLink, trunc bool, rx *receiveScr
 		d.lmu.Lock()
 		if pl.link.Receive(f) {
 			d.creditMoved()
+		}
+		if pl.probing.CompareAndSwap(true, false) {
+			// The peer answered: the two reach each other.
+			d.sendDirect(&fabric.Direct{Type: fabric.DirectPeerOK, PeerGUID: pl.guid, OK: true})
 		}
 		if f.Op == fabric.FlowOpRequest {
 			var fb [fabric.FlowLen]byte

@@ -31,6 +31,7 @@ type fakeSM struct {
 	got     map[string]int // control messages by type
 	data    int            // IB packets received
 	flows   []fabric.Flow  // flow control packets received
+	directs []fabric.Direct // direct forwarding messages received
 	cond    *sync.Cond
 	wg      sync.WaitGroup
 }
@@ -61,6 +62,17 @@ func (f *fakeSM) loop() {
 		n, from, err := f.conn.ReadFromUDPAddrPort(buf)
 		if err != nil {
 			return
+		}
+		if fabric.IsDirect(buf[:n]) {
+			var m fabric.Direct
+			if fabric.DecodeDirect(buf[:n], &m) == nil {
+				m.Session = nil
+				f.mu.Lock()
+				f.directs = append(f.directs, m)
+				f.cond.Broadcast()
+				f.mu.Unlock()
+			}
+			continue
 		}
 		if !fabric.IsControl(buf[:n]) {
 			fl, err := fabric.DecodeFlow(buf[:n])
