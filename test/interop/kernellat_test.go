@@ -62,6 +62,15 @@ func TestKernelLatency(t *testing.T) {
 		if got == 0 {
 			t.Fatalf("no LATENCY line:\n%s", c.output())
 		}
+		// The Go runtime's view of both sides (cgo calls per round
+		// trip, scheduling latencies): see bench's runStats.
+		for _, out := range []string{c.stdout(), p.stdout()} {
+			for _, line := range strings.Split(out, "\n") {
+				if strings.HasPrefix(line, "RUNTIME ") {
+					t.Logf("%s %s %s: %s", mode, wait, strings.Join(extra, " "), line)
+				}
+			}
+		}
 		return p50, p99
 	}
 	// The C path: mcpingpong (this folder), the same multicast ping-pong
