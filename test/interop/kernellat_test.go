@@ -2,6 +2,7 @@ package interop
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -21,7 +22,12 @@ import (
 // (t_typical, its median); ours are round trips, compared with twice it.
 // The same ping-pong over plain UDP multicast sockets between the guests
 // tells the multicast path's own cost (ib_send_lat is unicast); ours runs
-// twice, with the guest's one P (one vCPU) and with GOMAXPROCS=2.
+// twice, with the guest's one P (one vCPU) and with GOMAXPROCS=2 (both
+// peers alike). Each peer's RUNTIME line (cgo calls per round trip, the Go
+// scheduler's latencies) is logged. With SOFTRDMA_KERNELLAT_WAITMODES set
+// the blocking ping-pong also runs with the backend's wait asleep in C
+// (SOFTRDMA_RDMACORE_WAIT=thread) at GOMAXPROCS 1 and 2: the P hand-off's
+// cost against the default wait in Go's netpoller.
 // It asserts that every run completes; the figures and ratios are for the
 // closing note, not a pass mark (a TCG guest is slow and noisy).
 func TestKernelLatency(t *testing.T) {
@@ -115,6 +121,15 @@ func TestKernelLatency(t *testing.T) {
 		// runtime handed it off meanwhile (slow under TCG). Two Ps show
 		// that cost apart.
 		g50, _ := pingPong("rdma", wait, "GOMAXPROCS=2")
+		if wait == "block" && os.Getenv("SOFTRDMA_KERNELLAT_WAITMODES") != "" {
+			// The blocking wait asleep in C on its thread (the Go
+			// runtime hands its P off meanwhile) against the default,
+			// asleep in Go's netpoller: what the hand-off costs.
+			for _, procs := range []string{"GOMAXPROCS=1", "GOMAXPROCS=2"} {
+				t50, t99 := pingPong("rdma", wait, procs, "SOFTRDMA_RDMACORE_WAIT=thread")
+				t.Logf("block, asleep in C on its thread, %s: ours p50 %.1f µs (p99 %.1f)", procs, float64(t50)/1e3, float64(t99)/1e3)
+			}
+		}
 		c50 := cPingPong(wait)
 		u50, _ := pingPong("udp", wait)
 
