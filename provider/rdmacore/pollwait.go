@@ -22,7 +22,9 @@ import (
 // one call into C instead of one per empty poll. Shorter than the Go
 // runtime's first sysmon tick (20 µs), after which a call into C that has
 // not returned may find its P handed to another thread.
-const pollSpin = 10 * time.Microsecond
+// SOFTRDMA_RDMACORE_POLLSPIN (a duration; 0: one poll per call, as
+// before) sets it, read once, for measurements.
+var pollSpin = envDuration("SOFTRDMA_RDMACORE_POLLSPIN", 10*time.Microsecond)
 
 // waitInThread chooses how PollWait sleeps: in ppoll inside its call into
 // C, on the waiting goroutine's thread (one call into C per completion,
@@ -30,8 +32,19 @@ const pollSpin = 10 * time.Microsecond
 // 20 µs rule — and the return takes it back), or, the default, in Go's
 // netpoller (the goroutine parks and the P stays with the scheduler: two
 // calls into C when it had to wait). SOFTRDMA_RDMACORE_WAIT=thread or
-// netpoll, read once, for measurements.
-var waitInThread = os.Getenv("SOFTRDMA_RDMACORE_WAIT") == "thread"
+// netpoll, read once, for measurements; =verbs turns PollWait off (the
+// caller's loop of verbs calls, as before it).
+var (
+	waitInThread = os.Getenv("SOFTRDMA_RDMACORE_WAIT") == "thread"
+	pollWaitOff  = os.Getenv("SOFTRDMA_RDMACORE_WAIT") == "verbs"
+)
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(name)); err == nil && d >= 0 {
+		return d
+	}
+	return def
+}
 
 // initPollWait makes what PollWait needs on a CQ of the program's channel
 // (before the CQ itself; free releases it).
@@ -131,7 +144,7 @@ func (q *cq) ctxEnded() {
 // one goroutine at a time waits, the others wait for it; the order of
 // completions among goroutines that poll the CQ at once is any.
 func (q *cq) PollWait(ctx context.Context, wc []verbs.WC) (n int, ok bool, err error) {
-	if q.user == nil || q.kick < 0 || len(wc) == 0 {
+	if q.user == nil || q.kick < 0 || len(wc) == 0 || pollWaitOff {
 		return 0, false, nil
 	}
 	q.user.mu.Lock()

@@ -24,10 +24,8 @@ import (
 // tells the multicast path's own cost (ib_send_lat is unicast); ours runs
 // twice, with the guest's one P (one vCPU) and with GOMAXPROCS=2 (both
 // peers alike). Each peer's RUNTIME line (cgo calls per round trip, the Go
-// scheduler's latencies) is logged. With SOFTRDMA_KERNELLAT_WAITMODES set
-// the blocking ping-pong also runs with the backend's wait asleep in C
-// (SOFTRDMA_RDMACORE_WAIT=thread) at GOMAXPROCS 1 and 2: the P hand-off's
-// cost against the default wait in Go's netpoller.
+// scheduler's latencies) is logged. SOFTRDMA_KERNELLAT_AB=1 runs
+// kernelLatencyAB instead.
 // It asserts that every run completes; the figures and ratios are for the
 // closing note, not a pass mark (a TCG guest is slow and noisy).
 func TestKernelLatency(t *testing.T) {
@@ -111,7 +109,18 @@ func TestKernelLatency(t *testing.T) {
 		if got == 0 {
 			t.Fatalf("no LATENCY line:\n%s", c.output())
 		}
+		for _, out := range []string{c.stdout(), p.stdout()} {
+			for _, line := range strings.Split(out, "\n") {
+				if strings.HasPrefix(line, "CPU ") {
+					t.Logf("mcpingpong %s: %s", wait, line)
+				}
+			}
+		}
 		return p50
+	}
+	if os.Getenv("SOFTRDMA_KERNELLAT_AB") != "" {
+		kernelLatencyAB(t, pingPong, cPingPong)
+		return
 	}
 	var lines []string
 	for _, wait := range []string{"block", "poll"} {
@@ -121,15 +130,6 @@ func TestKernelLatency(t *testing.T) {
 		// runtime handed it off meanwhile (slow under TCG). Two Ps show
 		// that cost apart.
 		g50, _ := pingPong("rdma", wait, "GOMAXPROCS=2")
-		if wait == "block" && os.Getenv("SOFTRDMA_KERNELLAT_WAITMODES") != "" {
-			// The blocking wait asleep in C on its thread (the Go
-			// runtime hands its P off meanwhile) against the default,
-			// asleep in Go's netpoller: what the hand-off costs.
-			for _, procs := range []string{"GOMAXPROCS=1", "GOMAXPROCS=2"} {
-				t50, t99 := pingPong("rdma", wait, procs, "SOFTRDMA_RDMACORE_WAIT=thread")
-				t.Logf("block, asleep in C on its thread, %s: ours p50 %.1f µs (p99 %.1f)", procs, float64(t50)/1e3, float64(t99)/1e3)
-			}
-		}
 		c50 := cPingPong(wait)
 		u50, _ := pingPong("udp", wait)
 
@@ -151,4 +151,36 @@ func TestKernelLatency(t *testing.T) {
 		lines = append(lines, line)
 	}
 	note.set("multicast ping-pong round trip on rxe0 between %s and %s (TCG guests, 64 B): %s", g1.name, g2.name, strings.Join(lines, "; "))
+}
+
+// kernelLatencyAB compares the kernel backend's ways to wait, interleaved
+// in one lab (the host is shared and noisy: runs minutes apart are not
+// comparable): the default (PollWait asleep in Go's netpoller, a busy Poll
+// spinning in C), the verbs calls as before them
+// (SOFTRDMA_RDMACORE_WAIT=verbs, SOFTRDMA_RDMACORE_POLLSPIN=0) and, for
+// blocking waits, PollWait asleep in C on its thread (the P handed off),
+// each at GOMAXPROCS 1 and 2 on both peers, with the C ping-pong in every
+// round, twice over.
+func kernelLatencyAB(t *testing.T, pingPong func(mode, wait string, extra ...string) (int64, int64), cPingPong func(wait string) int64) {
+	type variant struct {
+		name string
+		env  []string
+	}
+	for _, wait := range []string{"block", "poll"} {
+		vs := []variant{{"fused", nil}, {"verbs (before)", []string{"SOFTRDMA_RDMACORE_WAIT=verbs", "SOFTRDMA_RDMACORE_POLLSPIN=0"}}}
+		if wait == "block" {
+			vs = append(vs, variant{"fused, asleep in C", []string{"SOFTRDMA_RDMACORE_WAIT=thread"}})
+		}
+		for round := 1; round <= 2; round++ {
+			c50 := cPingPong(wait)
+			t.Logf("AB %s round %d: C (mcpingpong) p50 %.1f µs", wait, round, float64(c50)/1e3)
+			for _, procs := range []string{"GOMAXPROCS=1", "GOMAXPROCS=2"} {
+				for _, v := range vs {
+					p50, p99 := pingPong("rdma", wait, append([]string{procs}, v.env...)...)
+					t.Logf("AB %s round %d: %s %s: p50 %.1f µs (%.2fx C), p99 %.1f µs", wait, round, procs, v.name,
+						float64(p50)/1e3, float64(p50)/float64(c50), float64(p99)/1e3)
+				}
+			}
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/metrics"
+	"syscall"
 )
 
 // runStats are the Go runtime's counters that show where a peer's time
@@ -16,6 +17,7 @@ import (
 type runStats struct {
 	samples []metrics.Sample
 	hist    *metrics.Float64Histogram
+	cpu     int64 // the process's CPU time (user and system), ns
 }
 
 var runStatNames = []string{"/cgo/go-to-c-calls:calls", "/sched/latencies:seconds", "/sched/threads/total:threads"}
@@ -26,6 +28,10 @@ func readRunStats() runStats {
 		s.samples[i].Name = n
 	}
 	metrics.Read(s.samples)
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		s.cpu = ru.Utime.Nano() + ru.Stime.Nano()
+	}
 	// The histogram is reused by the next Read: keep a copy.
 	if h := s.samples[1].Value; h.Kind() == metrics.KindFloat64Histogram {
 		c := *h.Float64Histogram()
@@ -38,7 +44,7 @@ func readRunStats() runStats {
 
 // line describes what happened since before, per round (a round trip,
 // or an answer): "RUNTIME role=… rounds=… cgo_calls_per_round=…
-// sched_latency_samples=… p50_us=… p90_us=… p99_us=… threads=…".
+// cpu_us_per_round=… sched_latency_samples=… p50_us=… p90_us=… p99_us=… threads=…".
 func (s runStats) line(role string, before runStats, rounds int) string {
 	cgo := float64(s.samples[0].Value.Uint64()-before.samples[0].Value.Uint64()) / float64(max(rounds, 1))
 	var counts []uint64
@@ -64,6 +70,7 @@ func (s runStats) line(role string, before runStats, rounds int) string {
 		}
 		return math.Inf(1)
 	}
-	return fmt.Sprintf("RUNTIME role=%s rounds=%d cgo_calls_per_round=%.1f sched_latency_samples=%d p50_us=%.1f p90_us=%.1f p99_us=%.1f threads=%d",
-		role, rounds, cgo, total, q(0.5), q(0.9), q(0.99), s.samples[2].Value.Uint64())
+	cpu := float64(s.cpu-before.cpu) / 1e3 / float64(max(rounds, 1))
+	return fmt.Sprintf("RUNTIME role=%s rounds=%d cgo_calls_per_round=%.1f cpu_us_per_round=%.1f sched_latency_samples=%d p50_us=%.1f p90_us=%.1f p99_us=%.1f threads=%d",
+		role, rounds, cgo, cpu, total, q(0.5), q(0.9), q(0.99), s.samples[2].Value.Uint64())
 }
