@@ -8,6 +8,7 @@ import "C"
 import (
 	"context"
 	"os"
+	"runtime"
 	"syscall"
 	"time"
 	"unsafe"
@@ -26,18 +27,29 @@ import (
 // before) sets it, read once, for measurements.
 var pollSpin = envDuration("SOFTRDMA_RDMACORE_POLLSPIN", 10*time.Microsecond)
 
-// waitInThread chooses how PollWait sleeps: in ppoll inside its call into
-// C, on the waiting goroutine's thread (one call into C per completion,
-// but the Go runtime hands the thread's P off while it sleeps — sysmon's
-// 20 µs rule — and the return takes it back), or, the default, in Go's
-// netpoller (the goroutine parks and the P stays with the scheduler: two
-// calls into C when it had to wait). SOFTRDMA_RDMACORE_WAIT=thread or
-// netpoll, read once, for measurements; =verbs turns PollWait off (the
-// caller's loop of verbs calls, as before it).
-var (
-	waitInThread = os.Getenv("SOFTRDMA_RDMACORE_WAIT") == "thread"
-	pollWaitOff  = os.Getenv("SOFTRDMA_RDMACORE_WAIT") == "verbs"
-)
+// waitMode is SOFTRDMA_RDMACORE_WAIT (read once, for measurements):
+// "thread" or "netpoll" fix how PollWait sleeps (waitInThread), "verbs"
+// turns PollWait off (the caller's loop of verbs calls, as before it).
+var waitMode = os.Getenv("SOFTRDMA_RDMACORE_WAIT")
+
+// waitInThread says how PollWait sleeps: in ppoll inside its call into C,
+// on the waiting goroutine's thread (one call into C per completion), or
+// in Go's netpoller (the goroutine parks: two calls into C when it had to
+// wait). A goroutine in C holds its P; when the call lasts longer than a
+// sysmon tick (20 µs or more) sysmon hands the P to another thread — but
+// only while no P is idle: with one P (GOMAXPROCS=1) always, and the
+// return then waits for the P to come back (a thread switch or two, under
+// TCG about 2.5 ms of CPU per round trip of the ping-pong, measured). So:
+// in C with more than one P, in the netpoller with one.
+func waitInThread() bool {
+	switch waitMode {
+	case "thread":
+		return true
+	case "netpoll":
+		return false
+	}
+	return runtime.GOMAXPROCS(0) > 1
+}
 
 func envDuration(name string, def time.Duration) time.Duration {
 	if d, err := time.ParseDuration(os.Getenv(name)); err == nil && d >= 0 {
@@ -137,14 +149,14 @@ func (q *cq) ctxEnded() {
 // whose completion channel is the program's and serves this CQ alone (the
 // ones rdmacm's CreateQP makes): up to len(wc) completions, waiting until
 // there is one or ctx ends; the channel's events for the CQ are taken and
-// acknowledged here. One call into C when a completion is queued, two when
-// it had to wait (in Go's netpoller; with SOFTRDMA_RDMACORE_WAIT=thread
-// one, sleeping in C). ok is false, with nothing done, on another CQ: the
+// acknowledged here. One call into C when a completion is queued; when it
+// had to wait, two if it slept in Go's netpoller, one if in C
+// (waitInThread). ok is false, with nothing done, on another CQ: the
 // caller uses the verbs calls. Completions Len or Wait took come first;
 // one goroutine at a time waits, the others wait for it; the order of
 // completions among goroutines that poll the CQ at once is any.
 func (q *cq) PollWait(ctx context.Context, wc []verbs.WC) (n int, ok bool, err error) {
-	if q.user == nil || q.kick < 0 || len(wc) == 0 || pollWaitOff {
+	if q.user == nil || q.kick < 0 || len(wc) == 0 || waitMode == "verbs" {
 		return 0, false, nil
 	}
 	q.user.mu.Lock()
@@ -221,7 +233,7 @@ func (q *cq) pollWaitRead(ctx context.Context, wc []verbs.WC) (int, error) {
 		q.kdone, q.kstop = done, context.AfterFunc(ctx, q.ctxEnded)
 	}
 	var r C.int
-	if waitInThread {
+	if waitInThread() {
 		timeout := maxSleep
 		if d, ok := ctx.Deadline(); ok {
 			timeout = max(min(timeout, time.Until(d)), 0)

@@ -20,12 +20,11 @@ import (
 // allocation per message, refused (ok false) on a CQ sharing its channel,
 // and a Destroy that ends a wait in progress.
 func TestPollWait(t *testing.T) {
-	for _, thread := range []bool{false, true} {
-		name := map[bool]string{false: "netpoll", true: "thread"}[thread]
-		t.Run(name, func(t *testing.T) {
-			old := waitInThread
-			waitInThread = thread
-			defer func() { waitInThread = old }()
+	for _, mode := range []string{"netpoll", "thread"} {
+		t.Run(mode, func(t *testing.T) {
+			old := waitMode
+			waitMode = mode
+			defer func() { waitMode = old }()
 			testPollWait(t)
 		})
 	}

@@ -155,26 +155,28 @@ func TestKernelLatency(t *testing.T) {
 
 // kernelLatencyAB compares the kernel backend's ways to wait, interleaved
 // in one lab (the host is shared and noisy: runs minutes apart are not
-// comparable): the default (PollWait asleep in Go's netpoller, a busy Poll
-// spinning in C), the verbs calls as before them
-// (SOFTRDMA_RDMACORE_WAIT=verbs, SOFTRDMA_RDMACORE_POLLSPIN=0) and, for
-// blocking waits, PollWait asleep in C on its thread (the P handed off),
-// each at GOMAXPROCS 1 and 2 on both peers, with the C ping-pong in every
-// round, twice over.
+// comparable): the default (PollWait, asleep in Go's netpoller with one P
+// and in C with more; a busy Poll spinning in C), the verbs calls as
+// before them (SOFTRDMA_RDMACORE_WAIT=verbs, SOFTRDMA_RDMACORE_POLLSPIN=0)
+// and, for blocking waits, PollWait asleep the other way, each at
+// GOMAXPROCS 1 and 2 on both peers, with the C ping-pong in every round,
+// twice over.
 func kernelLatencyAB(t *testing.T, pingPong func(mode, wait string, extra ...string) (int64, int64), cPingPong func(wait string) int64) {
 	type variant struct {
 		name string
 		env  []string
 	}
 	for _, wait := range []string{"block", "poll"} {
-		vs := []variant{{"fused", nil}, {"verbs (before)", []string{"SOFTRDMA_RDMACORE_WAIT=verbs", "SOFTRDMA_RDMACORE_POLLSPIN=0"}}}
-		if wait == "block" {
-			vs = append(vs, variant{"fused, asleep in C", []string{"SOFTRDMA_RDMACORE_WAIT=thread"}})
-		}
 		for round := 1; round <= 2; round++ {
 			c50 := cPingPong(wait)
 			t.Logf("AB %s round %d: C (mcpingpong) p50 %.1f µs", wait, round, float64(c50)/1e3)
 			for _, procs := range []string{"GOMAXPROCS=1", "GOMAXPROCS=2"} {
+				vs := []variant{{"fused", nil}, {"verbs (before)", []string{"SOFTRDMA_RDMACORE_WAIT=verbs", "SOFTRDMA_RDMACORE_POLLSPIN=0"}}}
+				if wait == "block" && procs == "GOMAXPROCS=1" {
+					vs = append(vs, variant{"fused, asleep in C", []string{"SOFTRDMA_RDMACORE_WAIT=thread"}})
+				} else if wait == "block" {
+					vs = append(vs, variant{"fused, asleep in the netpoller", []string{"SOFTRDMA_RDMACORE_WAIT=netpoll"}})
+				}
 				for _, v := range vs {
 					p50, p99 := pingPong("rdma", wait, append([]string{procs}, v.env...)...)
 					t.Logf("AB %s round %d: %s %s: p50 %.1f µs (%.2fx C), p99 %.1f µs", wait, round, procs, v.name,
