@@ -250,8 +250,9 @@ func (q *cq) Poll(wc []verbs.WC) (int, error) {
 		return 0, verbs.Errorf("ibv_poll_cq", "", syscall.EINVAL)
 	}
 	k := q.takeStash(wc)
-	// A busy poll (this Poll follows an empty one) spins in C for a
-	// while on an empty CQ, instead of one call into C per empty poll.
+	// A busy poll (this Poll follows an empty one) may spin in C for a
+	// while on an empty CQ (pollSpin), instead of one call into C per
+	// empty poll.
 	var spin C.int64_t
 	if k == 0 && len(wc) > 0 && q.lastEmpty {
 		spin = C.int64_t(pollSpin)

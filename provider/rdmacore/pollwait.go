@@ -20,12 +20,13 @@ import (
 
 // pollSpin is how long a Poll that follows an empty Poll of the same CQ
 // (a busy-poll loop) keeps polling an empty CQ in C before it returns 0:
-// one call into C instead of one per empty poll. Shorter than the Go
-// runtime's first sysmon tick (20 µs), after which a call into C that has
-// not returned may find its P handed to another thread.
-// SOFTRDMA_RDMACORE_POLLSPIN (a duration; 0: one poll per call, as
-// before) sets it, read once, for measurements.
-var pollSpin = envDuration("SOFTRDMA_RDMACORE_POLLSPIN", 10*time.Microsecond)
+// one call into C instead of one per empty poll. 0 by default (one poll
+// per Poll, as ibv_poll_cq): in the TCG guests 10 µs (below the Go
+// runtime's first sysmon tick, 20 µs) cut the calls into C of a busy-poll
+// ping-pong 10-fold but not its latency, measurably (docs/performance.md),
+// and it makes every Poll of an empty CQ in a loop over several CQs wait.
+// SOFTRDMA_RDMACORE_POLLSPIN (a duration, e.g. 10us) sets it, read once.
+var pollSpin = envDuration("SOFTRDMA_RDMACORE_POLLSPIN", 0)
 
 // waitMode is SOFTRDMA_RDMACORE_WAIT (read once, for measurements):
 // "thread" or "netpoll" fix how PollWait sleeps (waitInThread), "verbs"

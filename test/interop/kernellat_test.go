@@ -155,10 +155,11 @@ func TestKernelLatency(t *testing.T) {
 
 // kernelLatencyAB compares the kernel backend's ways to wait, interleaved
 // in one lab (the host is shared and noisy: runs minutes apart are not
-// comparable): the default (PollWait, asleep in Go's netpoller with one P
-// and in C with more; a busy Poll spinning in C), the verbs calls as
-// before them (SOFTRDMA_RDMACORE_WAIT=verbs, SOFTRDMA_RDMACORE_POLLSPIN=0)
-// and, for blocking waits, PollWait asleep the other way, each at
+// comparable): blocking, the default (PollWait, asleep in Go's netpoller
+// with one P and in C with more), the verbs calls as before it
+// (SOFTRDMA_RDMACORE_WAIT=verbs) and PollWait asleep the other way;
+// busy-polling, a Poll that spins 10 µs in C (SOFTRDMA_RDMACORE_POLLSPIN)
+// against one call into C per poll (the default, as before); each at
 // GOMAXPROCS 1 and 2 on both peers, with the C ping-pong in every round,
 // twice over.
 func kernelLatencyAB(t *testing.T, pingPong func(mode, wait string, extra ...string) (int64, int64), cPingPong func(wait string) int64) {
@@ -172,6 +173,9 @@ func kernelLatencyAB(t *testing.T, pingPong func(mode, wait string, extra ...str
 			t.Logf("AB %s round %d: C (mcpingpong) p50 %.1f µs", wait, round, float64(c50)/1e3)
 			for _, procs := range []string{"GOMAXPROCS=1", "GOMAXPROCS=2"} {
 				vs := []variant{{"fused", nil}, {"verbs (before)", []string{"SOFTRDMA_RDMACORE_WAIT=verbs", "SOFTRDMA_RDMACORE_POLLSPIN=0"}}}
+				if wait == "poll" {
+					vs[0] = variant{"spinning 10 µs in C", []string{"SOFTRDMA_RDMACORE_POLLSPIN=10us"}}
+				}
 				if wait == "block" && procs == "GOMAXPROCS=1" {
 					vs = append(vs, variant{"fused, asleep in C", []string{"SOFTRDMA_RDMACORE_WAIT=thread"}})
 				} else if wait == "block" {
