@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/softrdma/softrdma/verbs"
+	"github.com/softrdma/softrdma/verbs/driver"
 )
 
 // The helpers of rdma_verbs.h that multicast programs use.
@@ -107,6 +108,14 @@ func getComp(ctx context.Context, cq *verbs.CQ) (verbs.WC, error) {
 	wc := getCompWCs.Get().(*[1]verbs.WC)
 	defer getCompWCs.Put(wc)
 	ch := cq.Channel()
+	// The backend's own loop (the kernel backend's: one call into C for
+	// what below is up to seven).
+	if pw, ok := cq.Ops().(driver.CQPollWaiter); ok && ch != nil {
+		n, done, err := pw.PollWait(ctx, wc[:])
+		if done && (err != nil || n == 1) {
+			return wc[0], err
+		}
+	}
 	for {
 		// What is queued; no progress on an empty CQ (Len, and a Poll of
 		// nothing for an overrun CQ's error): the wait below reads the

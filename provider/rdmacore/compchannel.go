@@ -41,8 +41,9 @@ type compChannel struct {
 	dead atomic.Bool
 	gone *freed
 
-	mu  sync.Mutex
-	cqs map[*C.struct_ibv_cq]*cq
+	mu      sync.Mutex
+	cqs     map[*C.struct_ibv_cq]*cq
+	pending []*C.struct_ibv_cq // events a CQ's PollWait took for others, first out of GetEvent
 }
 
 // CreateCompChannel creates a completion channel (ibv_create_comp_channel).
@@ -104,11 +105,26 @@ func (c *compChannel) remove(q *cq) {
 	c.mu.Unlock()
 }
 
+// putBack queues an event PollWait took for another CQ of the channel.
+func (c *compChannel) putBack(other *C.struct_ibv_cq) {
+	c.mu.Lock()
+	c.pending = append(c.pending, other)
+	c.mu.Unlock()
+}
+
 // GetEvent returns the CQ of the next event (ibv_get_cq_event).
 func (c *compChannel) GetEvent(ctx context.Context, nonblock bool) (driver.CQOps, error) {
 	var got *C.struct_ibv_cq
 	var evErr syscall.Errno
 	take := func() bool {
+		c.mu.Lock()
+		if len(c.pending) > 0 {
+			got = c.pending[0]
+			c.pending = c.pending[1:]
+			c.mu.Unlock()
+			return true
+		}
+		c.mu.Unlock()
 		c.life.RLock()
 		defer c.life.RUnlock()
 		if c.dead.Load() {

@@ -48,11 +48,28 @@ type cq struct {
 	sn    int              // stash count
 	cout  *C.struct_sr_wc  // &out[0]
 
+	lastEmpty bool // the last Poll found nothing: the next one spins (pollSpin)
+
 	evMu    sync.Mutex // the channel's reader
-	reading bool       // a Wait reads the channel; the others wait for wake
+	reading bool       // a Wait or PollWait reads the channel; the others wait for wake
 	closing bool       // Destroy in progress or done
 	wake    chan struct{}
+	waiters int    // goroutines waiting for wake
 	unacked C.uint // events got, not acked yet
+
+	// PollWait's (user CQs only; the reader's, see reading): its C
+	// buffers and state, an eventfd that ends its sleep in C, the
+	// context whose end kicks it (by its Done channel) and the result of
+	// the C call made in the netpoller's callback.
+	wwc   *C.struct_ibv_wc
+	wout  []C.struct_sr_wc
+	wst   *C.struct_sr_wait
+	kick  int
+	kdone <-chan struct{}
+	kstop func() bool
+	ready func(uintptr) bool
+	wWant C.int
+	wRes  C.int
 }
 
 // aLongTimeAgo is a read deadline that has passed: it ends a pending read.
@@ -72,7 +89,7 @@ func newCQ(k *kctx, cqe int, user *compChannel, vector int) (_ *cq, err error) {
 	if ch == nil {
 		return nil, verbs.Errorf("ibv_create_comp_channel", name, cerr(cerrno))
 	}
-	q := &cq{ctx: k, ch: ch, wake: make(chan struct{})}
+	q := &cq{ctx: k, ch: ch, wake: make(chan struct{}), kick: -1}
 	defer func() {
 		if err != nil {
 			q.free()
@@ -127,9 +144,14 @@ func newUserCQ(k *kctx, cqe int, user *compChannel, vector int) (*cq, error) {
 	if user.dead.Load() {
 		return nil, verbs.Errorf("ibv_create_cq", k.dev.name, syscall.EINVAL)
 	}
-	q := &cq{ctx: k, user: user, wake: make(chan struct{})}
+	q := &cq{ctx: k, user: user, wake: make(chan struct{}), kick: -1}
+	if err := q.initPollWait(); err != nil {
+		q.free()
+		return nil, verbs.OpError("ibv_create_cq", k.dev.name, err)
+	}
 	c, cerrno := C.ibv_create_cq(k.c, C.int(cqe), nil, user.ch, C.int(vector))
 	if c == nil {
+		q.free()
 		return nil, verbs.Errorf("ibv_create_cq", k.dev.name, cerr(cerrno))
 	}
 	q.c = c
@@ -186,6 +208,7 @@ func (q *cq) free() {
 	C.free(unsafe.Pointer(q.cwc))
 	C.free(unsafe.Pointer(q.cout))
 	q.cwc, q.cout, q.out = nil, nil, nil
+	q.freePollWait()
 }
 
 // hold counts a QP that uses the CQ (d = 1) or no longer does (d = -1);
@@ -226,19 +249,18 @@ func (q *cq) Poll(wc []verbs.WC) (int, error) {
 	if q.dead {
 		return 0, verbs.Errorf("ibv_poll_cq", "", syscall.EINVAL)
 	}
-	k := 0
-	for k < len(wc) && q.sn > 0 {
-		wc[k] = q.stash[q.sh]
-		q.sh++
-		if q.sh == len(q.stash) {
-			q.sh = 0
-		}
-		q.sn--
-		k++
+	k := q.takeStash(wc)
+	// A busy poll (this Poll follows an empty one) may spin in C for a
+	// while on an empty CQ (pollSpin), instead of one call into C per
+	// empty poll.
+	var spin C.int64_t
+	if k == 0 && len(wc) > 0 && q.lastEmpty {
+		spin = C.int64_t(pollSpin)
 	}
 	for k < len(wc) {
 		want := min(len(wc)-k, pollBatch)
-		r := int(C.sr_poll_cq(q.c, q.cwc, q.cout, C.int(want)))
+		r := int(C.sr_poll_cq_spin(q.c, q.cwc, q.cout, C.int(want), spin))
+		spin = 0
 		if r < 0 {
 			if k > 0 {
 				return k, nil
@@ -253,7 +275,23 @@ func (q *cq) Poll(wc []verbs.WC) (int, error) {
 			break
 		}
 	}
+	q.lastEmpty = k == 0 && len(wc) > 0
 	return k, nil
+}
+
+// takeStash moves completions of the stash into wc: how many (q.mu held).
+func (q *cq) takeStash(wc []verbs.WC) int {
+	k := 0
+	for k < len(wc) && q.sn > 0 {
+		wc[k] = q.stash[q.sh]
+		q.sh++
+		if q.sh == len(q.stash) {
+			q.sh = 0
+		}
+		q.sn--
+		k++
+	}
+	return k
 }
 
 // fill moves completions from the CQ into the stash while it has room and
@@ -320,6 +358,7 @@ func (q *cq) Wait(ctx context.Context) error {
 		}
 		if q.reading {
 			wake := q.wake
+			q.waiters++
 			q.evMu.Unlock()
 			select {
 			case <-wake:
@@ -334,9 +373,7 @@ func (q *cq) Wait(ctx context.Context) error {
 		ready, err := q.awaitEvent(ctx)
 
 		q.evMu.Lock()
-		q.reading = false
-		close(q.wake)
-		q.wake = make(chan struct{})
+		q.endReadLocked()
 		q.evMu.Unlock()
 		if err != nil || ready {
 			return err
@@ -435,11 +472,16 @@ func (q *cq) Destroy() error {
 	}
 	q.closing = true
 	for q.reading {
-		_ = q.f.SetReadDeadline(aLongTimeAgo)
+		q.interruptLocked()
 		wake := q.wake
+		q.waiters++
 		q.evMu.Unlock()
 		<-wake
 		q.evMu.Lock()
+	}
+	if q.kstop != nil {
+		q.kstop()
+		q.kstop, q.kdone = nil, nil
 	}
 	unacked := q.unacked
 	q.unacked = 0
@@ -462,7 +504,9 @@ func (q *cq) Destroy() error {
 	if err != nil {
 		q.evMu.Lock()
 		q.closing = false
-		_ = q.f.SetReadDeadline(time.Time{})
+		if q.f != nil {
+			_ = q.f.SetReadDeadline(time.Time{})
+		}
 		q.evMu.Unlock()
 		return err
 	}

@@ -4,13 +4,21 @@
 // (ibv_poll_cq, ibv_post_send, ibv_post_recv, ibv_req_notify_cq,
 // ibv_query_port, ibv_reg_mr), and some of its structs hold anonymous
 // unions that cgo cannot name. The helpers here are the C side of the Go
-// code: one cgo call per verb, plain structs in and out. Every helper is
+// code: one cgo call per verb, plain structs in and out — or, on the data
+// path, one cgo call per round of verbs (sr_poll_cq_spin, sr_cq_wait_poll):
+// every call into C costs the Go runtime a transition. Every helper is
 // static inline, so any file of the package may include this header.
 #ifndef SOFTRDMA_RDMACORE_SHIM_H
 #define SOFTRDMA_RDMACORE_SHIM_H
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE // ppoll
+#endif
 #include <endian.h>
 #include <errno.h>
+#include <poll.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +120,117 @@ static inline int sr_poll_cq(struct ibv_cq *cq, struct ibv_wc *tmp, struct sr_wc
 		o->dlid_path_bits = w->dlid_path_bits;
 	}
 	return r;
+}
+
+// sr_now_ns is CLOCK_MONOTONIC in ns (the vDSO: no system call).
+static inline int64_t sr_now_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// sr_poll_cq_spin is sr_poll_cq repeated while the CQ is empty, for up to
+// spin_ns: a busy poll that crosses from Go into C once instead of once per
+// empty poll. spin_ns 0 polls once.
+static inline int sr_poll_cq_spin(struct ibv_cq *cq, struct ibv_wc *tmp, struct sr_wc *out, int n, int64_t spin_ns) {
+	int r = sr_poll_cq(cq, tmp, out, n);
+	if (r != 0 || spin_ns <= 0)
+		return r;
+	int64_t end = sr_now_ns() + spin_ns;
+	do {
+		r = sr_poll_cq(cq, tmp, out, n);
+	} while (r == 0 && sr_now_ns() < end);
+	return r;
+}
+
+// Outcomes of sr_cq_wait_poll that return no completion (sr_wait.why).
+enum {
+	SR_WAIT_AGAIN = 1,  // nothing queued, no event pending (kick < 0: the caller waits)
+	SR_WAIT_KICKED,     // the kick fd was written (and is drained)
+	SR_WAIT_TIMEOUT,    // timeout_ns passed, or a signal interrupted ppoll
+	SR_WAIT_OTHER,      // the channel's next event was for another CQ: in other
+	SR_ERR_POLL,        // errors: which call failed (the result is its -errno)
+	SR_ERR_NOTIFY,
+	SR_ERR_EVENT,
+	SR_ERR_PPOLL,
+};
+
+// sr_wait is the state of one waiter of sr_cq_wait_poll, kept between
+// calls: armed says that the CQ was armed (ibv_req_notify_cq) and its event
+// not taken since, so an empty poll goes on to the channel.
+struct sr_wait {
+	int armed;
+	int why;
+	struct ibv_cq *other;
+};
+
+// sr_cq_wait_poll is the loop of rdma_get_recv_comp on a CQ whose channel
+// ch serves it (the Go side checks that it serves it alone; an event for
+// another CQ is handed back in st->other): poll up to n completions; while
+// none is queued arm the CQ, poll again, take the channel's event and
+// acknowledge it. ch->fd is non-blocking: with no event pending and kick
+// < 0 it returns (SR_WAIT_AGAIN) for the caller to wait for the fd; with a
+// kick fd it sleeps in ppoll on both, at most timeout_ns. The result is the
+// number of completions, 0 with st->why, or -errno with st->why the call
+// that failed.
+static inline int sr_cq_wait_poll(struct ibv_cq *cq, struct ibv_comp_channel *ch, int kick, int64_t timeout_ns,
+				  struct ibv_wc *tmp, struct sr_wc *out, int n, struct sr_wait *st) {
+	for (;;) {
+		int r = sr_poll_cq(cq, tmp, out, n);
+		if (r < 0)
+			st->why = SR_ERR_POLL;
+		if (r != 0)
+			return r;
+		if (!st->armed) {
+			int rc = sr_req_notify_cq(cq);
+			if (rc != 0) {
+				st->why = SR_ERR_NOTIFY;
+				return -rc;
+			}
+			st->armed = 1;
+			continue; // armed, then checked: a completion after the check raises an event
+		}
+		struct ibv_cq *ev;
+		void *ev_ctx;
+		errno = 0;
+		if (ibv_get_cq_event(ch, &ev, &ev_ctx) == 0) {
+			if (ev != cq) {
+				st->other = ev;
+				st->why = SR_WAIT_OTHER;
+				return 0;
+			}
+			ibv_ack_cq_events(cq, 1);
+			st->armed = 0;
+			continue;
+		}
+		if (errno != EAGAIN && errno != EWOULDBLOCK) {
+			st->why = SR_ERR_EVENT;
+			return -(errno ? errno : EIO);
+		}
+		if (kick < 0) {
+			st->why = SR_WAIT_AGAIN;
+			return 0;
+		}
+		struct pollfd p[2] = {{.fd = ch->fd, .events = POLLIN}, {.fd = kick, .events = POLLIN}};
+		struct timespec ts = {.tv_sec = timeout_ns / 1000000000, .tv_nsec = timeout_ns % 1000000000};
+		int pr = ppoll(p, 2, &ts, NULL);
+		if (pr < 0 && errno != EINTR) {
+			st->why = SR_ERR_PPOLL;
+			return -errno;
+		}
+		if (pr <= 0) {
+			st->why = SR_WAIT_TIMEOUT;
+			return 0;
+		}
+		if (p[1].revents) {
+			uint64_t v;
+			if (read(kick, &v, sizeof v) < 0) {
+				// EAGAIN: another reader drained it; either way, kicked
+			}
+			st->why = SR_WAIT_KICKED;
+			return 0;
+		}
+	}
 }
 
 // sr_send is a UD send work request without unions; imm in host order.

@@ -2,6 +2,7 @@ package interop
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -21,7 +22,10 @@ import (
 // (t_typical, its median); ours are round trips, compared with twice it.
 // The same ping-pong over plain UDP multicast sockets between the guests
 // tells the multicast path's own cost (ib_send_lat is unicast); ours runs
-// twice, with the guest's one P (one vCPU) and with GOMAXPROCS=2.
+// twice, with the guest's one P (one vCPU) and with GOMAXPROCS=2 (both
+// peers alike). Each peer's RUNTIME line (cgo calls per round trip, the Go
+// scheduler's latencies) is logged. SOFTRDMA_KERNELLAT_AB=1 runs
+// kernelLatencyAB instead.
 // It asserts that every run completes; the figures and ratios are for the
 // closing note, not a pass mark (a TCG guest is slow and noisy).
 func TestKernelLatency(t *testing.T) {
@@ -62,6 +66,15 @@ func TestKernelLatency(t *testing.T) {
 		if got == 0 {
 			t.Fatalf("no LATENCY line:\n%s", c.output())
 		}
+		// The Go runtime's view of both sides (cgo calls per round
+		// trip, scheduling latencies): see bench's runStats.
+		for _, out := range []string{c.stdout(), p.stdout()} {
+			for _, line := range strings.Split(out, "\n") {
+				if strings.HasPrefix(line, "RUNTIME ") {
+					t.Logf("%s %s %s: %s", mode, wait, strings.Join(extra, " "), line)
+				}
+			}
+		}
 		return p50, p99
 	}
 	// The C path: mcpingpong (this folder), the same multicast ping-pong
@@ -96,7 +109,18 @@ func TestKernelLatency(t *testing.T) {
 		if got == 0 {
 			t.Fatalf("no LATENCY line:\n%s", c.output())
 		}
+		for _, out := range []string{c.stdout(), p.stdout()} {
+			for _, line := range strings.Split(out, "\n") {
+				if strings.HasPrefix(line, "CPU ") {
+					t.Logf("mcpingpong %s: %s", wait, line)
+				}
+			}
+		}
 		return p50
+	}
+	if os.Getenv("SOFTRDMA_KERNELLAT_AB") != "" {
+		kernelLatencyAB(t, pingPong, cPingPong)
+		return
 	}
 	var lines []string
 	for _, wait := range []string{"block", "poll"} {
@@ -127,4 +151,42 @@ func TestKernelLatency(t *testing.T) {
 		lines = append(lines, line)
 	}
 	note.set("multicast ping-pong round trip on rxe0 between %s and %s (TCG guests, 64 B): %s", g1.name, g2.name, strings.Join(lines, "; "))
+}
+
+// kernelLatencyAB compares the kernel backend's ways to wait, interleaved
+// in one lab (the host is shared and noisy: runs minutes apart are not
+// comparable): blocking, the default (PollWait, asleep in Go's netpoller
+// with one P and in C with more), the verbs calls as before it
+// (SOFTRDMA_RDMACORE_WAIT=verbs) and PollWait asleep the other way;
+// busy-polling, a Poll that spins 10 µs in C (SOFTRDMA_RDMACORE_POLLSPIN)
+// against one call into C per poll (the default, as before); each at
+// GOMAXPROCS 1 and 2 on both peers, with the C ping-pong in every round,
+// twice over.
+func kernelLatencyAB(t *testing.T, pingPong func(mode, wait string, extra ...string) (int64, int64), cPingPong func(wait string) int64) {
+	type variant struct {
+		name string
+		env  []string
+	}
+	for _, wait := range []string{"block", "poll"} {
+		for round := 1; round <= 2; round++ {
+			c50 := cPingPong(wait)
+			t.Logf("AB %s round %d: C (mcpingpong) p50 %.1f µs", wait, round, float64(c50)/1e3)
+			for _, procs := range []string{"GOMAXPROCS=1", "GOMAXPROCS=2"} {
+				vs := []variant{{"fused", nil}, {"verbs (before)", []string{"SOFTRDMA_RDMACORE_WAIT=verbs", "SOFTRDMA_RDMACORE_POLLSPIN=0"}}}
+				if wait == "poll" {
+					vs[0] = variant{"spinning 10 µs in C", []string{"SOFTRDMA_RDMACORE_POLLSPIN=10us"}}
+				}
+				if wait == "block" && procs == "GOMAXPROCS=1" {
+					vs = append(vs, variant{"fused, asleep in C", []string{"SOFTRDMA_RDMACORE_WAIT=thread"}})
+				} else if wait == "block" {
+					vs = append(vs, variant{"fused, asleep in the netpoller", []string{"SOFTRDMA_RDMACORE_WAIT=netpoll"}})
+				}
+				for _, v := range vs {
+					p50, p99 := pingPong("rdma", wait, append([]string{procs}, v.env...)...)
+					t.Logf("AB %s round %d: %s %s: p50 %.1f µs (%.2fx C), p99 %.1f µs", wait, round, procs, v.name,
+						float64(p50)/1e3, float64(p50)/float64(c50), float64(p99)/1e3)
+				}
+			}
+		}
+	}
 }

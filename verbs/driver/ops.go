@@ -97,6 +97,19 @@ type CQOps interface {
 	Destroy() error
 }
 
+// CQPollWaiter is an optional interface of a CQOps: PollWait is the loop
+// of rdma_get_recv_comp — poll; while nothing is queued, arm the CQ, poll
+// again, take the channel's event for the CQ and acknowledge it — done in
+// the backend in as few steps as it can (the kernel backend: one call into
+// C when a completion is queued), until up to len(wc) completions are
+// polled or ctx ends. The events it takes are acknowledged by the backend
+// (verbs does not count them). ok false, with nothing done: not for this
+// CQ (no completion channel that serves it alone); the caller uses Poll,
+// ReqNotify and the channel's GetEvent.
+type CQPollWaiter interface {
+	PollWait(ctx context.Context, wc []WC) (n int, ok bool, err error)
+}
+
 // QPOps is a queue pair (struct ibv_qp).
 type QPOps interface {
 	// Num returns the QP number.

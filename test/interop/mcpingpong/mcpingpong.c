@@ -11,7 +11,8 @@
 //   mcpingpong -b ADDR -r GROUP -s GROUP [-e] [-n COUNT] [-w WARMUP] [-p]
 //
 // -p: pong (answers until the pinger's stop message); else ping, which
-// prints "LATENCY n=… p50_ns=… p99_ns=… lost=0".
+// prints "LATENCY n=… p50_ns=… p99_ns=… lost=0". Both end with "CPU role=…
+// rounds=… cpu_us_per_round=…" (getrusage, from the joins on).
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <rdma/rdma_cma.h>
 #include <infiniband/verbs.h>
@@ -153,6 +155,13 @@ static int64_t now(void) {
 	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+// cpu_ns is the process's CPU time (user and system) in ns.
+static int64_t cpu_ns(void) {
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return ((int64_t)ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000 + ((int64_t)ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000;
+}
+
 int main(int argc, char **argv) {
 	const char *bind = NULL, *rg = NULL, *sg = NULL;
 	int pong = 0, count = 2000, warmup = 200, c;
@@ -212,6 +221,7 @@ int main(int argc, char **argv) {
 	rqpn = ev->param.ud.qp_num;
 	rqkey = ev->param.ud.qkey;
 	rdma_ack_cm_event(ev);
+	int64_t cpu0 = cpu_ns();
 	if (pong) {
 		printf("PONG READY\n");
 		fflush(stdout);
@@ -226,6 +236,7 @@ int main(int argc, char **argv) {
 			n++;
 		}
 		printf("PONGS n=%ld\n", n);
+		printf("CPU role=pong rounds=%ld cpu_us_per_round=%.1f\n", n, (cpu_ns() - cpu0) / 1e3 / (n ? n : 1));
 		return 0;
 	}
 	// As the Go pinger: a reply not back in 500 ms is lost (a late one
@@ -259,5 +270,6 @@ int main(int argc, char **argv) {
 	}
 	qsort(rtt, n, sizeof *rtt, cmp);
 	printf("LATENCY n=%d p50_ns=%lld p99_ns=%lld lost=%d\n", n, (long long)rtt[n / 2], (long long)rtt[n * 99 / 100], lost);
+	printf("CPU role=ping rounds=%d cpu_us_per_round=%.1f\n", warmup + count, (cpu_ns() - cpu0) / 1e3 / (warmup + count));
 	return 0;
 }

@@ -25,6 +25,8 @@ const (
 // SOFTRDMA_LAT_BIND is the local address, SOFTRDMA_LAT_WAIT block or poll,
 // SOFTRDMA_LAT_MODE rdma (the default) or udp (plain UDP sockets with raw
 // system calls, the baseline, on port SOFTRDMA_LAT_PORT if set).
+// Both sides end with a "RUNTIME …" line: the Go runtime's cgo calls per
+// round and its scheduling latencies over the run (runStats).
 // Skipped without SOFTRDMA_LAT_PEER.
 func TestLatencyPeer(t *testing.T) {
 	role := os.Getenv(latPeerEnv)
@@ -41,6 +43,7 @@ func TestLatencyPeer(t *testing.T) {
 		Group: os.Getenv("SOFTRDMA_LAT_GROUP"), Group2: os.Getenv("SOFTRDMA_LAT_GROUP2"), Count: count, Warmup: 200}
 	switch role {
 	case "pong":
+		before := readRunStats()
 		p, err := startPong(&req)
 		if err != nil {
 			t.Fatal(err)
@@ -55,11 +58,14 @@ func TestLatencyPeer(t *testing.T) {
 			t.Fatalf("pong: %s (after %d answers)", errs, n)
 		}
 		fmt.Printf("PONGS n=%d\n", n)
+		fmt.Println(readRunStats().line("pong", before, n))
 	case "ping":
 		if count <= 0 {
 			t.Fatal("SOFTRDMA_LAT_COUNT: no round trips")
 		}
+		before := readRunStats()
 		rep := ping(&req)
+		after := readRunStats()
 		if rep.Err != "" {
 			t.Fatalf("ping: %s", rep.Err)
 		}
@@ -69,6 +75,8 @@ func TestLatencyPeer(t *testing.T) {
 			t.Fatal("ping: no round trip")
 		}
 		fmt.Printf("LATENCY n=%d p50_ns=%d p99_ns=%d lost=%d\n", len(rtts), rtts[len(rtts)/2], rtts[len(rtts)*99/100], rep.Lost)
+		// The whole run: set-up, warm-up and the stop message included.
+		fmt.Println(after.line("ping", before, req.Warmup+count))
 	default:
 		t.Fatalf("%s=%q: want ping or pong", latPeerEnv, role)
 	}
