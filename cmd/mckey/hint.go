@@ -148,13 +148,15 @@ func (t *mckey) dropHint(n *node, done int) {
 // ibLossText says where the emulated IB subnet loses datagrams: it is
 // flow controlled, so only where a port gives no credit for too long.
 const ibLossText = "on the InfiniBand subnet the switch discards what waits longer than its head-of-queue lifetime for a port that gives no credit " +
-	"(softsm -v names the port and counts), and a sender's port what finds no credit for its link stall timeout (link_stall_drops, said by an mckey sender)"
+	"(softsm -v names the port and counts), a sender's port what it sends directly and so waits (direct_discards, said by an mckey sender), " +
+	"and what finds no credit for its link stall timeout (link_stall_drops, said by an mckey sender)"
 
 // sendDrops are the drop counters of a sender's own datagrams: a send
-// larger than the MTU, and one an IB port's stalled link dropped. (The
+// larger than the MTU, one an IB port's stalled link dropped, and one it
+// discarded for a destination port it sends to directly. (The
 // others count what a device receives, a sender's blocked loopback copies
 // among them.)
-var sendDrops = []string{"oversized_send_drops", "link_stall_drops"}
+var sendDrops = []string{"oversized_send_drops", "link_stall_drops", "direct_discards"}
 
 // grewSince lists the send drop counters of n's device that grew since
 // n.drops0 ("link_stall_drops=3"), and their sum.

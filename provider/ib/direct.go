@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/ib/fabric"
+	"github.com/softrdma/softrdma/logging"
 	"github.com/softrdma/softrdma/provider/softverbs"
 )
 
@@ -72,6 +73,10 @@ type peerLink struct {
 	stallCount int
 	dropUntil  time.Time
 	lastReq    time.Time
+	// Discards not logged yet, and when the last line went out (at most
+	// one a second per peer, as softsm's switch logs its discards).
+	unlogged uint64
+	loggedAt time.Time
 }
 
 // directRoute is a DLID's destination ports and the switch's
@@ -504,8 +509,8 @@ func (d *Device) xmitDirect(n int, r *directRoute, send func(i int, to netip.Add
 // staged before it waits. lmu is held; it is let go while waiting.
 func (d *Device) peerCredit(pl *peerLink, r *directRoute, flush func()) bool {
 	if !pl.dropUntil.IsZero() {
-		if time.Now().Before(pl.dropUntil) {
-			d.core.Count(softverbs.DirectDiscards, 1)
+		if now := time.Now(); now.Before(pl.dropUntil) {
+			d.discarded(pl, now)
 			return false
 		}
 		pl.dropUntil = time.Time{}
@@ -548,7 +553,7 @@ func (d *Device) peerCredit(pl *peerLink, r *directRoute, flush func()) bool {
 					pl.stallCount = 0
 					return true
 				}
-				d.core.Count(softverbs.DirectDiscards, 1)
+				d.discarded(pl, now)
 				if pl.stallCount++; pl.stallCount >= r.vlStall {
 					pl.stallCount = 0
 					pl.dropUntil = now.Add(8 * r.hoq)
@@ -582,6 +587,20 @@ func (d *Device) peerCredit(pl *peerLink, r *directRoute, flush func()) bool {
 		default:
 		}
 	}
+}
+
+// discarded counts a packet discarded for pl and logs the discards (with
+// a logger: SOFTRDMA_LOG) at most once a second per peer, with the count
+// since the last line. lmu is held.
+func (d *Device) discarded(pl *peerLink, now time.Time) {
+	d.core.Count(softverbs.DirectDiscards, 1)
+	pl.unlogged++
+	if logging.Logger() == nil || now.Sub(pl.loggedAt) < time.Second {
+		return
+	}
+	d.logf(false, "%d packets for port %#x (LID %d) discarded: no credit from it for the head-of-queue lifetime, or it was stalled (direct_discards %d)",
+		pl.unlogged, pl.guid, pl.lid, d.core.Counters().Get(softverbs.DirectDiscards))
+	pl.unlogged, pl.loggedAt = 0, now
 }
 
 // sendMarker sends a marker to the port's own socket and returns its
