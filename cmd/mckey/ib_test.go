@@ -48,7 +48,7 @@ func subnetProc(t *testing.T, extra ...string) (*proc, string) {
 		t.Fatal(softsmErr)
 	}
 	args := []string{"-listen", "127.0.0.1:0"}
-	testsm.SM(t) // its prerequisites
+	testsm.SM(t)             // its prerequisites
 	osm := testsm.OnOpenSM() // SOFTRDMA_TEST_SM=opensm: OpenSM in charge
 	args = append(args, testsm.SMArgs(t)...)
 	if !osm {

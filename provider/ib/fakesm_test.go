@@ -27,10 +27,10 @@ type fakeSM struct {
 	// cookies of the attaches received, in order (nil: none).
 	cookie  []byte
 	cookies [][]byte
-	port    netip.AddrPort // the port's address, once it attached
-	got     map[string]int // control messages by type
-	data    int            // IB packets received
-	flows   []fabric.Flow  // flow control packets received
+	port    netip.AddrPort  // the port's address, once it attached
+	got     map[string]int  // control messages by type
+	data    int             // IB packets received
+	flows   []fabric.Flow   // flow control packets received
 	directs []fabric.Direct // direct forwarding messages received
 	cond    *sync.Cond
 	wg      sync.WaitGroup
