@@ -279,7 +279,6 @@ func TestIBSenderStallSaysSo(t *testing.T) {
 	// ENETRESET). softsm makes the sender's port Active at its attach;
 	// OpenSM at its next light sweep, up to a second later, which takes
 	// the stop past those 5 s.
-	testsm.SkipOnOpenSM(t, "OpenSM makes the sender's port Active at its next light sweep (up to 1 s after the attach; softsm at once), which takes the receiver's SIGSTOP past provider/ib's 5 s silent-SM limit: the resumed receiver's port reports PortError and its join ends with ENETRESET before the accounting this test checks")
 	smp, sm := subnetProc(t, "-v", "-hoq-life", "1h", "-port-timeout", "1m")
 	const n = 2000
 	rx := start(t, "receiver", "/usr/bin/env", onIB(sm, "-m", "230.1.2.6", "-b", "127.0.1.12", "-C", strconv.Itoa(n), "-S", "64",

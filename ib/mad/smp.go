@@ -504,3 +504,50 @@ func (s SMInfo) ActCount() uint32 { return binary.BigEndian.Uint32(s[16:]) }
 
 // SMState returns SMState.
 func (s SMInfo) SMState() uint8 { return s[20] & 0xF }
+
+// Notice is the Notice attribute of a Trap (IBA 14.2.5.1), generic form:
+//
+//	0 IsGeneric(1b) Type(7b)  1 ProducerType(3)  4 TrapNumber(2)
+//	6 IssuerLID(2)  8 NoticeToggle(1b) NoticeCount(15b)
+//	10 DataDetails(54)  64 IssuerGID(16)
+type Notice []byte
+
+// Notice types and producer types (IBA 14.2.5.1), and the trap numbers
+// softrdma's switch sends.
+const (
+	NoticeUrgent        = 1
+	ProducerSwitch      = 2
+	TrapLinkStateChange = 128
+)
+
+// IsGeneric reports whether the notice is generic.
+func (n Notice) IsGeneric() bool { return n[0]&0x80 != 0 }
+
+// Type returns the notice type.
+func (n Notice) Type() uint8 { return n[0] & 0x7F }
+
+// SetGeneric makes the notice generic of type typ from a producer of
+// producerType.
+func (n Notice) SetGeneric(typ uint8, producerType uint32) {
+	n[0] = 0x80 | typ&0x7F
+	n[1], n[2], n[3] = byte(producerType>>16), byte(producerType>>8), byte(producerType)
+}
+
+// ProducerType returns a generic notice's producer type.
+func (n Notice) ProducerType() uint32 { return uint32(n[1])<<16 | uint32(n[2])<<8 | uint32(n[3]) }
+
+// TrapNumber returns a generic notice's trap number.
+func (n Notice) TrapNumber() uint16 { return binary.BigEndian.Uint16(n[4:]) }
+
+// SetTrapNumber sets the trap number.
+func (n Notice) SetTrapNumber(v uint16) { binary.BigEndian.PutUint16(n[4:], v) }
+
+// IssuerLID returns the issuer's LID.
+func (n Notice) IssuerLID() uint16 { return binary.BigEndian.Uint16(n[6:]) }
+
+// SetIssuerLID sets the issuer's LID.
+func (n Notice) SetIssuerLID(v uint16) { binary.BigEndian.PutUint16(n[6:], v) }
+
+// DataDetails returns the trap's details (trap 128: the switch's LID in
+// its first two bytes).
+func (n Notice) DataDetails() []byte { return n[10:64] }

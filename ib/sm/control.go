@@ -181,9 +181,9 @@ func (s *SM) handleControl(b []byte, from netip.AddrPort) {
 			s.logf("port %#x (LID %d) detached", p.guid, p.lid)
 			s.detachLocked(p)
 			if s.ext != nil {
-				// The model's link goes down now: OpenSM's next light
-				// sweep sees PortStateChange.
-				defer s.ext.fab.Refresh()
+				// The model's link goes down now, and the switch tells
+				// OpenSM (trap 128), which sweeps at once.
+				defer s.ext.linkChanged()
 			}
 		} else {
 			s.foreignDetach.Add(1)

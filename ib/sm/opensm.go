@@ -417,12 +417,21 @@ func activeView(v sma.PortView) bool {
 
 func unicast(lid uint16) bool { return lid != 0 && lid < wire.MulticastLIDBase }
 
+// linkChanged brings the model's ports up to date with the attached ones
+// and has the switch tell OpenSM of the links that came up or went down
+// (trap 128), as a switch does: OpenSM sweeps at once, not at its next
+// light sweep.
+func (x *extSM) linkChanged() {
+	x.fab.Refresh()
+	x.srv.Trap()
+}
+
 // extAttached answers an attach the SM took in OpenSM mode: a port_info
 // once OpenSM made the port Active, else nothing yet (extUpdateLoop sends
 // it when OpenSM does).
 func (s *SM) extAttached(guid uint64, nonce []byte, from netip.AddrPort, rereg bool, credits int) {
 	if rereg {
-		s.ext.fab.Refresh() // the model finds the port now
+		s.ext.linkChanged() // the model finds the port now
 	}
 	v, ok := s.ext.fab.Port(guid)
 	s.mu.Lock()

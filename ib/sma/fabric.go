@@ -60,6 +60,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/ib/mad"
+	"github.com/softrdma/softrdma/ib/simproto"
 )
 
 // Port is a CA port of the subnet: one of softsm's attached ports.
@@ -166,6 +167,10 @@ type Fabric struct {
 	dirty   bool
 	tables  atomic.Pointer[Tables]
 	changes chan struct{}
+	// linkChange: a CA port's link came up or went down since the last
+	// trap (TakeTrap); trapTID numbers the traps.
+	linkChange bool
+	trapTID    uint64
 }
 
 // New returns the subnet with the CA ports cfg.Ports lists now.
@@ -329,7 +334,7 @@ func (f *Fabric) refreshLocked(now time.Time) {
 			f.logf("sma: CA port %#x left switch port %d", guid, sp.num)
 			unlink(sp)
 			mad.SwitchInfo(f.sw.sw.info[:]).SetPortStateChange(true)
-			f.dirty = true
+			f.dirty, f.linkChange = true, true
 		}
 		delete(f.cas, guid)
 		f.full = false
@@ -355,7 +360,7 @@ func (f *Fabric) refreshLocked(now time.Time) {
 		f.cas[cp.GUID] = n
 		link(sp, n.ports[1])
 		mad.SwitchInfo(f.sw.sw.info[:]).SetPortStateChange(true)
-		f.dirty = true
+		f.dirty, f.linkChange = true, true
 		f.logf("sma: CA port %#x (%q) on switch port %d", cp.GUID, cp.NodeDesc, sp.num)
 	}
 }
@@ -528,4 +533,45 @@ func (f *Fabric) MFT(mlid uint16) []int {
 		}
 	}
 	return ps
+}
+
+// TakeTrap returns the trap the switch sends its SM when a CA port's
+// link came up or went down since the last one, as a switch does (IBA
+// 14.2.5.1, trap 128: link state change; OpenSM sweeps at once instead
+// of at its next light sweep): a LID-routed Trap(Notice) SMP from the
+// switch's LID to the master SM's LID its port 0 was given, with the
+// M_Key it was given. ok is false when there is nothing to tell or no SM
+// has configured the switch yet (its port 0 has no LID or no SM LID):
+// that SM's first sweep finds the ports anyway.
+func (f *Fabric) TakeTrap() (r simproto.Request, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.maybeRefresh(time.Now())
+	pi := mad.PortInfo(f.sw.ports[0].pi[:])
+	lid, smLID := pi.LID(), pi.MasterSMLID()
+	if !f.linkChange || lid == 0 || smLID == 0 {
+		return nil, false
+	}
+	f.linkChange = false
+	f.trapTID++
+	r = make(simproto.Request, simproto.RequestLen)
+	r.SetDLID(smLID)
+	r.SetSLID(lid)
+	r.SetLength(simproto.MADLen)
+	s := mad.SMP(r.MAD())
+	m := s.MAD()
+	m.SetBaseVersion(mad.BaseVersion)
+	m.SetMgmtClass(mad.ClassSubnLID)
+	m.SetClassVersion(mad.SMPClassVersion)
+	m.SetMethod(mad.MethodTrap)
+	m.SetTID(f.trapTID)
+	m.SetAttrID(mad.AttrNotice)
+	s.SetMKey(pi.MKey())
+	n := mad.Notice(s.Data())
+	n.SetGeneric(mad.NoticeUrgent, mad.ProducerSwitch)
+	n.SetTrapNumber(mad.TrapLinkStateChange)
+	n.SetIssuerLID(lid)
+	binary.BigEndian.PutUint16(n.DataDetails(), lid)
+	f.logf("sma: trap 128 (link state change) from the switch (LID %d) to the SM (LID %d)", lid, smLID)
+	return r, true
 }

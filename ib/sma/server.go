@@ -542,6 +542,18 @@ func (s *Server) hostClient(class uint8, dqp uint32) *client {
 	return nil
 }
 
+// Trap sends the switch's trap, if it has one (Fabric.TakeTrap), to the
+// SM host's SM: softsm calls it when a port attached or detached.
+func (s *Server) Trap() {
+	r, ok := s.f.TakeTrap()
+	if !ok {
+		return
+	}
+	if to := s.hostClient(mad.ClassSubnLID, 0); to != nil {
+		s.send(to, r)
+	}
+}
+
 // send writes r to client c; a client whose socket is gone is forgotten.
 func (s *Server) send(c *client, r simproto.Request) {
 	c.conn.SetWriteDeadline(time.Now().Add(writeWait))

@@ -413,3 +413,39 @@ func TestOpenSMGetTable(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenSMLinkTrap: a port that attaches or detaches after SUBNET UP
+// makes softsm's switch send OpenSM trap 128 (link state change), as a
+// switch does, and OpenSM sweeps at once: with a sweep interval of two
+// minutes, only the trap can make the late port Active within the wait
+// below, and take its LID out of the LFT after the detach.
+func TestOpenSMLinkTrap(t *testing.T) {
+	prereqs(t)
+	s, _ := startInChargeWith(t, 1, sm.OpenSMConfig{SweepInterval: 120})
+	select {
+	case <-s.OpenSMUp():
+	case <-time.After(30 * time.Second):
+		t.Fatal("no SUBNET UP in OpenSM's log within 30s")
+	}
+	f := s.Model()
+	start := time.Now()
+	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr("127.0.0.10"), ActivateTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("a port attaching after SUBNET UP (sweep interval 120 s): %v", err)
+	}
+	v, _ := f.Port(d.GUID())
+	t.Logf("port %#x Active with LID %d (OpenSM's %d) after %v", d.GUID(), d.LID(), v.LID, time.Since(start).Round(time.Millisecond))
+	lid := v.LID
+	d.Close()
+	waitFor(t, 30*time.Second, "OpenSM's LFT without the port that detached", func() (bool, string) {
+		lft := f.LFT()
+		return int(lid) >= len(lft) || lft[lid] == 0xFF, fmt.Sprintf("LFT %s", lftString(lft))
+	})
+	b, err := os.ReadFile(s.OpenSMDir() + "/osm.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "Received Generic Notice type:1 num:128"); n < 2 {
+		t.Errorf("OpenSM logged %d traps 128, want one for the attach and one for the detach", n)
+	}
+}
