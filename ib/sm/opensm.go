@@ -573,12 +573,7 @@ func (s *SM) relayFromFabric(b []byte, p *port) {
 		// take it for a request.
 		return
 	}
-	srcAddr := p.addr.Addr().Unmap()
-	src := s.saSources[srcAddr]
-	if src == nil {
-		src = &saSource{}
-		s.saSources[srcAddr] = src
-	}
+	src := s.saSourceOf(p)
 	guid := p.guid
 	if !s.saAllow(&p.saBudget, &p.tableBudget, src, s.sa.Broad(req), func() string { return fmt.Sprintf("port %#x (%v)", guid, p.addr) }) {
 		return

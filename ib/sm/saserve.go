@@ -113,29 +113,36 @@ func (s *SM) saFromFabric(b []byte, p *port) {
 		s.rmppReceive(key, req, send)
 		return
 	}
-	srcAddr := p.addr.Addr().Unmap()
-	src := s.saSources[srcAddr]
-	if src == nil {
-		src = &saSource{}
-		s.saSources[srcAddr] = src
-	}
+	src := s.saSourceOf(p)
 	query := s.sa.Broad(req)
 	if !s.saAllow(&p.saBudget, &p.tableBudget, src, query, func() string { return fmt.Sprintf("port %#x (%v)", guid, p.addr) }) {
 		return
 	}
 	if query {
 		s.saLater(func() {
-			s.queueTable(tableJob{req: req, from: sa.From{GUID: guid, Source: srcAddr}, key: key, send: send, src: src, who: fmt.Sprintf("%#x", guid)})
+			s.queueTable(tableJob{req: req, from: sa.From{GUID: guid, Source: p.addr.Addr().Unmap()}, key: key, send: send, src: src, who: fmt.Sprintf("%#x", guid)})
 		})
 		return
 	}
 	s.saLater(func() {
-		resps := s.sa.Handle(req, sa.From{GUID: guid, Source: srcAddr})
+		resps := s.sa.Handle(req, sa.From{GUID: guid, Source: p.addr.Addr().Unmap()})
 		if s.cfg.Logf != nil {
 			s.logf("SA %s from %#x → %s", describe(req), guid, describeResp(resps))
 		}
 		s.answer(key, req, resps, send, src)
 	})
+}
+
+// saSourceOf returns the SA budgets of p's source address, made on
+// first use. Caller holds mu.
+func (s *SM) saSourceOf(p *port) *saSource {
+	a := p.addr.Addr().Unmap()
+	src := s.saSources[a]
+	if src == nil {
+		src = &saSource{}
+		s.saSources[a] = src
+	}
+	return src
 }
 
 // saAllow takes an SA request's tokens: the port's and the source's

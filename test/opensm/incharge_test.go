@@ -307,18 +307,24 @@ func (e *ep) recv(t *testing.T, n int) []string {
 	return got
 }
 
-// TestOpenSMInChargeLateAttach: a port that attaches after OpenSM's
-// SUBNET UP gets a LID from OpenSM (the model's switch sets
-// PortStateChange; OpenSM's light sweep, every second, finds it), and
-// OpenSM's tables drop it when it detaches.
-func TestOpenSMInChargeLateAttach(t *testing.T) {
-	prereqs(t)
-	s, devs := startInCharge(t, 1)
+// waitUp waits for OpenSM's SUBNET UP.
+func waitUp(t *testing.T, s *sm.SM) {
+	t.Helper()
 	select {
 	case <-s.OpenSMUp():
 	case <-time.After(30 * time.Second):
 		t.Fatal("no SUBNET UP in OpenSM's log within 30s")
 	}
+}
+
+// TestOpenSMInChargeLateAttach: a port that attaches after OpenSM's
+// SUBNET UP gets a LID from OpenSM (the model's switch sets
+// PortStateChange and sends OpenSM trap 128: TestOpenSMLinkTrap), and
+// OpenSM's tables drop it when it detaches.
+func TestOpenSMInChargeLateAttach(t *testing.T) {
+	prereqs(t)
+	s, devs := startInCharge(t, 1)
+	waitUp(t, s)
 	f := s.Model()
 	start := time.Now()
 	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr("127.0.0.9"), ActivateTimeout: 30 * time.Second})
@@ -422,11 +428,7 @@ func TestOpenSMGetTable(t *testing.T) {
 func TestOpenSMLinkTrap(t *testing.T) {
 	prereqs(t)
 	s, _ := startInChargeWith(t, 1, sm.OpenSMConfig{SweepInterval: 120})
-	select {
-	case <-s.OpenSMUp():
-	case <-time.After(30 * time.Second):
-		t.Fatal("no SUBNET UP in OpenSM's log within 30s")
-	}
+	waitUp(t, s)
 	f := s.Model()
 	start := time.Now()
 	d, err := ib.Open(ib.Config{SM: s.FabricAddr().String(), Local: netip.MustParseAddr("127.0.0.10"), ActivateTimeout: 30 * time.Second})
