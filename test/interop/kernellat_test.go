@@ -1,6 +1,7 @@
 package interop
 
 import (
+	"encoding/base64"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,7 +26,7 @@ import (
 // twice, with the guest's one P (one vCPU) and with GOMAXPROCS=2 (both
 // peers alike). Each peer's RUNTIME line (cgo calls per round trip, the Go
 // scheduler's latencies) is logged. SOFTRDMA_KERNELLAT_AB=1 runs
-// kernelLatencyAB instead.
+// kernelLatencyAB instead; SOFTRDMA_KERNELLAT_PROFILE=1 kernelLatencyProfile.
 // It asserts that every run completes; the figures and ratios are for the
 // closing note, not a pass mark (a TCG guest is slow and noisy).
 func TestKernelLatency(t *testing.T) {
@@ -67,11 +68,15 @@ func TestKernelLatency(t *testing.T) {
 			t.Fatalf("no LATENCY line:\n%s", c.output())
 		}
 		// The Go runtime's view of both sides (cgo calls per round
-		// trip, scheduling latencies): see bench's runStats.
-		for _, out := range []string{c.stdout(), p.stdout()} {
+		// trip, scheduling latencies): see bench's runStats; and their
+		// CPU profiles, when asked for.
+		for i, out := range []string{c.stdout(), p.stdout()} {
 			for _, line := range strings.Split(out, "\n") {
 				if strings.HasPrefix(line, "RUNTIME ") {
 					t.Logf("%s %s %s: %s", mode, wait, strings.Join(extra, " "), line)
+				}
+				if b64, ok := strings.CutPrefix(line, "CPUPROFILE "); ok {
+					logProfile(t, bin, fmt.Sprintf("%s %s %s %s", []string{"ping", "pong"}[i], mode, wait, strings.Join(extra, " ")), b64)
 				}
 			}
 		}
@@ -120,6 +125,10 @@ func TestKernelLatency(t *testing.T) {
 	}
 	if os.Getenv("SOFTRDMA_KERNELLAT_AB") != "" {
 		kernelLatencyAB(t, pingPong, cPingPong)
+		return
+	}
+	if os.Getenv("SOFTRDMA_KERNELLAT_PROFILE") != "" {
+		kernelLatencyProfile(t, pingPong, cPingPong)
 		return
 	}
 	var lines []string
@@ -188,5 +197,46 @@ func kernelLatencyAB(t *testing.T, pingPong func(mode, wait string, extra ...str
 				}
 			}
 		}
+	}
+}
+
+// kernelLatencyProfile profiles both Go peers' CPU (1000 samples a second
+// of CPU time, SOFTRDMA_LAT_CPUPROFILE) in each wait and GOMAXPROCS, the
+// kernel backend and Go's plain UDP ping-pong alike, with the C ping-pong
+// before each pair: where Go's CPU per round trip goes in the guests, which
+// have no profiler of their own. The profiles' top functions are logged.
+func kernelLatencyProfile(t *testing.T, pingPong func(mode, wait string, extra ...string) (int64, int64), cPingPong func(wait string) int64) {
+	for _, wait := range []string{"block", "poll"} {
+		for _, procs := range []string{"GOMAXPROCS=1", "GOMAXPROCS=2"} {
+			c50 := cPingPong(wait)
+			for _, mode := range []string{"rdma", "udp"} {
+				p50, _ := pingPong(mode, wait, procs, "SOFTRDMA_LAT_CPUPROFILE=1000")
+				t.Logf("PROFILE %s %s %s: p50 %.1f µs (%.2fx C's %.1f µs)", mode, wait, procs, float64(p50)/1e3, float64(p50)/float64(c50), float64(c50)/1e3)
+			}
+		}
+	}
+}
+
+// logProfile logs the top functions of a peer's CPU profile (pprof's
+// format, base64) taken by the test binary bin.
+func logProfile(t *testing.T, bin, name, b64 string) {
+	t.Helper()
+	raw, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		t.Errorf("%s: CPU profile: %v", name, err)
+		return
+	}
+	f := filepath.Join(t.TempDir(), "cpu.pprof")
+	if err := os.WriteFile(f, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, how := range []string{"-top", "-top -cum"} {
+		args := append([]string{"tool", "pprof"}, strings.Fields(how)...)
+		out, err := exec.Command(nettest.GoTool(), append(args, "-nodecount=30", bin, f)...).CombinedOutput()
+		if err != nil {
+			t.Errorf("%s: go tool pprof %s: %v\n%s", name, how, err, out)
+			return
+		}
+		t.Logf("%s: pprof %s:\n%s", name, how, nettest.Indent(string(out)))
 	}
 }

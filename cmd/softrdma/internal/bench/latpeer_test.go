@@ -1,8 +1,12 @@
 package bench
 
 import (
+	"bytes"
+	"encoding/base64"
 	"fmt"
 	"os"
+	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"testing"
@@ -26,7 +30,11 @@ const (
 // SOFTRDMA_LAT_MODE rdma (the default) or udp (plain UDP sockets with raw
 // system calls, the baseline, on port SOFTRDMA_LAT_PORT if set).
 // Both sides end with a "RUNTIME …" line: the Go runtime's cgo calls per
-// round and its scheduling latencies over the run (runStats).
+// round and its scheduling latencies over the run (runStats). With
+// SOFTRDMA_LAT_CPUPROFILE=HZ (e.g. 1000) a side also profiles its CPU over
+// the run at HZ samples a second and prints the profile (pprof's format,
+// base64) on a last line "CPUPROFILE …", for a machine with no profiler
+// of its own (the interop suite's TCG guests).
 // Skipped without SOFTRDMA_LAT_PEER.
 func TestLatencyPeer(t *testing.T) {
 	role := os.Getenv(latPeerEnv)
@@ -39,6 +47,20 @@ func TestLatencyPeer(t *testing.T) {
 		mode = "rdma"
 	}
 	port, _ := strconv.Atoi(os.Getenv("SOFTRDMA_LAT_PORT"))
+	if hz, _ := strconv.Atoi(os.Getenv("SOFTRDMA_LAT_CPUPROFILE")); hz > 0 {
+		var prof bytes.Buffer
+		// Before StartCPUProfile, which then keeps this rate (and says
+		// so on stderr): its own 100 Hz gives a few hundred samples in a
+		// run under TCG.
+		runtime.SetCPUProfileRate(hz)
+		if err := pprof.StartCPUProfile(&prof); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			fmt.Println("CPUPROFILE " + base64.StdEncoding.EncodeToString(prof.Bytes()))
+		}()
+	}
 	req := rxRequest{Mode: mode, Port: uint16(port), Wait: os.Getenv("SOFTRDMA_LAT_WAIT"), Size: 64, Bind: os.Getenv("SOFTRDMA_LAT_BIND"),
 		Group: os.Getenv("SOFTRDMA_LAT_GROUP"), Group2: os.Getenv("SOFTRDMA_LAT_GROUP2"), Count: count, Warmup: 200}
 	switch role {
