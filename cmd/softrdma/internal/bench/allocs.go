@@ -44,7 +44,7 @@ func newLoopback(bind netip.Addr, size, batch int) (*loopback, error) {
 		l.close()
 		return nil, err
 	}
-	if _, _, err = l.rx.join(l.group, false); err != nil {
+	if err = l.rx.joinRecv(l.group); err != nil {
 		l.close()
 		return nil, err
 	}

@@ -107,6 +107,17 @@ func (e *endpoint) join(group netip.Addr, sendOnly bool) (*verbs.AH, uint32, err
 	return ah, ev.Param.QKey, nil
 }
 
+// joinRecv joins group as a full member to receive from it: the join's
+// address handle, which a receiver does not send with, is destroyed (on the
+// rdma-core backend one dropped undestroyed leaks its C object).
+func (e *endpoint) joinRecv(group netip.Addr) error {
+	ah, _, err := e.join(group, false)
+	if ah != nil {
+		ah.Destroy()
+	}
+	return err
+}
+
 func (e *endpoint) leave(group netip.Addr) error { return e.id.LeaveMulticast(rdmacm.UDPAddr(group)) }
 
 func (e *endpoint) close() {

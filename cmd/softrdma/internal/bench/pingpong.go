@@ -315,7 +315,7 @@ func newCMPeer(bind, in, out netip.Addr, size int, poll bool) (_ *cmPeer, err er
 		}
 	}
 	ep := &endpoint{ch: p.ch, id: p.id}
-	if _, _, err = ep.join(in, false); err != nil {
+	if err = ep.joinRecv(in); err != nil {
 		return nil, err
 	}
 	p.joined = append(p.joined, in)

@@ -264,7 +264,7 @@ func startRx(req *rxRequest, ring *[]byte) (*rxCase, error) {
 			return nil, err
 		}
 		c.ctr0 = c.dev.Counters()
-		if _, _, err := c.ep.join(group, false); err != nil {
+		if err := c.ep.joinRecv(group); err != nil {
 			c.ep.close()
 			return nil, err
 		}
