@@ -259,7 +259,7 @@ func (q *cq) Poll(wc []verbs.WC) (int, error) {
 	}
 	for k < len(wc) {
 		want := min(len(wc)-k, pollBatch)
-		r := int(C.sr_poll_cq_spin(q.c, q.cwc, q.cout, C.int(want), spin))
+		r := int(C.sr_poll_cq_spin_u(cptr(q.c), cptr(q.cwc), cptr(q.cout), C.int(want), spin))
 		spin = 0
 		if r < 0 {
 			if k > 0 {

@@ -94,7 +94,7 @@ func (q *cq) initPollWait() error {
 	// an allocation per message): one round in C, done unless nothing is
 	// queued and no event pending.
 	q.ready = func(uintptr) bool {
-		q.wRes = C.sr_cq_wait_poll(q.c, q.user.ch, -1, 0, q.wwc, &q.wout[0], q.wWant, q.wst)
+		q.wRes = C.sr_cq_wait_poll_u(cptr(q.c), cptr(q.user.ch), -1, 0, cptr(q.wwc), cptr(&q.wout[0]), q.wWant, cptr(q.wst))
 		return q.wRes != 0 || q.wst.why != C.SR_WAIT_AGAIN
 	}
 	return nil
@@ -239,7 +239,7 @@ func (q *cq) pollWaitRead(ctx context.Context, wc []verbs.WC) (int, error) {
 		if d, ok := ctx.Deadline(); ok {
 			timeout = max(min(timeout, time.Until(d)), 0)
 		}
-		r = C.sr_cq_wait_poll(q.c, q.user.ch, C.int(q.kick), C.int64_t(timeout), q.wwc, &q.wout[0], C.int(want), q.wst)
+		r = C.sr_cq_wait_poll_u(cptr(q.c), cptr(q.user.ch), C.int(q.kick), C.int64_t(timeout), cptr(q.wwc), cptr(&q.wout[0]), C.int(want), cptr(q.wst))
 	} else {
 		q.wWant = C.int(want)
 		if rerr := q.raw.Read(q.ready); rerr != nil {

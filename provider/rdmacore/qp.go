@@ -272,7 +272,7 @@ func (q *qp) PostSend(wr *verbs.SendWR) error {
 			n++
 		}
 		if n > 0 {
-			r := int64(C.sr_post_send(q.c, q.sInP, q.sWR, q.sSGEP, C.int(n), C.int(q.sMaxSGE)))
+			r := int64(C.sr_post_send_u(cptr(q.c), cptr(q.sInP), cptr(q.sWR), cptr(q.sSGEP), C.int(n), C.int(q.sMaxSGE)))
 			if r != 0 {
 				return badWR("ibv_post_send", base+int(r>>32), syscall.Errno(uint32(r)))
 			}
@@ -345,7 +345,7 @@ func (q *qp) PostRecv(wr *verbs.RecvWR) error {
 			n++
 		}
 		if n > 0 {
-			r := int64(C.sr_post_recv(q.c, q.rWRP, C.int(n)))
+			r := int64(C.sr_post_recv_u(cptr(q.c), cptr(q.rWRP), C.int(n)))
 			if r != 0 {
 				return badWR("ibv_post_recv", base+int(r>>32), syscall.Errno(uint32(r)))
 			}

@@ -320,4 +320,28 @@ static inline int sr_get_async_event(struct ibv_context *ctx, int *type, int *po
 	return 0;
 }
 
+// The data path's calls with their pointers as integers (sr_*_u). Every
+// pointer they take is C memory (ibv objects, calloc'd scratch); passed as
+// a pointer type that may hold pointers, each would cost a cgo pointer check
+// per call (cgocheck=1, Go's default: a heap lookup for each argument), which
+// was 14% of a busy poll's CPU in the interop guests.
+static inline int sr_poll_cq_spin_u(uintptr_t cq, uintptr_t tmp, uintptr_t out, int n, int64_t spin_ns) {
+	return sr_poll_cq_spin((struct ibv_cq *)cq, (struct ibv_wc *)tmp, (struct sr_wc *)out, n, spin_ns);
+}
+
+static inline int sr_cq_wait_poll_u(uintptr_t cq, uintptr_t ch, int kick, int64_t timeout_ns, uintptr_t tmp, uintptr_t out,
+				    int n, uintptr_t st) {
+	return sr_cq_wait_poll((struct ibv_cq *)cq, (struct ibv_comp_channel *)ch, kick, timeout_ns, (struct ibv_wc *)tmp,
+			       (struct sr_wc *)out, n, (struct sr_wait *)st);
+}
+
+static inline int64_t sr_post_send_u(uintptr_t qp, uintptr_t in, uintptr_t wr, uintptr_t sge, int n, int max_sge) {
+	return sr_post_send((struct ibv_qp *)qp, (const struct sr_send *)in, (struct ibv_send_wr *)wr, (struct ibv_sge *)sge, n,
+			    max_sge);
+}
+
+static inline int64_t sr_post_recv_u(uintptr_t qp, uintptr_t wr, int n) {
+	return sr_post_recv((struct ibv_qp *)qp, (struct ibv_recv_wr *)wr, n);
+}
+
 #endif
