@@ -369,8 +369,9 @@ func TestOpenSMInChargeLateAttach(t *testing.T) {
 
 // TestOpenSMGetTable: a GetTable of MCMemberRecords from a port of
 // softsm's subnet reaches OpenSM's SA and its RMPP-active answer comes back
-// framed as the kernel's MAD layer frames it (softsm plays that layer for
-// OpenSM under umad2sim): to a requester without the SM_Key OpenSM answers
+// framed as the kernel's MAD layer frames it (softsm's RMPP layer plays that
+// layer for OpenSM under umad2sim, with softsm's RMPP sender to the port):
+// to a requester without the SM_Key OpenSM answers
 // one record a group (PortGID, JoinState and ProxyJoin zeroed), here the
 // IPoIB broadcast group and a group three ports joined (one segment), with
 // the MLIDs of the joins.
