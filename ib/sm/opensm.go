@@ -21,6 +21,7 @@ import (
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/simproto"
 	"github.com/softrdma/softrdma/ib/sma"
+	"github.com/softrdma/softrdma/ib/umadrmpp"
 	"github.com/softrdma/softrdma/wire"
 )
 
@@ -46,7 +47,14 @@ import (
 //     sma.Server.FromPort; OpenSM's answers, and any GMP it sends a CA
 //     port (Reports), come back through sma.ServerConfig.ToPort as UD
 //     packets from OpenSM's LID, QP1, so that the port's SA client takes
-//     them unchanged. RMPP travels segment by segment, ACKs included.
+//     them unchanged. RMPP: OpenSM runs with softsm's RMPP layer after
+//     libumad2sim.so in its LD_PRELOAD (package ib/umadrmpp, built with
+//     the C compiler when OpenSM starts), which cuts an RMPP-active answer
+//     into kernel-framed segments; softsm reassembles them (toPort) and
+//     sends the answer to the port through its own RMPP sender (window,
+//     ACKs, retransmission, its RMPP budgets), which takes the port's ACKs;
+//     they never reach OpenSM. Without the layer (no C compiler) an answer
+//     of one segment is framed here and a longer one is dropped, logged.
 //   - Forwarding: by the tables OpenSM set (sma.Tables, an immutable
 //     snapshot swapped atomically when OpenSM sets something): a unicast
 //     DLID by the linear forwarding table to the port on that switch
@@ -96,7 +104,24 @@ type OpenSMConfig struct {
 	SweepInterval int
 	// Verbose runs OpenSM with -V (every log line, flushed at once).
 	Verbose bool
+	// NoRMPPLayer runs OpenSM under libumad2sim.so alone, without
+	// softsm's RMPP layer (as when no C compiler is found): an SA answer
+	// of more than one RMPP segment (over 200 bytes of records) is then
+	// dropped, logged, and the port's request times out.
+	NoRMPPLayer bool
+	// CC is the C compiler that builds the RMPP layer ("" → $CC, else
+	// cc).
+	CC string
 }
+
+// OpenSMRMPPIn is how many RMPP answers of OpenSM softsm reassembles at
+// once (OpenSM in charge); a segment of one more is dropped, logged.
+const OpenSMRMPPIn = 64
+
+// osmRMPPIdle is how long an answer being reassembled waits for its next
+// segment (they come back to back from OpenSM's RMPP layer) before a new
+// one may take its place.
+const osmRMPPIdle = 5 * time.Second
 
 // extSM is the SM's side of OpenSM in charge.
 type extSM struct {
@@ -117,6 +142,18 @@ type extSM struct {
 	logRelay   limitedLog
 	// Packets for which OpenSM's tables name no port (softsm -v).
 	logNoRoute limitedLog
+	// rmppLib is softsm's RMPP layer that OpenSM runs with ("" without).
+	rmppLib string
+	// rmppIn are the RMPP answers of OpenSM being reassembled, by port and
+	// TID. Guarded by SM.mu.
+	rmppIn map[rmppKey]*osmAnswer
+}
+
+// osmAnswer is an RMPP answer of OpenSM to a port being reassembled.
+type osmAnswer struct {
+	r    mad.Reassembler
+	h    fabric.UDPacket // the answer's addressing
+	last time.Time       // of the last segment
 }
 
 // extPort is what the SM told a port in OpenSM mode. Guarded by SM.mu.
@@ -177,7 +214,8 @@ func (s *SM) newExt(cfg OpenSMConfig) (*extSM, error) {
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = 1
 	}
-	x := &extSM{cfg: cfg, relay: make(chan relayJob, OpenSMRelayQueue), exited: make(chan struct{}), up: make(chan struct{})}
+	x := &extSM{cfg: cfg, relay: make(chan relayJob, OpenSMRelayQueue), exited: make(chan struct{}), up: make(chan struct{}),
+		rmppIn: make(map[rmppKey]*osmAnswer)}
 	x.fab = sma.New(sma.Config{Ports: s, Logf: s.cfg.Logf})
 	srv, err := sma.Listen(x.fab, sma.ServerConfig{Base: cfg.Socket, Logf: s.cfg.Logf, ToPort: s.toPort})
 	if err != nil {
@@ -243,6 +281,13 @@ func (s *SM) startOpenSM() error {
 	if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")), 0o600); err != nil {
 		return fmt.Errorf("sm: OpenSM's configuration: %w", err)
 	}
+	if x.cfg.NoRMPPLayer {
+		s.logf("OpenSM runs without softsm's RMPP layer (NoRMPPLayer): an SA answer of more than one RMPP segment (over 200 bytes of records) cannot reach a port")
+	} else if lib, err := umadrmpp.Build(context.Background(), x.dir, x.cfg.CC); err != nil {
+		s.logf("OpenSM runs without softsm's RMPP layer, which could not be built: %v; an SA answer of more than one RMPP segment (over 200 bytes of records) cannot reach a port (docs/opensm.md)", err)
+	} else {
+		x.rmppLib = lib
+	}
 	out, err := os.Create(filepath.Join(x.dir, "opensm.out"))
 	if err != nil {
 		return fmt.Errorf("sm: OpenSM's output: %w", err)
@@ -254,7 +299,7 @@ func (s *SM) startOpenSM() error {
 	}
 	cmd := exec.Command(x.cfg.Path, args...)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = x.dir, out, out
-	cmd.Env = append(os.Environ(), "IBSIM_SOCKNAME="+x.cfg.Socket, "OSM_TMP_DIR="+x.dir, "OSM_CACHE_DIR="+x.dir, "LD_PRELOAD="+x.cfg.Umad2sim)
+	cmd.Env = append(os.Environ(), "IBSIM_SOCKNAME="+x.cfg.Socket, "OSM_TMP_DIR="+x.dir, "OSM_CACHE_DIR="+x.dir, "LD_PRELOAD="+x.preload())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := startLocked(cmd, &s.wg, func(err error) {
 		close(x.exited)
@@ -268,7 +313,7 @@ func (s *SM) startOpenSM() error {
 	}
 	x.cmd = cmd
 	x.started.Store(true)
-	s.logf("OpenSM (pid %d) manages the subnet: socket %q, files in %s", cmd.Process.Pid, x.cfg.Socket, x.dir)
+	s.logf("OpenSM (pid %d) manages the subnet: socket %q, files in %s, LD_PRELOAD=%s", cmd.Process.Pid, x.cfg.Socket, x.dir, x.preload())
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.watchSubnetUp() }()
 	return nil
@@ -301,6 +346,10 @@ func startLocked(cmd *exec.Cmd, wg *sync.WaitGroup, exited func(error)) error {
 }
 
 func (x *extSM) logPath() string { return filepath.Join(x.dir, "osm.log") }
+
+// preload is the LD_PRELOAD OpenSM runs with: libumad2sim.so, and
+// softsm's RMPP layer after it when it was built.
+func (x *extSM) preload() string { return umadrmpp.Preload(x.cfg.Umad2sim, x.rmppLib) }
 
 // watchSubnetUp closes x.up when OpenSM's log says SUBNET UP, reading
 // the log as it grows.
@@ -398,6 +447,17 @@ func (s *SM) OpenSMUp() <-chan struct{} {
 		return nil
 	}
 	return s.ext.up
+}
+
+// OpenSMPreload returns the LD_PRELOAD value OpenSM runs with:
+// libumad2sim.so, and after it softsm's RMPP layer when it was built ("" unless
+// OpenSM runs). A umad tool (saquery) run with it and IBSIM_SOCKNAME set to
+// OpenSMConfig.Socket gets OpenSM's multi-segment answers whole.
+func (s *SM) OpenSMPreload() string {
+	if s.ext == nil || !s.ext.started.Load() {
+		return ""
+	}
+	return s.ext.preload()
 }
 
 // OpenSMDir returns the directory of OpenSM's files ("" unless OpenSM
@@ -568,9 +628,13 @@ func (s *SM) relayFromFabric(b []byte, p *port) {
 	}
 	req := mad.MAD(ud.Payload[:mad.Len])
 	if isRMPPControl(req) {
-		// The ACK of an answer softsm framed for OpenSM (toPort): the
-		// MAD layer's business, which softsm plays here; OpenSM's SA would
-		// take it for a request.
+		// An ACK (STOP, ABORT) of an answer of OpenSM's that softsm sends
+		// (toPort): the MAD layer's business, which softsm plays here;
+		// OpenSM's SA would take it for a request.
+		key := rmppKey{guid: p.guid, tid: req.TID()}
+		if x := s.rmpp[key]; x != nil {
+			s.rmppReceive(key, req, x.send)
+		}
 		return
 	}
 	src := s.saSourceOf(p)
@@ -609,7 +673,9 @@ func (s *SM) relayLoop() {
 
 // toPort sends a GMP of OpenSM (an SA answer, a Report) to the port guid
 // as a UD packet: a management packet, counted on the link, sent without
-// credit (sma.ServerConfig.ToPort).
+// credit (sma.ServerConfig.ToPort). The segments of an RMPP-active answer
+// (from softsm's RMPP layer in OpenSM) are reassembled and the answer goes
+// through softsm's RMPP sender.
 func (s *SM) toPort(guid uint64, r simproto.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -619,24 +685,42 @@ func (s *SM) toPort(guid uint64, r simproto.Request) {
 	}
 	h := fabric.UDPacket{
 		DLID: r.DLID(), SLID: r.SLID(),
-		UD: wire.UDHeader{PKey: fabric.DefaultPKey, DestQP: r.DQP(), QKey: fabric.SAQKey, SrcQP: r.SQP(), PSN: s.psn & 0xFFFFFF},
+		UD: wire.UDHeader{PKey: fabric.DefaultPKey, DestQP: r.DQP(), QKey: fabric.SAQKey, SrcQP: r.SQP()},
 	}
-	s.psn++
 	m := mad.MAD(r.MAD()[:mad.Len])
-	if m.RMPPFlags()&mad.RMPPFlagActive != 0 && m.RMPPType() == 0 && m.IsResponse() {
-		// An RMPP-active answer of OpenSM (a GetTableResp), which its
-		// libibumad leaves to the kernel's MAD layer to segment and frame:
-		// under umad2sim softsm is that layer. ibsim's protocol carries the
-		// first 256 bytes of a MAD, so an answer of one segment (at most
-		// 200 bytes of records) is framed as the kernel frames it; a longer
-		// one cannot come through whole.
-		n := r.Length()
-		if n < mad.SAHeaderEnd || n > mad.Len {
-			s.limitedf(&s.ext.logRelay, time.Now(), "OpenSM's RMPP answer of %d bytes to %#x: umad2sim carries %d: dropped", n, guid, mad.Len)
+	if m.RMPPFlags()&mad.RMPPFlagActive != 0 && m.IsResponse() {
+		switch m.RMPPType() {
+		case mad.RMPPTypeData:
+			s.osmSegmentLocked(guid, h, m)
 			return
+		case 0:
+			// An RMPP-active answer that nothing cut into segments:
+			// OpenSM runs without softsm's RMPP layer. ibsim's protocol
+			// carries the first 256 bytes of a MAD, so an answer of one
+			// segment (at most 200 bytes of records) is framed here as
+			// the kernel frames it; a longer one was cut to 256 bytes by
+			// umad2sim, which gives its length as 256: one of 256 bytes
+			// is whole only if its records fill the 200 bytes exactly.
+			n, stride := r.Length(), int(m.AttrOffset())*8
+			if n < mad.SAHeaderEnd || n > mad.Len || (n == mad.Len && (stride == 0 || mad.SADataLen%stride != 0)) {
+				s.limitedf(&s.ext.logRelay, time.Now(), "OpenSM's RMPP answer to %#x (TID %#x): cut to %d bytes by umad2sim (softsm's RMPP layer is not running): dropped", guid, m.TID(), n)
+				return
+			}
+			m = mad.RMPPSegments(m, m[mad.SAHeaderEnd:n])[0]
 		}
-		m = mad.RMPPSegments(m, m[mad.SAHeaderEnd:n])[0]
 	}
+	s.osmSendLocked(guid, h, m)
+}
+
+// osmSendLocked sends m to the port guid with OpenSM's addressing h (a new
+// PSN). Caller holds mu.
+func (s *SM) osmSendLocked(guid uint64, h fabric.UDPacket, m mad.MAD) {
+	d := s.byGUID[guid]
+	if d == nil || !d.attached() || s.closed {
+		return
+	}
+	h.UD.PSN = s.psn & 0xFFFFFF
+	s.psn++
 	out := make([]byte, fabric.PacketLen(len(m), false, false))
 	fabric.EncodeUD(out, &h, m)
 	d.ls.link.Sent(1)
@@ -645,6 +729,56 @@ func (s *SM) toPort(guid uint64, r simproto.Request) {
 		return
 	}
 	d.c.tx.Add(1)
+}
+
+// osmSegmentLocked takes a segment of an RMPP answer of OpenSM to the
+// port guid, cut by softsm's RMPP layer in OpenSM's process; once the
+// answer is whole it goes to the port through softsm's RMPP sender, within
+// the RMPP budgets of softsm's own SA (beyond them the port is answered
+// 0x0100, TableBusy). Caller holds mu.
+func (s *SM) osmSegmentLocked(guid uint64, h fabric.UDPacket, seg mad.MAD) {
+	x := s.ext
+	key := rmppKey{guid: guid, tid: seg.TID()}
+	now := time.Now()
+	a := x.rmppIn[key]
+	if a == nil || seg.SegmentNumber() == 1 {
+		if a == nil && len(x.rmppIn) >= OpenSMRMPPIn {
+			for k, old := range x.rmppIn {
+				if now.Sub(old.last) > osmRMPPIdle {
+					delete(x.rmppIn, k)
+				}
+			}
+		}
+		if a == nil && len(x.rmppIn) >= OpenSMRMPPIn {
+			s.limitedf(&x.logRelay, now, "OpenSM's RMPP answer to %#x (TID %#x): %d answers being reassembled already: dropped", guid, key.tid, OpenSMRMPPIn)
+			return
+		}
+		a = &osmAnswer{h: h}
+		x.rmppIn[key] = a
+	}
+	a.last = now
+	done, data, err := a.r.Add(seg) // at most mad.MaxRMPPSegments
+	if err != nil {
+		delete(x.rmppIn, key)
+		s.limitedf(&x.logRelay, now, "OpenSM's RMPP answer to %#x (TID %#x), segment %d: %v: dropped", guid, key.tid, seg.SegmentNumber(), err)
+		return
+	}
+	if !done {
+		return
+	}
+	delete(x.rmppIn, key)
+	first := a.r.Header()
+	// What the port asked, for a TableBusy answer: the answer's headers
+	// with the request's method and no RMPP header.
+	req := append(mad.MAD(nil), first[:mad.Len]...)
+	req.SetMethod(req.Method() &^ mad.MethodResp)
+	clear(req[mad.HeaderLen : mad.HeaderLen+mad.RMPPHeaderLen])
+	p := s.byGUID[guid]
+	if p == nil {
+		return
+	}
+	send := func(m mad.MAD) { s.osmSendLocked(guid, a.h, m) }
+	s.answer(key, req, mad.RMPPSegments(first, data), send, s.saSourceOf(p))
 }
 
 // extDestinations puts the ports a packet from p to dlid goes to by

@@ -222,3 +222,45 @@ func TestServerRelay(t *testing.T) {
 		t.Error("a second answer to the same Report: relayed")
 	}
 }
+
+// TestServerHostSLID: a GMP between two clients of the SM host (saquery
+// and OpenSM) carries the host's LID as its SLID where the client left 0
+// ("the sender's port's"), as a GMP to a CA does, so that the receiver
+// can answer it: the request reaches the SM from the host's LID, and the
+// SM's answer to that LID comes back to the asking client from it.
+func TestServerHostSLID(t *testing.T) {
+	f := New(Config{Ports: cas, SwitchPorts: 8})
+	routed(t, f)
+	var b [6]byte
+	rand.Read(b[:])
+	base := "softrdma-sma-host-" + hex.EncodeToString(b[:])
+	srv, err := Listen(f, ServerConfig{Base: base, Logf: t.Logf, ToPort: func(uint64, simproto.Request) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	host := f.Host().LID
+	sm := newFakeClient(t, base, 5252, true)
+	tool := newFakeClient(t, base, 5353, false)
+	if err := tool.send(saMAD(mad.MethodGetTable, host, 0, 1, 1, 0x4321)); err != nil {
+		t.Fatal(err)
+	}
+	req := sm.recv()
+	if req.SLID() != host || mad.MAD(req.MAD()).TID()&0xffff != 0x4321 {
+		t.Fatalf("the SM got the request from LID %d (TID %#x), want the host's %d", req.SLID(), mad.MAD(req.MAD()).TID(), host)
+	}
+	if err := sm.send(saMAD(mad.MethodGetTableResp, req.SLID(), 0, 1, 1, mad.MAD(req.MAD()).TID())); err != nil {
+		t.Fatal(err)
+	}
+	if ans := tool.recv(); ans.SLID() != host || mad.MAD(ans.MAD()).Method() != mad.MethodGetTableResp {
+		t.Fatalf("the answer: method %#x from LID %d, want GetTableResp from the host's %d", mad.MAD(ans.MAD()).Method(), ans.SLID(), host)
+	}
+}

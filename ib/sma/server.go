@@ -407,6 +407,12 @@ func (s *Server) gmp(c *client, r simproto.Request) bool {
 	guid, host, srcLID, ok := s.f.RouteGMP(0, r.DLID())
 	switch {
 	case host:
+		// To a client of the SM host: dispatch's. A client leaves SLID
+		// 0 ("the sender's port's"): the host's LID, as to a CA, so that
+		// the receiver can answer (an RMPP ACK of saquery to OpenSM).
+		if r.SLID() == 0 {
+			r.SetSLID(srcLID)
+		}
 		return false
 	case !ok:
 		if m.IsResponse() {

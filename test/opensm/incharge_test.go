@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/sm"
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/rdmacm"
@@ -30,8 +31,17 @@ func startInCharge(t *testing.T, n int) (*sm.SM, []*ib.Device) {
 // (its Dir and Verbose are the test's).
 func startInChargeWith(t *testing.T, n int, osm sm.OpenSMConfig) (*sm.SM, []*ib.Device) {
 	t.Helper()
+	return startInChargeLog(t, n, osm, t.Logf)
+}
+
+// startInChargeLog is startInChargeWith with softsm's log to logf.
+func startInChargeLog(t *testing.T, n int, osm sm.OpenSMConfig, logf func(string, ...any)) (*sm.SM, []*ib.Device) {
+	t.Helper()
 	osm.Dir, osm.Verbose = os.Getenv("SOFTRDMA_TEST_OPENSM_DIR"), true
-	cfg := sm.Config{Listen: "127.0.0.1:0", Manager: sm.ManagerOpenSM, Logf: t.Logf, OpenSM: osm}
+	// SOFTRDMA_TEST_OPENSM_NO_RMPP=1: OpenSM without softsm's RMPP layer,
+	// to see which tests need it.
+	osm.NoRMPPLayer = os.Getenv("SOFTRDMA_TEST_OPENSM_NO_RMPP") == "1"
+	cfg := sm.Config{Listen: "127.0.0.1:0", Manager: sm.ManagerOpenSM, Logf: logf, OpenSM: osm}
 	s, err := sm.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -359,8 +369,9 @@ func TestOpenSMInChargeLateAttach(t *testing.T) {
 
 // TestOpenSMGetTable: a GetTable of MCMemberRecords from a port of
 // softsm's subnet reaches OpenSM's SA and its RMPP-active answer comes back
-// framed as the kernel's MAD layer frames it (softsm plays that layer for
-// OpenSM under umad2sim): to a requester without the SM_Key OpenSM answers
+// framed as the kernel's MAD layer frames it (softsm's RMPP layer plays that
+// layer for OpenSM under umad2sim, with softsm's RMPP sender to the port):
+// to a requester without the SM_Key OpenSM answers
 // one record a group (PortGID, JoinState and ProxyJoin zeroed), here the
 // IPoIB broadcast group and a group three ports joined (one segment), with
 // the MLIDs of the joins.
@@ -419,6 +430,125 @@ func TestOpenSMGetTable(t *testing.T) {
 		}
 	}
 }
+
+// joinGroups has id (bound, with its QP) join n groups 230.4.<b>.1… as a
+// full member and returns each group's MLID by MGID, from the joins.
+func joinGroups(t *testing.T, ch *rdmacm.EventChannel, id *rdmacm.ID, b byte, n int) map[verbs.GID]uint16 {
+	t.Helper()
+	mlids := make(map[verbs.GID]uint16, n)
+	for i := range n {
+		p := joined(t, ch, id, netip.AddrFrom4([4]byte{230, 4, b, byte(1 + i)}), rdmacm.MCJoinFlagFullMember)
+		mlids[p.AHAttr.GRH.DGID] = p.AHAttr.DLID
+	}
+	return mlids
+}
+
+// TestOpenSMGetTableSegments: a port's GetTable of MCMemberRecords whose
+// answer takes several RMPP segments (ten groups and the IPoIB broadcast
+// group: eleven 56-byte records, 616 bytes, four segments of 200) comes
+// back whole: OpenSM's answer is cut into kernel-framed segments by
+// softsm's RMPP layer in OpenSM's process, reassembled by softsm and sent
+// to the port by softsm's RMPP sender, whose ACKs the port sends. Every
+// group is there with the MLID its join got. Without the layer
+// (SOFTRDMA_TEST_OPENSM_NO_RMPP=1) the answer is dropped and the request
+// times out.
+func TestOpenSMGetTableSegments(t *testing.T) {
+	prereqs(t)
+	s, devs := startInCharge(t, 1)
+	ch, err := rdmacm.CreateEventChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ch.Close() })
+	id, err := rdmacm.CreateID(ch, nil, rdmacm.PS_UDP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { id.Destroy() })
+	if err := id.BindAddr(rdmacm.UDPAddr(netip.MustParseAddr("127.0.0.2"))); err != nil {
+		t.Fatal(err)
+	}
+	endpoint(t, id, 1)
+	const groups = 10
+	want := joinGroups(t, ch, id, 6, groups)
+	agent, ok := saclient.For(verbsDevice(t, devs[0]))
+	if !ok {
+		t.Fatal("no SA client for the port")
+	}
+	bc, ok := agent.BroadcastGroup()
+	if !ok {
+		t.Fatal("no IPoIB broadcast group")
+	}
+	want[bc.MGID] = bc.MLID
+	before := s.Stats()
+	start := time.Now()
+	recs, err := agent.GetTable(saclient.GroupRecord{}, 0)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("GetTable through OpenSM (%d records, %d segments): %v", len(want), segments(len(want)), err)
+	}
+	after := s.Stats()
+	t.Logf("GetTable(MCMemberRecord) through OpenSM: %d records (%d bytes, %d segments) in %v; softsm's RMPP transfers %d, retransmits %d",
+		len(recs), len(recs)*mad.MCMemberRecordStride, segments(len(recs)), took.Round(time.Millisecond),
+		after.RMPPTransfers-before.RMPPTransfers, after.RMPPRetransmits-before.RMPPRetransmits)
+	got := make(map[verbs.GID]uint16, len(recs))
+	for _, r := range recs {
+		got[r.MGID] = r.MLID
+	}
+	if len(recs) != len(want) || len(got) != len(want) {
+		t.Errorf("%d records of %d groups, want one record for each of %d groups", len(recs), len(got), len(want))
+	}
+	for mgid, mlid := range want {
+		if l, ok := got[mgid]; !ok || l != mlid {
+			t.Errorf("group %v: MLID %#x (listed %v), want the join's %#x", mgid, l, ok, mlid)
+		}
+	}
+	if n := after.RMPPTransfers - before.RMPPTransfers; n != 1 {
+		t.Errorf("softsm's RMPP sender started %d transfers, want 1 (OpenSM's answer)", n)
+	}
+}
+
+// TestOpenSMNoCompiler: without a C compiler softsm's RMPP layer cannot
+// be built; softsm says so in its log and runs OpenSM under
+// libumad2sim.so alone, where an answer of one segment still reaches the
+// port (framed by softsm) and a longer one cannot
+// (TestOpenSMGetTableSegments with SOFTRDMA_TEST_OPENSM_NO_RMPP=1: dropped,
+// logged, the request times out).
+func TestOpenSMNoCompiler(t *testing.T) {
+	prereqs(t)
+	var mu sync.Mutex
+	var logs []string
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		logs = append(logs, fmt.Sprintf(format, args...))
+		mu.Unlock()
+		t.Logf(format, args...)
+	}
+	s, devs := startInChargeLog(t, 1, sm.OpenSMConfig{CC: "/nonexistent/cc"}, logf)
+	if p := s.OpenSMPreload(); p != umad2sim {
+		t.Errorf("OpenSM's LD_PRELOAD %q, want libumad2sim.so alone (%s)", p, umad2sim)
+	}
+	mu.Lock()
+	said := slices.ContainsFunc(logs, func(l string) bool {
+		return strings.Contains(l, "without softsm's RMPP layer") && strings.Contains(l, "no C compiler") &&
+			strings.Contains(l, "more than one RMPP segment")
+	})
+	mu.Unlock()
+	if !said {
+		t.Errorf("softsm's log does not say that the RMPP layer is missing, and why")
+	}
+	agent, ok := saclient.For(verbsDevice(t, devs[0]))
+	if !ok {
+		t.Fatal("no SA client for the port")
+	}
+	recs, err := agent.GetTable(saclient.GroupRecord{}, 0)
+	if err != nil || len(recs) != 1 || recs[0].MGID != saclient.IPoIBBroadcastMGID {
+		t.Fatalf("GetTable of one segment without the layer: %d records, %v; want the broadcast group's", len(recs), err)
+	}
+}
+
+// segments is how many RMPP segments n MCMemberRecords take.
+func segments(n int) int { return max(1, (n*mad.MCMemberRecordStride+mad.SADataLen-1)/mad.SADataLen) }
 
 // TestOpenSMLinkTrap: a port that attaches or detaches after SUBNET UP
 // makes softsm's switch send OpenSM trap 128 (link state change), as a

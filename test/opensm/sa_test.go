@@ -375,15 +375,16 @@ func next(t *testing.T, ch *rdmacm.EventChannel) *rdmacm.Event {
 }
 
 // TestOpenSMSaquery: infiniband-diags' saquery, run under libumad2sim.so
-// against the model of softsm's subnet as a client of OpenSM's host,
-// lists the multicast groups OpenSM's SA has (saquery -g, a GetTable of
-// MCMemberRecords): the IPoIB broadcast group and a group two ports of
-// softsm joined, with the MLIDs of their joins. ibsim's protocol carries
-// 256 bytes a MAD and nothing plays the kernel's RMPP for saquery, so only
-// a one-segment answer (at most 200 bytes of records: three 56-byte
-// MCMemberRecords) comes through whole; with five groups saquery -g
-// listed the first three and exited 0 (measured: the rest is cut off
-// without a word).
+// and softsm's RMPP layer (sm.OpenSMPreload) against the model of softsm's
+// subnet as a client of OpenSM's host, lists every multicast group OpenSM's
+// SA has (saquery -g, a GetTable of MCMemberRecords): the IPoIB broadcast
+// group, a group two ports of softsm joined and six groups one port
+// joined, with the MLIDs of their joins: eight 56-byte records, 448 bytes,
+// three RMPP segments, cut by the layer in OpenSM's process and
+// reassembled (and acknowledged) by the layer in saquery's. Without the
+// layer (SOFTRDMA_TEST_OPENSM_NO_RMPP=1, saquery under libumad2sim.so
+// alone) saquery listed the first three groups (one segment's worth) and
+// exited 0.
 func TestOpenSMSaquery(t *testing.T) {
 	prereqs(t)
 	if _, err := exec.LookPath("saquery"); err != nil {
@@ -400,6 +401,7 @@ func TestOpenSMSaquery(t *testing.T) {
 	t.Cleanup(func() { ch.Close() })
 	g := netip.MustParseAddr("230.4.5.9")
 	var p rdmacm.UDParam
+	var ids []*rdmacm.ID
 	for i := range devs {
 		id, err := rdmacm.CreateID(ch, nil, rdmacm.PS_UDP)
 		if err != nil {
@@ -411,6 +413,7 @@ func TestOpenSMSaquery(t *testing.T) {
 		}
 		endpoint(t, id, 1)
 		p = joined(t, ch, id, g, rdmacm.MCJoinFlagFullMember)
+		ids = append(ids, id)
 	}
 	bc, ok := saclient.For(verbsDevice(t, devs[0]))
 	if !ok {
@@ -420,21 +423,26 @@ func TestOpenSMSaquery(t *testing.T) {
 	if !ok {
 		t.Fatal("no IPoIB broadcast group")
 	}
+	want := map[string]uint16{bcRec.MGID.String(): bcRec.MLID, p.AHAttr.GRH.DGID.String(): p.AHAttr.DLID}
+	for mgid, mlid := range joinGroups(t, ch, ids[0], 9, 6) {
+		want[mgid.String()] = mlid
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "saquery", "-g")
 	cmd.Dir = s.OpenSMDir()
-	cmd.Env = append(os.Environ(), "IBSIM_SOCKNAME="+socket, "LD_PRELOAD="+umad2sim)
+	cmd.Env = append(os.Environ(), "IBSIM_SOCKNAME="+socket, "LD_PRELOAD="+s.OpenSMPreload())
+	start := time.Now()
 	out, err := cmd.CombinedOutput()
-	t.Logf("saquery -g through umad2sim, answered by OpenSM in charge of softsm's subnet:\n%s", out)
+	t.Logf("saquery -g (LD_PRELOAD=%s) took %v, answered by OpenSM in charge of softsm's subnet:\n%s",
+		s.OpenSMPreload(), time.Since(start).Round(time.Millisecond), out)
 	if err != nil {
 		t.Fatalf("saquery -g: %v", err)
 	}
 	// saquery -g prints each group's MCMemberRecord: "MGID....0x..." and
 	// "Mlid....0x...".
 	groups := parseSaqueryGroups(string(out))
-	want := map[string]uint16{bcRec.MGID.String(): bcRec.MLID, p.AHAttr.GRH.DGID.String(): p.AHAttr.DLID}
 	for mgid, mlid := range want {
 		if got, ok := groups[mgid]; !ok || got != mlid {
 			t.Errorf("saquery -g: group %s MLID %#x (listed: %v), want MLID %#x", mgid, got, ok, mlid)
@@ -442,6 +450,8 @@ func TestOpenSMSaquery(t *testing.T) {
 	}
 	if len(groups) != len(want) {
 		t.Errorf("saquery -g listed %d groups %v, want %d", len(groups), groups, len(want))
+	} else if !t.Failed() {
+		t.Logf("saquery -g listed all %d groups (%d bytes of records, %d RMPP segments)", len(groups), len(groups)*mad.MCMemberRecordStride, segments(len(groups)))
 	}
 }
 
