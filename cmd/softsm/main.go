@@ -26,8 +26,9 @@
 // with the LID OpenSM gave it and OpenSM's LID as the SM's; the ports'
 // SA requests go to OpenSM's SA and its answers back; the switch forwards
 // by the forwarding tables OpenSM programs. -sa-listen, -sm-umad2sim and
-// the SA's own options (-sa-delay, -no-sendonly-support, the SA quotas)
-// do not apply; -sa-drop keeps the ports' SA MADs from OpenSM. softsm refuses to start, saying what is missing,
+// the SA's own options (-no-sendonly-support, the SA quotas) do not
+// apply; -sa-delay hands the ports' SA MADs to OpenSM once it has passed;
+// -sa-drop keeps them from OpenSM. softsm refuses to start, saying what is missing,
 // without opensm (apt-get install opensm) or libumad2sim.so (apt-get
 // install libumad2sim0). See package ib/sm (opensm.go).
 //

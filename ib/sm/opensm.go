@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math/bits"
 	"net/netip"
@@ -649,11 +650,23 @@ func (s *SM) relayFromFabric(b []byte, p *port) {
 	r.SetSQP(ud.DETH.SrcQP())
 	r.SetLength(simproto.MADLen)
 	copy(r.MAD(), req)
+	if s.cfg.SADelay > 0 {
+		// SADelay: OpenSM gets the request when the delay has passed, as
+		// softsm's own SA processes it then.
+		s.after(s.cfg.SADelay, func() { s.relayToOpenSM(guid, r) })
+		return
+	}
+	s.relayToOpenSM(guid, r)
+}
+
+// relayToOpenSM queues the SA MAD r of the port guid for OpenSM, or drops
+// it (counted, logged) when OpenSMRelayQueue wait already. Caller holds mu.
+func (s *SM) relayToOpenSM(guid uint64, r simproto.Request) {
 	select {
-	case s.ext.relay <- relayJob{guid: p.guid, r: r}:
+	case s.ext.relay <- relayJob{guid: guid, r: r}:
 	default:
 		s.ext.relayDrops.Add(1)
-		s.limitedf(&s.ext.logRelay, time.Now(), "SA MAD from %#x: dropped, %d wait for OpenSM already", p.guid, OpenSMRelayQueue)
+		s.limitedf(&s.ext.logRelay, time.Now(), "SA MAD from %#x: dropped, %d wait for OpenSM already", guid, OpenSMRelayQueue)
 	}
 }
 
@@ -665,6 +678,9 @@ func (s *SM) relayLoop() {
 			return
 		case j := <-s.ext.relay:
 			if err := s.ext.srv.FromPort(j.guid, j.r); err != nil {
+				if errors.Is(err, sma.ErrUndelivered) {
+					s.ext.relayDrops.Add(1)
+				}
 				s.limitedf(&s.ext.logRelay, time.Now(), "SA MAD from %#x: %v", j.guid, err)
 			}
 		}

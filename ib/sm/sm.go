@@ -329,8 +329,9 @@ type Config struct {
 	// Manager is who manages the subnet: ManagerSoftsm ("" too: this
 	// SM assigns the LIDs, its SA answers, the switch forwards by its
 	// tables) or ManagerOpenSM (OpenSM does all three: see opensm.go;
-	// SAListen must be empty, and SADelay does nothing; SADrop keeps
-	// the ports' SA MADs from OpenSM, so that its SA falls silent).
+	// SAListen must be empty; SADelay hands the ports' SA MADs to OpenSM
+	// when it has passed (OpenSM's ClassPortInfo does not advertise it);
+	// SADrop keeps them from OpenSM, so that its SA falls silent).
 	Manager string
 	// OpenSM configures ManagerOpenSM.
 	OpenSM OpenSMConfig

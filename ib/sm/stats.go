@@ -109,9 +109,10 @@ type Stats struct {
 	// control messages lost on the way into the switch.
 	SocketDrops uint64
 	// OpenSMRelayDrops counts SA MADs of ports dropped on their way to
-	// OpenSM because OpenSMRelayQueue of them waited to be handed to it already
-	// (OpenSM in charge only: an OpenSM that reads nothing, stopped or
-	// busy, holds the queue up; logged with -v). The port's SA client
+	// OpenSM because OpenSMRelayQueue of them waited to be handed to it
+	// already, or because its socket took none for a second (OpenSM in
+	// charge only: an OpenSM that reads nothing, stopped or busy, holds
+	// the queue up; logged with -v). The port's SA client
 	// sends again after its timeout. Always 0 with softsm's own SM.
 	OpenSMRelayDrops uint64
 	// Direct forwarding (direct.go): DirectRoutes counts route messages

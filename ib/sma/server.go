@@ -43,6 +43,11 @@ type ServerConfig struct {
 // writeWait bounds a send to a client whose socket queue is full.
 const writeWait = time.Second
 
+// ErrUndelivered is the error (wrapped) of a MAD that FromPort could not
+// hand its client: the client is gone, or its socket took nothing for a
+// second (a stopped or busy OpenSM).
+var ErrUndelivered = errors.New("sma: MAD not delivered")
+
 // Server serves ibsim's server protocol (package simproto) to
 // libumad2sim.so clients: OpenSM, ibnetdiscover or any libibumad program
 // run with LD_PRELOAD=libumad2sim.so and IBSIM_SOCKNAME=Base. Every
@@ -462,8 +467,7 @@ func (s *Server) FromPort(guid uint64, r simproto.Request) error {
 		if to == nil {
 			return fmt.Errorf("sma: response for no client (TID %#x)", m.TID())
 		}
-		s.send(to, r)
-		return nil
+		return s.send(to, r)
 	}
 	_, host, _, ok := s.f.RouteGMP(guid, r.DLID())
 	if !ok || !host {
@@ -474,8 +478,7 @@ func (s *Server) FromPort(guid uint64, r simproto.Request) error {
 		return fmt.Errorf("sma: GMP from %#x to QP %d: no client of the SM host takes it", guid, r.DQP())
 	}
 	r.SetStatus(0)
-	s.send(to, r)
-	return nil
+	return s.send(to, r)
 }
 
 // noteAsked records that the request tid went to the CA port guid.
@@ -561,17 +564,18 @@ func (s *Server) Trap() {
 }
 
 // send writes r to client c; a client whose socket is gone is forgotten.
-func (s *Server) send(c *client, r simproto.Request) {
+func (s *Server) send(c *client, r simproto.Request) error {
 	c.conn.SetWriteDeadline(time.Now().Add(writeWait))
 	_, err := c.conn.Write(r)
 	if err == nil {
-		return
+		return nil
 	}
 	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOTCONN) {
 		s.mu.Lock()
 		s.dropLocked(c, "is gone")
 		s.mu.Unlock()
-		return
+		return fmt.Errorf("%w: client %d is gone", ErrUndelivered, c.id)
 	}
 	s.logf("sma: client %d: send: %v", c.id, err)
+	return fmt.Errorf("%w: client %d: %v", ErrUndelivered, c.id, err)
 }

@@ -37,11 +37,19 @@ func startInChargeWith(t *testing.T, n int, osm sm.OpenSMConfig) (*sm.SM, []*ib.
 // startInChargeLog is startInChargeWith with softsm's log to logf.
 func startInChargeLog(t *testing.T, n int, osm sm.OpenSMConfig, logf func(string, ...any)) (*sm.SM, []*ib.Device) {
 	t.Helper()
+	return startInChargeConfig(t, n, sm.Config{Logf: logf, OpenSM: osm})
+}
+
+// startInChargeConfig is startInCharge with softsm's configuration cfg:
+// its listener, manager and OpenSM's Dir and Verbose are the test's.
+func startInChargeConfig(t *testing.T, n int, cfg sm.Config) (*sm.SM, []*ib.Device) {
+	t.Helper()
+	osm := &cfg.OpenSM
 	osm.Dir, osm.Verbose = os.Getenv("SOFTRDMA_TEST_OPENSM_DIR"), true
 	// SOFTRDMA_TEST_OPENSM_NO_RMPP=1: OpenSM without softsm's RMPP layer,
 	// to see which tests need it.
 	osm.NoRMPPLayer = os.Getenv("SOFTRDMA_TEST_OPENSM_NO_RMPP") == "1"
-	cfg := sm.Config{Listen: "127.0.0.1:0", Manager: sm.ManagerOpenSM, Logf: logf, OpenSM: osm}
+	cfg.Listen, cfg.Manager = "127.0.0.1:0", sm.ManagerOpenSM
 	s, err := sm.New(cfg)
 	if err != nil {
 		t.Fatal(err)

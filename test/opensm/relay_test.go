@@ -103,6 +103,13 @@ func TestOpenSMRelayDrops(t *testing.T) {
 	if drops == 0 || drops > n-sm.OpenSMRelayQueue {
 		t.Errorf("OpenSMRelayDrops %d of %d sent, want 1 to %d (the relay queue holds %d)", drops, n, n-sm.OpenSMRelayQueue, sm.OpenSMRelayQueue)
 	}
+	// The MAD the relay waits to hand the stopped OpenSM is dropped after
+	// a second, and counted too; then the next one waits.
+	waitFor(t, 10*time.Second, "a MAD OpenSM's socket took none of for a second counted", func() (bool, string) {
+		now := s.Stats().OpenSMRelayDrops
+		return now >= drops+2, fmt.Sprintf("OpenSMRelayDrops %d, %d before", now, drops)
+	})
+	drops = s.Stats().OpenSMRelayDrops
 	resume()
 	agent, ok := saclient.For(verbsDevice(t, d))
 	if !ok {
@@ -130,4 +137,33 @@ func verbsDevice(t *testing.T, d *ib.Device) *verbs.Device {
 	}
 	t.Fatalf("no verbs device %s", d.Name())
 	return nil
+}
+
+// TestOpenSMSADelay: with SADelay (softsm -sa-delay) a port's SA request
+// reaches OpenSM only once the delay has passed, as softsm's own SA
+// processes one only then: a ClassPortInfo Get is answered by OpenSM no
+// sooner than the delay after it was sent, and answered whole.
+func TestOpenSMSADelay(t *testing.T) {
+	prereqs(t)
+	const delay = 500 * time.Millisecond
+	_, devs := startInChargeConfig(t, 1, sm.Config{Logf: t.Logf, SADelay: delay})
+	agent, ok := saclient.For(verbsDevice(t, devs[0]))
+	if !ok {
+		t.Fatal("no SA client for the port")
+	}
+	for i := range 3 {
+		start := time.Now()
+		ans, err := agent.Query(mad.MethodGet, mad.AttrClassPortInfo, 0, nil)
+		took := time.Since(start)
+		if err != nil {
+			t.Fatalf("query %d: %v", i, err)
+		}
+		if ans.Status() != 0 || ans.AttrID() != mad.AttrClassPortInfo {
+			t.Fatalf("query %d: status %#x, attribute %#x", i, ans.Status(), ans.AttrID())
+		}
+		t.Logf("query %d: OpenSM's ClassPortInfo after %v (SADelay %v)", i, took.Round(time.Millisecond), delay)
+		if took < delay {
+			t.Fatalf("query %d answered after %v, before the SA delay of %v", i, took, delay)
+		}
+	}
 }
