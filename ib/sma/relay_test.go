@@ -1,10 +1,7 @@
 package sma
 
 import (
-	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"slices"
 	"sync"
 	"testing"
@@ -126,9 +123,6 @@ func saMAD(method uint8, dlid, slid uint16, dqp, sqp uint32, tid uint64) simprot
 func TestServerRelay(t *testing.T) {
 	f := New(Config{Ports: cas, SwitchPorts: 8})
 	routed(t, f)
-	var b [6]byte
-	rand.Read(b[:])
-	base := "softrdma-sma-relay-" + hex.EncodeToString(b[:])
 	type got struct {
 		guid uint64
 		r    simproto.Request
@@ -137,23 +131,11 @@ func TestServerRelay(t *testing.T) {
 		mu   sync.Mutex
 		outs []got
 	)
-	srv, err := Listen(f, ServerConfig{Base: base, Logf: t.Logf, ToPort: func(guid uint64, r simproto.Request) {
+	srv, base := runServer(t, f, ServerConfig{Logf: t.Logf, ToPort: func(guid uint64, r simproto.Request) {
 		mu.Lock()
 		outs = append(outs, got{guid, slices.Clone(r)})
 		mu.Unlock()
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
 	sm := newFakeClient(t, base, 5151, true)
 	if err := srv.FromPort(0xa1, saMAD(mad.MethodSet, 1, 2, 1, 0x77, 0x1234)); err != nil {
 		t.Fatal(err)
@@ -231,22 +213,7 @@ func TestServerRelay(t *testing.T) {
 func TestServerHostSLID(t *testing.T) {
 	f := New(Config{Ports: cas, SwitchPorts: 8})
 	routed(t, f)
-	var b [6]byte
-	rand.Read(b[:])
-	base := "softrdma-sma-host-" + hex.EncodeToString(b[:])
-	srv, err := Listen(f, ServerConfig{Base: base, Logf: t.Logf, ToPort: func(uint64, simproto.Request) {}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	_, base := runServer(t, f, ServerConfig{Logf: t.Logf, ToPort: func(uint64, simproto.Request) {}})
 	host := f.Host().LID
 	sm := newFakeClient(t, base, 5252, true)
 	tool := newFakeClient(t, base, 5353, false)

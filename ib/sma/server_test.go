@@ -90,22 +90,7 @@ func (c *fakeClient) recv() simproto.Request {
 
 func TestServer(t *testing.T) {
 	f := New(Config{Ports: cas, SwitchPorts: 8})
-	var b [6]byte
-	rand.Read(b[:])
-	base := "softrdma-sma-test-" + hex.EncodeToString(b[:])
-	srv, err := Listen(f, ServerConfig{Base: base, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	_, base := runServer(t, f, ServerConfig{Logf: t.Logf})
 	// Garbage first: dropped, and the server goes on.
 	g, err := net.DialUnix("unixgram", nil, abstract(simproto.CtlName(base)))
 	if err != nil {
@@ -192,4 +177,27 @@ func TestServer(t *testing.T) {
 	if _, ok := other.exchange(simproto.TypeGetNodeInfo, make([]byte, 64)); ok {
 		t.Fatal("a disconnected client is served")
 	}
+}
+
+// runServer listens with cfg on a fresh random base name (returned) and
+// runs the server until the test ends, failing it if Run fails.
+func runServer(t *testing.T, f *Fabric, cfg ServerConfig) (*Server, string) {
+	t.Helper()
+	var b [6]byte
+	rand.Read(b[:])
+	cfg.Base = "softrdma-sma-test-" + hex.EncodeToString(b[:])
+	srv, err := Listen(f, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return srv, cfg.Base
 }
