@@ -57,6 +57,7 @@ var rules = []rule{
 	{"ib/sa", ground, noColumn},
 	{"ib/simproto", ground, noColumn},
 	{"ib/sma", ground, noColumn},
+	{"ib/umadrmpp", ground, noColumn},
 	{"mcast/internal/proto", ground, noColumn},
 	{"verbs", core, noColumn},
 	{"verbs/driver", seam, noColumn},
