@@ -1,7 +1,6 @@
 package sm
 
 import (
-	"context"
 	"errors"
 	"net"
 	"net/netip"
@@ -41,15 +40,7 @@ func startSM(t *testing.T, cfg Config) *SM {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	testenv.RunUntilEnd(t, "Run", s.Run)
 	return s
 }
 

@@ -1,7 +1,6 @@
 package sma
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"net"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/softrdma/softrdma/ib/mad"
 	"github.com/softrdma/softrdma/ib/simproto"
+	"github.com/softrdma/softrdma/test/testenv"
 )
 
 // fakeClient speaks umad2sim's side of the protocol.
@@ -190,14 +190,6 @@ func runServer(t *testing.T, f *Fabric, cfg ServerConfig) (*Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	testenv.RunUntilEnd(t, "sma server", srv.Run)
 	return srv, cfg.Base
 }

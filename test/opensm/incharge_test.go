@@ -16,6 +16,7 @@ import (
 	"github.com/softrdma/softrdma/provider/ib"
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/rdmacm/saclient"
+	"github.com/softrdma/softrdma/test/testenv"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -54,15 +55,7 @@ func startInChargeConfig(t *testing.T, n int, cfg sm.Config) (*sm.SM, []*ib.Devi
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("softsm: %v", err)
-		}
-	})
+	testenv.RunUntilEnd(t, "softsm", s.Run)
 	t.Cleanup(func() {
 		if t.Failed() {
 			b, _ := os.ReadFile(s.OpenSMDir() + "/osm.log")

@@ -108,15 +108,7 @@ func startSM(t *testing.T, n int) (*sm.SM, []uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("softsm: %v", err)
-		}
-	})
+	testenv.RunUntilEnd(t, "softsm", s.Run)
 	var guids []uint64
 	for i := range n {
 		guid := uint64(0x0002_c903_00a0_0000) + uint64(i+1)
@@ -182,15 +174,7 @@ func serve(t *testing.T, s *sm.SM) (*sma.Fabric, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("sma server: %v", err)
-		}
-	})
+	testenv.RunUntilEnd(t, "sma server", srv.Run)
 	return f, srv.Base()
 }
 

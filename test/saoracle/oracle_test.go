@@ -1,7 +1,6 @@
 package saoracle
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -209,15 +208,7 @@ func startSoftSM(t *testing.T, guidA, guidB uint64) *softsm {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("softsm: %v", err)
-		}
-	})
+	testenv.RunUntilEnd(t, "softsm", s.Run)
 	return &softsm{
 		raw: newRawPort(t, s.SAAddr()),
 		a:   newFabricPort(t, s.FabricAddr(), guidA),

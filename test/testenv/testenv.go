@@ -9,6 +9,7 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -128,3 +129,20 @@ func RequireBench(t testing.TB) {
 // that forgets to pin its interface fails there (no route) instead of
 // sending out of the machine.
 const IsolatedEnv = "SOFTRDMA_TEST_ISOLATED"
+
+// RunUntilEnd runs run on a goroutine of its own until the test ends: the
+// test's cleanup cancels run's context, waits for run to return and
+// reports an error it returned as name's ("softsm: …"). For a server or
+// an SM whose Run(ctx) serves until its context ends.
+func RunUntilEnd(t testing.TB, name string, run func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	})
+}
