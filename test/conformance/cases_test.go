@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/softrdma/softrdma/rdmacm"
+	"github.com/softrdma/softrdma/test/testep"
 	"github.com/softrdma/softrdma/test/testsm"
 	"github.com/softrdma/softrdma/verbs"
 )
@@ -122,11 +123,11 @@ func (s *suite) fullMemberReceives(t *testing.T) string {
 	ch := s.channel(t)
 	g := s.group(t)
 	rx := endpoint(t, s.bound(t, ch), 8, 0)
-	joined(t, ch, rx.id, g, rdmacm.MCJoinFlagFullMember)
+	joined(t, ch, rx.ID(), g, rdmacm.MCJoinFlagFullMember)
 	tx := endpoint(t, s.bound(t, ch), 8, 0)
-	p := joined(t, ch, tx.id, g, rdmacm.MCJoinFlagSendOnlyFullMember)
-	tx.send(t, p, "full", 5)
-	got := joinStrings(rx.recv(t, 5))
+	p := joined(t, ch, tx.ID(), g, rdmacm.MCJoinFlagSendOnlyFullMember)
+	tx.Send(t, p, "full", 5)
+	got := joinStrings(rx.Recv(t, 5))
 	return s.expect(t, "received", got, same(messages("full", 5)))
 }
 
@@ -136,18 +137,18 @@ func (s *suite) sendOnly(t *testing.T) string {
 	ch := s.channel(t)
 	g := s.group(t)
 	full := endpoint(t, s.bound(t, ch), 16, 0)
-	joined(t, ch, full.id, g, rdmacm.MCJoinFlagFullMember)
+	joined(t, ch, full.ID(), g, rdmacm.MCJoinFlagFullMember)
 	so := endpoint(t, s.bound(t, ch), 16, 0)
-	p := joined(t, ch, so.id, g, rdmacm.MCJoinFlagSendOnlyFullMember)
+	p := joined(t, ch, so.ID(), g, rdmacm.MCJoinFlagSendOnlyFullMember)
 	other := endpoint(t, s.bound(t, ch), 16, 0)
-	op := joined(t, ch, other.id, g, rdmacm.MCJoinFlagSendOnlyFullMember)
-	so.send(t, p, "so", 3)
-	other.send(t, op, "other", 3)
-	got := joinStrings(full.recv(t, 6))
+	op := joined(t, ch, other.ID(), g, rdmacm.MCJoinFlagSendOnlyFullMember)
+	so.Send(t, p, "so", 3)
+	other.Send(t, op, "other", 3)
+	got := joinStrings(full.Recv(t, 6))
 	// Delivery to every attached QP happens together: once the full
 	// member has all six, a send-only QP would have them too.
 	return s.expect(t, "full-member", got, same(messages("so", 3)+messages("other", 3))) + " " +
-		s.expect(t, "send-only-received", fmt.Sprint(so.pending()+other.pending()), same("0"))
+		s.expect(t, "send-only-received", fmt.Sprint(so.Pending()+other.Pending()), same("0"))
 }
 
 // manualAttach: an id without a QP joins; the program attaches a QP of its
@@ -184,20 +185,20 @@ func (s *suite) manualAttach(t *testing.T) string {
 		t.Fatalf("attach: %v", err)
 	}
 	defer qp.DetachMcast(p.AHAttr.GRH.DGID, p.AHAttr.DLID)
-	buf := make([]byte, 4*slot)
+	buf := make([]byte, 4*testep.Slot)
 	mr, err := id.PD().RegMR(buf, verbs.AccessLocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer mr.Dereg()
 	for i := range 4 {
-		if err := qp.PostRecv(&verbs.RecvWR{WRID: uint64(i), SGList: []verbs.SGE{mr.SGE(i*slot, slot)}}); err != nil {
+		if err := qp.PostRecv(&verbs.RecvWR{WRID: uint64(i), SGList: []verbs.SGE{mr.SGE(i*testep.Slot, testep.Slot)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	tx := endpoint(t, s.bound(t, ch), 4, 0)
-	tp := joined(t, ch, tx.id, g, rdmacm.MCJoinFlagSendOnlyFullMember)
-	tx.send(t, tp, "manual", 3)
+	tp := joined(t, ch, tx.ID(), g, rdmacm.MCJoinFlagSendOnlyFullMember)
+	tx.Send(t, tp, "manual", 3)
 	var got []string
 	ctxw, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -208,7 +209,7 @@ func (s *suite) manualAttach(t *testing.T) string {
 			t.Fatal(err)
 		}
 		for _, c := range wc[:n] {
-			off := int(c.WRID) * slot
+			off := int(c.WRID) * testep.Slot
 			got = append(got, string(buf[off+verbs.GRHLen:off+int(c.ByteLen)]))
 		}
 		if n == 0 {
@@ -224,18 +225,18 @@ func (s *suite) manualAttach(t *testing.T) string {
 func (s *suite) severalIDs(t *testing.T) string {
 	ch := s.channel(t)
 	g := s.group(t)
-	var rx []*ep
+	var rx []*testep.EP
 	for range 3 {
 		e := endpoint(t, s.bound(t, ch), 8, 0)
-		joined(t, ch, e.id, g, rdmacm.MCJoinFlagFullMember)
+		joined(t, ch, e.ID(), g, rdmacm.MCJoinFlagFullMember)
 		rx = append(rx, e)
 	}
 	tx := endpoint(t, s.bound(t, ch), 8, 0)
-	p := joined(t, ch, tx.id, g, rdmacm.MCJoinFlagSendOnlyFullMember)
-	tx.send(t, p, "many", 4)
+	p := joined(t, ch, tx.ID(), g, rdmacm.MCJoinFlagSendOnlyFullMember)
+	tx.Send(t, p, "many", 4)
 	var seen []string
 	for i, e := range rx {
-		seen = append(seen, s.expect(t, fmt.Sprintf("id%d", i), joinStrings(e.recv(t, 4)), same(messages("many", 4))))
+		seen = append(seen, s.expect(t, fmt.Sprintf("id%d", i), joinStrings(e.Recv(t, 4)), same(messages("many", 4))))
 	}
 	return strings.Join(seen, " ")
 }
@@ -465,14 +466,14 @@ func (s *suite) attachFailure(t *testing.T) string {
 	ch := s.channel(t)
 	g := netip.MustParseAddr("10.200.1.2")
 	e := endpoint(t, s.bound(t, ch), 1, 0)
-	err := joinEx(e.id, g, rdmacm.MCJoinFlagFullMember, "c")
+	err := joinEx(e.ID(), g, rdmacm.MCJoinFlagFullMember, "c")
 	got := "call=" + outcome(err)
 	if err == nil {
 		ev := event(t, ch)
 		p := ev.Param
 		got += fmt.Sprintf(" event=%v status=%d ctx=%v qpn=%#x qkey=%#x dgid=%v", ev.Event, ev.Status, p.PrivateData, p.QPNum, p.QKey, p.AHAttr.GRH.DGID)
 		ev.Ack()
-		got += " leave=" + outcome(e.id.LeaveMulticast(rdmacm.UDPAddr(g)))
+		got += " leave=" + outcome(e.ID().LeaveMulticast(rdmacm.UDPAddr(g)))
 	}
 	// On IB the address maps to a multicast MGID (ip_ib_mc_map does not
 	// check), so the attach succeeds.

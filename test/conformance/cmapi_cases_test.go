@@ -54,21 +54,21 @@ func (s *suite) tosJoin(t *testing.T) string {
 	ch := s.channel(t)
 	g := s.group(t)
 	rx := endpoint(t, s.bound(t, ch), 1, 0)
-	joined(t, ch, rx.id, g, rdmacm.MCJoinFlagFullMember)
+	joined(t, ch, rx.ID(), g, rdmacm.MCJoinFlagFullMember)
 	tx := endpoint(t, s.bound(t, ch), 1, 0)
-	if err := tx.id.SetOption(rdmacm.OptionID, rdmacm.OptionIDTOS, uint8(tos)); err != nil {
+	if err := tx.ID().SetOption(rdmacm.OptionID, rdmacm.OptionIDTOS, uint8(tos)); err != nil {
 		t.Fatal(err)
 	}
-	p := joined(t, ch, tx.id, g, rdmacm.MCJoinFlagSendOnlyFullMember)
+	p := joined(t, ch, tx.ID(), g, rdmacm.MCJoinFlagSendOnlyFullMember)
 	seen := s.expect(t, "join-traffic-class", fmt.Sprint(p.AHAttr.GRH.TrafficClass), same("0"))
 	p.AHAttr.GRH.TrafficClass = tos
-	tx.send(t, p, "tos", 1)
-	rx.recv(t, 1)
+	tx.Send(t, p, "tos", 1)
+	rx.Recv(t, 1)
 	// The GRH area of a RoCEv2 IPv4 datagram ends with its IPv4 header;
 	// on IB it is the GRH, whose traffic class follows the IP version.
-	got := wire.IPv4(rx.rbuf[20:verbs.GRHLen]).TOS()
+	got := wire.IPv4(rx.Slot(0)[20:verbs.GRHLen]).TOS()
 	if s.target == targetSoftIB {
-		got = rx.rbuf[0]<<4 | rx.rbuf[1]>>4
+		got = rx.Slot(0)[0]<<4 | rx.Slot(0)[1]>>4
 	}
 	return seen + " " + s.expect(t, "received-tos", fmt.Sprintf("%#x", got), same("0xb8"))
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/test/nettest"
+	"github.com/softrdma/softrdma/test/testep"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -268,90 +269,13 @@ func joined(t *testing.T, ch *rdmacm.EventChannel, id *rdmacm.ID, g netip.Addr, 
 	return ev.Param
 }
 
-// ep is a UD endpoint for data: the id's QP, a receive buffer ring and a
-// send buffer.
-type ep struct {
-	id       *rdmacm.ID
-	rmr, smr *verbs.MR
-	rbuf     []byte
-	slot     int
-}
-
-const slot = verbs.GRHLen + 256
-
-// endpoint creates the id's QP and posts n receives.
-func endpoint(t *testing.T, id *rdmacm.ID, n int, flags verbs.CreateFlags) *ep {
+// endpoint creates the id's QP (create flags flags) and posts n receives
+// (package testep); the id goes with the test, before the endpoint's
+// memory.
+func endpoint(t *testing.T, id *rdmacm.ID, n int, flags verbs.CreateFlags) *testep.EP {
 	t.Helper()
-	if err := id.CreateQP(nil, &verbs.QPInitAttr{Cap: verbs.QPCap{MaxSendWR: n, MaxRecvWR: n, MaxSendSGE: 1, MaxRecvSGE: 1}, CreateFlags: flags}); err != nil {
-		t.Fatalf("create qp: %v", err)
-	}
-	e := &ep{id: id, rbuf: make([]byte, n*slot), slot: slot}
-	var err error
-	if e.rmr, err = id.RegMsgs(e.rbuf); err != nil {
-		t.Fatal(err)
-	}
-	if e.smr, err = id.RegMsgs(make([]byte, 256)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		destroy(t, id) // the QP goes before its MRs
-		e.rmr.Dereg()
-		e.smr.Dereg()
-	})
-	for i := range n {
-		if err := id.PostRecv(uint64(i), e.rmr, i*slot, slot); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return e
+	return testep.New(t, id, n, flags, func() { destroy(t, id) })
 }
-
-// send sends n messages "<tag> i" to the group of p through a new AH.
-func (e *ep) send(t *testing.T, p rdmacm.UDParam, tag string, n int) {
-	t.Helper()
-	ah, err := e.id.PD().CreateAH(&p.AHAttr)
-	if err != nil {
-		t.Fatalf("create ah: %v", err)
-	}
-	defer ah.Destroy()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for i := range n {
-		msg := fmt.Appendf(nil, "%s %d", tag, i)
-		copy(e.smr.Buf(), msg)
-		if err := e.id.PostUDSend(uint64(i), e.smr, 0, len(msg), verbs.SendSignaled, ah, p.QPNum); err != nil {
-			t.Fatalf("send: %v", err)
-		}
-		wc, err := e.id.GetSendComp(ctx)
-		if err != nil || wc.Status != verbs.WCSuccess {
-			t.Fatalf("send completion: %v %v", wc.Status, err)
-		}
-	}
-}
-
-// recv waits for n messages and returns their payloads.
-func (e *ep) recv(t *testing.T, n int) []string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var got []string
-	for range n {
-		wc, err := e.id.GetRecvComp(ctx)
-		if err != nil {
-			t.Fatalf("receive %d of %d: %v (got %q)", len(got)+1, n, err, got)
-		}
-		if wc.Status != verbs.WCSuccess {
-			t.Fatalf("receive: %v", wc.Status)
-		}
-		off := int(wc.WRID) * e.slot
-		got = append(got, string(e.rbuf[off+verbs.GRHLen:off+int(wc.ByteLen)]))
-		e.id.PostRecv(wc.WRID, e.rmr, off, e.slot)
-	}
-	return got
-}
-
-// pending returns the completions queued on the id's receive CQ now.
-func (e *ep) pending() int { return e.id.RecvCQ().Len() }
 
 func messages(tag string, n int) string {
 	var b strings.Builder

@@ -17,6 +17,7 @@ import (
 	"github.com/softrdma/softrdma/rdmacm"
 	"github.com/softrdma/softrdma/rdmacm/saclient"
 	"github.com/softrdma/softrdma/test/testenv"
+	"github.com/softrdma/softrdma/test/testep"
 	"github.com/softrdma/softrdma/verbs"
 )
 
@@ -121,7 +122,7 @@ func TestOpenSMInCharge(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ch.Close() })
-	eps := make([]*ep, len(devs))
+	eps := make([]*testep.EP, len(devs))
 	for i := range devs {
 		id, err := rdmacm.CreateID(ch, nil, rdmacm.PS_UDP)
 		if err != nil {
@@ -134,9 +135,9 @@ func TestOpenSMInCharge(t *testing.T) {
 	}
 	a, b, c := eps[0], eps[1], eps[2]
 	g := netip.MustParseAddr("230.4.5.6")
-	pa := joined(t, ch, a.id, g, rdmacm.MCJoinFlagFullMember)
-	pb := joined(t, ch, b.id, g, rdmacm.MCJoinFlagFullMember)
-	pc := joined(t, ch, c.id, g, rdmacm.MCJoinFlagSendOnlyFullMember)
+	pa := joined(t, ch, a.ID(), g, rdmacm.MCJoinFlagFullMember)
+	pb := joined(t, ch, b.ID(), g, rdmacm.MCJoinFlagFullMember)
+	pc := joined(t, ch, c.ID(), g, rdmacm.MCJoinFlagSendOnlyFullMember)
 	mlid := pa.AHAttr.DLID
 	if pb.AHAttr.DLID != mlid || pc.AHAttr.DLID != mlid || mlid < 0xC000 {
 		t.Fatalf("MLIDs in the join answers: %#x %#x %#x", mlid, pb.AHAttr.DLID, pc.AHAttr.DLID)
@@ -156,9 +157,9 @@ func TestOpenSMInCharge(t *testing.T) {
 	t.Logf("OpenSM chose MLID %#x for %v (MGID %v); MFT mask: switch ports %v (full members on %v, the send-only member on %d)",
 		mlid, g, pa.AHAttr.GRH.DGID, f.MFT(mlid), full, sp[devs[2].GUID()])
 
-	c.send(t, pc, "from the send-only port", 1)
-	for i, e := range []*ep{a, b} {
-		got := e.recv(t, 1)
+	c.Send(t, pc, "from the send-only port", 1)
+	for i, e := range []*testep.EP{a, b} {
+		got := e.Recv(t, 1)
 		t.Logf("full member %d received %q", i, got)
 		if got[0] != "from the send-only port 0" {
 			t.Errorf("full member %d received %q", i, got)
@@ -167,7 +168,7 @@ func TestOpenSMInCharge(t *testing.T) {
 
 	// b leaves: OpenSM's MFT loses its switch port, and the switch sends
 	// it nothing more.
-	if err := b.id.LeaveMulticast(rdmacm.UDPAddr(g)); err != nil {
+	if err := b.ID().LeaveMulticast(rdmacm.UDPAddr(g)); err != nil {
 		t.Fatal(err)
 	}
 	bPort := sp[devs[1].GUID()]
@@ -177,8 +178,8 @@ func TestOpenSMInCharge(t *testing.T) {
 	})
 	t.Logf("after the leave: MFT[%#x] = switch ports %v", mlid, f.MFT(mlid))
 	before := txOf(s, devs[1].GUID())
-	c.send(t, pc, "after the leave", 1)
-	if got := a.recv(t, 1); got[0] != "after the leave 0" {
+	c.Send(t, pc, "after the leave", 1)
+	if got := a.Recv(t, 1); got[0] != "after the leave 0" {
 		t.Errorf("full member received %q", got)
 	}
 	// The switch sends a multicast packet to every port of its mask
@@ -186,10 +187,10 @@ func TestOpenSMInCharge(t *testing.T) {
 	if after := txOf(s, devs[1].GUID()); after != before {
 		t.Errorf("the port that left got %d packets from the switch after its leave", after-before)
 	}
-	if n := b.id.RecvCQ().Len(); n != 0 {
+	if n := b.ID().RecvCQ().Len(); n != 0 {
 		t.Errorf("the port that left received %d datagrams", n)
 	}
-	if n := c.id.RecvCQ().Len(); n != 0 {
+	if n := c.ID().RecvCQ().Len(); n != 0 {
 		t.Errorf("the send-only member received %d datagrams", n)
 	}
 }
@@ -237,85 +238,11 @@ func joined(t *testing.T, ch *rdmacm.EventChannel, id *rdmacm.ID, g netip.Addr, 
 	return ev.Param
 }
 
-// ep is a UD endpoint: the id's QP, a receive ring and a send buffer.
-type ep struct {
-	id       *rdmacm.ID
-	rmr, smr *verbs.MR
-	rbuf     []byte
-}
-
-const slot = verbs.GRHLen + 256
-
-// endpoint creates the id's QP and posts n receives.
-func endpoint(t *testing.T, id *rdmacm.ID, n int) *ep {
+// endpoint creates the id's QP and posts n receives (package testep);
+// the QP and the id go with the test.
+func endpoint(t *testing.T, id *rdmacm.ID, n int) *testep.EP {
 	t.Helper()
-	if err := id.CreateQP(nil, &verbs.QPInitAttr{Cap: verbs.QPCap{MaxSendWR: n, MaxRecvWR: n, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
-		t.Fatalf("create qp: %v", err)
-	}
-	e := &ep{id: id, rbuf: make([]byte, n*slot)}
-	var err error
-	if e.rmr, err = id.RegMsgs(e.rbuf); err != nil {
-		t.Fatal(err)
-	}
-	if e.smr, err = id.RegMsgs(make([]byte, 256)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		id.DestroyQP()
-		id.Destroy()
-		e.rmr.Dereg()
-		e.smr.Dereg()
-	})
-	for i := range n {
-		if err := id.PostRecv(uint64(i), e.rmr, i*slot, slot); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return e
-}
-
-// send sends n messages "<tag> i" to the group of p.
-func (e *ep) send(t *testing.T, p rdmacm.UDParam, tag string, n int) {
-	t.Helper()
-	ah, err := e.id.PD().CreateAH(&p.AHAttr)
-	if err != nil {
-		t.Fatalf("create ah: %v", err)
-	}
-	defer ah.Destroy()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for i := range n {
-		msg := fmt.Appendf(nil, "%s %d", tag, i)
-		copy(e.smr.Buf(), msg)
-		if err := e.id.PostUDSend(uint64(i), e.smr, 0, len(msg), verbs.SendSignaled, ah, p.QPNum); err != nil {
-			t.Fatalf("send: %v", err)
-		}
-		wc, err := e.id.GetSendComp(ctx)
-		if err != nil || wc.Status != verbs.WCSuccess {
-			t.Fatalf("send completion: %v %v", wc.Status, err)
-		}
-	}
-}
-
-// recv waits for n messages and returns their payloads.
-func (e *ep) recv(t *testing.T, n int) []string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var got []string
-	for range n {
-		wc, err := e.id.GetRecvComp(ctx)
-		if err != nil {
-			t.Fatalf("receive %d of %d: %v (got %q)", len(got)+1, n, err, got)
-		}
-		if wc.Status != verbs.WCSuccess {
-			t.Fatalf("receive: %v", wc.Status)
-		}
-		off := int(wc.WRID) * slot
-		got = append(got, strings.Clone(string(e.rbuf[off+verbs.GRHLen:off+int(wc.ByteLen)])))
-		e.id.PostRecv(wc.WRID, e.rmr, off, slot)
-	}
-	return got
+	return testep.New(t, id, n, 0, nil)
 }
 
 // waitUp waits for OpenSM's SUBNET UP.
