@@ -238,6 +238,23 @@ func joined(t *testing.T, ch *rdmacm.EventChannel, id *rdmacm.ID, g netip.Addr, 
 	return ev.Param
 }
 
+// portID returns a UD id of channel ch bound to the address of
+// startInCharge's port i (127.0.0.2+i), with a QP and one posted receive;
+// it goes with the test.
+func portID(t *testing.T, ch *rdmacm.EventChannel, i int) *rdmacm.ID {
+	t.Helper()
+	id, err := rdmacm.CreateID(ch, nil, rdmacm.PS_UDP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { id.Destroy() })
+	if err := id.BindAddr(rdmacm.UDPAddr(netip.AddrFrom4([4]byte{127, 0, 0, byte(2 + i)}))); err != nil {
+		t.Fatal(err)
+	}
+	endpoint(t, id, 1)
+	return id
+}
+
 // endpoint creates the id's QP and posts n receives (package testep);
 // the QP and the id go with the test.
 func endpoint(t *testing.T, id *rdmacm.ID, n int) *testep.EP {
@@ -315,15 +332,7 @@ func TestOpenSMGetTable(t *testing.T) {
 	var ids []*rdmacm.ID
 	var mlid uint16
 	for i := range devs {
-		id, err := rdmacm.CreateID(ch, nil, rdmacm.PS_UDP)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { id.Destroy() })
-		if err := id.BindAddr(rdmacm.UDPAddr(netip.AddrFrom4([4]byte{127, 0, 0, byte(2 + i)}))); err != nil {
-			t.Fatal(err)
-		}
-		endpoint(t, id, 1)
+		id := portID(t, ch, i)
 		mlid = joined(t, ch, id, g, rdmacm.MCJoinFlagFullMember).AHAttr.DLID
 		ids = append(ids, id)
 	}
@@ -388,15 +397,7 @@ func TestOpenSMGetTableSegments(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ch.Close() })
-	id, err := rdmacm.CreateID(ch, nil, rdmacm.PS_UDP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { id.Destroy() })
-	if err := id.BindAddr(rdmacm.UDPAddr(netip.MustParseAddr("127.0.0.2"))); err != nil {
-		t.Fatal(err)
-	}
-	endpoint(t, id, 1)
+	id := portID(t, ch, 0)
 	const groups = 10
 	want := joinGroups(t, ch, id, 6, groups)
 	agent, ok := saclient.For(verbsDevice(t, devs[0]))

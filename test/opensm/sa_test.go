@@ -403,15 +403,7 @@ func TestOpenSMSaquery(t *testing.T) {
 	var p rdmacm.UDParam
 	var ids []*rdmacm.ID
 	for i := range devs {
-		id, err := rdmacm.CreateID(ch, nil, rdmacm.PS_UDP)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { id.Destroy() })
-		if err := id.BindAddr(rdmacm.UDPAddr(netip.AddrFrom4([4]byte{127, 0, 0, byte(2 + i)}))); err != nil {
-			t.Fatal(err)
-		}
-		endpoint(t, id, 1)
+		id := portID(t, ch, i)
 		p = joined(t, ch, id, g, rdmacm.MCJoinFlagFullMember)
 		ids = append(ids, id)
 	}
